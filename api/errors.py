@@ -1,0 +1,83 @@
+"""One JSON error envelope for every failure: {"error": {code, message, details, request_id}}."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import sqlalchemy.exc
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from scheduler.domain.errors import DomainError
+
+log = logging.getLogger(__name__)
+
+
+def envelope(request: Request, status: int, code: str, message: str, details: Any = None) -> JSONResponse:
+    request_id = getattr(request.state, "request_id", None)
+    return JSONResponse(
+        status_code=status,
+        content={"error": {"code": code, "message": message, "details": details, "request_id": request_id}},
+        headers={"X-Request-ID": request_id} if request_id else None,
+    )
+
+
+def _field_of(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    return ".".join(parts) or "body"
+
+
+async def _domain_error(request: Request, exc: DomainError) -> JSONResponse:
+    return envelope(request, exc.status_code, exc.code, exc.message, exc.details)
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    issues = [
+        {
+            "code": "request.invalid",
+            "field": _field_of(tuple(e.get("loc", ()))),
+            "message": e.get("msg", ""),
+            "hint": _hint(e),
+        }
+        for e in exc.errors()
+    ]
+    first = issues[0] if issues else {"field": "body", "message": "invalid request"}
+    return envelope(
+        request, 422, "request.invalid", f"{first['field']}: {first['message']}", {"issues": issues}
+    )
+
+
+def _hint(error: dict[str, Any]) -> str:
+    kind = error.get("type", "")
+    if kind == "extra_forbidden":
+        return "remove this field; see the schema at /openapi.json"
+    if kind == "missing":
+        return "this field is required"
+    return "see the schema at /openapi.json"
+
+
+async def _integrity_error(request: Request, exc: sqlalchemy.exc.IntegrityError) -> JSONResponse:
+    return envelope(request, 409, "conflict", "the change conflicts with existing data")
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    code = {404: "not_found", 405: "method_not_allowed", 401: "unauthenticated"}.get(
+        exc.status_code, "http_error"
+    )
+    return envelope(request, exc.status_code, code, str(exc.detail))
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error (request %s)", getattr(request.state, "request_id", None))
+    return envelope(request, 500, "internal", "internal error; quote the request_id when reporting it")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(DomainError, _domain_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(sqlalchemy.exc.IntegrityError, _integrity_error)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, _unexpected)

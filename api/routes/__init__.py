@@ -1,0 +1,1 @@
+"""HTTP routes: each parses input, calls one service and maps the result."""

@@ -1,0 +1,223 @@
+"""Routes for submitting, watching and cancelling jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.responses import FileResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import DatabaseDep, DispatcherDep, JobServiceDep, PrincipalDep, SettingsDep
+from api.schemas.jobs import (
+    CheckpointPublic,
+    CheckpointsPage,
+    JobCreate,
+    JobDetail,
+    JobEventPublic,
+    JobEventsPage,
+    JobMetrics,
+    JobPublic,
+    JobsPage,
+    LogLinePublic,
+    LogsPage,
+    MetricPoint,
+    RolloutPublic,
+    RolloutsPage,
+)
+from scheduler.domain.errors import NotFound
+from scheduler.domain.jobs import JobStatus
+from scheduler.services.jobs import JobService, Submission
+from scheduler.transactions import after_commit
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+
+def _detail(svc: JobService, job) -> JobDetail:  # type: ignore[no-untyped-def]
+    detail = JobDetail.model_validate(job, from_attributes=True)
+    detail.allocations = [
+        {"node": a.node, "role": a.role, "gpus": a.gpus, "pool": a.pool} for a in svc.allocations(job)
+    ]
+    return detail
+
+
+@router.post("", status_code=201, response_model=JobDetail)
+def submit_job(
+    body: JobCreate,
+    svc: JobServiceDep,
+    principal: PrincipalDep,
+    dispatcher: DispatcherDep,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> JobDetail:
+    job, created = svc.submit(
+        principal,
+        Submission(
+            name=body.name,
+            team=body.team,
+            queue=body.queue,
+            priority=body.priority,
+            labels=body.labels,
+            spec=body.spec,
+            args=body.args,
+            idempotency_key=idempotency_key,
+        ),
+    )
+    if created:
+        after_commit(svc.session, dispatcher.request_pass)
+    else:
+        response.status_code = 200
+    return _detail(svc, job)
+
+
+@router.get("", response_model=JobsPage)
+def list_jobs(
+    svc: JobServiceDep,
+    principal: PrincipalDep,
+    status: Annotated[list[str] | None, Query(description="Repeat or comma-separate.")] = None,
+    name: str | None = None,
+    team: str | None = None,
+    queue: str | None = None,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> JobsPage:
+    statuses = [s for item in status or [] for s in item.split(",") if s]
+    rows, cursor = svc.list(
+        principal, status=statuses, name=name, team=team, queue=queue, after=after, limit=limit
+    )
+    return JobsPage(data=[JobPublic.model_validate(r) for r in rows], next_cursor=cursor)
+
+
+@router.get("/{job_id}", response_model=JobDetail)
+def get_job(job_id: str, svc: JobServiceDep, principal: PrincipalDep) -> JobDetail:
+    return _detail(svc, svc.get(job_id, principal))
+
+
+@router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic)
+def cancel_job(
+    job_id: str, svc: JobServiceDep, principal: PrincipalDep, dispatcher: DispatcherDep
+) -> JobPublic:
+    job = svc.cancel(job_id, principal)
+    if job.status == JobStatus.CANCELLING:
+        after_commit(svc.session, lambda: dispatcher.stop(job.id, job.pool))
+    else:
+        after_commit(svc.session, dispatcher.request_pass)
+    return JobPublic.model_validate(job)
+
+
+@router.get("/{job_id}/events", response_model=JobEventsPage)
+def job_events(job_id: str, svc: JobServiceDep, principal: PrincipalDep) -> JobEventsPage:
+    job = svc.get(job_id, principal)
+    return JobEventsPage(data=[JobEventPublic.model_validate(e) for e in svc.events(job)])
+
+
+@router.get("/{job_id}/metrics", response_model=JobMetrics)
+def job_metrics(
+    job_id: str,
+    svc: JobServiceDep,
+    principal: PrincipalDep,
+    names: Annotated[list[str] | None, Query(description="Metric names; repeat or comma-separate.")] = None,
+    since_step: int | None = None,
+) -> JobMetrics:
+    job = svc.get(job_id, principal)
+    wanted = [n for item in names or [] for n in item.split(",") if n]
+    series: dict[str, list[MetricPoint]] = {}
+    for m in svc.metrics(job, names=wanted, since_step=since_step):
+        series.setdefault(m.name, []).append(MetricPoint(step=m.step, value=m.value, time=m.time))
+    return JobMetrics(job_id=job.id, series=series)
+
+
+@router.get("/{job_id}/logs", response_model=LogsPage)
+def job_logs(
+    job_id: str,
+    svc: JobServiceDep,
+    principal: PrincipalDep,
+    after: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
+) -> LogsPage:
+    job = svc.get(job_id, principal)
+    lines = svc.logs(job, after=after, limit=limit)
+    return LogsPage(
+        data=[LogLinePublic.model_validate(line) for line in lines],
+        next_after=lines[-1].id if lines else after,
+    )
+
+
+@router.get("/{job_id}/checkpoints", response_model=CheckpointsPage)
+def job_checkpoints(job_id: str, svc: JobServiceDep, principal: PrincipalDep) -> CheckpointsPage:
+    job = svc.get(job_id, principal)
+    return CheckpointsPage(data=[CheckpointPublic.model_validate(c) for c in svc.checkpoints(job)])
+
+
+@router.get("/{job_id}/rollouts", response_model=RolloutsPage)
+def job_rollouts(job_id: str, svc: JobServiceDep, principal: PrincipalDep) -> RolloutsPage:
+    job = svc.get(job_id, principal)
+    return RolloutsPage(data=[RolloutPublic.model_validate(r) for r in svc.rollouts(job)])
+
+
+@router.get("/{job_id}/artifacts/{path:path}")
+def download_artifact(job_id: str, path: str, svc: JobServiceDep, principal: PrincipalDep) -> FileResponse:
+    """A file under the job's output directory (checkpoint shards, rollout records, exports)."""
+    job = svc.get(job_id, principal)
+    root = Path(job.output_dir).resolve()
+    target = (root / path).resolve()
+    if root not in target.parents or not target.is_file():
+        raise NotFound(f"no file {path!r} in the outputs of job {job_id}", code="artifact.not_found")
+    return FileResponse(target, filename=target.name)
+
+
+@router.get("/{job_id}/stream")
+async def stream_job(
+    job_id: str, request: Request, db: DatabaseDep, settings: SettingsDep, principal: PrincipalDep
+) -> StreamingResponse:
+    """Server-sent events: `status` on every change, then `event`, `metric` and `log` as they arrive;
+    the stream ends after the job reaches a terminal status."""
+
+    def poll(cursor: dict[str, int]) -> tuple[list[tuple[str, dict]], bool]:
+        with db.session(read_only=True) as s:
+            svc = JobService(s, artifact_root=settings.artifacts)
+            job = svc.get(job_id, principal)
+            out: list[tuple[str, dict]] = []
+            status_key = f"{job.status}|{job.progress_step}|{job.updated_at.isoformat()}"
+            if status_key != cursor.get("status_key"):
+                cursor["status_key"] = status_key  # type: ignore[assignment]
+                out.append(("status", JobPublic.model_validate(job).model_dump(mode="json")))
+            for e in svc.events(job):
+                if e.id > cursor["event"]:
+                    cursor["event"] = e.id
+                    out.append(("event", JobEventPublic.model_validate(e).model_dump(mode="json")))
+            for m in svc.metrics_after(job, after=cursor["metric"]):
+                cursor["metric"] = m.id
+                out.append(
+                    ("metric", {"name": m.name, "step": m.step, "value": m.value, "time": m.time.isoformat()})
+                )
+            for line in svc.logs(job, after=cursor["log"], limit=500):
+                cursor["log"] = line.id
+                out.append(("log", LogLinePublic.model_validate(line).model_dump(mode="json")))
+            return out, JobStatus(job.status).is_terminal()
+
+    # Check access before the stream starts, so a wrong id is a 404 and not an empty stream.
+    await run_in_threadpool(lambda: poll({"event": 1 << 62, "log": 1 << 62, "metric": 1 << 62}))
+
+    async def gen() -> AsyncIterator[bytes]:
+        cursor: dict[str, int] = {"event": 0, "log": 0, "metric": 0}
+        quiet = 0
+        while True:
+            items, done = await run_in_threadpool(poll, cursor)
+            for kind, data in items:
+                yield f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
+            if done:
+                yield b"event: end\ndata: {}\n\n"
+                return
+            quiet = 0 if items else quiet + 1
+            if quiet and quiet % 30 == 0:
+                yield b": keep-alive\n\n"
+            if await request.is_disconnected():
+                return
+            await asyncio.sleep(0.5)
+
+    return StreamingResponse(gen(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

@@ -1,0 +1,21 @@
+"""Routes for validating a job spec without submitting it."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from api.deps import JobServiceDep, PrincipalDep
+from api.schemas.jobs import SpecValidate, SpecValidation
+from scheduler.services.jobs import Submission
+
+router = APIRouter(prefix="/v1/specs", tags=["specs"])
+
+
+@router.post("/validate", response_model=SpecValidation)
+def validate_spec(body: SpecValidate, svc: JobServiceDep, principal: PrincipalDep) -> SpecValidation:
+    """Dry run: the normalized spec, derived defaults, warnings, errors, resource demand and the
+    queue and pool the job would wait in. Always 200; `valid` says whether a submit would pass."""
+    result = svc.dry_run(
+        principal, Submission(spec=body.spec, args=body.args, queue=body.queue, team=body.team)
+    )
+    return SpecValidation(**result)

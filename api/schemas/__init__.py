@@ -1,0 +1,1 @@
+"""Request and response models of the HTTP API (named <Thing>Create / <Thing>Public / <Things>Page)."""

@@ -1,0 +1,463 @@
+"""`relaxctl`: the command line of Relax Platform (reads RELAX_URL and RELAX_API_KEY)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from client.jobfile import JobFileError, load_job_file
+from client.sdk import ApiError, RelaxClient
+from client.watch import watch_job
+
+app = typer.Typer(
+    help="Relax Platform: submit and watch LLM post-training jobs.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+jobs_app = typer.Typer(help="List, inspect and cancel jobs.", no_args_is_help=True)
+spec_app = typer.Typer(help="Validate job specs and print their schema.", no_args_is_help=True)
+models_app = typer.Typer(help="Build models and datasets locally (no hub needed).", no_args_is_help=True)
+admin_app = typer.Typer(help="Teams and API keys (admin key).", no_args_is_help=True)
+app.add_typer(jobs_app, name="jobs")
+app.add_typer(spec_app, name="spec")
+app.add_typer(models_app, name="models")
+app.add_typer(admin_app, name="admin")
+
+out = Console()
+err = Console(stderr=True)
+
+UrlOpt = Annotated[str | None, typer.Option("--url", envvar="RELAX_URL", help="API URL.")]
+KeyOpt = Annotated[
+    str | None, typer.Option("--api-key", envvar="RELAX_API_KEY", help="API key.", show_default=False)
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+
+def _client(url: str | None, key: str | None) -> RelaxClient:
+    return RelaxClient(url, key)
+
+
+def _fail(e: ApiError) -> None:
+    err.print(f"[red]error[/red] {e.message}" + (f"  [dim]({e.code})[/dim]" if e.code else ""))
+    for issue in e.issues:
+        where = issue.get("field") or ""
+        err.print(f"  - [bold]{where}[/bold]: {issue.get('message', '')}")
+        if issue.get("hint"):
+            err.print(f"    hint: {issue['hint']}")
+    raise typer.Exit(2 if e.status in (400, 409, 422) else 1)
+
+
+def _print_json(data: Any) -> None:
+    out.print_json(json.dumps(data, default=str))
+
+
+# ---------------------------------------------------------------------------------------------
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def submit(
+    ctx: typer.Context,
+    file: Annotated[
+        str | None, typer.Argument(help="Job file (YAML/JSON); or `--` then Relax flags.")
+    ] = None,
+    wait: Annotated[bool, typer.Option("--wait", "-w", help="Follow the job until it ends.")] = False,
+    name: Annotated[str | None, typer.Option(help="Job name (overrides the file's).")] = None,
+    queue: Annotated[str | None, typer.Option(help="Queue (overrides the file's).")] = None,
+    priority: Annotated[int | None, typer.Option(help="Priority within the queue.")] = None,
+    idempotency_key: Annotated[
+        str | None, typer.Option(help="Resubmitting with the same key returns the same job.")
+    ] = None,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Submit a job from a file, or from Relax flags after `--`; with --wait, follow it to the end."""
+    args = list(ctx.args)
+    if file and args:
+        err.print("[red]error[/red] give a job file or Relax flags after `--`, not both")
+        raise typer.Exit(2)
+    if not file and not args:
+        err.print(
+            "[red]error[/red] nothing to submit: `relaxctl submit FILE` or `relaxctl submit -- --flag value ...`"
+        )
+        raise typer.Exit(2)
+    spec: dict | None = None
+    jf_name = jf_queue = None
+    jf_priority, labels = 0, {}
+    flags: list[str] | str | None = args or None
+    if file:
+        try:
+            jf = load_job_file(Path(file))
+        except JobFileError as e:
+            err.print(f"[red]error[/red] {e}")
+            raise typer.Exit(2) from None
+        spec, flags, jf_name, jf_queue, jf_priority, labels = (
+            jf.spec,
+            jf.args,
+            jf.name,
+            jf.queue,
+            jf.priority,
+            jf.labels,
+        )
+    with _client(url, api_key) as c:
+        try:
+            job = c.submit_job(
+                spec=spec,
+                args=flags,
+                name=name or jf_name,
+                queue=queue or jf_queue,
+                priority=priority if priority is not None else jf_priority,
+                labels=labels,
+                idempotency_key=idempotency_key,
+            )
+        except ApiError as e:
+            _fail(e)
+            return
+        if as_json and not wait:
+            _print_json(job)
+            return
+        out.print(
+            f"submitted [bold]{job['id']}[/bold] ({job['name']}) to queue {job['queue']} on pool {job['pool']}"
+        )
+        if job["submitted"].get("warnings"):
+            for w in job["submitted"]["warnings"]:
+                out.print(f"  [yellow]warning[/yellow] {w.get('field', '')}: {w.get('message', '')}")
+        if not wait:
+            return
+        final = watch_job(c, job["id"], out)
+    raise typer.Exit(0 if final == "SUCCEEDED" else 1)
+
+
+@app.command()
+def up() -> None:
+    """Start the embedded platform here (API, scheduler, worker, local Ray, SQLite)."""
+    os.execv(sys.executable, [sys.executable, "-m", "api.embedded"])
+
+
+@app.command()
+def metrics(
+    job_id: str,
+    names: Annotated[list[str] | None, typer.Option("--name", "-n", help="Only these metrics.")] = None,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Every metric of a job: first, last, min and max value and the number of points."""
+    with _client(url, api_key) as c:
+        try:
+            series = c.metrics(job_id, names=names)
+        except ApiError as e:
+            _fail(e)
+            return
+    if as_json:
+        _print_json(series)
+        return
+    t = Table("metric", "points", "first", "last", "min", "max", "last step")
+    for name, pts in sorted(series.items()):
+        vals = [p["value"] for p in pts]
+        t.add_row(
+            name,
+            str(len(pts)),
+            f"{vals[0]:.4g}",
+            f"{vals[-1]:.4g}",
+            f"{min(vals):.4g}",
+            f"{max(vals):.4g}",
+            str(pts[-1]["step"]),
+        )
+    out.print(t)
+
+
+@app.command()
+def pools(url: UrlOpt = None, api_key: KeyOpt = None, as_json: JsonOpt = False) -> None:
+    """Pools, their nodes and what is allocated on each."""
+    with _client(url, api_key) as c:
+        try:
+            data = c.pools()
+        except ApiError as e:
+            _fail(e)
+            return
+    if as_json:
+        _print_json(data)
+        return
+    t = Table("pool", "accelerator", "node", "gpus", "allocated", "state", "ray")
+    for p in data:
+        for n in p["nodes"]:
+            state = "cordoned" if n["cordoned"] or p["cordoned"] else ("up" if n["alive"] else "down")
+            t.add_row(
+                p["name"],
+                p["accelerator"],
+                n["name"],
+                str(n["gpus"]),
+                str(n["allocated_gpus"]),
+                state,
+                p["ray_address"] or "-",
+            )
+    out.print(t)
+
+
+@app.command()
+def queues(url: UrlOpt = None, api_key: KeyOpt = None, as_json: JsonOpt = False) -> None:
+    """Queues with their quota and usage."""
+    with _client(url, api_key) as c:
+        try:
+            data = c.queues()
+        except ApiError as e:
+            _fail(e)
+            return
+    if as_json:
+        _print_json(data)
+        return
+    t = Table("queue", "pool", "team", "used / nominal", "queued jobs", "weight")
+    for q in data:
+        t.add_row(
+            q["name"],
+            q["pool"],
+            q["team"],
+            f"{q['used_gpus']} / {q['nominal_gpus']}",
+            str(q["queued_jobs"]),
+            f"{q['weight']:g}",
+        )
+    out.print(t)
+
+
+# jobs ---------------------------------------------------------------------------------------
+@jobs_app.command("list")
+def jobs_list(
+    status: Annotated[str | None, typer.Option(help="Comma-separated statuses.")] = None,
+    name: Annotated[str | None, typer.Option()] = None,
+    limit: Annotated[int, typer.Option()] = 20,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Newest jobs first."""
+    with _client(url, api_key) as c:
+        try:
+            page = c.list_jobs(status=status, name=name, limit=limit)
+        except ApiError as e:
+            _fail(e)
+            return
+    if as_json:
+        _print_json(page)
+        return
+    t = Table("id", "name", "status", "queue", "gpus", "progress", "created", "why waiting / reason")
+    for j in page["data"]:
+        progress = f"{j['progress_step']}/{j['total_steps']}" if j["total_steps"] else "-"
+        why = j["wait_reason"] if j["status"] == "QUEUED" else (j["status_reason"] or "")
+        t.add_row(
+            j["id"],
+            j["name"],
+            j["status"],
+            j["queue"],
+            str(j["total_gpus"]),
+            progress,
+            j["created_at"][:19].replace("T", " "),
+            why[:60],
+        )
+    out.print(t)
+
+
+@jobs_app.command("get")
+def jobs_get(job_id: str, url: UrlOpt = None, api_key: KeyOpt = None, as_json: JsonOpt = False) -> None:
+    """A job with its spec, demand, allocation and events."""
+    with _client(url, api_key) as c:
+        try:
+            job = c.get_job(job_id)
+            events = c.events(job_id)
+        except ApiError as e:
+            _fail(e)
+            return
+    if as_json:
+        _print_json(job | {"events": events})
+        return
+    out.print(
+        f"[bold]{job['id']}[/bold] {job['name']}  [bold]{job['status']}[/bold]"
+        + (f" ({job['failure_reason']})" if job["failure_reason"] else "")
+    )
+    out.print(
+        f"  queue {job['queue']} · pool {job['pool']} · {job['total_gpus']} slot(s) · attempt {job['attempt']}"
+    )
+    if job["status"] == "QUEUED" and job["wait_reason"]:
+        out.print(f"  waiting: #{job['queue_position']} — {job['wait_reason']}")
+    if job["total_steps"]:
+        out.print(f"  progress: step {job['progress_step']} of {job['total_steps']}")
+    out.print(f"  outputs: {job['output_dir']}")
+    t = Table("time", "transition", "reason")
+    for e in events:
+        what = f"{e['from_status'] or '·'} → {e['to_status']}" if e["kind"] == "transition" else e["kind"]
+        t.add_row(e["time"][11:23], what, e["reason"] or "")
+    out.print(t)
+
+
+@jobs_app.command("cancel")
+def jobs_cancel(job_id: str, url: UrlOpt = None, api_key: KeyOpt = None) -> None:
+    """Cancel a job; a running one stops its Ray job and frees its slots."""
+    with _client(url, api_key) as c:
+        try:
+            job = c.cancel_job(job_id)
+        except ApiError as e:
+            _fail(e)
+            return
+    out.print(f"{job['id']}: {job['status']}")
+
+
+@jobs_app.command("logs")
+def jobs_logs(
+    job_id: str,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new lines until the job ends.")
+    ] = False,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """The driver's log lines (and Ray's output of a failed driver)."""
+    with _client(url, api_key) as c:
+        after = 0
+        while True:
+            try:
+                page = c.logs(job_id, after=after)
+            except ApiError as e:
+                _fail(e)
+                return
+            for line in page["data"]:
+                out.print(
+                    f"[dim]{line['time'][11:23]} {line['source']:>6}[/dim] {escape(line['message'])}",
+                    highlight=False,
+                )
+            after = page["next_after"]
+            if not follow:
+                return
+            if not page["data"]:
+                if c.get_job(job_id)["status"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
+                    return
+                time.sleep(1.0)
+
+
+# specs --------------------------------------------------------------------------------------
+@spec_app.command("validate", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def spec_validate(
+    ctx: typer.Context,
+    file: Annotated[str | None, typer.Argument(help="Job file; or `--` then Relax flags.")] = None,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Dry-run a spec on the platform: normalized values, warnings, errors, resource demand."""
+    args = list(ctx.args) or None
+    spec = None
+    queue = None
+    if file:
+        try:
+            jf = load_job_file(Path(file))
+        except JobFileError as e:
+            err.print(f"[red]error[/red] {e}")
+            raise typer.Exit(2) from None
+        spec, args, queue = jf.spec, jf.args, jf.queue
+    with _client(url, api_key) as c:
+        try:
+            res = c.validate_spec(spec=spec, args=args, queue=queue)
+        except ApiError as e:
+            _fail(e)
+            return
+    if as_json:
+        _print_json(res)
+    else:
+        for w in res.get("warnings", []):
+            out.print(f"[yellow]warning[/yellow] {w.get('field', '')}: {w.get('message', '')}")
+        for e in res.get("errors", []):
+            out.print(f"[red]error[/red] {e.get('field', '')}: {e.get('message', '')}")
+            if e.get("hint"):
+                out.print(f"  hint: {e['hint']}")
+        if res["valid"]:
+            d = res["demand"] or {}
+            out.print(
+                f"[green]valid[/green] · would queue in {res['queue']} on pool {res['pool']} · "
+                f"demand: {d.get('summary') or d.get('total_gpus')}"
+            )
+            if res.get("derived"):
+                out.print("derived: " + ", ".join(f"{k}={v}" for k, v in res["derived"].items()))
+    raise typer.Exit(0 if res["valid"] else 2)
+
+
+@spec_app.command("schema")
+def spec_schema() -> None:
+    """Print the JSON Schema of the job spec (every Relax parameter)."""
+    import jobspec
+
+    out.print_json(json.dumps(jobspec.JobSpec.model_json_schema()))
+
+
+# models -------------------------------------------------------------------------------------
+@models_app.command("tiny")
+def models_tiny(
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Artifact root (default: $RELAX_HOME/artifacts).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Initialisation seed.")] = 0,
+) -> None:
+    """Build the tiny Qwen2-style model + tokenizer (artifacts://models/tiny) and the arithmetic
+    datasets (artifacts://datasets/arith/…) offline."""
+    from runtime.data.arith import write_datasets
+    from runtime.models.tiny import build_tiny_model
+
+    root = out_dir or Path(os.environ.get("RELAX_HOME", ".relax")).expanduser() / "artifacts"
+    t0 = time.time()
+    model = build_tiny_model(root / "models" / "tiny", seed=seed)
+    files = write_datasets(root / "datasets" / "arith")
+    out.print(f"model   artifacts://models/tiny  -> {model}")
+    for name, path in files.items():
+        out.print(f"dataset artifacts://datasets/arith/{Path(path).name}  ({name}) -> {path}")
+    out.print(f"[dim]built in {time.time() - t0:.1f}s[/dim]")
+
+
+# admin --------------------------------------------------------------------------------------
+@admin_app.command("teams")
+def admin_teams(
+    create: Annotated[str | None, typer.Option(help="Create a team.")] = None,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """List teams, or create one."""
+    with _client(url, api_key) as c:
+        try:
+            if create:
+                c.create_team(create)
+            data = c.teams()
+        except ApiError as e:
+            _fail(e)
+            return
+    for t in data:
+        out.print(f"{t['id']}  {t['name']}")
+
+
+@admin_app.command("create-key")
+def admin_create_key(
+    name: str,
+    team: Annotated[str | None, typer.Option()] = None,
+    role: Annotated[str, typer.Option()] = "member",
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Create an API key (the secret is printed once)."""
+    with _client(url, api_key) as c:
+        try:
+            k = c.create_api_key(name, role=role, team=team)
+        except ApiError as e:
+            _fail(e)
+            return
+    out.print(k["key"])
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""Python SDK of the Relax Platform API (httpx): what the CLI, CI scripts and notebooks call."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8400"
+
+
+class ApiError(Exception):
+    """An error envelope from the API."""
+
+    def __init__(
+        self, status: int, code: str, message: str, details: Any = None, request_id: str | None = None
+    ):
+        super().__init__(f"{status} {code}: {message}")
+        self.status, self.code, self.message, self.details, self.request_id = (
+            status,
+            code,
+            message,
+            details,
+            request_id,
+        )
+
+    @property
+    def issues(self) -> list[dict[str, Any]]:
+        if isinstance(self.details, dict):
+            return list(self.details.get("issues", []))
+        return []
+
+
+def _is_local(url: str) -> bool:
+    host = httpx.URL(url).host
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
+def default_api_key(url: str) -> str | None:
+    """RELAX_API_KEY, else the embedded platform's admin key when the URL is local."""
+    key = os.environ.get("RELAX_API_KEY")
+    if key:
+        return key
+    if _is_local(url):
+        path = Path(os.environ.get("RELAX_HOME", ".relax")).expanduser() / "admin.key"
+        if path.exists():
+            return path.read_text().strip()
+    return None
+
+
+class RelaxClient:
+    def __init__(self, url: str | None = None, api_key: str | None = None, *, timeout: float = 30.0) -> None:
+        self.url = (url or os.environ.get("RELAX_URL") or DEFAULT_URL).rstrip("/")
+        self.api_key = api_key or default_api_key(self.url)
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> RelaxClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # plumbing ------------------------------------------------------------------------------
+    def _request(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            resp = self._http.request(method, path, **kw)
+        except httpx.ConnectError as err:
+            raise ApiError(
+                0, "unreachable", f"cannot reach {self.url} ({err}); is the platform up? (`make run`)"
+            ) from None
+        if resp.status_code >= 400:
+            try:
+                err = resp.json()["error"]
+            except Exception:
+                raise ApiError(resp.status_code, "http_error", resp.text[:500]) from None
+            raise ApiError(
+                resp.status_code,
+                err.get("code", "error"),
+                err.get("message", ""),
+                err.get("details"),
+                err.get("request_id"),
+            )
+        if resp.headers.get("content-type", "").startswith("application/json"):
+            return resp.json()
+        return resp.text
+
+    # jobs ----------------------------------------------------------------------------------
+    def submit_job(
+        self,
+        *,
+        spec: dict[str, Any] | None = None,
+        args: list[str] | None = None,
+        name: str | None = None,
+        queue: str | None = None,
+        team: str | None = None,
+        priority: int = 0,
+        labels: dict[str, str] | None = None,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"priority": priority, "labels": labels or {}}
+        for k, v in (("spec", spec), ("args", args), ("name", name), ("queue", queue), ("team", team)):
+            if v is not None:
+                body[k] = v
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return self._request("POST", "/v1/jobs", json=body, headers=headers)
+
+    def get_job(self, job_id: str) -> dict[str, Any]:
+        return self._request("GET", f"/v1/jobs/{job_id}")
+
+    def list_jobs(self, **filters: Any) -> dict[str, Any]:
+        return self._request("GET", "/v1/jobs", params={k: v for k, v in filters.items() if v is not None})
+
+    def cancel_job(self, job_id: str) -> dict[str, Any]:
+        return self._request("POST", f"/v1/jobs/{job_id}/cancel")
+
+    def events(self, job_id: str) -> list[dict[str, Any]]:
+        return self._request("GET", f"/v1/jobs/{job_id}/events")["data"]
+
+    def metrics(
+        self, job_id: str, names: list[str] | None = None, since_step: int | None = None
+    ) -> dict[str, list[dict]]:
+        params: dict[str, Any] = {}
+        if names:
+            params["names"] = ",".join(names)
+        if since_step is not None:
+            params["since_step"] = since_step
+        return self._request("GET", f"/v1/jobs/{job_id}/metrics", params=params)["series"]
+
+    def logs(self, job_id: str, after: int = 0, limit: int = 1000) -> dict[str, Any]:
+        return self._request("GET", f"/v1/jobs/{job_id}/logs", params={"after": after, "limit": limit})
+
+    def checkpoints(self, job_id: str) -> list[dict[str, Any]]:
+        return self._request("GET", f"/v1/jobs/{job_id}/checkpoints")["data"]
+
+    def rollouts(self, job_id: str) -> list[dict[str, Any]]:
+        return self._request("GET", f"/v1/jobs/{job_id}/rollouts")["data"]
+
+    def stream(self, job_id: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Server-sent events of a job until it ends: (kind, data) with kind in status, event,
+        metric, log, end."""
+        with self._http.stream(
+            "GET", f"/v1/jobs/{job_id}/stream", timeout=httpx.Timeout(30, read=120)
+        ) as resp:
+            if resp.status_code >= 400:
+                resp.read()
+                err = resp.json().get("error", {})
+                raise ApiError(
+                    resp.status_code, err.get("code", "error"), err.get("message", ""), err.get("details")
+                )
+            kind, data = None, []
+            for line in resp.iter_lines():
+                if line.startswith("event:"):
+                    kind = line[6:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].strip())
+                elif line == "" and kind:
+                    yield kind, json.loads("\n".join(data) or "{}")
+                    if kind == "end":
+                        return
+                    kind, data = None, []
+
+    # specs and platform --------------------------------------------------------------------
+    def validate_spec(
+        self, *, spec: dict[str, Any] | None = None, args: list[str] | None = None, queue: str | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {}
+        for k, v in (("spec", spec), ("args", args), ("queue", queue)):
+            if v is not None:
+                body[k] = v
+        return self._request("POST", "/v1/specs/validate", json=body)
+
+    def pools(self) -> list[dict[str, Any]]:
+        return self._request("GET", "/v1/pools")["data"]
+
+    def queues(self) -> list[dict[str, Any]]:
+        return self._request("GET", "/v1/queues")["data"]
+
+    def teams(self) -> list[dict[str, Any]]:
+        return self._request("GET", "/v1/teams")["data"]
+
+    def create_team(self, name: str) -> dict[str, Any]:
+        return self._request("POST", "/v1/teams", json={"name": name})
+
+    def create_api_key(self, name: str, role: str = "member", team: str | None = None) -> dict[str, Any]:
+        return self._request("POST", "/v1/api-keys", json={"name": name, "role": role, "team": team})
+
+    def health(self) -> dict[str, Any]:
+        return self._request("GET", "/readyz")

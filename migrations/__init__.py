@@ -1,0 +1,1 @@
+"""Alembic migrations of the platform database (portable between SQLite and PostgreSQL)."""

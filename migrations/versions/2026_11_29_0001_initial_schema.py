@@ -1,0 +1,286 @@
+"""initial schema
+
+Revision ID: 0001
+Revises:
+Create Date: 2026-11-29
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import postgresql
+
+revision = "0001"
+down_revision = None
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+
+    op.create_table(
+        "pools",
+        sa.Column("name", sa.String(length=63), nullable=False),
+        sa.Column("accelerator", sa.String(length=40), nullable=False),
+        sa.Column("ray_address", sa.String(length=255), nullable=True),
+        sa.Column("python", sa.String(length=255), nullable=True),
+        sa.Column("cordoned", sa.Boolean(), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("name"),
+    )
+    op.create_table(
+        "scheduler_locks",
+        sa.Column("name", sa.String(length=40), nullable=False),
+        sa.Column("holder", sa.String(length=100), nullable=True),
+        sa.Column("acquired_at", sa.DateTime(timezone=True), nullable=True),
+        sa.PrimaryKeyConstraint("name"),
+    )
+    op.create_table(
+        "teams",
+        sa.Column("id", sa.String(length=40), nullable=False),
+        sa.Column("name", sa.String(length=100), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("id"),
+        sa.UniqueConstraint("name"),
+    )
+    op.create_table(
+        "api_keys",
+        sa.Column("id", sa.String(length=40), nullable=False),
+        sa.Column("name", sa.String(length=100), nullable=False),
+        sa.Column("team_id", sa.String(length=40), nullable=True),
+        sa.Column("role", sa.String(length=20), nullable=False),
+        sa.Column("key_hash", sa.String(length=64), nullable=False),
+        sa.Column("prefix", sa.String(length=16), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
+        sa.ForeignKeyConstraint(
+            ["team_id"],
+            ["teams.id"],
+        ),
+        sa.PrimaryKeyConstraint("id"),
+        sa.UniqueConstraint("key_hash"),
+    )
+    op.create_table(
+        "nodes",
+        sa.Column("pool", sa.String(length=63), nullable=False),
+        sa.Column("name", sa.String(length=100), nullable=False),
+        sa.Column("gpus", sa.Integer(), nullable=False),
+        sa.Column("labels", sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=False),
+        sa.Column("cordoned", sa.Boolean(), nullable=False),
+        sa.Column("alive", sa.Boolean(), nullable=False),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+        sa.ForeignKeyConstraint(
+            ["pool"],
+            ["pools.name"],
+        ),
+        sa.PrimaryKeyConstraint("pool", "name"),
+    )
+    op.create_table(
+        "queues",
+        sa.Column("name", sa.String(length=63), nullable=False),
+        sa.Column("pool", sa.String(length=63), nullable=False),
+        sa.Column("team_id", sa.String(length=40), nullable=False),
+        sa.Column("nominal_gpus", sa.Integer(), nullable=False),
+        sa.Column("borrowing_limit", sa.Integer(), nullable=True),
+        sa.Column("lending_limit", sa.Integer(), nullable=True),
+        sa.Column("weight", sa.Double(), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.ForeignKeyConstraint(
+            ["pool"],
+            ["pools.name"],
+        ),
+        sa.ForeignKeyConstraint(
+            ["team_id"],
+            ["teams.id"],
+        ),
+        sa.PrimaryKeyConstraint("name"),
+    )
+    op.create_table(
+        "jobs",
+        sa.Column("id", sa.String(length=40), nullable=False),
+        sa.Column("name", sa.String(length=100), nullable=False),
+        sa.Column("team_id", sa.String(length=40), nullable=False),
+        sa.Column("queue", sa.String(length=63), nullable=False),
+        sa.Column("pool", sa.String(length=63), nullable=False),
+        sa.Column("status", sa.String(length=20), nullable=False),
+        sa.Column("status_reason", sa.Text(), nullable=True),
+        sa.Column("failure_reason", sa.String(length=20), nullable=True),
+        sa.Column("priority", sa.Integer(), nullable=False),
+        sa.Column("queue_position", sa.Integer(), nullable=True),
+        sa.Column("wait_reason", sa.Text(), nullable=True),
+        sa.Column("labels", sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=False),
+        sa.Column("spec", sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=False),
+        sa.Column("submitted", sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=False),
+        sa.Column("demand", sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=False),
+        sa.Column("total_gpus", sa.Integer(), nullable=False),
+        sa.Column("output_dir", sa.Text(), nullable=False),
+        sa.Column("idempotency_key", sa.String(length=200), nullable=True),
+        sa.Column("attempt", sa.Integer(), nullable=False),
+        sa.Column("ray_submission_id", sa.String(length=100), nullable=True),
+        sa.Column("report_seq", sa.Integer(), nullable=False),
+        sa.Column("progress_step", sa.Integer(), nullable=True),
+        sa.Column("total_steps", sa.Integer(), nullable=True),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("admitted_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("launched_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("last_report_at", sa.DateTime(timezone=True), nullable=True),
+        sa.ForeignKeyConstraint(
+            ["pool"],
+            ["pools.name"],
+        ),
+        sa.ForeignKeyConstraint(
+            ["queue"],
+            ["queues.name"],
+        ),
+        sa.ForeignKeyConstraint(
+            ["team_id"],
+            ["teams.id"],
+        ),
+        sa.PrimaryKeyConstraint("id"),
+        sa.UniqueConstraint("team_id", "idempotency_key", name="uq_jobs_team_idempotency_key"),
+    )
+    with op.batch_alter_table("jobs", schema=None) as batch_op:
+        batch_op.create_index("ix_jobs_status_pool", ["status", "pool"], unique=False)
+        batch_op.create_index("ix_jobs_team_name", ["team_id", "name"], unique=False)
+
+    op.create_table(
+        "allocations",
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
+        sa.Column("job_id", sa.String(length=40), nullable=False),
+        sa.Column("pool", sa.String(length=63), nullable=False),
+        sa.Column("node", sa.String(length=100), nullable=False),
+        sa.Column("role", sa.String(length=40), nullable=False),
+        sa.Column("gpus", sa.Integer(), nullable=False),
+        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("id"),
+    )
+    with op.batch_alter_table("allocations", schema=None) as batch_op:
+        batch_op.create_index(batch_op.f("ix_allocations_job_id"), ["job_id"], unique=False)
+        batch_op.create_index("ix_allocations_pool_node", ["pool", "node"], unique=False)
+
+    op.create_table(
+        "checkpoints",
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
+        sa.Column("job_id", sa.String(length=40), nullable=False),
+        sa.Column("attempt", sa.Integer(), nullable=False),
+        sa.Column("step", sa.Integer(), nullable=False),
+        sa.Column("path", sa.Text(), nullable=False),
+        sa.Column("size_bytes", sa.BigInteger(), nullable=False),
+        sa.Column("format", sa.String(length=20), nullable=False),
+        sa.Column("time", sa.DateTime(timezone=True), nullable=False),
+        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("id"),
+    )
+    with op.batch_alter_table("checkpoints", schema=None) as batch_op:
+        batch_op.create_index(batch_op.f("ix_checkpoints_job_id"), ["job_id"], unique=False)
+
+    op.create_table(
+        "job_events",
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
+        sa.Column("job_id", sa.String(length=40), nullable=False),
+        sa.Column("time", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("kind", sa.String(length=40), nullable=False),
+        sa.Column("from_status", sa.String(length=20), nullable=True),
+        sa.Column("to_status", sa.String(length=20), nullable=True),
+        sa.Column("reason", sa.Text(), nullable=True),
+        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("id"),
+    )
+    with op.batch_alter_table("job_events", schema=None) as batch_op:
+        batch_op.create_index(batch_op.f("ix_job_events_job_id"), ["job_id"], unique=False)
+
+    op.create_table(
+        "log_lines",
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
+        sa.Column("job_id", sa.String(length=40), nullable=False),
+        sa.Column("attempt", sa.Integer(), nullable=False),
+        sa.Column("time", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("level", sa.String(length=10), nullable=False),
+        sa.Column("source", sa.String(length=40), nullable=False),
+        sa.Column("message", sa.Text(), nullable=False),
+        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("id"),
+    )
+    with op.batch_alter_table("log_lines", schema=None) as batch_op:
+        batch_op.create_index(batch_op.f("ix_log_lines_job_id"), ["job_id"], unique=False)
+
+    op.create_table(
+        "metrics",
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
+        sa.Column("job_id", sa.String(length=40), nullable=False),
+        sa.Column("attempt", sa.Integer(), nullable=False),
+        sa.Column("step", sa.Integer(), nullable=False),
+        sa.Column("name", sa.String(length=200), nullable=False),
+        sa.Column("value", sa.Float(precision=53), nullable=False),
+        sa.Column("time", sa.DateTime(timezone=True), nullable=False),
+        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("id"),
+    )
+    with op.batch_alter_table("metrics", schema=None) as batch_op:
+        batch_op.create_index("ix_metrics_job_name_step", ["job_id", "name", "step"], unique=False)
+
+    op.create_table(
+        "rollouts",
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
+        sa.Column("job_id", sa.String(length=40), nullable=False),
+        sa.Column("attempt", sa.Integer(), nullable=False),
+        sa.Column("rollout_id", sa.Integer(), nullable=False),
+        sa.Column("split", sa.String(length=10), nullable=False),
+        sa.Column("path", sa.Text(), nullable=False),
+        sa.Column("num_samples", sa.Integer(), nullable=False),
+        sa.Column("time", sa.DateTime(timezone=True), nullable=False),
+        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("id"),
+    )
+    with op.batch_alter_table("rollouts", schema=None) as batch_op:
+        batch_op.create_index(batch_op.f("ix_rollouts_job_id"), ["job_id"], unique=False)
+
+    # The scheduling pass serialises on this row (see scheduler/scheduling.py).
+    op.bulk_insert(
+        sa.table("scheduler_locks", sa.column("name", sa.String)),
+        [{"name": "pass"}],
+    )
+
+
+def downgrade() -> None:
+
+    with op.batch_alter_table("rollouts", schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f("ix_rollouts_job_id"))
+
+    op.drop_table("rollouts")
+    with op.batch_alter_table("metrics", schema=None) as batch_op:
+        batch_op.drop_index("ix_metrics_job_name_step")
+
+    op.drop_table("metrics")
+    with op.batch_alter_table("log_lines", schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f("ix_log_lines_job_id"))
+
+    op.drop_table("log_lines")
+    with op.batch_alter_table("job_events", schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f("ix_job_events_job_id"))
+
+    op.drop_table("job_events")
+    with op.batch_alter_table("checkpoints", schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f("ix_checkpoints_job_id"))
+
+    op.drop_table("checkpoints")
+    with op.batch_alter_table("allocations", schema=None) as batch_op:
+        batch_op.drop_index("ix_allocations_pool_node")
+        batch_op.drop_index(batch_op.f("ix_allocations_job_id"))
+
+    op.drop_table("allocations")
+    with op.batch_alter_table("jobs", schema=None) as batch_op:
+        batch_op.drop_index("ix_jobs_team_name")
+        batch_op.drop_index("ix_jobs_status_pool")
+
+    op.drop_table("jobs")
+    op.drop_table("queues")
+    op.drop_table("nodes")
+    op.drop_table("api_keys")
+    op.drop_table("teams")
+    op.drop_table("scheduler_locks")
+    op.drop_table("pools")

@@ -1,0 +1,93 @@
+"""Launches and supervises job drivers as Ray jobs (the only part of runtime the scheduler calls)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import lru_cache
+
+log = logging.getLogger(__name__)
+
+# Ray's JobStatus values, spelled out so that callers need not import ray.
+RAY_PENDING, RAY_RUNNING, RAY_STOPPED, RAY_SUCCEEDED, RAY_FAILED = (
+    "PENDING",
+    "RUNNING",
+    "STOPPED",
+    "SUCCEEDED",
+    "FAILED",
+)
+
+
+@dataclass(frozen=True)
+class RayJobInfo:
+    status: str  # one of the RAY_* values
+    message: str | None
+
+
+def driver_entrypoint(python: str, job_id: str, api_url: str) -> str:
+    """The shell command of a job's driver on the cluster."""
+    return f"{python} -m runtime.driver --job-id {job_id} --api-url {api_url}"
+
+
+def submission_id(job_id: str, attempt: int) -> str:
+    # One Ray job per attempt: Ray refuses a second submission with the same id, which makes a
+    # re-delivered launch task harmless, and a relaunch after preemption gets a fresh id.
+    return f"{job_id}-a{attempt}"
+
+
+class RayJobLauncher:
+    """Ray Jobs API client of one cluster (its dashboard address, e.g. http://127.0.0.1:8265)."""
+
+    def __init__(self, address: str) -> None:
+        from ray.job_submission import JobSubmissionClient
+
+        self.address = address
+        self._client = JobSubmissionClient(address)
+
+    def submit(self, sub_id: str, entrypoint: str, *, env: dict[str, str], metadata: dict[str, str]) -> bool:
+        """Submit; True when submitted now, False when Ray already had it (idempotent)."""
+        try:
+            self._client.submit_job(
+                entrypoint=entrypoint,
+                submission_id=sub_id,
+                runtime_env={"env_vars": env},
+                metadata=metadata,
+            )
+            return True
+        except RuntimeError as err:
+            if "already exists" in str(err):
+                return False
+            raise
+
+    def status(self, sub_id: str) -> RayJobInfo | None:
+        """None when Ray does not know the job."""
+        try:
+            info = self._client.get_job_info(sub_id)
+        except RuntimeError as err:
+            if "does not exist" in str(err) or "404" in str(err):
+                return None
+            raise
+        return RayJobInfo(
+            status=str(info.status.value if hasattr(info.status, "value") else info.status),
+            message=info.message,
+        )
+
+    def stop(self, sub_id: str) -> bool:
+        try:
+            return bool(self._client.stop_job(sub_id))
+        except RuntimeError as err:
+            if "does not exist" in str(err) or "404" in str(err):
+                return False
+            raise
+
+    def logs_tail(self, sub_id: str, lines: int = 200) -> list[str]:
+        try:
+            text = self._client.get_job_logs(sub_id)
+        except RuntimeError:
+            return []
+        return text.splitlines()[-lines:]
+
+
+@lru_cache(maxsize=32)
+def launcher_for(address: str) -> RayJobLauncher:
+    return RayJobLauncher(address)

@@ -1,0 +1,81 @@
+"""Engines and units of work for SQLite (embedded) and PostgreSQL (production)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session, sessionmaker
+
+
+READ_ONLY = "relax_read_only"
+
+
+def make_engine(url: str, *, echo: bool = False) -> sa.Engine:
+    """An engine with the per-backend settings the platform relies on."""
+    u = sa.make_url(url)
+    if u.get_backend_name() == "sqlite":
+        if u.database and u.database != ":memory:":
+            Path(u.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = sa.create_engine(url, echo=echo, connect_args={"timeout": 30, "check_same_thread": False})
+        _configure_sqlite(engine)
+        return engine
+    return sa.create_engine(url, echo=echo, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+def _configure_sqlite(engine: sa.Engine) -> None:
+    # Several processes (API, worker, beat) write the same file. WAL lets readers run beside the
+    # writer, and every transaction begins IMMEDIATE: a deferred one that reads and then writes can
+    # fail at once with "database is locked" when another writer committed in between, which the busy
+    # timeout does not cover. pysqlite's own transaction handling is switched off so that the
+    # BEGIN below is the only one.
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):  # type: ignore[no-untyped-def]
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn):  # type: ignore[no-untyped-def]
+        # Read-only units of work (GET requests, streams) begin deferred: in WAL mode they never
+        # block, and they must not hold the write lock while a request runs.
+        read_only = conn.get_execution_options().get(READ_ONLY, False)
+        conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+
+class Database:
+    """Owns the engine and hands out units of work; the caller of `session()` owns the commit."""
+
+    def __init__(self, url: str, *, echo: bool = False) -> None:
+        self.url = url
+        self.engine = make_engine(url, echo=echo)
+        self._factory = sessionmaker(self.engine, expire_on_commit=False)
+        self._read_factory = sessionmaker(
+            self.engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False
+        )
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    @contextmanager
+    def session(self, *, read_only: bool = False) -> Iterator[Session]:
+        """One transaction: commits when the block succeeds, rolls back when it raises.
+
+        `read_only` units of work must not write (on SQLite they do not take the write lock)."""
+        with (self._read_factory if read_only else self._factory)() as s:
+            try:
+                yield s
+                s.commit()
+            except BaseException:
+                s.rollback()
+                raise
+
+    def dispose(self) -> None:
+        self.engine.dispose()

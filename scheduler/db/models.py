@@ -1,0 +1,223 @@
+"""Database tables (SQLAlchemy 2 typed mappings). Rows only: no business rules here."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class UtcDateTime(sa.types.TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite stores them naive)."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+JsonType = sa.JSON().with_variant(JSONB(), "postgresql")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: UtcDateTime, dict[str, Any]: JsonType, list[Any]: JsonType}
+
+
+class Team(Base):
+    __tablename__ = "teams"
+
+    id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(100), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(100))
+    team_id: Mapped[str | None] = mapped_column(sa.ForeignKey("teams.id"))
+    role: Mapped[str] = mapped_column(sa.String(20))  # admin | member
+    key_hash: Mapped[str] = mapped_column(sa.String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(sa.String(16))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None]
+
+
+class Pool(Base):
+    __tablename__ = "pools"
+
+    name: Mapped[str] = mapped_column(sa.String(63), primary_key=True)
+    accelerator: Mapped[str] = mapped_column(sa.String(40))  # e.g. h200, cpu
+    ray_address: Mapped[str | None] = mapped_column(sa.String(255))  # Ray Jobs API (dashboard) URL
+    python: Mapped[str | None] = mapped_column(sa.String(255))  # interpreter of the driver on the cluster
+    cordoned: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+
+    pool: Mapped[str] = mapped_column(sa.ForeignKey("pools.name"), primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(100), primary_key=True)
+    gpus: Mapped[int]
+    labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    cordoned: Mapped[bool] = mapped_column(default=False)
+    alive: Mapped[bool] = mapped_column(default=True)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class Queue(Base):
+    __tablename__ = "queues"
+
+    name: Mapped[str] = mapped_column(sa.String(63), primary_key=True)
+    pool: Mapped[str] = mapped_column(sa.ForeignKey("pools.name"))
+    team_id: Mapped[str] = mapped_column(sa.ForeignKey("teams.id"))
+    nominal_gpus: Mapped[int]
+    borrowing_limit: Mapped[int | None]
+    lending_limit: Mapped[int | None]
+    weight: Mapped[float] = mapped_column(default=1.0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        sa.UniqueConstraint("team_id", "idempotency_key", name="uq_jobs_team_idempotency_key"),
+        sa.Index("ix_jobs_status_pool", "status", "pool"),
+        sa.Index("ix_jobs_team_name", "team_id", "name"),
+    )
+
+    id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(100))
+    team_id: Mapped[str] = mapped_column(sa.ForeignKey("teams.id"))
+    queue: Mapped[str] = mapped_column(sa.ForeignKey("queues.name"))
+    pool: Mapped[str] = mapped_column(sa.ForeignKey("pools.name"))
+    status: Mapped[str] = mapped_column(sa.String(20))
+    status_reason: Mapped[str | None] = mapped_column(sa.Text)
+    failure_reason: Mapped[str | None] = mapped_column(sa.String(20))
+    priority: Mapped[int] = mapped_column(default=0)
+    queue_position: Mapped[int | None]  # 1-based, among the pool's queued jobs, from the last pass
+    wait_reason: Mapped[str | None] = mapped_column(sa.Text)  # why the last pass did not admit it
+    labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    spec: Mapped[dict[str, Any]]  # normalized Relax spec, paths resolved
+    submitted: Mapped[dict[str, Any]]  # what the user sent: {"spec": {...}} or {"args": [...]}
+    demand: Mapped[dict[str, Any]]
+    total_gpus: Mapped[int]
+    output_dir: Mapped[str] = mapped_column(sa.Text)
+    idempotency_key: Mapped[str | None] = mapped_column(sa.String(200))
+    attempt: Mapped[int] = mapped_column(default=0)  # increases on each (re)launch
+    ray_submission_id: Mapped[str | None] = mapped_column(sa.String(100))
+    report_seq: Mapped[int] = mapped_column(default=-1)  # last report seq applied for `attempt`
+    progress_step: Mapped[int | None]
+    total_steps: Mapped[int | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    admitted_at: Mapped[datetime | None]
+    launched_at: Mapped[datetime | None]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    last_report_at: Mapped[datetime | None]
+
+
+class JobEvent(Base):
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True)
+    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    time: Mapped[datetime] = mapped_column(default=utcnow)
+    kind: Mapped[str] = mapped_column(sa.String(40))  # "transition" or a driver event kind
+    from_status: Mapped[str | None] = mapped_column(sa.String(20))
+    to_status: Mapped[str | None] = mapped_column(sa.String(20))
+    reason: Mapped[str | None] = mapped_column(sa.Text)
+
+
+class Allocation(Base):
+    __tablename__ = "allocations"
+    __table_args__ = (sa.Index("ix_allocations_pool_node", "pool", "node"),)
+
+    id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True)
+    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    pool: Mapped[str] = mapped_column(sa.String(63))
+    node: Mapped[str] = mapped_column(sa.String(100))
+    role: Mapped[str] = mapped_column(sa.String(40))
+    gpus: Mapped[int]
+
+
+class Metric(Base):
+    __tablename__ = "metrics"
+    __table_args__ = (sa.Index("ix_metrics_job_name_step", "job_id", "name", "step"),)
+
+    id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True)
+    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int]
+    step: Mapped[int]
+    name: Mapped[str] = mapped_column(sa.String(200))
+    value: Mapped[float] = mapped_column(sa.Float(precision=53))
+    time: Mapped[datetime]
+
+
+class LogLine(Base):
+    __tablename__ = "log_lines"
+
+    id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True)
+    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    attempt: Mapped[int]
+    time: Mapped[datetime]
+    level: Mapped[str] = mapped_column(sa.String(10))
+    source: Mapped[str] = mapped_column(sa.String(40))
+    message: Mapped[str] = mapped_column(sa.Text)
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+
+    id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True)
+    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    attempt: Mapped[int]
+    step: Mapped[int]
+    path: Mapped[str] = mapped_column(sa.Text)
+    size_bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    format: Mapped[str] = mapped_column(sa.String(20))
+    time: Mapped[datetime]
+
+
+class Rollout(Base):
+    __tablename__ = "rollouts"
+
+    id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True)
+    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    attempt: Mapped[int]
+    rollout_id: Mapped[int]
+    split: Mapped[str] = mapped_column(sa.String(10))
+    path: Mapped[str] = mapped_column(sa.Text)
+    num_samples: Mapped[int]
+    time: Mapped[datetime]
+
+
+class SchedulerLock(Base):
+    """One row per named lock; a pass updates its row first so passes run one at a time."""
+
+    __tablename__ = "scheduler_locks"
+
+    name: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
+    holder: Mapped[str | None] = mapped_column(sa.String(100))
+    acquired_at: Mapped[datetime | None]

@@ -1,0 +1,57 @@
+"""The job lifecycle: statuses, the allowed transitions between them, and why jobs fail."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobStatus(StrEnum):
+    QUEUED = "QUEUED"  # stored and waiting for a scheduling pass to admit it
+    ADMITTED = "ADMITTED"  # slots reserved on a pool; the launch task is on its way to the pool's worker
+    STARTING = "STARTING"  # the Ray job was submitted; the driver has not reported yet
+    RUNNING = "RUNNING"  # the driver reported that its roles are up
+    CANCELLING = "CANCELLING"  # cancel requested; waiting for the Ray job to stop
+    PREEMPTING = "PREEMPTING"  # the scheduler reclaims the slots; the driver checkpoints and exits
+    SUCCEEDED = "SUCCEEDED"  # the driver exited 0 (terminal)
+    FAILED = "FAILED"  # the job or the platform failed; see failure_reason (terminal)
+    CANCELLED = "CANCELLED"  # stopped on request (terminal)
+
+    def is_terminal(self) -> bool:
+        return self in TERMINAL
+
+    def holds_slots(self) -> bool:
+        """Whether a job in this status owns an allocation on a pool."""
+        return self in HOLDING_SLOTS
+
+
+TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
+HOLDING_SLOTS = frozenset(
+    {JobStatus.ADMITTED, JobStatus.STARTING, JobStatus.RUNNING, JobStatus.CANCELLING, JobStatus.PREEMPTING}
+)
+# Jobs a pool's reconciler watches on Ray.
+ON_CLUSTER = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.CANCELLING, JobStatus.PREEMPTING})
+
+_S = JobStatus
+ALLOWED_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
+    _S.QUEUED: frozenset({_S.ADMITTED, _S.CANCELLED, _S.FAILED}),
+    _S.ADMITTED: frozenset({_S.STARTING, _S.CANCELLED, _S.FAILED, _S.QUEUED}),
+    _S.STARTING: frozenset({_S.RUNNING, _S.SUCCEEDED, _S.FAILED, _S.CANCELLING, _S.PREEMPTING}),
+    _S.RUNNING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.CANCELLING, _S.PREEMPTING}),
+    _S.CANCELLING: frozenset({_S.CANCELLED, _S.FAILED}),
+    _S.PREEMPTING: frozenset({_S.QUEUED, _S.CANCELLING, _S.FAILED, _S.SUCCEEDED}),
+    _S.SUCCEEDED: frozenset(),
+    _S.FAILED: frozenset(),
+    _S.CANCELLED: frozenset(),
+}
+
+
+def can_transition(src: JobStatus, dst: JobStatus) -> bool:
+    return dst in ALLOWED_TRANSITIONS[src]
+
+
+class FailureReason(StrEnum):
+    SETUP = "setup"  # the launch could not submit the Ray job (cluster unreachable, bad entrypoint)
+    USER_CODE = "user_code"  # the driver exited non-zero: the pipeline or a user hook raised
+    NO_RESOURCE = "no_resource"  # the demand can never fit the pool it was sent to
+    CONTROLLER = "controller"  # the Ray job vanished or was stopped outside the platform
+    LOST = "lost"  # the node or heartbeat was lost

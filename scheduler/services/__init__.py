@@ -1,0 +1,1 @@
+"""Services: the business rules over the database. They flush, never commit; they raise domain errors."""

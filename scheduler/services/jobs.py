@@ -1,0 +1,492 @@
+"""Jobs: submission, the one door for status changes, cancellation, and what drivers report."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+import jobspec
+from scheduler.db.models import (
+    Allocation,
+    Checkpoint,
+    Job,
+    JobEvent,
+    LogLine,
+    Metric,
+    Node,
+    Pool,
+    Queue,
+    Rollout,
+    Team,
+    utcnow,
+)
+from scheduler.domain.errors import Conflict, InvalidSpec, InvalidTransition, NotFound, PermissionDenied
+from scheduler.domain.ids import new_id
+from scheduler.domain.jobs import ALLOWED_TRANSITIONS, FailureReason, JobStatus
+from scheduler.services.auth import Principal, team_by_name_or_id
+from scheduler.services.paths import resolve_paths
+
+# Statuses a cancel request moves from, and where it moves them.
+_CANCEL_TARGET = {
+    JobStatus.QUEUED: JobStatus.CANCELLED,
+    JobStatus.ADMITTED: JobStatus.CANCELLED,
+    JobStatus.STARTING: JobStatus.CANCELLING,
+    JobStatus.RUNNING: JobStatus.CANCELLING,
+    JobStatus.PREEMPTING: JobStatus.CANCELLING,
+}
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A validated request to run a job (the API schema converts to this)."""
+
+    name: str | None = None
+    team: str | None = None
+    queue: str | None = None
+    priority: int = 0
+    labels: dict[str, str] | None = None
+    spec: dict[str, Any] | None = None
+    args: Sequence[str] | str | None = None
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True)
+class Report:
+    """One batch from a driver (see runtime/reporter.py for the sending side)."""
+
+    attempt: int
+    seq: int
+    phase: str | None = None
+    progress: dict[str, int] | None = None
+    metrics: Sequence[dict[str, Any]] = ()
+    logs: Sequence[dict[str, Any]] = ()
+    checkpoints: Sequence[dict[str, Any]] = ()
+    rollouts: Sequence[dict[str, Any]] = ()
+    events: Sequence[dict[str, Any]] = ()
+
+
+def _ts(value: float | None) -> datetime:
+    return datetime.fromtimestamp(value, UTC) if value is not None else utcnow()
+
+
+class JobService:
+    def __init__(self, session: Session, *, artifact_root: Path) -> None:
+        self.session = session
+        self.artifact_root = artifact_root
+
+    # Reads ---------------------------------------------------------------------------------
+    def get(self, job_id: str, principal: Principal | None = None) -> Job:
+        job = self.session.get(Job, job_id)
+        if job is None or (principal is not None and not principal.can_see_team(job.team_id)):
+            raise NotFound(f"job {job_id} not found", code="job.not_found")
+        return job
+
+    def list(
+        self,
+        principal: Principal,
+        *,
+        status: Iterable[str] | None = None,
+        name: str | None = None,
+        team: str | None = None,
+        queue: str | None = None,
+        after: str | None = None,
+        limit: int = 50,
+    ) -> tuple[list[Job], str | None]:
+        """Newest first; `after` is the id of the last job of the previous page."""
+        q = sa.select(Job).order_by(Job.id.desc()).limit(limit + 1)
+        if not principal.is_admin:
+            q = q.where(Job.team_id == principal.team_id)
+        if team:
+            q = q.where(Job.team_id == team_by_name_or_id(self.session, team).id)
+        if status:
+            q = q.where(Job.status.in_([s.upper() for s in status]))
+        if name:
+            q = q.where(Job.name == name)
+        if queue:
+            q = q.where(Job.queue == queue)
+        if after:
+            q = q.where(Job.id < after)
+        rows = list(self.session.scalars(q))
+        next_cursor = rows[limit - 1].id if len(rows) > limit else None
+        return rows[:limit], next_cursor
+
+    def events(self, job: Job) -> list[JobEvent]:
+        return list(
+            self.session.scalars(sa.select(JobEvent).where(JobEvent.job_id == job.id).order_by(JobEvent.id))
+        )
+
+    # Submission ----------------------------------------------------------------------------
+    def submit(self, principal: Principal, sub: Submission) -> tuple[Job, bool]:
+        """Validate and store a job QUEUED. Returns (job, created); a repeated idempotency key
+        returns the original job with created=False."""
+        team = self._submitting_team(principal, sub.team)
+        if sub.idempotency_key:
+            existing = self.session.scalar(
+                sa.select(Job).where(Job.team_id == team.id, Job.idempotency_key == sub.idempotency_key)
+            )
+            if existing is not None:
+                return existing, False
+        queue = self._queue_for(team, sub.queue)
+        pool = self.session.get(Pool, queue.pool)
+        assert pool is not None
+
+        normalized, submitted = self._normalize(sub, pool)
+        job_id = new_id("job")
+        job_dir = self.artifact_root / "jobs" / job_id
+        resolution = resolve_paths(
+            self.session,
+            normalized.spec.to_dict(),
+            path_fields=jobspec.path_fields(),
+            artifact_root=self.artifact_root,
+            job_dir=job_dir,
+            team_id=team.id,
+        )
+        if resolution.issues:
+            raise InvalidSpec(
+                _summary([i.to_dict() for i in resolution.issues]),
+                details={"issues": [i.to_dict() for i in resolution.issues]},
+            )
+        demand = normalized.demand.model_dump(mode="json")
+        job = Job(
+            id=job_id,
+            name=sub.name or _default_name(resolution.spec),
+            team_id=team.id,
+            queue=queue.name,
+            pool=pool.name,
+            status=JobStatus.QUEUED,
+            priority=sub.priority,
+            labels=dict(sub.labels or {}),
+            spec=resolution.spec,
+            submitted=submitted
+            | {
+                "warnings": [w.to_dict() for w in normalized.warnings],
+                "derived": _jsonable(normalized.derived),
+                "inputs": resolution.inputs,
+            },
+            demand=demand,
+            total_gpus=int(demand["total_gpus"]),
+            output_dir=str(job_dir),
+            idempotency_key=sub.idempotency_key,
+        )
+        self.session.add(job)
+        self.session.flush()
+        self._event(job, None, JobStatus.QUEUED, f"submitted to queue {queue.name} (pool {pool.name})")
+        return job, True
+
+    def dry_run(self, principal: Principal, sub: Submission) -> dict[str, Any]:
+        """What submitting would do, without storing anything: the normalized spec, derived values,
+        warnings, errors, the resource demand and the queue and pool it would wait in."""
+        team = self._submitting_team(principal, sub.team)
+        queue = self._queue_for(team, sub.queue)
+        pool = self.session.get(Pool, queue.pool)
+        assert pool is not None
+        out: dict[str, Any] = {"valid": False, "queue": queue.name, "pool": pool.name}
+        try:
+            normalized, _ = self._normalize(sub, pool)
+        except InvalidSpec as err:
+            out["errors"] = (err.details or {}).get("issues", [])
+            return out
+        resolution = resolve_paths(
+            self.session,
+            normalized.spec.to_dict(),
+            path_fields=jobspec.path_fields(),
+            artifact_root=self.artifact_root,
+            job_dir=self.artifact_root / "jobs" / "<job-id>",
+            team_id=team.id,
+        )
+        out.update(
+            valid=not resolution.issues,
+            spec=resolution.spec,
+            argv=normalized.spec.to_argv(),
+            derived=_jsonable(normalized.derived),
+            warnings=[w.to_dict() for w in normalized.warnings],
+            errors=[i.to_dict() for i in resolution.issues],
+            demand=normalized.demand.model_dump(mode="json"),
+        )
+        return out
+
+    def _normalize(self, sub: Submission, pool: Pool) -> tuple[jobspec.NormalizedSpec, dict[str, Any]]:
+        if (sub.spec is None) == (sub.args is None):
+            raise InvalidSpec(
+                "give exactly one of 'spec' (an object) or 'args' (Relax CLI flags)",
+                details={
+                    "issues": [{"code": "job.spec_or_args", "field": "spec", "message": "", "hint": ""}]
+                },
+            )
+        max_node = self.session.scalar(sa.select(sa.func.max(Node.gpus)).where(Node.pool == pool.name))
+        try:
+            if sub.spec is not None:
+                return jobspec.normalize(obj=sub.spec, max_gpus_per_node=max_node), {"spec": sub.spec}
+            argv = shlex.split(sub.args) if isinstance(sub.args, str) else list(sub.args or [])
+            return jobspec.normalize(argv=argv, max_gpus_per_node=max_node), {"args": argv}
+        except jobspec.SpecError as err:
+            issues = [i.to_dict() for i in err.issues]
+            raise InvalidSpec(_summary(issues), details={"issues": issues}) from None
+
+    def _submitting_team(self, principal: Principal, team_ref: str | None) -> Team:
+        if team_ref is None:
+            if principal.team_id is None:
+                return team_by_name_or_id(self.session, "default")
+            return team_by_name_or_id(self.session, principal.team_id)
+        team = team_by_name_or_id(self.session, team_ref)
+        if not principal.can_see_team(team.id):
+            raise PermissionDenied(f"your key cannot submit for team {team.name!r}")
+        return team
+
+    def _queue_for(self, team: Team, queue_name: str | None) -> Queue:
+        if queue_name:
+            queue = self.session.get(Queue, queue_name)
+            if queue is None:
+                raise NotFound(f"queue {queue_name!r} not found", code="queue.not_found")
+            if queue.team_id != team.id:
+                raise PermissionDenied(f"queue {queue_name!r} belongs to another team")
+            return queue
+        queue = self.session.scalar(
+            sa.select(Queue).where(Queue.team_id == team.id).order_by(Queue.created_at).limit(1)
+        )
+        if queue is None:
+            raise NotFound(f"team {team.name!r} has no queue", code="queue.not_found")
+        return queue
+
+    # The one door for status changes ------------------------------------------------------
+    def transition(
+        self,
+        job_id: str,
+        to: JobStatus,
+        *,
+        expected_from: JobStatus | Iterable[JobStatus],
+        reason: str,
+        failure: FailureReason | None = None,
+    ) -> bool:
+        """Compare-and-set the status. False when the job is no longer in `expected_from` (someone
+        else moved it first): the caller re-reads instead of overwriting."""
+        to = JobStatus(to)
+        froms = (
+            {JobStatus(expected_from)}
+            if isinstance(expected_from, str)
+            else {JobStatus(f) for f in expected_from}
+        )
+        bad = [f for f in froms if to not in ALLOWED_TRANSITIONS[f]]
+        if bad:
+            raise InvalidTransition(f"{'/'.join(sorted(bad))} -> {to} is not a job transition")
+        job = self.session.get(Job, job_id)
+        if job is None:
+            raise NotFound(f"job {job_id} not found", code="job.not_found")
+        src = JobStatus(job.status)
+        now = utcnow()
+        values: dict[str, Any] = {"status": to, "status_reason": reason, "updated_at": now}
+        if failure is not None:
+            values["failure_reason"] = failure
+        if to == JobStatus.ADMITTED:
+            values["admitted_at"] = now
+        elif to == JobStatus.STARTING:
+            values["launched_at"] = now
+            values["attempt"] = Job.attempt + 1
+            values["report_seq"] = -1
+        elif to == JobStatus.RUNNING:
+            values["started_at"] = now
+        elif to.is_terminal():
+            values["finished_at"] = now
+        result = self.session.execute(
+            sa.update(Job)
+            .where(Job.id == job_id, Job.status.in_(list(froms)))
+            .values(**values)
+            .execution_options(synchronize_session=False)
+        )
+        if result.rowcount != 1:
+            return False
+        self.session.refresh(job)
+        if not to.holds_slots():
+            self.session.execute(sa.delete(Allocation).where(Allocation.job_id == job_id))
+        self._event(job, src, to, reason)
+        return True
+
+    def cancel(self, job_id: str, principal: Principal, *, reason: str = "cancelled by user") -> Job:
+        job = self.get(job_id, principal)
+        for _ in range(3):  # retry when the scheduler or a worker moved the job meanwhile
+            status = JobStatus(job.status)
+            if status.is_terminal():
+                raise Conflict(f"job {job_id} already ended ({status})", code="job.already_ended")
+            if status == JobStatus.CANCELLING:
+                return job
+            target = _CANCEL_TARGET[status]
+            if self.transition(job_id, target, expected_from=status, reason=reason):
+                return job
+            self.session.refresh(job)
+        raise Conflict(f"job {job_id} kept changing status; try again", code="job.busy")
+
+    def _event(
+        self, job: Job, src: JobStatus | None, dst: JobStatus | None, reason: str, kind: str = "transition"
+    ) -> None:
+        self.session.add(JobEvent(job_id=job.id, kind=kind, from_status=src, to_status=dst, reason=reason))
+
+    def record_event(self, job: Job, kind: str, message: str, *, at: datetime | None = None) -> None:
+        self.session.add(JobEvent(job_id=job.id, kind=kind, reason=message, time=at or utcnow()))
+
+    def add_logs(self, job: Job, lines: Iterable[dict[str, Any]], *, source: str) -> None:
+        rows = [
+            {
+                "job_id": job.id,
+                "attempt": job.attempt,
+                "time": _ts(line.get("time")),
+                "level": str(line.get("level", "INFO"))[:10],
+                "source": str(line.get("source", source))[:40],
+                "message": str(line.get("message", "")),
+            }
+            for line in lines
+        ]
+        if rows:
+            self.session.execute(sa.insert(LogLine), rows)
+
+    # Driver reports ------------------------------------------------------------------------
+    def ingest_report(self, job: Job, report: Report) -> bool:
+        """Apply one report batch; returns whether the driver should stop. Idempotent per (attempt, seq)."""
+        if report.attempt != job.attempt:
+            raise Conflict(
+                f"report for attempt {report.attempt} but the job is at attempt {job.attempt}",
+                code="job.stale_attempt",
+            )
+        stop = (
+            JobStatus(job.status) in (JobStatus.CANCELLING, JobStatus.PREEMPTING)
+            or JobStatus(job.status).is_terminal()
+        )
+        if report.seq <= job.report_seq:
+            return stop  # a retry of a batch already applied
+        job.report_seq = report.seq
+        job.last_report_at = utcnow()
+        if report.progress:
+            job.progress_step = report.progress.get("step", job.progress_step)
+            job.total_steps = report.progress.get("total_steps", job.total_steps)
+        attempt = job.attempt
+        if report.metrics:
+            self.session.execute(
+                sa.insert(Metric),
+                [
+                    {
+                        "job_id": job.id,
+                        "attempt": attempt,
+                        "step": int(m["step"]),
+                        "name": str(m["name"])[:200],
+                        "value": float(m["value"]),
+                        "time": _ts(m.get("time")),
+                    }
+                    for m in report.metrics
+                ],
+            )
+        self.add_logs(job, report.logs, source="driver")
+        for c in report.checkpoints:
+            self.session.add(
+                Checkpoint(
+                    job_id=job.id,
+                    attempt=attempt,
+                    step=int(c["step"]),
+                    path=str(c["path"]),
+                    size_bytes=int(c.get("size_bytes", 0)),
+                    format=str(c.get("format", "torch")),
+                    time=_ts(c.get("time")),
+                )
+            )
+        for r in report.rollouts:
+            self.session.add(
+                Rollout(
+                    job_id=job.id,
+                    attempt=attempt,
+                    rollout_id=int(r["rollout_id"]),
+                    split=str(r.get("split", "train")),
+                    path=str(r["path"]),
+                    num_samples=int(r.get("num_samples", 0)),
+                    time=_ts(r.get("time")),
+                )
+            )
+        for e in report.events:
+            self.record_event(
+                job, str(e.get("kind", "driver"))[:40], str(e.get("message", "")), at=_ts(e.get("time"))
+            )
+        self.session.flush()
+        if report.phase == "running" and job.status == JobStatus.STARTING:
+            self.transition(
+                job.id, JobStatus.RUNNING, expected_from=JobStatus.STARTING, reason="driver is up"
+            )
+        return stop
+
+    # Outputs -------------------------------------------------------------------------------
+    def metrics(
+        self, job: Job, *, names: Sequence[str] | None = None, since_step: int | None = None
+    ) -> list[Metric]:
+        q = sa.select(Metric).where(Metric.job_id == job.id).order_by(Metric.name, Metric.step, Metric.id)
+        if names:
+            q = q.where(Metric.name.in_(list(names)))
+        if since_step is not None:
+            q = q.where(Metric.step >= since_step)
+        return list(self.session.scalars(q))
+
+    def metrics_after(self, job: Job, *, after: int, limit: int = 2000) -> list[Metric]:
+        """Points recorded after the point with id `after`, in arrival order (for streams)."""
+        return list(
+            self.session.scalars(
+                sa.select(Metric)
+                .where(Metric.job_id == job.id, Metric.id > after)
+                .order_by(Metric.id)
+                .limit(limit)
+            )
+        )
+
+    def logs(self, job: Job, *, after: int = 0, limit: int = 1000) -> list[LogLine]:
+        return list(
+            self.session.scalars(
+                sa.select(LogLine)
+                .where(LogLine.job_id == job.id, LogLine.id > after)
+                .order_by(LogLine.id)
+                .limit(limit)
+            )
+        )
+
+    def checkpoints(self, job: Job) -> list[Checkpoint]:
+        return list(
+            self.session.scalars(
+                sa.select(Checkpoint)
+                .where(Checkpoint.job_id == job.id)
+                .order_by(Checkpoint.step, Checkpoint.id)
+            )
+        )
+
+    def rollouts(self, job: Job) -> list[Rollout]:
+        return list(
+            self.session.scalars(
+                sa.select(Rollout).where(Rollout.job_id == job.id).order_by(Rollout.rollout_id, Rollout.id)
+            )
+        )
+
+    def allocations(self, job: Job) -> list[Allocation]:
+        return list(self.session.scalars(sa.select(Allocation).where(Allocation.job_id == job.id)))
+
+
+def _summary(issues: list[dict[str, Any]]) -> str:
+    errors = [i for i in issues if i.get("severity", "error") == "error"] or issues
+    first = errors[0]
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    where = f"{first['field']}: " if first.get("field") else ""
+    return f"invalid job spec: {where}{first['message']}{more}"
+
+
+def _default_name(spec: dict[str, Any]) -> str:
+    if spec.get("loss_type") in ("sft", "sft_loss"):
+        return "sft"
+    return str(spec.get("advantage_estimator") or "job")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)

@@ -1,0 +1,179 @@
+"""Pools, nodes, teams and queues: bootstrap of the embedded platform and what admins see."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from scheduler.db.models import Allocation, Job, Node, Pool, Queue, Team
+from scheduler.domain.errors import Conflict, NotFound
+from scheduler.domain.ids import new_id
+from scheduler.domain.jobs import HOLDING_SLOTS, JobStatus
+from scheduler.services.auth import create_api_key, ensure_api_key
+
+
+@dataclass(frozen=True)
+class LocalPool:
+    """What the embedded platform knows about the machine it runs on."""
+
+    name: str
+    accelerator: str
+    node: str
+    slots: int
+    ray_address: str | None
+    python: str | None
+
+
+def ensure_team(session: Session, name: str) -> Team:
+    team = session.scalar(sa.select(Team).where(Team.name == name))
+    if team is None:
+        team = Team(id=new_id("team"), name=name)
+        session.add(team)
+        session.flush()
+    return team
+
+
+def ensure_local_pool(session: Session, local: LocalPool, *, team: Team) -> Pool:
+    """Create or refresh the embedded pool, its one node and the default team's queue."""
+    pool = session.get(Pool, local.name)
+    if pool is None:
+        pool = Pool(name=local.name, accelerator=local.accelerator)
+        session.add(pool)
+    pool.accelerator = local.accelerator
+    pool.ray_address = local.ray_address
+    pool.python = local.python
+    node = session.get(Node, (local.name, local.node))
+    if node is None:
+        node = Node(pool=local.name, name=local.node, gpus=local.slots, labels={})
+        session.add(node)
+    node.gpus = local.slots
+    node.alive = True
+    session.flush()
+    if session.get(Queue, "default") is None:
+        session.add(
+            Queue(
+                name="default",
+                pool=local.name,
+                team_id=team.id,
+                nominal_gpus=local.slots,
+                borrowing_limit=None,
+                lending_limit=None,
+                weight=1.0,
+            )
+        )
+        session.flush()
+    return pool
+
+
+def ensure_admin_key(session: Session, key_file: Path) -> str:
+    """The bootstrap admin key: kept in `key_file` (0600) and valid in the database."""
+    if key_file.exists():
+        raw = key_file.read_text().strip()
+        ensure_api_key(session, raw, name="bootstrap-admin", role="admin", team_id=None)
+        return raw
+    _, raw = create_api_key(session, name="bootstrap-admin", role="admin", team_id=None)
+    key_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = key_file.with_suffix(".tmp")
+    tmp.write_text(raw + "\n")
+    tmp.chmod(0o600)
+    tmp.replace(key_file)
+    return raw
+
+
+def list_pools(session: Session) -> list[dict]:
+    """Every pool with its nodes and the GPUs allocated on each."""
+    used = {
+        (p, n): int(g)
+        for p, n, g in session.execute(
+            sa.select(Allocation.pool, Allocation.node, sa.func.sum(Allocation.gpus)).group_by(
+                Allocation.pool, Allocation.node
+            )
+        )
+    }
+    running = dict(
+        session.execute(
+            sa.select(Job.pool, sa.func.count()).where(Job.status.in_(list(HOLDING_SLOTS))).group_by(Job.pool)
+        ).all()
+    )
+    queued = dict(
+        session.execute(
+            sa.select(Job.pool, sa.func.count()).where(Job.status == JobStatus.QUEUED).group_by(Job.pool)
+        ).all()
+    )
+    out = []
+    for pool in session.scalars(sa.select(Pool).order_by(Pool.name)):
+        nodes = list(session.scalars(sa.select(Node).where(Node.pool == pool.name).order_by(Node.name)))
+        node_views = [
+            {
+                "name": n.name,
+                "gpus": n.gpus,
+                "allocated_gpus": used.get((pool.name, n.name), 0),
+                "labels": n.labels,
+                "cordoned": n.cordoned,
+                "alive": n.alive,
+            }
+            for n in nodes
+        ]
+        out.append(
+            {
+                "name": pool.name,
+                "accelerator": pool.accelerator,
+                "ray_address": pool.ray_address,
+                "cordoned": pool.cordoned,
+                "total_gpus": sum(n.gpus for n in nodes),
+                "allocated_gpus": sum(v["allocated_gpus"] for v in node_views),
+                "jobs_holding_slots": running.get(pool.name, 0),
+                "jobs_queued": queued.get(pool.name, 0),
+                "nodes": node_views,
+            }
+        )
+    return out
+
+
+def list_queues(session: Session) -> list[dict]:
+    used = dict(
+        session.execute(
+            sa.select(Job.queue, sa.func.sum(Job.total_gpus))
+            .where(Job.status.in_(list(HOLDING_SLOTS)))
+            .group_by(Job.queue)
+        ).all()
+    )
+    waiting = dict(
+        session.execute(
+            sa.select(Job.queue, sa.func.count()).where(Job.status == JobStatus.QUEUED).group_by(Job.queue)
+        ).all()
+    )
+    teams = {t.id: t.name for t in session.scalars(sa.select(Team))}
+    return [
+        {
+            "name": q.name,
+            "pool": q.pool,
+            "team": teams.get(q.team_id, q.team_id),
+            "nominal_gpus": q.nominal_gpus,
+            "borrowing_limit": q.borrowing_limit,
+            "lending_limit": q.lending_limit,
+            "weight": q.weight,
+            "used_gpus": int(used.get(q.name) or 0),
+            "queued_jobs": int(waiting.get(q.name) or 0),
+        }
+        for q in session.scalars(sa.select(Queue).order_by(Queue.name))
+    ]
+
+
+def create_team(session: Session, name: str) -> Team:
+    if session.scalar(sa.select(Team).where(Team.name == name)) is not None:
+        raise Conflict(f"team {name!r} already exists", code="team.exists")
+    team = Team(id=new_id("team"), name=name)
+    session.add(team)
+    session.flush()
+    return team
+
+
+def get_pool(session: Session, name: str) -> Pool:
+    pool = session.get(Pool, name)
+    if pool is None:
+        raise NotFound(f"pool {name!r} not found", code="pool.not_found")
+    return pool

@@ -1,0 +1,166 @@
+"""Platform settings: one typed tree read from RELAX_* environment variables."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _home() -> Path:
+    return Path(os.environ.get("RELAX_HOME", ".relax")).expanduser().resolve()
+
+
+class ApiSettings(BaseSettings):
+    """The HTTP API process."""
+
+    model_config = SettingsConfigDict(env_prefix="RELAX_", extra="ignore")
+
+    host: str = Field("127.0.0.1", description="Address the API binds to.")
+    port: int = Field(8400, description="Port of the API and the dashboard.")
+    public_url: str | None = Field(
+        None,
+        description="URL at which job drivers on the Ray clusters reach the API "
+        "(default: http://<host>:<port>).",
+    )
+
+
+class DatabaseSettings(BaseSettings):
+    """The relational database holding jobs, events, metrics and logs."""
+
+    model_config = SettingsConfigDict(env_prefix="RELAX_DATABASE_", extra="ignore")
+
+    url: str | None = Field(
+        None,
+        description="SQLAlchemy URL; PostgreSQL in production "
+        "(postgresql+psycopg://user@host/db). Default: SQLite at $RELAX_HOME/relax.db.",
+    )
+    echo: bool = Field(False, description="Log every SQL statement.")
+
+
+class CelerySettings(BaseSettings):
+    """The task broker between the scheduler and the pool workers."""
+
+    model_config = SettingsConfigDict(env_prefix="RELAX_", extra="ignore")
+
+    broker_url: str | None = Field(
+        None,
+        description="Celery broker: redis://… or amqp://… in production. "
+        "Default: an embedded SQLite transport at $RELAX_HOME/broker.db.",
+    )
+    broker_poll_seconds: float = Field(
+        0.05, description="Polling interval of the embedded SQL transport (seconds)."
+    )
+
+
+class SchedulerSettings(BaseSettings):
+    """The scheduling pass and the pool reconcilers."""
+
+    model_config = SettingsConfigDict(env_prefix="RELAX_SCHEDULER_", extra="ignore")
+
+    tick_seconds: float = Field(
+        2.0, description="Period of the beat that runs a scheduling pass and reconciles every pool."
+    )
+    launch_grace_seconds: float = Field(
+        60.0,
+        description="How long a STARTING job may have no Ray job before the reconciler resubmits it.",
+    )
+
+
+class RaySettings(BaseSettings):
+    """The Ray cluster of the embedded pool `local`."""
+
+    model_config = SettingsConfigDict(env_prefix="RELAX_RAY_", extra="ignore")
+
+    address: str | None = Field(
+        None,
+        description="Ray dashboard (Jobs API) address of pool `local`, e.g. http://10.0.0.5:8265. "
+        "Default: the embedded platform starts a local Ray head.",
+    )
+    num_cpus: int | None = Field(None, description="CPUs the embedded Ray head advertises.")
+    local_slots: int | None = Field(
+        None,
+        description="Slots of pool `local` on a machine without GPUs (one slot stands for one GPU). "
+        "Default: the number of CPU cores, at least 2.",
+    )
+
+
+class Settings(BaseSettings):
+    """All platform settings. Build with get_settings(); never at import time."""
+
+    model_config = SettingsConfigDict(env_prefix="RELAX_", extra="ignore")
+
+    home: Path = Field(default_factory=_home, description="Directory of the embedded platform's state.")
+    artifact_root: Path | None = Field(
+        None, description="Where job outputs, models and datasets live. Default: $RELAX_HOME/artifacts."
+    )
+    secret_key: str | None = Field(
+        None,
+        description="Signs job tokens. Default: a random key kept in $RELAX_HOME/secret.key.",
+    )
+    environment: str = Field("dev", description="dev or production; production refuses defaults.")
+
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    celery: CelerySettings = Field(default_factory=CelerySettings)
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    ray: RaySettings = Field(default_factory=RaySettings)
+
+    @model_validator(mode="after")
+    def _production_needs_real_services(self) -> Settings:
+        if self.environment == "production":
+            missing = [
+                name
+                for name, value in (
+                    ("RELAX_DATABASE_URL", self.database.url),
+                    ("RELAX_BROKER_URL", self.celery.broker_url),
+                    ("RELAX_SECRET_KEY", self.secret_key),
+                )
+                if not value
+            ]
+            if missing:
+                raise ValueError(f"production needs {', '.join(missing)} set")
+        return self
+
+    # Derived values -------------------------------------------------------------------------
+    @property
+    def database_url(self) -> str:
+        return self.database.url or f"sqlite:///{self.home / 'relax.db'}"
+
+    @property
+    def broker_url(self) -> str:
+        return self.celery.broker_url or f"sqla+sqlite:///{self.home / 'broker.db'}"
+
+    @property
+    def artifacts(self) -> Path:
+        return (self.artifact_root or self.home / "artifacts").resolve()
+
+    @property
+    def public_url(self) -> str:
+        return self.api.public_url or f"http://{self.api.host}:{self.api.port}"
+
+    def signing_key(self) -> bytes:
+        """The job-token signing key; created once in $RELAX_HOME when not configured."""
+        if self.secret_key:
+            return self.secret_key.encode()
+        path = self.home / "secret.key"
+        if not path.exists():
+            self.home.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(secrets.token_hex(32))
+            tmp.chmod(0o600)
+            try:
+                os.link(tmp, path)  # atomic: the first process to create it wins
+            except FileExistsError:
+                pass
+            tmp.unlink(missing_ok=True)
+        return path.read_text().strip().encode()
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

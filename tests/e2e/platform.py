@@ -1,0 +1,94 @@
+"""Starts the embedded platform as `make run` does, in a temp home, for end-to-end tests and benches."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RunningPlatform:
+    url: str
+    home: Path
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def key(self) -> str:
+        return (self.home / "admin.key").read_text().strip()
+
+    def env(self) -> dict[str, str]:
+        return os.environ | {"RELAX_URL": self.url, "RELAX_HOME": str(self.home), "RELAX_API_KEY": self.key}
+
+    def relaxctl(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(Path(sys.executable).parent / "relaxctl"), *args],
+            cwd=ROOT,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def log(self) -> str:
+        parts = []
+        for f in sorted((self.home / "logs").glob("*.log")) + [self.home / "platform.log"]:
+            if f.exists():
+                parts.append(f"==> {f.name}\n{f.read_text()[-4000:]}")
+        return "\n".join(parts)
+
+
+def start_platform(home: Path, *, timeout: float = 180) -> RunningPlatform:
+    port = _free_port()
+    env = os.environ | {"RELAX_HOME": str(home), "RELAX_PORT": str(port), "RAY_AUTH_MODE": "disabled"}
+    home.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "api.embedded"],
+        cwd=ROOT,
+        env=env,
+        stdout=open(home / "platform.log", "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    platform = RunningPlatform(url=url, home=home, proc=proc)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the platform exited with {proc.returncode}:\n{platform.log()}")
+        try:
+            urllib.request.urlopen(f"{url}/readyz", timeout=2).read()
+            if (home / "admin.key").exists():
+                return platform
+        except OSError:
+            pass
+        time.sleep(0.5)
+    stop_platform(platform)
+    raise RuntimeError(f"the platform did not come up in {timeout}s:\n{platform.log()}")
+
+
+def stop_platform(platform: RunningPlatform, timeout: float = 60) -> float:
+    """SIGTERM, as Ctrl-C would; returns how long it took to stop."""
+    t0 = time.time()
+    if platform.proc.poll() is None:
+        platform.proc.send_signal(signal.SIGTERM)
+        try:
+            platform.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(platform.proc.pid, signal.SIGKILL)
+            platform.proc.wait()
+    return time.time() - t0

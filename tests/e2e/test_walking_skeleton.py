@@ -1,0 +1,140 @@
+"""The whole platform end to end on this machine: CLI -> API -> database -> scheduling pass ->
+Celery worker -> Ray job -> driver with Ray actors -> reports back. SFT warm-up, then GRPO that learns."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from client.sdk import RelaxClient
+from runtime.launcher import RayJobLauncher
+from tests.e2e.platform import ROOT, RunningPlatform, start_platform, stop_platform
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    p = start_platform(tmp_path_factory.mktemp("platform") / "home")
+    try:
+        r = p.relaxctl("models", "tiny")
+        assert r.returncode == 0, r.stdout + r.stderr
+        yield p
+    finally:
+        took = stop_platform(p)
+        assert took < 45, f"the platform took {took:.0f}s to stop"
+
+
+def _wait_status(c: RelaxClient, job_id: str, statuses: set[str], timeout: float = 120) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        job = c.get_job(job_id)
+        if job["status"] in statuses:
+            return job
+        time.sleep(0.5)
+    raise AssertionError(f"{job_id} stuck in {c.get_job(job_id)['status']}")
+
+
+def test_sft_then_grpo_learns(platform: RunningPlatform) -> None:
+    r = platform.relaxctl("submit", "examples/sft-arith.yaml", "--wait")
+    assert r.returncode == 0, r.stdout + r.stderr + platform.log()
+    assert "SUCCEEDED" in r.stdout
+
+    # While GRPO runs, the API already serves its metrics.
+    seen_while_running: dict[str, set[str]] = {}
+    c = RelaxClient(platform.url, platform.key)
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            jobs = c.list_jobs(name="grpo-arith")["data"]
+            if jobs and jobs[0]["status"] == "RUNNING":
+                series = c.metrics(jobs[0]["id"])
+                if series:
+                    seen_while_running[jobs[0]["id"]] = {n.split("/")[0] for n in series}
+            time.sleep(1.0)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        r = platform.relaxctl("submit", "examples/grpo-arith.yaml", "--wait")
+    finally:
+        stop.set()
+        watcher.join(5)
+    assert r.returncode == 0, r.stdout + r.stderr + platform.log()
+    job = c.list_jobs(name="grpo-arith")["data"][0]
+    assert job["status"] == "SUCCEEDED"
+    assert {"rollout", "train", "perf"} <= seen_while_running.get(job["id"], set())
+
+    # It consumed the SFT job's Hugging Face export.
+    detail = c.get_job(job["id"])
+    sft = c.list_jobs(name="sft-arith")["data"][0]
+    assert detail["spec"]["hf_checkpoint"].startswith(sft["output_dir"])
+    assert detail["submitted"]["inputs"][0]["job_id"] == sft["id"]
+
+    # It learned: mean reward of the last steps clearly above the first steps.
+    reward = [p["value"] for p in c.metrics(job["id"], names=["rollout/reward"])["rollout/reward"]]
+    k = max(2, len(reward) // 5)
+    first, last = sum(reward[:k]) / k, sum(reward[-k:]) / k
+    assert first < 0.35 and last > 0.6 and last - first > 0.3, reward
+
+    # Every transition, with time and reason.
+    events = [e for e in c.events(job["id"]) if e["kind"] == "transition"]
+    assert [e["to_status"] for e in events] == ["QUEUED", "ADMITTED", "STARTING", "RUNNING", "SUCCEEDED"]
+    assert all(e["time"] and e["reason"] for e in events)
+
+    # The driver's log is readable through the API.
+    logs = c.logs(job["id"])["data"]
+    assert logs and any(line["source"] == "driver" for line in logs)
+
+    # Checkpoints registered, and <save> in the Relax layout.
+    ckpts = c.checkpoints(job["id"])
+    assert ckpts and all(ck["size_bytes"] > 0 and Path(ck["path"]).exists() for ck in ckpts)
+    save = Path(detail["spec"]["save"])
+    iters = sorted(p.name for p in save.glob("iter_*"))
+    assert iters and all(len(n) == len("iter_0000000") for n in iters)
+    latest = int((save / "latest_checkpointed_iteration.txt").read_text().strip())
+    assert f"iter_{latest:07d}" in iters
+    rollout_files = sorted((save / "rollout_result" / "train").glob("*.jsonl"))
+    assert rollout_files
+    first_record = json.loads(rollout_files[0].read_text().splitlines()[0])
+    assert {"prompt", "response", "reward"} <= set(first_record)
+    assert c.rollouts(job["id"])
+
+
+def test_cancel_stops_the_ray_job_and_frees_the_slots(platform: RunningPlatform) -> None:
+    c = RelaxClient(platform.url, platform.key)
+    spec = _long_spec(platform)
+    job = c.submit_job(spec=spec, name="long-grpo")
+    _wait_status(c, job["id"], {"RUNNING"}, timeout=180)
+    assert c.pools()[0]["allocated_gpus"] >= 1
+    r = platform.relaxctl("jobs", "cancel", job["id"])
+    assert r.returncode == 0 and "CANCELLING" in r.stdout
+    done = _wait_status(c, job["id"], {"CANCELLED", "FAILED", "SUCCEEDED"}, timeout=60)
+    assert done["status"] == "CANCELLED"
+    pool = c.pools()[0]
+    assert pool["allocated_gpus"] == 0
+    info = RayJobLauncher(pool["ray_address"]).status(done["ray_submission_id"])
+    assert info is not None and info.status in ("STOPPED", "SUCCEEDED")  # stopped, or exited on request
+
+
+def test_bad_spec_is_refused_by_the_cli(platform: RunningPlatform) -> None:
+    r = platform.relaxctl("submit", "--", "--train-backend", "torch", "--rollout-batch-size", "many")
+    assert r.returncode == 2
+    assert "rollout-batch-size" in r.stderr
+
+
+def _long_spec(platform: RunningPlatform) -> dict:
+    import yaml
+
+    doc = yaml.safe_load((ROOT / "examples" / "grpo-arith.yaml").read_text())
+    spec = dict(doc["spec"])
+    spec["num-rollout"] = 10_000
+    spec.pop("save-interval", None)
+    spec.pop("save", None)
+    spec["hf-checkpoint"] = "artifacts://models/tiny"
+    return spec

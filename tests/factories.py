@@ -1,0 +1,80 @@
+"""Plain factory functions for tests: a bootstrapped platform and small valid specs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from scheduler.db.engine import Database
+from scheduler.services.platform import LocalPool, ensure_admin_key, ensure_local_pool, ensure_team
+
+
+def bootstrap(
+    db: Database, home: Path, *, slots: int = 2, ray_address: str | None = "http://127.0.0.1:9"
+) -> str:
+    """Default team, pool `local` with one node of `slots`, default queue; returns the admin key."""
+    with db.session() as s:
+        team = ensure_team(s, "default")
+        ensure_local_pool(
+            s,
+            LocalPool(
+                name="local",
+                accelerator="cpu",
+                node="node-0",
+                slots=slots,
+                ray_address=ray_address,
+                python=None,
+            ),
+            team=team,
+        )
+        return ensure_admin_key(s, home / "admin.key")
+
+
+def grpo_spec(**overrides: Any) -> dict[str, Any]:
+    """A small valid Relax GRPO config (hyphenated keys, as users write them)."""
+    spec: dict[str, Any] = {
+        "train-backend": "torch",
+        "hf-checkpoint": "/models/tiny",
+        "prompt-data": "/data/arith/train.jsonl",
+        "input-key": "prompt",
+        "label-key": "label",
+        "rm-type": "math",
+        "rollout-batch-size": 4,
+        "n-samples-per-prompt": 4,
+        "rollout-max-response-len": 8,
+        "rollout-temperature": 1.0,
+        "global-batch-size": 16,
+        "num-rollout": 3,
+        "lr": 1e-3,
+        "advantage-estimator": "grpo",
+        "colocate": True,
+        "resource": {"actor": [1, 1], "rollout": [1, 1]},
+    }
+    spec.update(overrides)
+    return spec
+
+
+def make_broker_app(broker_url: str, home: Path):  # type: ignore[no-untyped-def]
+    """A real Celery app on a real broker, as the API process builds it (producer only)."""
+    from scheduler.celery_app import make_celery
+    from scheduler.settings import CelerySettings, Settings
+
+    settings = Settings(home=home, celery=CelerySettings(broker_url=broker_url))
+    return make_celery(settings, with_tasks=False)
+
+
+def drain_queue(app, queue: str, *, wait: float = 0.5) -> list[tuple[str, list]]:  # type: ignore[no-untyped-def]
+    """Take every message off a broker queue: [(task name, args)]."""
+    out = []
+    with app.connection_for_read() as conn:
+        q = conn.SimpleQueue(queue, no_ack=True)
+        try:
+            while True:
+                try:
+                    msg = q.get(timeout=wait)
+                except q.Empty:
+                    break
+                out.append((msg.headers["task"], list(msg.payload[0])))
+        finally:
+            q.close()
+    return out
