@@ -1,0 +1,337 @@
+"""The argv codec: Relax command-line flags <-> field values, and launch-script flag extraction.
+
+Decoding follows Relax's argparse conventions: ``--key value`` and ``--key=value``; bare ``--flag``
+for store_true flags; ``--x``/``--no-x`` only for the flags Relax declares that way; ``nargs='+'``
+lists take every following token up to the next ``--flag``; JSON flags take one JSON token; the last
+occurrence of a repeated flag wins. Encoding writes only non-default values and is exact: decoding
+`encode_argv(spec)` gives the same values back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobspec.issues import SpecIssue
+from jobspec.launch_script import LaunchScript, parse_launch_script, scan_launch_script
+from jobspec.spec import FIELDS, FieldSpec, field_for_flag
+from jobspec.suggest import suggest_flag
+
+__all__ = [
+    "DecodedArgv",
+    "decode_argv",
+    "encode_argv",
+    "parse_passthrough_scalar",
+    "parse_launch_script",
+    "scan_launch_script",
+    "LaunchScript",
+]
+
+SGLANG_PREFIX = "sglang-"
+_INT_RE = re.compile(r"^[+-]?\d+$")
+_FLOAT_RE = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$")
+_TRUE = {"true", "1", "yes", "y", "on"}
+_FALSE = {"false", "0", "no", "n", "off", ""}
+
+
+@dataclass
+class DecodedArgv:
+    """Result of decoding a flag list: typed values by field name, plus issues."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    issues: list[SpecIssue] = field(default_factory=list)
+
+
+def _is_flag_token(token: str) -> bool:
+    return token.startswith("--") and len(token) > 2
+
+
+def parse_passthrough_scalar(token: str) -> Any:
+    """Type an untyped (SGLang passthrough) value: integers and finite decimals become numbers."""
+    if _INT_RE.match(token):
+        return int(token)
+    if _FLOAT_RE.match(token):
+        value = float(token)
+        if math.isfinite(value):
+            return value
+    return token
+
+
+def _convert(spec: FieldSpec, token: str) -> tuple[Any, SpecIssue | None]:
+    """Convert one command-line token to the field's Python type."""
+    kind = spec.kind if spec.kind != "list" else spec.item_type
+    try:
+        if kind == "int":
+            return int(token), None
+        if kind == "float":
+            return float(token), None
+        if kind == "json":
+            return json.loads(token), None
+        if kind == "bool_value":
+            return _parse_bool_value(spec, token)
+        return token, None
+    except (ValueError, json.JSONDecodeError) as exc:
+        expected = {"int": "an integer", "float": "a number", "json": "a JSON value"}.get(
+            str(kind), "a value"
+        )
+        code = "spec.invalid_json" if kind == "json" else "spec.invalid_type"
+        detail = f" ({exc})" if kind == "json" else ""
+        return None, SpecIssue(
+            code=code,
+            field=spec.flag,
+            message=f"--{spec.flag} expects {expected}, got {token!r}{detail}",
+            hint=_type_hint(spec),
+        )
+
+
+def _parse_bool_value(spec: FieldSpec, token: str) -> tuple[Any, SpecIssue | None]:
+    lowered = token.strip().lower()
+    if lowered in _TRUE:
+        return True, None
+    if lowered in _FALSE:
+        issue = None
+        if token != "":
+            issue = SpecIssue(
+                code="argv.bool_value_quirk",
+                field=spec.flag,
+                message=(
+                    f"--{spec.flag} {token!r} is read as false here, but Relax parses this flag with "
+                    f"argparse type=bool, where any non-empty value (even {token!r}) means true"
+                ),
+                hint=f"write --{spec.flag}= (an empty value) for false; to_argv() does so",
+                severity="warning",
+            )
+        return False, issue
+    return None, SpecIssue(
+        code="spec.invalid_type",
+        field=spec.flag,
+        message=f"--{spec.flag} expects a boolean, got {token!r}",
+        hint="use true or false",
+    )
+
+
+def _type_hint(spec: FieldSpec) -> str:
+    if spec.kind == "list":
+        return f"give --{spec.flag} one or more {'integers' if spec.item_type == 'int' else 'values'}"
+    if spec.kind == "json":
+        return f"quote the JSON for the shell, e.g. --{spec.flag} '{{\"key\": 1}}'"
+    return f"give --{spec.flag} {spec.expected()}"
+
+
+def decode_argv(argv: list[str]) -> DecodedArgv:
+    """Decode Relax flags into field values (typed, not yet validated) and issues."""
+    out = DecodedArgv()
+    seen: set[str] = set()
+    sglang: dict[str, Any] = {}
+    i, n = 0, len(argv)
+    while i < n:
+        token = argv[i]
+        if not isinstance(token, str):
+            out.issues.append(
+                SpecIssue(
+                    "argv.unexpected_token",
+                    None,
+                    f"argv items must be strings, got {token!r}",
+                    "pass the command line as a list of strings",
+                )
+            )
+            i += 1
+            continue
+        if not _is_flag_token(token):
+            out.issues.append(
+                SpecIssue(
+                    "argv.unexpected_token",
+                    None,
+                    f"unexpected argument {token!r}: it follows no flag that takes a value",
+                    "every value must follow its --flag; quote values that contain spaces",
+                )
+            )
+            i += 1
+            continue
+        body, inline = token[2:], None
+        if "=" in body:
+            body, inline = body.split("=", 1)
+        j = i + 1
+        values: list[str] = []
+        while j < n and isinstance(argv[j], str) and not _is_flag_token(argv[j]):
+            values.append(argv[j])
+            j += 1
+        i = j
+        if inline is not None:
+            if values:
+                out.issues.append(_extra_values(body, values))
+                values = []
+            values = [inline]
+            has_inline = True
+        else:
+            has_inline = False
+
+        spec = field_for_flag(body)
+        negated = False
+        if spec is None and body.startswith("no-"):
+            candidate = field_for_flag(body[3:])
+            if candidate is not None and candidate.kind == "negatable":
+                spec, negated = candidate, True
+        if spec is None and body.startswith(SGLANG_PREFIX) and len(body) > len(SGLANG_PREFIX):
+            key = body[len(SGLANG_PREFIX) :].replace("-", "_")
+            if key in sglang:
+                out.issues.append(_repeated(body))
+            sglang[key] = (
+                True
+                if not values
+                else parse_passthrough_scalar(values[0])
+                if len(values) == 1
+                else [parse_passthrough_scalar(v) for v in values]
+            )
+            continue
+        if spec is None:
+            out.issues.append(unknown_flag_issue(body))
+            continue
+        if spec.name in seen:
+            out.issues.append(_repeated(body))
+        seen.add(spec.name)
+
+        if spec.kind in ("flag", "negatable"):
+            if values:
+                out.issues.append(
+                    SpecIssue(
+                        "argv.unexpected_value",
+                        spec.flag,
+                        f"--{body} is a flag and takes no value, got {' '.join(map(repr, values))}",
+                        f"write --{body} alone"
+                        + (f" (or --no-{spec.flag} to turn it off)" if spec.kind == "negatable" else ""),
+                    )
+                )
+                continue
+            out.values[spec.name] = not negated
+            continue
+        if spec.kind == "list":
+            if not values or (has_inline and values == [""]):
+                out.issues.append(_missing_value(spec, body, "one or more values"))
+                continue
+            converted, bad = [], False
+            for tok in values:
+                value, issue = _convert(spec, tok)
+                if issue is not None:
+                    out.issues.append(issue)
+                    bad = True
+                converted.append(value)
+            if not bad:
+                out.values[spec.name] = converted
+            continue
+        # scalar kinds: int, float, str, json, bool_value
+        if not values:
+            out.issues.append(_missing_value(spec, body, "a value"))
+            continue
+        if len(values) > 1:
+            out.issues.append(_extra_values(body, values[1:]))
+        value, issue = _convert(spec, values[0])
+        if issue is not None:
+            out.issues.append(issue)
+            if issue.severity == "error":
+                continue
+        out.values[spec.name] = value
+    if sglang:
+        out.values["sglang"] = sglang
+    return out
+
+
+def unknown_flag_issue(flag: str) -> SpecIssue:
+    suggestion = suggest_flag(flag)
+    hint = (
+        f"did you mean --{suggestion}?"
+        if suggestion
+        else "see docs/reference/parameters.md for every parameter"
+    )
+    return SpecIssue(
+        "spec.unknown_key",
+        flag,
+        f"unknown parameter --{flag}",
+        hint,
+    )
+
+
+def _repeated(flag: str) -> SpecIssue:
+    return SpecIssue(
+        "argv.repeated_flag",
+        flag,
+        f"--{flag} is given more than once; the last value wins (as in Relax)",
+        f"remove the earlier --{flag}",
+        severity="warning",
+    )
+
+
+def _missing_value(spec: FieldSpec, body: str, what: str) -> SpecIssue:
+    return SpecIssue(
+        "argv.missing_value",
+        spec.flag,
+        f"--{body} expects {what} but none was given",
+        _type_hint(spec),
+    )
+
+
+def _extra_values(flag: str, extra: list[str]) -> SpecIssue:
+    return SpecIssue(
+        "argv.unexpected_value",
+        flag,
+        f"--{flag} takes one value; unexpected extra value(s) {' '.join(map(repr, extra))}",
+        "quote a value that contains spaces; only list flags take several values",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding
+
+
+def _scalar_token(value: Any) -> str:
+    if isinstance(value, bool):  # pragma: no cover - booleans are flags, never tokens
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def _emit_scalar(flag: str, token: str) -> list[str]:
+    # `--flag=value` keeps values that start with '-' (or are empty) from being read as flags.
+    if token == "" or token.startswith("-"):
+        return [f"--{flag}={token}"]
+    return [f"--{flag}", token]
+
+
+def encode_argv(spec: Any) -> list[str]:
+    """Flags for every non-default field of `spec`, in reference order."""
+    out: list[str] = []
+    for f in FIELDS.values():
+        value = getattr(spec, f.name)
+        if f.kind == "passthrough":
+            for key, item in value.items():
+                flag = SGLANG_PREFIX + key.replace("_", "-")
+                if item is True:
+                    out.append(f"--{flag}")
+                elif isinstance(item, list):
+                    out += [f"--{flag}", *(_scalar_token(x) for x in item)]
+                else:
+                    out += _emit_scalar(flag, _scalar_token(item))
+            continue
+        if value == f.default and type(value) is type(f.default):
+            continue
+        if f.kind == "flag":
+            if value:
+                out.append(f"--{f.flag}")
+        elif f.kind == "negatable":
+            if value is not None:
+                out.append(f"--{f.flag}" if value else f"--no-{f.flag}")
+        elif f.kind == "bool_value":
+            out.append(f"--{f.flag}=true" if value else f"--{f.flag}=")
+        elif f.kind == "list":
+            if value is not None:
+                out += [f"--{f.flag}", *(_scalar_token(x) for x in value)]
+        elif f.kind == "json":
+            if value is not None:
+                out += [f"--{f.flag}", json.dumps(value, separators=(",", ":"), ensure_ascii=False)]
+        elif value is not None:
+            out += _emit_scalar(f.flag, _scalar_token(value))
+    return out

@@ -1,0 +1,243 @@
+"""Resource demand: the GPU groups a job needs, derived from --resource, --colocate and parallel sizes.
+
+The layout helpers here are pure functions over field values; `jobspec.rules` uses them to check
+that a topology is feasible, and `compute_demand` turns a spec that passed those checks into the
+`ResourceDemand` the scheduler places.
+
+How Relax reads ``--resource '{"role": [replicas, gpus]}'``: the second number is the role's total
+GPU count (Relax's ``_derive_cluster_args_from_resource`` reads it as ``*_total_gpus``); 0 means a
+CPU-only role (``"advantages": [1, 0]``). Without ``--resource`` Relax falls back to its legacy
+defaults: an actor of one node x 8 GPUs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "GpuGroup",
+    "ResourceDemand",
+    "compute_demand",
+    "KNOWN_ROLES",
+    "LEGACY_ACTOR_GPUS",
+    "actor_gpus",
+    "critic_gpus",
+    "rollout_gpus",
+    "genrm_gpus",
+    "model_parallel_size",
+    "resource_roles",
+]
+
+#: Roles Relax's launcher knows in --resource.
+KNOWN_ROLES = (
+    "actor",
+    "rollout",
+    "reference",
+    "actor_fwd",
+    "advantages",
+    "critic",
+    "genrm",
+    "teacher",
+    "sft",
+)
+#: Relax's legacy --actor-num-nodes 1 x --actor-num-gpus-per-node 8, used when --resource is absent.
+LEGACY_ACTOR_GPUS = 8
+
+
+class GpuGroup(BaseModel):
+    """GPUs one role needs: `replicas` x `gpus_per_replica`.
+
+    one_node: each replica's GPUs must sit on one node (an inference engine, or an actor
+    model-parallel group that fits in a node). shares_with: the role whose GPUs this one reuses
+    (colocated roles add no GPUs to the total).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    role: str
+    replicas: int = Field(ge=0)
+    gpus_per_replica: int = Field(ge=0)
+    one_node: bool
+    shares_with: str | None = None
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.gpus_per_replica
+
+
+class ResourceDemand(BaseModel):
+    """What the scheduler must place for one job."""
+
+    model_config = ConfigDict(frozen=True)
+
+    groups: list[GpuGroup]
+    total_gpus: int = Field(description="GPUs the job occupies (shared groups add none)")
+    num_gpus_per_node: int
+    colocated: bool
+    nodes_needed: int = Field(description="minimum number of nodes of num_gpus_per_node GPUs")
+    cpu_roles: list[str] = Field(default_factory=list, description="roles that need no GPU")
+    summary: str = ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Layout helpers (pure, over a dict of field values)
+
+
+def resource_roles(v: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """role -> (replicas, total gpus) from --resource (empty when it is not given)."""
+    res = v.get("resource") or {}
+    return {role: (int(pair[0]), int(pair[1])) for role, pair in res.items()}
+
+
+def model_parallel_size(v: dict[str, Any]) -> int:
+    """GPUs of one actor model replica: TP x PP x CP."""
+    return (
+        int(v["tensor_model_parallel_size"])
+        * int(v["pipeline_model_parallel_size"])
+        * int(v["context_parallel_size"])
+    )
+
+
+def actor_gpus(v: dict[str, Any]) -> int:
+    roles = resource_roles(v)
+    return roles["actor"][1] if "actor" in roles else LEGACY_ACTOR_GPUS
+
+
+def critic_gpus(v: dict[str, Any]) -> int:
+    """Critic GPUs: PPO only. Relax's critic defaults to the actor's layout when it has no entry."""
+    if v.get("advantage_estimator") != "ppo":
+        return 0
+    roles = resource_roles(v)
+    return roles["critic"][1] if "critic" in roles else 0
+
+
+def genrm_gpus(v: dict[str, Any]) -> int:
+    if not v.get("genrm_model_path"):
+        return 0
+    roles = resource_roles(v)
+    return roles["genrm"][1] if "genrm" in roles else int(v["genrm_num_gpus"])
+
+
+def rollout_gpus(v: dict[str, Any]) -> int | None:
+    """GPUs of the rollout engines, as Relax resolves them (None: not determinable)."""
+    if v.get("debug_train_only") or v.get("rollout_external"):
+        return 0
+    if v.get("loss_type") == "sft" and v.get("sft_predict_interval") is None:
+        return 0  # SFT brings up rollout engines only for generative prediction
+    roles = resource_roles(v)
+    if v.get("colocate") and not v.get("hybrid") and not v.get("genrm_model_path"):
+        # Relax overrides rollout_num_gpus to span the actor (and critic) GPUs in colocate mode.
+        return actor_gpus(v) + critic_gpus(v)
+    if "rollout" in roles:
+        return roles["rollout"][1]
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Demand
+
+
+def _pack_nodes(groups: list[GpuGroup], node: int) -> int:
+    """Minimum nodes (first-fit decreasing) holding every non-shared replica."""
+    full_nodes = 0
+    items: list[int] = []
+    for g in groups:
+        if g.shares_with is not None or g.gpus_per_replica == 0:
+            continue
+        for _ in range(g.replicas):
+            if g.one_node:
+                items.append(g.gpus_per_replica)
+            else:
+                full_nodes += g.gpus_per_replica // node
+                if g.gpus_per_replica % node:
+                    items.append(g.gpus_per_replica % node)
+    bins: list[int] = []
+    for size in sorted(items, reverse=True):
+        for i, free in enumerate(bins):
+            if free >= size:
+                bins[i] = free - size
+                break
+        else:
+            bins.append(node - size)
+    return full_nodes + len(bins)
+
+
+def _group(role: str, total: int, per_replica: int, node: int, shares: str | None) -> GpuGroup:
+    per_replica = max(per_replica, 1)
+    return GpuGroup(
+        role=role,
+        replicas=total // per_replica,
+        gpus_per_replica=per_replica,
+        one_node=per_replica <= node,
+        shares_with=shares,
+    )
+
+
+def compute_demand(spec: Any) -> ResourceDemand:
+    """The GPU groups of a normalized spec (the feasibility rules have already passed)."""
+    v = spec.model_dump() if hasattr(spec, "model_dump") else dict(spec)
+    node = int(v["num_gpus_per_node"])
+    colocate, hybrid = bool(v["colocate"]), bool(v["hybrid"])
+    roles = resource_roles(v)
+    mp = model_parallel_size(v)
+    groups: list[GpuGroup] = []
+    cpu_roles: list[str] = []
+
+    if not v["debug_rollout_only"]:
+        groups.append(_group("actor", actor_gpus(v), mp, node, None))
+    if critic_gpus(v):
+        groups.append(_group("critic", critic_gpus(v), mp, node, None))
+
+    rollout = rollout_gpus(v) or 0
+    if rollout:
+        shares = "actor" if colocate and not hybrid and not v["debug_rollout_only"] else None
+        groups.append(_group("rollout", rollout, int(v["rollout_num_gpus_per_engine"]), node, shares))
+    genrm = genrm_gpus(v)
+    if genrm:
+        shares = "actor" if colocate and not hybrid else None
+        groups.append(_group("genrm", genrm, int(v["genrm_num_gpus_per_engine"]), node, shares))
+
+    handled = {"actor", "critic", "rollout", "genrm"}
+    for role, (replicas, gpus) in roles.items():
+        if role in handled:
+            continue
+        if gpus == 0:
+            cpu_roles.append(role)
+            continue
+        # In colocate and hybrid modes the reference / actor_fwd / teacher models swap into the
+        # actor's GPUs; in fully-async mode they are separate GPU groups.
+        shares = "actor" if colocate and role in ("reference", "actor_fwd", "teacher") else None
+        groups.append(_group(role, gpus, gpus // max(replicas, 1), node, shares))
+
+    # Models Relax swaps into the actor's own GPUs when they have no --resource entry: the reference
+    # model of a KL term (synchronous and hybrid modes) and a megatron OPD teacher.
+    if not v["debug_rollout_only"] and (colocate or not v["fully_async"]):
+        actor = next(g for g in groups if g.role == "actor")
+        kl = v["use_kl_loss"] or v["kl_coef"] != 0
+        opd_teacher = v["use_opd"] and v["opd_type"] == "megatron"
+        for role, wanted in (("reference", kl), ("teacher", opd_teacher)):
+            if wanted and role not in roles:
+                groups.append(actor.model_copy(update={"role": role, "shares_with": "actor"}))
+
+    total = sum(g.gpus for g in groups if g.shares_with is None)
+    nodes = _pack_nodes(groups, node)
+    parts = []
+    for g in groups:
+        where = f", shares {g.shares_with}'s GPUs" if g.shares_with else ""
+        span = "" if g.one_node else " (spans nodes)"
+        parts.append(f"{g.role} {g.replicas}x{g.gpus_per_replica} GPU{span}{where}")
+    if cpu_roles:
+        parts.append("CPU-only: " + ", ".join(cpu_roles))
+    mode = "colocated" if colocate and not hybrid else "hybrid" if hybrid else "decoupled"
+    summary = f"{total} GPU(s) on at least {nodes} node(s) of {node} GPUs, {mode}: " + "; ".join(parts)
+    return ResourceDemand(
+        groups=groups,
+        total_gpus=total,
+        num_gpus_per_node=node,
+        colocated=colocate,
+        nodes_needed=nodes,
+        cpu_roles=cpu_roles,
+        summary=summary,
+    )

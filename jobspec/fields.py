@@ -1,0 +1,138 @@
+"""Field helpers shared by every parameter group: `param()`, the `ParamGroup` base, size parsing."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+PathKind = Literal["input", "output"]
+Origin = Literal["relax", "megatron", "platform"]
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kb": 1024,
+    "kib": 1024,
+    "m": 1024**2,
+    "mb": 1024**2,
+    "mib": 1024**2,
+    "g": 1024**3,
+    "gb": 1024**3,
+    "gib": 1024**3,
+    "t": 1024**4,
+    "tb": 1024**4,
+    "tib": 1024**4,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: Any) -> Any:
+    """Turn "512MB" / "1GiB" / "4096" into bytes (binary units, as Relax's defaults are).
+
+    Relax itself only takes plain integers on the command line; the unit suffixes are a
+    convenience for YAML/JSON specs, and `to_argv()` always writes the integer.
+    """
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m and m.group(2).lower() in _SIZE_UNITS:
+            number = float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
+            if number.is_integer():
+                return int(number)
+    return value
+
+
+ByteSize = Annotated[int, BeforeValidator(parse_size)]
+
+
+def param(
+    default: Any,
+    help: str,
+    *,
+    flag: str | None = None,
+    origin: Origin = "relax",
+    kind: str | None = None,
+    path_kind: PathKind | None = None,
+    path_layout: str | None = None,
+    function_path: bool = False,
+    size: bool = False,
+    aliases: tuple[str, ...] = (),
+    value_aliases: dict[str, str] | None = None,
+    unset: str | None = None,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    min_length: int | None = None,
+) -> Any:
+    """Declare one Relax parameter.
+
+    help: English help text (from the reference). flag: the Relax flag without ``--`` (defaults
+    to the field name with hyphens). origin: who defines the flag (Relax, Megatron passthrough, or a
+    platform extension). kind: codec override ("bool_value" for ``type=bool`` flags, "negatable"
+    for ``--x/--no-x`` pairs). path_kind: "input"/"output" for filesystem paths the platform
+    resolves. function_path: a dotted Python path to user code. size: accepts "512MB" in specs.
+    aliases: other flags Relax accepts for the same parameter. value_aliases: deprecated values
+    mapped to their replacement (with a warning). unset: what a None default means at run time.
+    """
+    extra: dict[str, Any] = {"origin": origin}
+    for key, val in (
+        ("flag", flag),
+        ("kind", kind),
+        ("path_kind", path_kind),
+        ("path_layout", path_layout),
+        ("unset", unset),
+    ):
+        if val is not None:
+            extra[key] = val
+    if function_path:
+        extra["function_path"] = True
+    if size:
+        extra["size"] = True
+    if aliases:
+        extra["aliases"] = list(aliases)
+    if value_aliases:
+        extra["value_aliases"] = dict(value_aliases)
+    kwargs: dict[str, Any] = {"description": help, "json_schema_extra": extra}
+    for key, val in (("ge", ge), ("gt", gt), ("le", le), ("min_length", min_length)):
+        if val is not None:
+            kwargs[key] = val
+    if isinstance(default, (dict, list)):
+        snapshot = default
+
+        def factory() -> Any:
+            return type(snapshot)(snapshot)
+
+        return Field(default_factory=factory, **kwargs)
+    return Field(default=default, **kwargs)
+
+
+class ParamGroup(BaseModel):
+    """Base of every parameter group: one model per section of the Relax configuration reference.
+
+    Subclasses set `group` (a stable identifier) and `title` (the reference section); each field
+    they declare gets ``group`` and ``flag`` written into its metadata, so `JobSpec`, which
+    inherits every group, still knows where each of its flat fields came from.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, validate_default=False)
+
+    group: ClassVar[str] = ""
+    title: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        if not cls.__dict__.get("group"):
+            return
+        own = [name for name in cls.__dict__.get("__annotations__", {}) if name in cls.model_fields]
+        for name in own:
+            info = cls.model_fields[name]
+            extra = info.json_schema_extra
+            if not isinstance(extra, dict):
+                extra = {}
+                info.json_schema_extra = extra
+            extra["group"] = cls.group
+            extra.setdefault("flag", name.replace("_", "-"))

@@ -1,0 +1,334 @@
+"""Turn a raw spec object into field values, and pydantic validation errors into `SpecIssue`s."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from jobspec.argv import SGLANG_PREFIX, parse_passthrough_scalar, unknown_flag_issue
+from jobspec.issues import SpecIssue
+from jobspec.spec import FIELDS, FIELDS_BY_FLAG, FieldSpec, JobSpec
+
+__all__ = [
+    "values_from_obj",
+    "normalize_passthrough",
+    "promote_typed_sglang",
+    "validate_values",
+    "check_representable",
+]
+
+_PASSTHROUGH_KEY = re.compile(r"^[A-Za-z0-9_]+$")
+_FLOAT_TEXT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+# Values whose invalid-choice hint says more than "did you mean".
+_CHOICE_HINTS = {
+    ("advantage_estimator", "on_policy_distillation"): (
+        "on-policy distillation is no longer an advantage estimator: keep an estimator such as grpo and "
+        "add --use-opd --opd-type sglang|megatron"
+    ),
+}
+
+
+def _key_to_name(key: str) -> str:
+    return key.strip().lstrip("-").replace("-", "_")
+
+
+def values_from_obj(obj: Any) -> tuple[dict[str, Any], list[SpecIssue]]:
+    """Map a JSON/YAML object (keys with '-' or '_') onto field names; unknown keys become issues."""
+    issues: list[SpecIssue] = []
+    values: dict[str, Any] = {}
+    origin_key: dict[str, str] = {}
+    sglang: dict[str, Any] = {}
+    if not isinstance(obj, Mapping):
+        issues.append(
+            SpecIssue(
+                "spec.invalid_type",
+                None,
+                f"a job spec must be an object (mapping of parameter to value), got {type(obj).__name__}",
+                "write the spec as a YAML/JSON object, e.g. {rollout_batch_size: 8}",
+            )
+        )
+        return values, issues
+    for raw_key, value in obj.items():
+        if not isinstance(raw_key, str):
+            issues.append(
+                SpecIssue(
+                    "spec.invalid_type",
+                    None,
+                    f"parameter names must be strings, got {raw_key!r}",
+                    "quote the key",
+                )
+            )
+            continue
+        name = _key_to_name(raw_key)
+        flag = name.replace("_", "-")
+        if name == "sglang":
+            if not isinstance(value, Mapping):
+                issues.append(
+                    SpecIssue(
+                        "spec.invalid_type",
+                        "sglang-*",
+                        f"'sglang' must map SGLang argument names to values, got {value!r}",
+                        "write sglang: {mem_fraction_static: 0.7}",
+                    )
+                )
+                continue
+            for k, v in value.items():
+                key = _key_to_name(str(k))
+                if key.startswith("sglang_"):
+                    key = key[len("sglang_") :]
+                if key in sglang:
+                    issues.append(_duplicate(f"{SGLANG_PREFIX}{key.replace('_', '-')}"))
+                sglang[key] = v
+            continue
+        target = FIELDS_BY_FLAG.get(flag)
+        if target is None and flag.startswith("no-"):
+            negated = FIELDS_BY_FLAG.get(flag[3:])
+            if negated is not None and FIELDS[negated].kind == "negatable":
+                if value is not True:
+                    issues.append(
+                        SpecIssue(
+                            "spec.invalid_type",
+                            FIELDS[negated].flag,
+                            f"'{raw_key}' only takes true (it turns --{FIELDS[negated].flag} off), got {value!r}",
+                            f"write {FIELDS[negated].name}: false instead",
+                        )
+                    )
+                    continue
+                target, value = negated, False
+        if target is None and flag.startswith(SGLANG_PREFIX) and len(flag) > len(SGLANG_PREFIX):
+            key = name[len("sglang_") :]
+            if key in sglang:
+                issues.append(_duplicate(flag))
+            sglang[key] = value
+            continue
+        if target is None:
+            issue = unknown_flag_issue(flag)
+            if "_" in raw_key and issue.hint.startswith("did you mean --"):
+                suggestion = issue.hint[len("did you mean --") : -1].replace("-", "_")
+                issue = SpecIssue(
+                    issue.code, issue.field, f"unknown parameter '{raw_key}'", f"did you mean '{suggestion}'?"
+                )
+            else:
+                issue = SpecIssue(issue.code, issue.field, f"unknown parameter '{raw_key}'", issue.hint)
+            issues.append(issue)
+            continue
+        if target in values:
+            issues.append(_duplicate(FIELDS[target].flag, (origin_key[target], raw_key)))
+        values[target] = _lift(FIELDS[target], value)
+        origin_key[target] = raw_key
+    if sglang:
+        values["sglang"] = sglang
+    return values, issues
+
+
+def _lift(spec: FieldSpec, value: Any) -> Any:
+    """Object-only conveniences: a float accepts its decimal text (YAML 1.1 reads `1e-6` as text), a list
+    parameter accepts a single item (as its command line does), and --eval-prompt-data accepts a
+    {name: path} mapping."""
+    if spec.kind == "float" and isinstance(value, str) and _FLOAT_TEXT.match(value.strip()):
+        # PyYAML (YAML 1.1) reads exponent floats without a dot, such as `lr: 1e-6`, as strings.
+        return float(value)
+    if spec.kind != "list" or value is None:
+        return value
+    if spec.path_layout == "name_path_pairs" and isinstance(value, Mapping):
+        return [item for pair in value.items() for item in pair]
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return [value]
+    return value
+
+
+def _duplicate(flag: str, keys: tuple[str, str] | None = None) -> SpecIssue:
+    detail = f" (as '{keys[0]}' and '{keys[1]}')" if keys else ""
+    return SpecIssue(
+        "spec.duplicate_key",
+        flag,
+        f"--{flag} is given more than once{detail}",
+        "keep a single spelling of each parameter",
+    )
+
+
+def promote_typed_sglang(values: dict[str, Any]) -> list[SpecIssue]:
+    """Move passthrough keys that name a typed ``--sglang-*`` field (e.g. profile) to that field."""
+    issues: list[SpecIssue] = []
+    passthrough = values.get("sglang")
+    if not isinstance(passthrough, dict):
+        return issues
+    for key in list(passthrough):
+        name = FIELDS_BY_FLAG.get(f"{SGLANG_PREFIX}{str(key).replace('_', '-')}")
+        if name is None:
+            continue
+        value = passthrough.pop(key)
+        if name in values:
+            issues.append(_duplicate(FIELDS[name].flag))
+        else:
+            values[name] = value
+    return issues
+
+
+def normalize_passthrough(raw: Any) -> tuple[dict[str, Any], list[SpecIssue]]:
+    """Canonical form of the SGLang passthrough, so that `to_argv()` round-trips it exactly.
+
+    On the command line these values are untyped words, so the canonical form is what a word
+    reads back as: numeric strings become numbers, a one-item list becomes its item, mappings
+    become their JSON text. False/None cannot be written as a bare SGLang flag and are dropped
+    with a warning.
+    """
+    issues: list[SpecIssue] = []
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        flag = f"{SGLANG_PREFIX}{str(key).replace('_', '-')}"
+        if not _PASSTHROUGH_KEY.match(str(key)):
+            issues.append(
+                SpecIssue(
+                    "spec.invalid_type",
+                    flag,
+                    f"invalid SGLang argument name {key!r}",
+                    "use letters, digits, '-' or '_'",
+                )
+            )
+            continue
+        if value is False or value is None:
+            issues.append(
+                SpecIssue(
+                    "spec.sglang_value_dropped",
+                    flag,
+                    f"--{flag} is {value!r}; an SGLang flag can only be switched on, so it is left out",
+                    f"remove --{flag} (SGLang's default applies)",
+                    severity="warning",
+                )
+            )
+            continue
+        if isinstance(value, Mapping):
+            value = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        items = value if isinstance(value, list) else [value]
+        if isinstance(value, list) and not value:
+            issues.append(
+                SpecIssue(
+                    "spec.invalid_value",
+                    flag,
+                    f"--{flag} is an empty list",
+                    f"give --{flag} at least one value or remove it",
+                )
+            )
+            continue
+        typed: list[Any] = []
+        bad = False
+        for item in items:
+            if isinstance(item, bool) and (isinstance(value, list) or item is not True):
+                bad = True
+            elif isinstance(item, str):
+                item = parse_passthrough_scalar(item)
+                if isinstance(item, str) and item.startswith("-") and not item == "-":
+                    issues.append(_unrepresentable(flag, item))
+                    bad = True
+            elif isinstance(item, float) and not math.isfinite(item):
+                bad = True
+            elif not isinstance(item, (int, float, bool)):
+                bad = True
+            typed.append(item)
+        if bad:
+            if not any(i.field == flag for i in issues):
+                issues.append(
+                    SpecIssue(
+                        "spec.invalid_type",
+                        flag,
+                        f"--{flag} must be true, a number, a string or a list of numbers/strings, got {value!r}",
+                        "SGLang passthrough values are command-line words",
+                    )
+                )
+            continue
+        out[str(key)] = typed if isinstance(value, list) and len(typed) > 1 else typed[0]
+    return out, issues
+
+
+def _unrepresentable(flag: str, item: str) -> SpecIssue:
+    return SpecIssue(
+        "spec.argv_unrepresentable",
+        flag,
+        f"--{flag}: list item {item!r} starts with '-', which Relax's command line reads as a flag",
+        "remove the leading '-' or move the value into a file the job reads",
+    )
+
+
+def check_representable(values: dict[str, Any]) -> list[SpecIssue]:
+    """List items that cannot be written on a Relax command line (they would parse as flags)."""
+    issues = []
+    for name, value in values.items():
+        spec = FIELDS.get(name)
+        if spec is None or spec.kind != "list" or not isinstance(value, list):
+            continue
+        for item in value:
+            if isinstance(item, str) and item.startswith("-") and not re.match(r"^-\d", item):
+                issues.append(_unrepresentable(spec.flag, item))
+                break
+    return issues
+
+
+def validate_values(values: dict[str, Any]) -> tuple[dict[str, Any], list[SpecIssue], set[str]]:
+    """Type-check `values` strictly. Returns (all field values with defaults, issues, bad field names)."""
+    try:
+        spec = JobSpec.model_validate(values, strict=True)
+        return spec.model_dump(), [], set()
+    except ValidationError as exc:
+        issues: list[SpecIssue] = []
+        bad: set[str] = set()
+        for err in exc.errors(include_url=False):
+            name = str(err["loc"][0]) if err["loc"] else ""
+            if name in bad or name not in FIELDS:
+                continue
+            bad.add(name)
+            issues.append(_issue_from_error(FIELDS[name], err, values.get(name)))
+        clean = {k: v for k, v in values.items() if k not in bad}
+        return JobSpec.model_validate(clean, strict=True).model_dump(), issues, bad
+
+
+def _issue_from_error(spec: FieldSpec, err: Any, value: Any) -> SpecIssue:
+    etype = err["type"]
+    where = f"--{spec.flag}" + "".join(f"[{p!r}]" for p in err["loc"][1:])
+    bad = err.get("input", value)
+    if spec.name == "resource":
+        return SpecIssue(
+            "spec.invalid_type",
+            spec.flag,
+            f"{where} must map each role to [replicas, gpus] (two non-negative integers), got {bad!r}",
+            'e.g. --resource \'{"actor": [1, 8], "rollout": [1, 8]}\'',
+        )
+    if etype == "literal_error":
+        allowed = spec.choices or ()
+        hint = _CHOICE_HINTS.get((spec.name, str(bad)))
+        if hint is None:
+            close = difflib.get_close_matches(str(bad), allowed, n=1, cutoff=0.5)
+            hint = f"did you mean {close[0]!r}?" if close else f"use one of: {', '.join(allowed)}"
+        return SpecIssue(
+            "spec.invalid_choice",
+            spec.flag,
+            f"{where} got {bad!r}; allowed values: {', '.join(allowed)}",
+            hint,
+        )
+    if etype in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        return SpecIssue(
+            "spec.out_of_range",
+            spec.flag,
+            f"{where} is {bad!r} but must be {spec.expected()}",
+            f"give --{spec.flag} {spec.expected()}",
+        )
+    if etype in ("too_short", "finite_number"):
+        what = "at least one item" if etype == "too_short" else "a finite number"
+        return SpecIssue(
+            "spec.invalid_value",
+            spec.flag,
+            f"{where} is {bad!r} but must be {what}",
+            f"give --{spec.flag} {spec.expected()}",
+        )
+    return SpecIssue(
+        "spec.invalid_type",
+        spec.flag,
+        f"{where} expects {spec.expected()}, got {bad!r} ({type(bad).__name__})",
+        f"give --{spec.flag} {spec.expected()}",
+    )

@@ -1,0 +1,90 @@
+"""`normalize()`: the one way in. A spec object or Relax flags -> a checked `NormalizedSpec`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobspec.argv import decode_argv
+from jobspec.demand import ResourceDemand, compute_demand
+from jobspec.intake import (
+    check_representable,
+    normalize_passthrough,
+    promote_typed_sglang,
+    validate_values,
+    values_from_obj,
+)
+from jobspec.issues import SpecError, SpecIssue
+from jobspec.rules import run_input_rules, run_rules
+from jobspec.spec import FIELDS, JobSpec
+
+__all__ = ["NormalizedSpec", "normalize"]
+
+
+@dataclass(frozen=True)
+class NormalizedSpec:
+    """A checked spec: every field filled, derived defaults applied and recorded, and its GPU demand."""
+
+    spec: JobSpec
+    warnings: list[SpecIssue] = field(default_factory=list)
+    derived: dict[str, Any] = field(default_factory=dict)
+    demand: ResourceDemand = field(default=None)  # type: ignore[assignment]  # always set by normalize()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "spec": self.spec.to_dict(),
+            "warnings": [w.to_dict() for w in self.warnings],
+            "derived": dict(self.derived),
+            "demand": self.demand.model_dump(mode="json"),
+        }
+
+
+def normalize(
+    obj: Any = None,
+    argv: list[str] | None = None,
+    *,
+    max_gpus_per_node: int | None = None,
+) -> NormalizedSpec:
+    """Validate a job spec given as an object (YAML/JSON; keys with '-' or '_') or as Relax flags.
+
+    Exactly one of `obj` and `argv` must be given. `max_gpus_per_node` is the node size of the pool
+    the job will run in, when known; demands that do not fit it are refused. Raises `SpecError`
+    with every issue found (errors first, then warnings) when there is at least one error.
+    """
+    if (obj is None) == (argv is None):
+        raise TypeError("normalize() takes exactly one of obj= or argv=")
+    issues: list[SpecIssue] = []
+    if argv is not None:
+        if isinstance(argv, str):
+            raise TypeError("normalize(argv=...) takes a list of strings; use parse_launch_script() for text")
+        decoded = decode_argv(list(argv))
+        values, issues = decoded.values, list(decoded.issues)
+    else:
+        values, issues = values_from_obj(obj)
+    issues += promote_typed_sglang(values)
+    explicit = set(values)
+
+    if "sglang" in values and isinstance(values["sglang"], dict):
+        values["sglang"], passthrough_issues = normalize_passthrough(values["sglang"])
+        issues += passthrough_issues
+    issues += check_representable(values)
+
+    input_ctx = run_input_rules(values, explicit)
+    issues += input_ctx.issues
+    full, type_issues, bad = validate_values(values)
+    issues += type_issues
+
+    ctx = run_rules(full, explicit, max_gpus_per_node)
+    derived = {**input_ctx.derived, **ctx.derived}
+    bad_flags = {FIELDS[name].flag for name in bad}
+    # A field that failed its type check sits at its default while the rules run; drop rule issues
+    # about it, which would only repeat the type error in a confusing form.
+    issues += [i for i in ctx.issues if not (set(i.fields) & bad_flags)]
+
+    errors = [i for i in issues if i.is_error]
+    if errors:
+        raise SpecError(issues)
+    spec = JobSpec.model_validate(ctx.values, strict=True)
+    demand = compute_demand(spec)
+    warnings = [i for i in issues if not i.is_error]
+    return NormalizedSpec(spec=spec, warnings=warnings, derived=derived, demand=demand)

@@ -1,0 +1,268 @@
+"""`JobSpec`, the flat Relax configuration, and the field registry the codec, rules and docs read."""
+
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import ConfigDict
+from pydantic.fields import FieldInfo
+
+from jobspec.fields import ParamGroup, PathKind
+from jobspec.groups import GROUP_MODELS
+
+__all__ = [
+    "JobSpec",
+    "FieldSpec",
+    "FIELDS",
+    "FIELDS_BY_FLAG",
+    "GROUPS",
+    "path_fields",
+    "function_path_fields",
+    "megatron_fields",
+    "field_for_flag",
+]
+
+# Codec kinds. Every field has exactly one; `to_argv()` and the argv parser dispatch on it.
+Kind = Literal[
+    "flag",  # store_true: bare --x means true; false is the absence of the flag
+    "negatable",  # --x / --no-x (argparse.BooleanOptionalAction)
+    "bool_value",  # argparse type=bool: takes one value, any non-empty string is true
+    "int",
+    "float",
+    "str",
+    "list",  # nargs='+'
+    "json",  # type=json.loads
+    "passthrough",  # the --sglang-* mapping
+]
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """Everything the codec, the rules and the docs need to know about one parameter."""
+
+    name: str
+    flag: str
+    group: str
+    kind: Kind
+    default: Any
+    help: str
+    origin: str
+    optional: bool
+    item_type: str | None  # for lists: "int" | "str"
+    choices: tuple[str, ...] | None  # allowed values (for lists: of each item)
+    path_kind: PathKind | None
+    path_layout: str | None
+    function_path: bool
+    aliases: tuple[str, ...]
+    value_aliases: dict[str, str]
+    unset: str | None
+    size: bool
+    ge: float | None
+    gt: float | None
+    le: float | None
+
+    @property
+    def type_label(self) -> str:
+        """The type as the reference writes it (int, float, str, flag, bool, json, list of ...)."""
+        if self.kind in ("flag", "negatable"):
+            return "flag"
+        if self.kind == "bool_value":
+            return "bool"
+        if self.kind == "list":
+            return f"list[{self.item_type}]"
+        if self.kind == "passthrough":
+            return "mapping"
+        return self.kind
+
+    def expected(self) -> str:
+        """Human wording of the accepted values, used in type-error messages."""
+        base = {
+            "flag": "a boolean (true/false)",
+            "negatable": "a boolean (true/false)",
+            "bool_value": "a boolean (true/false)",
+            "int": "an integer",
+            "float": "a number",
+            "str": "a string",
+            "json": "a JSON object",
+            "passthrough": "a mapping of SGLang argument names to values",
+        }.get(self.kind)
+        if self.kind == "list":
+            base = f"a non-empty list of {'integers' if self.item_type == 'int' else 'strings'}"
+        if self.choices:
+            base = (
+                f"one of {', '.join(self.choices)}"
+                if self.kind != "list"
+                else (f"a non-empty list of values from {', '.join(self.choices)}")
+            )
+        if self.optional and self.kind != "negatable":
+            base = f"{base} (or null)"
+        bounds = []
+        if self.ge is not None:
+            bounds.append(f">= {_num(self.ge)}")
+        if self.gt is not None:
+            bounds.append(f"> {_num(self.gt)}")
+        if self.le is not None:
+            bounds.append(f"<= {_num(self.le)}")
+        if bounds and self.kind in ("int", "float"):
+            base = f"{base}, {' and '.join(bounds)}"
+        return base or "a value"
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(x)
+
+
+class JobSpec(*reversed(GROUP_MODELS)):  # type: ignore[misc]
+    """The complete Relax configuration of one job: one flat attribute per parameter.
+
+    Build it with `jobspec.normalize()`, which fills defaults, applies derived defaults and checks
+    every cross-field rule; constructing it directly only checks types. It is frozen.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        allow_inf_nan=False,
+        title="RelaxJobSpec",
+        json_schema_extra={"x-groups": [{"group": g.group, "title": g.title} for g in GROUP_MODELS]},
+    )
+
+    def to_argv(self) -> list[str]:
+        """Relax launcher flags for every non-default value; `normalize(argv=...)` gives this spec back."""
+        from jobspec.argv import encode_argv
+
+        return encode_argv(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able flat dict with underscore keys and every field."""
+        return self.model_dump(mode="json")
+
+
+def _unwrap(annotation: Any) -> tuple[Any, bool]:
+    """Strip `| None`; return (inner type, optional)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(annotation))
+        inner = args[0] if len(args) == 1 else annotation
+        return inner, optional
+    return annotation, False
+
+
+def _literal_choices(tp: Any) -> tuple[str, ...] | None:
+    if typing.get_origin(tp) is Literal:
+        return tuple(str(a) for a in typing.get_args(tp))
+    return None
+
+
+def _bound(info: FieldInfo, name: str) -> float | None:
+    for meta in info.metadata:
+        value = getattr(meta, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _field_spec(name: str, info: FieldInfo) -> FieldSpec:
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    inner, optional = _unwrap(info.annotation)
+    choices = _literal_choices(inner)
+    item_type: str | None = None
+    kind: str
+    if extra.get("kind"):
+        kind = str(extra["kind"])
+    elif inner is bool:
+        kind = "flag"
+    elif inner is int:
+        kind = "int"
+    elif inner is float:
+        kind = "float"
+    elif inner is str or choices is not None:
+        kind = "str"
+    elif typing.get_origin(inner) is list:
+        kind = "list"
+        (item,) = typing.get_args(inner)
+        choices = _literal_choices(item)
+        item_type = "int" if item is int else "str"
+    elif typing.get_origin(inner) is dict:
+        kind = "json"
+    else:  # pragma: no cover - a new annotation shape must be taught to the codec
+        raise TypeError(f"jobspec: no codec kind for field {name!r} of type {info.annotation!r}")
+    default = info.get_default(call_default_factory=True)
+    return FieldSpec(
+        name=name,
+        flag=str(extra["flag"]),
+        group=str(extra["group"]),
+        kind=kind,  # type: ignore[arg-type]
+        default=default,
+        help=info.description or "",
+        origin=str(extra.get("origin", "relax")),
+        optional=optional,
+        item_type=item_type,
+        choices=choices,
+        path_kind=extra.get("path_kind"),  # type: ignore[arg-type]
+        path_layout=extra.get("path_layout"),  # type: ignore[arg-type]
+        function_path=bool(extra.get("function_path", False)),
+        aliases=tuple(extra.get("aliases", ())),  # type: ignore[arg-type]
+        value_aliases=dict(extra.get("value_aliases", {})),  # type: ignore[arg-type]
+        unset=extra.get("unset"),  # type: ignore[arg-type]
+        size=bool(extra.get("size", False)),
+        ge=_bound(info, "ge"),
+        gt=_bound(info, "gt"),
+        le=_bound(info, "le"),
+    )
+
+
+def _build_registry() -> dict[str, FieldSpec]:
+    registry: dict[str, FieldSpec] = {}
+    for model in GROUP_MODELS:
+        for name in model.__annotations__:
+            if name in model.model_fields:
+                registry[name] = _field_spec(name, JobSpec.model_fields[name])
+    missing = set(JobSpec.model_fields) - set(registry)
+    if missing:  # pragma: no cover - guards against a field declared outside a group
+        raise RuntimeError(f"jobspec: fields without a group: {sorted(missing)}")
+    return registry
+
+
+#: name -> FieldSpec, in reference order.
+FIELDS: dict[str, FieldSpec] = _build_registry()
+
+#: group id -> (title, field names), in reference order.
+GROUPS: dict[str, tuple[ParamGroup, list[str]]] = {
+    model.group: (model, [n for n, f in FIELDS.items() if f.group == model.group]) for model in GROUP_MODELS
+}
+
+#: every flag Relax accepts for a field (aliases included) -> field name. `--no-x` is resolved separately.
+FIELDS_BY_FLAG: dict[str, str] = {}
+for _spec in FIELDS.values():
+    if _spec.kind == "passthrough":
+        continue
+    for _flag in (_spec.flag, *_spec.aliases):
+        FIELDS_BY_FLAG[_flag] = _spec.name
+
+
+def field_for_flag(flag: str) -> FieldSpec | None:
+    name = FIELDS_BY_FLAG.get(flag)
+    return FIELDS[name] if name else None
+
+
+def path_fields() -> dict[str, PathKind]:
+    """Field name -> "input" (read by the job) or "output" (written by the job), for path-valued fields.
+
+    `eval_prompt_data` holds name/path pairs: only its odd items (1, 3, ...) are paths.
+    """
+    return {n: f.path_kind for n, f in FIELDS.items() if f.path_kind is not None}
+
+
+def function_path_fields() -> list[str]:
+    """Fields that hold dotted Python paths to (user or Relax) code."""
+    return [n for n, f in FIELDS.items() if f.function_path]
+
+
+def megatron_fields() -> list[str]:
+    """The explicit list of Megatron-LM flags Relax Platform accepts (field names)."""
+    return [n for n, f in FIELDS.items() if f.origin == "megatron"]

@@ -1,0 +1,28 @@
+"""Did-you-mean suggestions for unknown parameter names (difflib over every Relax flag)."""
+
+from __future__ import annotations
+
+import difflib
+from functools import lru_cache
+
+from jobspec.spec import FIELDS
+
+
+@lru_cache(maxsize=1)
+def _candidates() -> tuple[str, ...]:
+    names: list[str] = []
+    for f in FIELDS.values():
+        if f.kind == "passthrough":
+            continue
+        names.append(f.flag)
+        names.extend(f.aliases)
+        if f.kind == "negatable":
+            names.append(f"no-{f.flag}")
+    return tuple(names)
+
+
+def suggest_flag(flag: str) -> str | None:
+    """The closest known flag to `flag` (hyphen form), or None when nothing is close."""
+    wanted = flag.strip().lstrip("-").replace("_", "-").lower()
+    matches = difflib.get_close_matches(wanted, _candidates(), n=1, cutoff=0.6)
+    return matches[0] if matches else None
