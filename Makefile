@@ -16,6 +16,36 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# The dashboard (web/): built into web/dist, which the API serves at /. Where npm is missing it is
+# skipped with a warning, and the API serves a plain page at / instead. npm ci runs only when the
+# lockfile is newer than the installed node_modules.
+WEB_SOURCES := $(shell find web/src web/scripts -type f 2>/dev/null) web/index.html web/package.json \
+	web/package-lock.json web/vite.config.ts web/tsconfig.json examples/grpo-arith.yaml
+.PHONY: web
+web: web/dist/index.html  ## build the dashboard into web/dist
+
+web/dist/index.html: $(WEB_SOURCES)
+	@if command -v npm >/dev/null 2>&1; then \
+	  cd web && { [ node_modules/.package-lock.json -nt package-lock.json ] || npm ci --no-audit --no-fund; } \
+	  && npm run build; \
+	else \
+	  echo "warning: npm not found: the dashboard is not built (the API serves a plain page at /)"; \
+	fi
+
+install: web/dist/index.html
+
+# Debian's Chromium for the browser test (tests/browser): Playwright's own browser download does not
+# work on these machines. Without it (no root, no apt) the browser test skips.
+$(VENV)/.chromium:
+	@mkdir -p $(VENV)
+	@if command -v chromium >/dev/null 2>&1 || (apt-get update && apt-get install -y chromium); then \
+	  touch $@; \
+	else \
+	  echo "warning: chromium could not be installed: tests/browser/test_dashboard.py will skip"; \
+	fi
+
+test: $(VENV)/.chromium
+
 run: install  ## start the embedded platform on http://127.0.0.1:8400
 	$(VENV)/bin/relaxctl up
 

@@ -1,0 +1,28 @@
+// Pools (with their nodes) and queues: the capacity side of the platform.
+import { queryOptions } from "@tanstack/react-query";
+import { api, unwrap } from "./client";
+import { LIVE_REFRESH_MS } from "./jobs";
+import type { Pool, Queue } from "./types";
+
+export const platformKeys = {
+  all: ["platform"] as const,
+  pools: () => [...platformKeys.all, "pools"] as const,
+  queues: () => [...platformKeys.all, "queues"] as const,
+};
+
+export function poolsQuery() {
+  return queryOptions({
+    queryKey: platformKeys.pools(),
+    queryFn: ({ signal }) => unwrap(api.GET("/v1/pools", { signal })).then((p) => p.data as unknown as Pool[]),
+    refetchInterval: LIVE_REFRESH_MS,
+  });
+}
+
+export function queuesQuery() {
+  return queryOptions({
+    queryKey: platformKeys.queues(),
+    queryFn: ({ signal }) => unwrap(api.GET("/v1/queues", { signal })).then((p) => p.data as unknown as Queue[]),
+    refetchInterval: LIVE_REFRESH_MS,
+    staleTime: 30_000,
+  });
+}
