@@ -6,6 +6,7 @@ Ctrl-C or SIGTERM.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -94,41 +95,53 @@ class Children:
 
 def start_ray(children: Children, settings: Settings) -> str:
     """A local Ray head; returns its Jobs API address."""
-    gcs, dash = free_port(), free_port()
-    # Unix socket paths under the temp dir must stay short (about 100 bytes).
+    # Every port Ray would otherwise take at a fixed default (GCS 6379 is Redis's, the agent's 52365
+    # and the client server's 10001 collide with any other Ray on the machine) is chosen free.
+    ports = {
+        flag: free_port()
+        for flag in (
+            "--port",
+            "--dashboard-port",
+            "--dashboard-agent-listen-port",
+            "--dashboard-agent-grpc-port",
+            "--ray-client-server-port",
+            "--runtime-env-agent-port",
+            "--metrics-export-port",
+            "--node-manager-port",
+            "--object-manager-port",
+        )
+    }
+    dash = ports["--dashboard-port"]
+    # Unix socket paths under the temp dir must stay short (107 bytes with Ray's session suffixes).
     temp = settings.home / "ray"
-    if len(str(temp)) > 60:
+    if len(str(temp)) > 40:
         temp = (
-            Path(tempfile.gettempdir()) / f"relax-ray-{os.getuid()}-{abs(hash(str(settings.home))) % 10**8}"
+            Path(tempfile.gettempdir())
+            / f"relax-ray-{hashlib.sha1(str(settings.home).encode()).hexdigest()[:10]}"
         )
     env = os.environ.copy()
     env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")  # stop at once on SIGTERM
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     env.setdefault("RAY_AUTH_MODE", "disabled")  # bound to this machine; see docs/adr/0001
     num_cpus = settings.ray.num_cpus or max(8, 2 * (os.cpu_count() or 2))
-    children.start(
-        "ray",
-        [
-            _bin("ray"),
-            "start",
-            "--head",
-            "--block",
-            "--port",
-            str(gcs),
-            "--dashboard-host",
-            "127.0.0.1",
-            "--dashboard-port",
-            str(dash),
-            "--num-cpus",
-            str(num_cpus),
-            "--temp-dir",
-            str(temp),
-            "--include-dashboard",
-            "true",
-            "--disable-usage-stats",
-        ],
-        env=env,
-    )
+    argv = [
+        _bin("ray"),
+        "start",
+        "--head",
+        "--block",
+        "--dashboard-host",
+        "127.0.0.1",
+        "--num-cpus",
+        str(num_cpus),
+        "--temp-dir",
+        str(temp),
+        "--include-dashboard",
+        "true",
+        "--disable-usage-stats",
+    ]
+    for flag, port in ports.items():
+        argv += [flag, str(port)]
+    children.start("ray", argv, env=env)
     address = f"http://127.0.0.1:{dash}"
     deadline = time.time() + 120
     while time.time() < deadline:

@@ -1,4 +1,4 @@
-"""Starts the embedded platform as `make run` does, in a temp home, for end-to-end tests and benches."""
+"""Starts the embedded platform as `make run` does, in a temp home: for end-to-end tests and benchmarks."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _free_port() -> int:

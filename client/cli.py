@@ -50,7 +50,8 @@ def _fail(e: ApiError) -> None:
     err.print(f"[red]error[/red] {e.message}" + (f"  [dim]({e.code})[/dim]" if e.code else ""))
     for issue in e.issues:
         where = issue.get("field") or ""
-        err.print(f"  - [bold]{where}[/bold]: {issue.get('message', '')}")
+        tag = "[yellow]warning[/yellow] " if issue.get("severity") == "warning" else ""
+        err.print(f"  - {tag}[bold]{where}[/bold]: {issue.get('message', '')}")
         if issue.get("hint"):
             err.print(f"    hint: {issue['hint']}")
     raise typer.Exit(2 if e.status in (400, 409, 422) else 1)
@@ -80,6 +81,8 @@ def submit(
 ) -> None:
     """Submit a job from a file, or from Relax flags after `--`; with --wait, follow it to the end."""
     args = list(ctx.args)
+    if file and file.startswith("--"):  # `submit -- --flag value ...`: click hands over the first flag
+        args, file = [file, *args], None
     if file and args:
         err.print("[red]error[/red] give a job file or Relax flags after `--`, not both")
         raise typer.Exit(2)
@@ -139,6 +142,23 @@ def submit(
 def up() -> None:
     """Start the embedded platform here (API, scheduler, worker, local Ray, SQLite)."""
     os.execv(sys.executable, [sys.executable, "-m", "api.embedded"])
+
+
+@app.command()
+def dashboard(
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    no_browser: Annotated[bool, typer.Option("--no-browser", help="Only print the link.")] = False,
+) -> None:
+    """Open the web dashboard, signed in with your API key (the key travels in the URL fragment,
+    which browsers never send to the server)."""
+    import webbrowser
+
+    c = _client(url, api_key)
+    link = f"{c.url}/#key={c.api_key}" if c.api_key else f"{c.url}/"
+    out.print(link, highlight=False)
+    if not no_browser:
+        webbrowser.open(link)
 
 
 @app.command()
@@ -351,6 +371,8 @@ def spec_validate(
 ) -> None:
     """Dry-run a spec on the platform: normalized values, warnings, errors, resource demand."""
     args = list(ctx.args) or None
+    if file and file.startswith("--"):
+        args, file = [file, *(args or [])], None
     spec = None
     queue = None
     if file:

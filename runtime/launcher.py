@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -44,20 +45,34 @@ class RayJobLauncher:
         self.address = address
         self._client = JobSubmissionClient(address)
 
-    def submit(self, sub_id: str, entrypoint: str, *, env: dict[str, str], metadata: dict[str, str]) -> bool:
+    def submit(
+        self,
+        sub_id: str,
+        entrypoint: str,
+        *,
+        env: dict[str, str],
+        metadata: dict[str, str],
+        agent_wait_s: float = 60.0,
+    ) -> bool:
         """Submit; True when submitted now, False when Ray already had it (idempotent)."""
-        try:
-            self._client.submit_job(
-                entrypoint=entrypoint,
-                submission_id=sub_id,
-                runtime_env={"env_vars": env},
-                metadata=metadata,
-            )
-            return True
-        except RuntimeError as err:
-            if "already exists" in str(err):
-                return False
-            raise
+        deadline = time.monotonic() + agent_wait_s
+        while True:
+            try:
+                self._client.submit_job(
+                    entrypoint=entrypoint,
+                    submission_id=sub_id,
+                    runtime_env={"env_vars": env},
+                    metadata=metadata,
+                )
+                return True
+            except RuntimeError as err:
+                if "already exists" in str(err):
+                    return False
+                # A head that just started answers before its node agent can take jobs.
+                if "No available agent" in str(err) and time.monotonic() < deadline:
+                    time.sleep(1.0)
+                    continue
+                raise
 
     def status(self, sub_id: str) -> RayJobInfo | None:
         """None when Ray does not know the job."""

@@ -7,6 +7,7 @@ a task twice (a redelivery after a worker died) is harmless.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
@@ -215,18 +216,30 @@ def reconcile_pool(ctx: WorkerContext, pool_name: str) -> None:
                 freed |= _move(ctx, job_id, status, JobStatus.CANCELLED, "cancelled")
             else:
                 tail = launcher.logs_tail(sub_id)
-                last = next((line for line in reversed(tail) if line.strip()), "")
                 freed |= _move(
                     ctx,
                     job_id,
                     status,
                     JobStatus.FAILED,
-                    f"the driver failed: {info.message or ''} {last}".strip(),
+                    failure_summary(info.message, tail),
                     failure=FailureReason.USER_CODE,
                     log_tail=tail,
                 )
     if freed:
         ctx.dispatcher.request_pass()
+
+
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*")
+
+
+def failure_summary(ray_message: str | None, log_tail: list[str]) -> str:
+    """One line saying why a driver failed: Ray's first line, and the last exception in its log."""
+    head = (ray_message or "the driver failed").strip().splitlines()[0]
+    head = head.split(", last available logs")[0].rstrip(",.: ")
+    cause = next((ln.strip() for ln in reversed(log_tail) if _EXCEPTION_LINE.match(ln.strip())), "")
+    if not cause:
+        cause = next((ln.strip() for ln in reversed(log_tail) if ln.strip()), "")
+    return f"{head}: {cause[:500]}" if cause else head
 
 
 def _move(

@@ -7,13 +7,14 @@ from typing import Any
 from fastapi import APIRouter
 
 from api.deps import BearerDep, JobServiceDep, SettingsDep
+from api.schemas import ERROR_RESPONSES
 from api.schemas.jobs import ReportAck, ReportCreate
 from scheduler.db.models import Job
 from scheduler.domain.errors import Unauthenticated
 from scheduler.services.auth import verify_job_token
 from scheduler.services.jobs import Report
 
-router = APIRouter(prefix="/v1/internal/jobs", tags=["internal"])
+router = APIRouter(prefix="/v1/internal/jobs", tags=["internal"], responses=ERROR_RESPONSES)
 
 
 def _authorized_job(svc, settings, job_id: str, token: str | None) -> Job:  # type: ignore[no-untyped-def]

@@ -13,6 +13,7 @@ from fastapi.responses import FileResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import DatabaseDep, DispatcherDep, JobServiceDep, PrincipalDep, SettingsDep
+from api.schemas import ERROR_RESPONSES
 from api.schemas.jobs import (
     CheckpointPublic,
     CheckpointsPage,
@@ -26,6 +27,8 @@ from api.schemas.jobs import (
     LogLinePublic,
     LogsPage,
     MetricPoint,
+    PredictionPublic,
+    PredictionsPage,
     RolloutPublic,
     RolloutsPage,
 )
@@ -34,7 +37,7 @@ from scheduler.domain.jobs import JobStatus
 from scheduler.services.jobs import JobService, Submission
 from scheduler.transactions import after_commit
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
 
 
 def _detail(svc: JobService, job) -> JobDetail:  # type: ignore[no-untyped-def]
@@ -136,11 +139,12 @@ def job_logs(
     job_id: str,
     svc: JobServiceDep,
     principal: PrincipalDep,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Annotated[int, Query(ge=0, description="Id of the last line already seen.")] = 0,
     limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
+    tail: Annotated[int | None, Query(ge=1, le=10000, description="Only the last N lines.")] = None,
 ) -> LogsPage:
     job = svc.get(job_id, principal)
-    lines = svc.logs(job, after=after, limit=limit)
+    lines = svc.logs(job, after=after, limit=limit, tail=tail)
     return LogsPage(
         data=[LogLinePublic.model_validate(line) for line in lines],
         next_after=lines[-1].id if lines else after,
@@ -159,6 +163,13 @@ def job_rollouts(job_id: str, svc: JobServiceDep, principal: PrincipalDep) -> Ro
     return RolloutsPage(data=[RolloutPublic.model_validate(r) for r in svc.rollouts(job)])
 
 
+@router.get("/{job_id}/predictions", response_model=PredictionsPage)
+def job_predictions(job_id: str, svc: JobServiceDep, principal: PrincipalDep) -> PredictionsPage:
+    """SFT predictions files (`<save>/predict/predictions_step_<id>.jsonl`): prompt, reference, completion."""
+    job = svc.get(job_id, principal)
+    return PredictionsPage(data=[PredictionPublic.model_validate(p) for p in svc.predictions(job)])
+
+
 @router.get("/{job_id}/artifacts/{path:path}")
 def download_artifact(job_id: str, path: str, svc: JobServiceDep, principal: PrincipalDep) -> FileResponse:
     """A file under the job's output directory (checkpoint shards, rollout records, exports)."""
@@ -172,46 +183,64 @@ def download_artifact(job_id: str, path: str, svc: JobServiceDep, principal: Pri
 
 @router.get("/{job_id}/stream")
 async def stream_job(
-    job_id: str, request: Request, db: DatabaseDep, settings: SettingsDep, principal: PrincipalDep
+    job_id: str,
+    request: Request,
+    db: DatabaseDep,
+    settings: SettingsDep,
+    principal: PrincipalDep,
+    last_event_id: Annotated[str | None, Header()] = None,
+    after: Annotated[
+        str | None, Query(description="Resume from an event id seen before (as Last-Event-ID).")
+    ] = None,
 ) -> StreamingResponse:
-    """Server-sent events: `status` on every change, then `event`, `metric` and `log` as they arrive;
-    the stream ends after the job reaches a terminal status."""
+    """Server-sent events: `status` on every change, then `event`, `metric`, `log`, `checkpoint`,
+    `rollout` and `prediction` as they arrive; `end` after the job reaches a terminal status. Every
+    message carries an `id:`; reconnect with `Last-Event-ID` (or `?after=`) to resume without replay."""
+    cursor = _parse_cursor(after or last_event_id)
 
-    def poll(cursor: dict[str, int]) -> tuple[list[tuple[str, dict]], bool]:
+    def poll(cur: dict[str, int]) -> tuple[list[tuple[str, dict]], bool]:
         with db.session(read_only=True) as s:
             svc = JobService(s, artifact_root=settings.artifacts)
             job = svc.get(job_id, principal)
             out: list[tuple[str, dict]] = []
-            status_key = f"{job.status}|{job.progress_step}|{job.updated_at.isoformat()}"
-            if status_key != cursor.get("status_key"):
-                cursor["status_key"] = status_key  # type: ignore[assignment]
+            status_key = hash((job.status, job.progress_step, job.updated_at))
+            if status_key != cur.get("status"):
+                cur["status"] = status_key
                 out.append(("status", JobPublic.model_validate(job).model_dump(mode="json")))
             for e in svc.events(job):
-                if e.id > cursor["event"]:
-                    cursor["event"] = e.id
+                if e.id > cur["e"]:
+                    cur["e"] = e.id
                     out.append(("event", JobEventPublic.model_validate(e).model_dump(mode="json")))
-            for m in svc.metrics_after(job, after=cursor["metric"]):
-                cursor["metric"] = m.id
+            for m in svc.metrics_after(job, after=cur["m"]):
+                cur["m"] = m.id
                 out.append(
                     ("metric", {"name": m.name, "step": m.step, "value": m.value, "time": m.time.isoformat()})
                 )
-            for line in svc.logs(job, after=cursor["log"], limit=500):
-                cursor["log"] = line.id
+            for line in svc.logs(job, after=cur["l"], limit=500):
+                cur["l"] = line.id
                 out.append(("log", LogLinePublic.model_validate(line).model_dump(mode="json")))
+            for kind, key, rows, model in (
+                ("checkpoint", "c", svc.checkpoints(job), CheckpointPublic),
+                ("rollout", "r", svc.rollouts(job), RolloutPublic),
+                ("prediction", "p", svc.predictions(job), PredictionPublic),
+            ):
+                for row in rows:
+                    if row.id > cur[key]:
+                        cur[key] = max(cur[key], row.id)
+                        out.append((kind, model.model_validate(row).model_dump(mode="json")))
             return out, JobStatus(job.status).is_terminal()
 
-    # Check access before the stream starts, so a wrong id is a 404 and not an empty stream.
-    await run_in_threadpool(lambda: poll({"event": 1 << 62, "log": 1 << 62, "metric": 1 << 62}))
+    # Check access before the stream starts, so that a wrong id is a 404 and not an empty stream.
+    await run_in_threadpool(lambda: poll(dict.fromkeys(_CURSOR_KEYS, 1 << 62)))
 
     async def gen() -> AsyncIterator[bytes]:
-        cursor: dict[str, int] = {"event": 0, "log": 0, "metric": 0}
         quiet = 0
         while True:
             items, done = await run_in_threadpool(poll, cursor)
             for kind, data in items:
-                yield f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
+                yield f"id: {_format_cursor(cursor)}\nevent: {kind}\ndata: {json.dumps(data)}\n\n".encode()
             if done:
-                yield b"event: end\ndata: {}\n\n"
+                yield f"id: {_format_cursor(cursor)}\nevent: end\ndata: {{}}\n\n".encode()
                 return
             quiet = 0 if items else quiet + 1
             if quiet and quiet % 30 == 0:
@@ -221,3 +250,19 @@ async def stream_job(
             await asyncio.sleep(0.5)
 
     return StreamingResponse(gen(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+# A stream position: the last id seen of events, metrics, logs, checkpoints, rollouts, predictions.
+_CURSOR_KEYS = ("e", "m", "l", "c", "r", "p")
+
+
+def _parse_cursor(text: str | None) -> dict[str, int]:
+    cursor = dict.fromkeys(_CURSOR_KEYS, 0)
+    for part in (text or "").split("."):
+        if part[:1] in cursor and part[1:].isdigit():
+            cursor[part[0]] = int(part[1:])
+    return cursor
+
+
+def _format_cursor(cursor: dict[str, int]) -> str:
+    return ".".join(f"{k}{cursor[k]}" for k in _CURSOR_KEYS)

@@ -6,6 +6,7 @@ import sqlalchemy as sa
 from fastapi import APIRouter
 
 from api.deps import PrincipalDep, SessionDep
+from api.schemas import ERROR_RESPONSES
 from api.schemas.platform import (
     ApiKeyCreate,
     ApiKeyCreated,
@@ -21,7 +22,7 @@ from scheduler.db.models import ApiKey, Team
 from scheduler.services import platform
 from scheduler.services.auth import create_api_key, revoke_api_key, team_by_name_or_id
 
-router = APIRouter(prefix="/v1", tags=["platform"])
+router = APIRouter(prefix="/v1", tags=["platform"], responses=ERROR_RESPONSES)
 
 
 @router.get("/pools", response_model=PoolsPage)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from api.deps import JobServiceDep, PrincipalDep
+from api.schemas import ERROR_RESPONSES
 from api.schemas.jobs import SpecValidate, SpecValidation
 from scheduler.services.jobs import Submission
 
-router = APIRouter(prefix="/v1/specs", tags=["specs"])
+router = APIRouter(prefix="/v1/specs", tags=["specs"], responses=ERROR_RESPONSES)
 
 
 @router.post("/validate", response_model=SpecValidation)

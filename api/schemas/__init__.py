@@ -1,1 +1,32 @@
 """Request and response models of the HTTP API (named <Thing>Create / <Thing>Public / <Things>Page)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class ErrorBody(BaseModel):
+    code: str = Field(description="Stable machine-readable code, e.g. spec.invalid, job.not_found.")
+    message: str
+    details: Any = Field(None, description="For validation errors: {issues: [{code, field, message, hint}]}.")
+    request_id: str | None
+
+
+class ErrorEnvelope(BaseModel):
+    """Every error response has this shape."""
+
+    error: ErrorBody
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorEnvelope, "description": "Missing or unknown API key."},
+    403: {"model": ErrorEnvelope, "description": "The key may not do this."},
+    404: {"model": ErrorEnvelope, "description": "No such object (or not visible to the key)."},
+    409: {"model": ErrorEnvelope, "description": "Conflicts with the object's current state."},
+    422: {
+        "model": ErrorEnvelope,
+        "description": "Invalid request or job spec; details.issues names each field.",
+    },
+}

@@ -3,9 +3,22 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+JobStatusName = Literal[
+    "QUEUED",
+    "ADMITTED",
+    "STARTING",
+    "RUNNING",
+    "CANCELLING",
+    "PREEMPTING",
+    "SUCCEEDED",
+    "FAILED",
+    "CANCELLED",
+]
+FailureReasonName = Literal["setup", "user_code", "no_resource", "controller", "lost"]
 
 
 class JobCreate(BaseModel):
@@ -41,15 +54,16 @@ class JobPublic(BaseModel):
     team_id: str
     queue: str
     pool: str
-    status: str
-    status_reason: str | None
-    failure_reason: str | None
+    status: JobStatusName
+    status_reason: str | None = Field(description="Why the job is in its status (for FAILED: the error).")
+    failure_reason: FailureReasonName | None
     priority: int
     queue_position: int | None
     wait_reason: str | None
     labels: dict[str, str]
     total_gpus: int
     attempt: int
+    preemptions: int
     progress_step: int | None
     total_steps: int | None
     output_dir: str
@@ -148,6 +162,21 @@ class RolloutsPage(BaseModel):
     data: list[RolloutPublic]
 
 
+class PredictionPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    attempt: int
+    step: int
+    path: str
+    num_samples: int
+    time: datetime
+
+
+class PredictionsPage(BaseModel):
+    data: list[PredictionPublic]
+
+
 class SpecValidate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -180,6 +209,7 @@ class ReportCreate(BaseModel):
     logs: list[dict[str, Any]] = Field(default_factory=list)
     checkpoints: list[dict[str, Any]] = Field(default_factory=list)
     rollouts: list[dict[str, Any]] = Field(default_factory=list)
+    predictions: list[dict[str, Any]] = Field(default_factory=list)
     events: list[dict[str, Any]] = Field(default_factory=list)
 
 

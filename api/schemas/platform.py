@@ -50,9 +50,42 @@ class ApiKeysPage(BaseModel):
     data: list[ApiKeyPublic]
 
 
+class NodePublic(BaseModel):
+    name: str
+    gpus: int
+    allocated_gpus: int
+    labels: dict[str, Any]
+    cordoned: bool
+    alive: bool
+
+
+class PoolPublic(BaseModel):
+    name: str
+    accelerator: str
+    ray_address: str | None
+    cordoned: bool
+    total_gpus: int
+    allocated_gpus: int
+    jobs_holding_slots: int
+    jobs_queued: int
+    nodes: list[NodePublic]
+
+
 class PoolsPage(BaseModel):
-    data: list[dict[str, Any]]
+    data: list[PoolPublic]
+
+
+class QueuePublic(BaseModel):
+    name: str
+    pool: str
+    team: str
+    nominal_gpus: int
+    borrowing_limit: int | None
+    lending_limit: int | None
+    weight: float
+    used_gpus: int
+    queued_jobs: int
 
 
 class QueuesPage(BaseModel):
-    data: list[dict[str, Any]]
+    data: list[QueuePublic]

@@ -117,6 +117,8 @@ def upgrade() -> None:
         sa.Column("output_dir", sa.Text(), nullable=False),
         sa.Column("idempotency_key", sa.String(length=200), nullable=True),
         sa.Column("attempt", sa.Integer(), nullable=False),
+        sa.Column("preemptions", sa.Integer(), nullable=False),
+        sa.Column("queued_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("ray_submission_id", sa.String(length=100), nullable=True),
         sa.Column("report_seq", sa.Integer(), nullable=False),
         sa.Column("progress_step", sa.Integer(), nullable=True),
@@ -154,7 +156,9 @@ def upgrade() -> None:
         sa.Column("pool", sa.String(length=63), nullable=False),
         sa.Column("node", sa.String(length=100), nullable=False),
         sa.Column("role", sa.String(length=40), nullable=False),
+        sa.Column("replica", sa.Integer(), nullable=False),
         sa.Column("gpus", sa.Integer(), nullable=False),
+        sa.Column("shared", sa.Boolean(), nullable=False),
         sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
     )
@@ -239,6 +243,21 @@ def upgrade() -> None:
     with op.batch_alter_table("rollouts", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_rollouts_job_id"), ["job_id"], unique=False)
 
+    op.create_table(
+        "predictions",
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
+        sa.Column("job_id", sa.String(length=40), nullable=False),
+        sa.Column("attempt", sa.Integer(), nullable=False),
+        sa.Column("step", sa.Integer(), nullable=False),
+        sa.Column("path", sa.Text(), nullable=False),
+        sa.Column("num_samples", sa.Integer(), nullable=False),
+        sa.Column("time", sa.DateTime(timezone=True), nullable=False),
+        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("id"),
+    )
+    with op.batch_alter_table("predictions", schema=None) as batch_op:
+        batch_op.create_index(batch_op.f("ix_predictions_job_id"), ["job_id"], unique=False)
+
     # The scheduling pass serialises on this row (see scheduler/scheduling.py).
     op.bulk_insert(
         sa.table("scheduler_locks", sa.column("name", sa.String)),
@@ -247,6 +266,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("predictions", schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f("ix_predictions_job_id"))
+    op.drop_table("predictions")
 
     with op.batch_alter_table("rollouts", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_rollouts_job_id"))

@@ -125,6 +125,8 @@ class Job(Base):
     output_dir: Mapped[str] = mapped_column(sa.Text)
     idempotency_key: Mapped[str | None] = mapped_column(sa.String(200))
     attempt: Mapped[int] = mapped_column(default=0)  # increases on each (re)launch
+    preemptions: Mapped[int] = mapped_column(default=0)
+    queued_at: Mapped[datetime] = mapped_column(default=utcnow)  # when it last entered QUEUED
     ray_submission_id: Mapped[str | None] = mapped_column(sa.String(100))
     report_seq: Mapped[int] = mapped_column(default=-1)  # last report seq applied for `attempt`
     progress_step: Mapped[int | None]
@@ -159,7 +161,10 @@ class Allocation(Base):
     pool: Mapped[str] = mapped_column(sa.String(63))
     node: Mapped[str] = mapped_column(sa.String(100))
     role: Mapped[str] = mapped_column(sa.String(40))
+    replica: Mapped[int] = mapped_column(default=0)
     gpus: Mapped[int]
+    # A colocated role riding on its host role's GPUs: listed, but not counted against the node.
+    shared: Mapped[bool] = mapped_column(default=False)
 
 
 class Metric(Base):
@@ -208,6 +213,20 @@ class Rollout(Base):
     attempt: Mapped[int]
     rollout_id: Mapped[int]
     split: Mapped[str] = mapped_column(sa.String(10))
+    path: Mapped[str] = mapped_column(sa.Text)
+    num_samples: Mapped[int]
+    time: Mapped[datetime]
+
+
+class Prediction(Base):
+    """A predictions file of an SFT job (`<save>/predict/predictions_step_<id>.jsonl`)."""
+
+    __tablename__ = "predictions"
+
+    id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True)
+    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    attempt: Mapped[int]
+    step: Mapped[int]
     path: Mapped[str] = mapped_column(sa.Text)
     num_samples: Mapped[int]
     time: Mapped[datetime]

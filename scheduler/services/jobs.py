@@ -22,6 +22,7 @@ from scheduler.db.models import (
     Metric,
     Node,
     Pool,
+    Prediction,
     Queue,
     Rollout,
     Team,
@@ -69,6 +70,7 @@ class Report:
     logs: Sequence[dict[str, Any]] = ()
     checkpoints: Sequence[dict[str, Any]] = ()
     rollouts: Sequence[dict[str, Any]] = ()
+    predictions: Sequence[dict[str, Any]] = ()
     events: Sequence[dict[str, Any]] = ()
 
 
@@ -94,6 +96,7 @@ class JobService:
         *,
         status: Iterable[str] | None = None,
         name: str | None = None,
+        name_contains: str | None = None,
         team: str | None = None,
         queue: str | None = None,
         after: str | None = None,
@@ -109,6 +112,8 @@ class JobService:
             q = q.where(Job.status.in_([s.upper() for s in status]))
         if name:
             q = q.where(Job.name == name)
+        if name_contains:
+            q = q.where(Job.name.contains(name_contains, autoescape=True))
         if queue:
             q = q.where(Job.queue == queue)
         if after:
@@ -292,6 +297,10 @@ class JobService:
             values["report_seq"] = -1
         elif to == JobStatus.RUNNING:
             values["started_at"] = now
+        elif to == JobStatus.QUEUED:
+            values["queued_at"] = now
+            if JobStatus.PREEMPTING in froms:
+                values["preemptions"] = Job.preemptions + 1
         elif to.is_terminal():
             values["finished_at"] = now
         result = self.session.execute(
@@ -405,6 +414,17 @@ class JobService:
                     time=_ts(r.get("time")),
                 )
             )
+        for p in report.predictions:
+            self.session.add(
+                Prediction(
+                    job_id=job.id,
+                    attempt=attempt,
+                    step=int(p["step"]),
+                    path=str(p["path"]),
+                    num_samples=int(p.get("num_samples", 0)),
+                    time=_ts(p.get("time")),
+                )
+            )
         for e in report.events:
             self.record_event(
                 job, str(e.get("kind", "driver"))[:40], str(e.get("message", "")), at=_ts(e.get("time"))
@@ -438,15 +458,13 @@ class JobService:
             )
         )
 
-    def logs(self, job: Job, *, after: int = 0, limit: int = 1000) -> list[LogLine]:
-        return list(
-            self.session.scalars(
-                sa.select(LogLine)
-                .where(LogLine.job_id == job.id, LogLine.id > after)
-                .order_by(LogLine.id)
-                .limit(limit)
-            )
-        )
+    def logs(self, job: Job, *, after: int = 0, limit: int = 1000, tail: int | None = None) -> list[LogLine]:
+        """Lines after the line with id `after`, oldest first; with `tail`, the last `tail` lines."""
+        q = sa.select(LogLine).where(LogLine.job_id == job.id, LogLine.id > after)
+        if tail is not None:
+            rows = list(self.session.scalars(q.order_by(LogLine.id.desc()).limit(tail)))
+            return rows[::-1]
+        return list(self.session.scalars(q.order_by(LogLine.id).limit(limit)))
 
     def checkpoints(self, job: Job) -> list[Checkpoint]:
         return list(
@@ -461,6 +479,13 @@ class JobService:
         return list(
             self.session.scalars(
                 sa.select(Rollout).where(Rollout.job_id == job.id).order_by(Rollout.rollout_id, Rollout.id)
+            )
+        )
+
+    def predictions(self, job: Job) -> list[Prediction]:
+        return list(
+            self.session.scalars(
+                sa.select(Prediction).where(Prediction.job_id == job.id).order_by(Prediction.step, Prediction.id)
             )
         )
 

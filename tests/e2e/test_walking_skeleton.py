@@ -12,7 +12,7 @@ import pytest
 
 from client.sdk import RelaxClient
 from runtime.launcher import RayJobLauncher
-from tests.e2e.platform import ROOT, RunningPlatform, start_platform, stop_platform
+from bench.harness import ROOT, RunningPlatform, start_platform, stop_platform
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

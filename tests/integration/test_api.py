@@ -212,3 +212,51 @@ def test_pools_queues_health_and_prometheus(api) -> None:  # type: ignore[no-unt
     assert client.get("/readyz").status_code == 200
     assert "relax_pool_gpus" in client.get("/metrics").text
     assert client.get("/openapi.json").json()["paths"]["/v1/jobs"]
+
+
+def test_stream_resumes_from_last_event_id_and_logs_tail(api) -> None:  # type: ignore[no-untyped-def]
+    client, settings, _ = api
+    from scheduler.services.jobs import JobService
+
+    job = client.post("/v1/jobs", json={"name": "streamed-job", "spec": grpo_spec()}).json()
+    with client.app.state.db.session() as s:
+        svc = JobService(s, artifact_root=settings.artifacts)
+        svc.transition(job["id"], "ADMITTED", expected_from="QUEUED", reason="test")
+        svc.transition(job["id"], "STARTING", expected_from="ADMITTED", reason="test")
+    h = {"Authorization": f"Bearer {job_token(settings.signing_key(), job['id'], 1)}"}
+    report = {
+        "attempt": 1,
+        "seq": 0,
+        "phase": "running",
+        "logs": [{"time": 1e9, "message": f"line {i}"} for i in range(5)],
+        "predictions": [{"step": 2, "path": "/x/predict/predictions_step_2.jsonl", "num_samples": 3}],
+    }
+    assert client.post(f"/v1/internal/jobs/{job['id']}/report", json=report, headers=h).status_code == 200
+    tail = client.get(f"/v1/jobs/{job['id']}/logs", params={"tail": 2}).json()["data"]
+    assert [line["message"] for line in tail] == ["line 3", "line 4"]
+    assert client.get(f"/v1/jobs/{job['id']}/predictions").json()["data"][0]["step"] == 2
+    assert [j["id"] for j in client.get("/v1/jobs", params={"name_contains": "eamed-j"}).json()["data"]] == [job["id"]]
+    client.post(f"/v1/jobs/{job['id']}/cancel")
+    with client.app.state.db.session() as s:
+        JobService(s, artifact_root=settings.artifacts).transition(
+            job["id"], "CANCELLED", expected_from="CANCELLING", reason="test"
+        )
+
+    def read(headers: dict[str, str]) -> list[tuple[str, str]]:
+        out, last_id, kind = [], None, None
+        with client.stream("GET", f"/v1/jobs/{job['id']}/stream", headers=headers) as r:
+            for line in r.iter_lines():
+                if line.startswith("id:"):
+                    last_id = line[3:].strip()
+                elif line.startswith("event:"):
+                    kind = line[6:].strip()
+                elif line.startswith("data:"):
+                    out.append((kind, last_id))
+        return out
+
+    first = read({})
+    kinds = [k for k, _ in first]
+    assert kinds.count("log") == 5 and "prediction" in kinds and kinds[-1] == "end"
+    # Resuming from the last id replays nothing but the current status and the end.
+    again = read({"Last-Event-ID": first[-1][1]})
+    assert [k for k, _ in again] == ["status", "end"]

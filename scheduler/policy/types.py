@@ -1,0 +1,250 @@
+"""Plain frozen data the scheduling policy reads (Snapshot) and returns (Decision)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
+
+# A job as the policy sees it. The caller maps its own states onto these three.
+JobState = Literal[
+    "queued",  # QUEUED: waiting for admission (also after a preemption, until readmitted)
+    "running",  # ADMITTED, STARTING or RUNNING: holds its placement
+    "preempting",  # PREEMPTING or CANCELLING: still holds its GPUs until the process has stopped
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One machine of a pool; the policy counts GPUs, Ray binds the device indices."""
+
+    name: str
+    pool: str
+    gpus: int
+    labels: frozenset[str] = frozenset()
+    # False when cordoned (or down): nothing new is placed here; running jobs stay.
+    schedulable: bool = True
+    # False when the node is down: its running jobs are requeued by the policy.
+    alive: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Queue:
+    """A team's queue in one pool, with its guaranteed (nominal) GPUs and borrowing rules."""
+
+    name: str
+    pool: str
+    team: str
+    nominal_gpus: int
+    # Most GPUs this queue may use above nominal (from other queues' idle quota); None: no limit.
+    borrowing_limit: int | None = None
+    # Most of this queue's idle nominal GPUs that others may borrow; None: all of them.
+    lending_limit: int | None = None
+    # Fair-share weight: a queue's share is usage / (weight * nominal).
+    weight: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityClass:
+    name: str
+    value: int
+    preemptible: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Gang:
+    """`count` replicas of `gpus` GPUs each, for one role of a job.
+
+    `one_node`: each replica must sit on a single node (a tensor-parallel group, a rollout engine).
+    A job bigger than one node is written as replicas of a whole node each (32 GPUs on 8-GPU nodes:
+    `Gang("actor", gpus=8, count=4)`); with `one_node=False` a replica may be split over nodes.
+    `colocate_with`: the role whose GPUs this role shares (Relax `--colocate`); such a gang
+    consumes no GPUs of its own, its replicas are laid onto the host role's placement.
+    """
+
+    role: str
+    gpus: int
+    count: int = 1
+    one_node: bool = True
+    colocate_with: str | None = None
+    # Demands are dict keys in every pass (identical demands share one placement attempt): hash once.
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "_hash", hash((self.role, self.gpus, self.count, self.one_node, self.colocate_with))
+        )
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """GPUs of one node given to one replica of a role (a split replica has several)."""
+
+    role: str
+    replica: int
+    node: str
+    gpus: int
+    # True for a colocated role riding on its host role's GPUs: not counted against the node twice.
+    shared: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    assignments: tuple[Assignment, ...]
+    # GPUs held per node (shared assignments excluded), derived once so usage sums stay cheap.
+    node_gpus: tuple[tuple[str, int], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        per_node: dict[str, int] = {}
+        for a in self.assignments:
+            if not a.shared:
+                per_node[a.node] = per_node.get(a.node, 0) + a.gpus
+        object.__setattr__(self, "node_gpus", tuple(per_node.items()))
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.node_gpus)
+
+
+def demand_gpus(demand: tuple[Gang, ...]) -> int:
+    """GPUs a demand holds: colocated gangs ride on their host and add none."""
+    return sum(g.gpus * g.count for g in demand if g.colocate_with is None)
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """What the policy knows about one job. It never knows how long the job will run."""
+
+    id: str
+    queue: str
+    submit_time: float
+    demand: tuple[Gang, ...]
+    priority: int = 0
+    preemptible: bool = True
+    state: JobState = "queued"
+    placement: Placement | None = None
+    # Start of the current run (running / preempting jobs).
+    started_at: float | None = None
+    # Latest registered checkpoint of the job (any run); None when it has none.
+    last_checkpoint_at: float | None = None
+    # When the job last entered the queue: submit time, or the end of its last preemption.
+    queued_at: float | None = None
+    # How many times the job has been preempted (or requeued by a node failure).
+    preemptions: int = 0
+    # Labels a node must carry to host the job.
+    node_selector: frozenset[str] = frozenset()
+    total_gpus: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "total_gpus", demand_gpus(self.demand))
+
+    @property
+    def waiting_since(self) -> float:
+        return self.submit_time if self.queued_at is None else self.queued_at
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    now: float
+    nodes: tuple[Node, ...]
+    queues: tuple[Queue, ...]
+    jobs: tuple[JobView, ...]
+    priority_classes: tuple[PriorityClass, ...] = ()
+
+
+class WaitInfo(NamedTuple):
+    """Why a queued job waits, kept as numbers; `reason` renders them for people.
+
+    A named tuple rather than a dataclass: a pass builds one per queued job, and this is the
+    cheapest immutable record Python has. Rendering is lazy for the same reason.
+    """
+
+    # 1-based place in its pool's admission order this pass.
+    position: int
+    # Stable machine-readable cause, one of WAIT_CODES.
+    code: str
+    demand: tuple[Gang, ...]
+    queue: str
+    pool: str
+    queue_used: int
+    queue_nominal: int
+    # Free GPUs in the pool that this job could use (not held back for jobs ahead).
+    pool_free: int
+    # Extra detail for the cause (which job holds the reservation, which limit was hit...).
+    note: str = ""
+
+    @property
+    def ahead(self) -> int:
+        return self.position - 1
+
+    @property
+    def reason(self) -> str:
+        """E.g. 'needs 2 groups of 8 GPUs; queue math is at 16/16 of its quota in pool h200; 3 jobs ahead'."""
+        parts = [f"needs {describe_demand(self.demand)}"]
+        if self.code == "unknown_queue":
+            parts.append(f"queue {self.queue} does not exist")
+        else:
+            parts.append(
+                f"queue {self.queue} is at {self.queue_used}/{self.queue_nominal} of its quota in pool {self.pool}"
+            )
+            if self.code in ("capacity", "behind_head"):
+                parts.append(f"{self.pool_free} GPU{'' if self.pool_free == 1 else 's'} free for it")
+        if self.note:
+            parts.append(self.note)
+        ahead = self.position - 1
+        if self.code != "unknown_queue":
+            parts.append(f"{ahead} job{'' if ahead == 1 else 's'} ahead")
+        return "; ".join(parts)
+
+
+def describe_demand(demand: tuple[Gang, ...]) -> str:
+    """'2 groups of 8 GPUs', '1 GPU', '1 group of 4 GPUs + 2 groups of 2 GPUs (rollout shares actor)'."""
+    own = [g for g in demand if g.colocate_with is None]
+    if len(own) == 1 and own[0].count == 1 and own[0].gpus == 1:
+        text = "1 GPU"
+    else:
+        text = " + ".join(
+            f"{g.count} group{'' if g.count == 1 else 's'} of {g.gpus} GPU{'' if g.gpus == 1 else 's'}"
+            for g in own
+        )
+    shared = [g for g in demand if g.colocate_with is not None]
+    if shared:
+        text += " (" + ", ".join(f"{g.role} shares {g.colocate_with}" for g in shared) + ")"
+    return text
+
+
+WAIT_CODES = (
+    "capacity",  # not enough free GPUs of the right shape for it (some may be held for jobs ahead)
+    "behind_head",  # strict FIFO only: a job ahead does not fit and nothing may pass it
+    "quota",  # its queue is at its borrowing limit, or no idle quota is left to borrow
+    "preempting",  # GPUs are being freed for it by preemptions already under way
+    "no_fit",  # no node of the pool (matching its selector) could ever host it
+    "unknown_queue",  # its queue is not in the snapshot
+)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueUsage:
+    queue: str
+    pool: str
+    used_gpus: int
+    nominal_gpus: int
+    # GPUs used above nominal (taken from other queues' idle quota).
+    borrowed_gpus: int
+    queued_jobs: int
+    queued_gpus: int
+
+
+@dataclass
+class Decision:
+    """What one pass decided; the caller applies it in one transaction."""
+
+    admit: list[tuple[str, Placement]] = field(default_factory=list)
+    # (job id, reason) for jobs to checkpoint and stop (PREEMPTING, then QUEUED).
+    preempt: list[tuple[str, str]] = field(default_factory=list)
+    waiting: dict[str, WaitInfo] = field(default_factory=dict)
+    queues: dict[str, QueueUsage] = field(default_factory=dict)
+    # pool -> node -> GPUs allocated once this decision's admissions are applied.
+    pools: dict[str, dict[str, int]] = field(default_factory=dict)
