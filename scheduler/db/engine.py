@@ -9,7 +9,6 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-
 READ_ONLY = "relax_read_only"
 
 

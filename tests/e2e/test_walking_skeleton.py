@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness import ROOT, RunningPlatform, start_platform, stop_platform
 from client.sdk import RelaxClient
 from runtime.launcher import RayJobLauncher
-from bench.harness import ROOT, RunningPlatform, start_platform, stop_platform
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
