@@ -1,0 +1,1 @@
+"""RL maths: advantage estimators and losses as pure, registered tensor functions."""

@@ -1,0 +1,1 @@
+"""Prompt and SFT datasets, and the arithmetic task generator."""

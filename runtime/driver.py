@@ -1,0 +1,225 @@
+"""The Ray job entrypoint: reads the spec, starts the roles, runs the RL (GRPO) or SFT loop, reports."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ray
+
+from runtime.capabilities import unsupported_parameters
+from runtime.devices import Device
+from runtime.observability import Stage, StepTimer, configure_logging
+from runtime.pipeline import Pipeline, build_pipeline, resume
+from runtime.reporter import EventKind, HttpReporter, LocalReporter, Reporter, RolloutSplit
+from runtime.roles.placement import plan_topology
+from runtime.spec import RuntimeSpec, load_spec, parameter_defaults, read_spec_file
+
+log = logging.getLogger("runtime.driver")
+
+
+# ---- the loops: one screen each ------------------------------------------------------------------------------
+def run_rl(p: Pipeline, start: int) -> None:
+    """GRPO: generate -> reward -> advantages -> train -> sync weights, with periodic save and eval."""
+    p.roles.use_for_rollout()
+    p.push_weights(version=start)  # engines start from the trainer's weights (matters after a resume)
+    if p.eval_due(start):
+        p.reporter.metrics(start, p.evaluate(start))
+    for rollout_id in range(start, p.total_rollouts):
+        t = StepTimer()
+        with t.stage(Stage.DATA):
+            prompts = p.data.next_prompts(int(p.spec.rollout_batch_size or 1))
+        with t.stage(Stage.ROLLOUT):
+            p.roles.use_for_rollout()
+            samples = p.generate(prompts, rollout_id)
+        with t.stage(Stage.REWARD):
+            p.reward.score(samples)  # type: ignore[union-attr]
+        with t.stage(Stage.LOG_PROBS):
+            p.roles.use_for_training()
+            batch = p.roles.train.compute_log_probs(p.to_batch(samples))
+        with t.stage(Stage.ADVANTAGES):
+            batch = p.compute_advantages(batch)
+        with t.stage(Stage.TRAIN):
+            train_metrics = p.roles.train.train_step(batch)
+        with t.stage(Stage.WEIGHT_SYNC):
+            p.roles.use_for_rollout()
+            if p.weight_sync_due(rollout_id):
+                p.push_weights(version=rollout_id + 1)
+        with t.stage(Stage.SAVE):
+            p.write_rollout(rollout_id, RolloutSplit.TRAIN, samples)
+            if p.save_due(rollout_id):
+                p.save(rollout_id)
+        with t.stage(Stage.EVAL):
+            eval_metrics = p.evaluate(rollout_id + 1) if p.eval_due(rollout_id + 1) else {}
+        t.finish()
+        p.report_rl_step(rollout_id, samples, batch, train_metrics, t)
+        p.reporter.metrics(rollout_id + 1, eval_metrics)
+        if stop_requested(p, rollout_id):
+            return
+    finish(p)
+
+
+def run_sft(p: Pipeline, start: int) -> None:
+    """SFT: next batch of examples -> train (loss on response tokens only), with periodic save."""
+    for rollout_id in range(start, p.total_rollouts):
+        t = StepTimer()
+        with t.stage(Stage.DATA):
+            batch = p.sft_batch()
+        with t.stage(Stage.TRAIN):
+            train_metrics = p.roles.train.train_step(batch)
+        with t.stage(Stage.SAVE):
+            if p.save_due(rollout_id):
+                p.save(rollout_id)
+        t.finish()
+        p.report_sft_step(rollout_id, batch, train_metrics, t)
+        if stop_requested(p, rollout_id):
+            return
+    finish(p)
+
+
+def stop_requested(p: Pipeline, rollout_id: int) -> bool:
+    """Between steps: if the platform (or SIGTERM) asked us to stop, checkpoint and leave cleanly."""
+    if not p.reporter.stop_requested:
+        return False
+    log.warning("stop requested after step %d: saving and exiting", rollout_id + 1)
+    p.reporter.event(EventKind.STOP_REQUESTED, f"after step {rollout_id + 1}")
+    p.save(rollout_id)  # checkpoint under `save` and export under `save-hf`, whichever is set
+    return True
+
+
+def finish(p: Pipeline) -> None:
+    """The last state is always kept: a final checkpoint under `save`, a final HF export under `save-hf`."""
+    last = p.total_rollouts - 1
+    if last >= 0:
+        p.save(last)
+    p.reporter.event(EventKind.FINISHED, f"{p.total_rollouts} steps")
+
+
+# ---- process plumbing -------------------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m runtime.driver", description=__doc__)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--job-id", help="platform mode: fetch the spec from the API and report to it")
+    source.add_argument("--spec-file", type=Path, help="standalone mode: a .json/.yaml job file")
+    parser.add_argument("--api-url", help="platform API base URL (platform mode)")
+    parser.add_argument(
+        "--report-dir",
+        type=Path,
+        help="standalone: where metrics.jsonl/reports.jsonl go (default <save>/../report)",
+    )
+    parser.add_argument(
+        "--ray-address", help="join this Ray cluster (default: $RAY_ADDRESS, else a private one)"
+    )
+    args = parser.parse_args(argv)
+    if args.job_id and not args.api_url:
+        parser.error("--job-id needs --api-url")
+    return args
+
+
+def fetch_spec(api_url: str, job_id: str, token: str, *, deadline_s: float = 120.0) -> dict[str, Any]:
+    """GET the normalized spec, retrying while the API is briefly unavailable."""
+    url = f"{api_url.rstrip('/')}/v1/internal/jobs/{job_id}/spec"
+    delay, give_up = 0.5, time.monotonic() + deadline_s
+    while True:
+        try:
+            response = httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=10.0)
+            if response.is_success:
+                return dict(response.json()["spec"])
+            if response.status_code in (401, 403, 404):
+                raise RuntimeError(f"GET {url}: HTTP {response.status_code} {response.text[:200]}")
+            problem = f"HTTP {response.status_code}"
+        except httpx.HTTPError as exc:
+            problem = str(exc)
+        if time.monotonic() > give_up:
+            raise RuntimeError(f"GET {url} failed for {deadline_s:.0f}s: {problem}")
+        log.warning("spec fetch failed (%s); retrying in %.1fs", problem, delay)
+        time.sleep(delay)
+        delay = min(delay * 2, 10.0)
+
+
+def check_capabilities(spec: RuntimeSpec) -> None:
+    """Refuse, by name, parameters set to something the torch backend does not implement."""
+    defaults = parameter_defaults()
+    if defaults is None:
+        return
+    refused = unsupported_parameters(spec.values(), defaults)
+    if refused:
+        raise ValueError(f"the torch backend does not implement: {', '.join(refused)}")
+
+
+def init_ray(address: str | None, spec: RuntimeSpec) -> None:
+    if address:
+        ray.init(address=address, logging_level=logging.WARNING)
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private single-user cluster
+    topology = plan_topology(
+        spec.resource, colocate=spec.colocate, with_rollout=not spec.is_sft, device=Device.detect()
+    )
+    ray.init(
+        address="local",
+        num_cpus=max(4, topology.num_bundles),
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    standalone = args.spec_file is not None
+    raw: dict[str, Any] = {}
+    name = None
+    if standalone:
+        raw, name = read_spec_file(args.spec_file)
+        save = raw.get("save")
+        report_dir = args.report_dir or (
+            Path(save).parent / "report" if save else Path.cwd() / "relax-report"
+        )
+        reporter: Reporter = LocalReporter(report_dir)
+        job = name or args.spec_file.stem
+    else:
+        token = os.environ.get("RELAX_JOB_TOKEN", "")
+        attempt = int(os.environ.get("RELAX_JOB_ATTEMPT", "0"))
+        reporter = HttpReporter(args.api_url, args.job_id, token, attempt=attempt)
+        job = args.job_id
+    configure_logging(reporter, job=job)
+    signal.signal(signal.SIGTERM, lambda *_: reporter.request_stop())
+    pipeline: Pipeline | None = None
+    code = 0
+    try:
+        if not standalone:
+            raw = fetch_spec(args.api_url, args.job_id, os.environ.get("RELAX_JOB_TOKEN", ""))
+        spec = load_spec(raw, name=name, normalized=not standalone)
+        check_capabilities(spec)
+        log.info(
+            "job %s: %s on %s, %s",
+            job,
+            "SFT" if spec.is_sft else spec.advantage_estimator,
+            spec.train_backend,
+            spec.hf_checkpoint,
+        )
+        init_ray(args.ray_address or os.environ.get("RAY_ADDRESS"), spec)
+        pipeline = build_pipeline(spec, reporter)
+        start = resume(pipeline)
+        (run_sft if spec.is_sft else run_rl)(pipeline, start)
+    except Exception as exc:
+        log.exception("driver failed: %s: %s", type(exc).__name__, exc)
+        reporter.event(EventKind.FAILED, f"{type(exc).__name__}: {exc}")
+        code = 1
+    finally:
+        if pipeline is not None:
+            pipeline.close()
+        reporter.close()
+        if ray.is_initialized():
+            ray.shutdown()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Tiny models built offline for tests and demos."""

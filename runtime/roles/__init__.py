@@ -1,0 +1,1 @@
+"""Pipeline roles as Ray actors: where they are placed, the actor classes, and the driver-side groups."""

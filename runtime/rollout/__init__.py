@@ -1,0 +1,1 @@
+"""Rollout: the built-in torch generation engine and the generate-rollout function (prompts -> samples)."""

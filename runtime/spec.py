@@ -1,0 +1,208 @@
+"""The one loader of job specs for the runtime: raw or normalized spec -> `RuntimeSpec` (the fields it reads)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RuntimeSpec:
+    """The Relax parameters the runtime reads, with Relax's names (underscored) and defaults.
+
+    `extra` keeps every other parameter of the normalized spec, so capability checks can see them.
+    """
+
+    name: str | None = None  # the job file's `name:`; not a Relax parameter
+    train_backend: str = "megatron"
+    # checkpoints
+    hf_checkpoint: str | None = None
+    ref_load: str | None = None
+    ref_ckpt_step: int | None = None
+    load: str | None = None
+    save: str | None = None
+    save_interval: int | None = None
+    save_hf: str | None = None
+    no_save_optim: bool = False
+    start_rollout_id: int | None = None
+    # data
+    prompt_data: str | None = None
+    input_key: str = "input"
+    label_key: str | None = None
+    metadata_key: str = "metadata"
+    apply_chat_template: bool = False
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    system_prompt: str | None = None
+    rollout_shuffle: bool = False
+    rollout_seed: int = 42
+    # rollout
+    rollout_batch_size: int | None = None
+    n_samples_per_prompt: int = 1
+    rollout_max_response_len: int | None = None
+    rollout_temperature: float = 1.0
+    rollout_top_p: float = 1.0
+    rollout_top_k: int = -1
+    rollout_stop_token_ids: list[int] | None = None
+    rollout_skip_special_tokens: bool = False
+    num_rollout: int | None = None
+    num_epoch: int | None = None
+    update_weights_interval: int = 1
+    # rewards
+    rm_type: str | None = None
+    custom_rm_path: str | None = None
+    # batching and optimizer
+    global_batch_size: int | None = None
+    micro_batch_size: int = 1
+    use_dynamic_batch_size: bool = False
+    max_tokens_per_gpu: int | None = None
+    num_steps_per_rollout: int | None = None
+    lr: float = 1e-6
+    min_lr: float = 0.0
+    lr_decay_style: str = "linear"
+    lr_warmup_iters: int = 0
+    lr_decay_iters: int | None = None
+    clip_grad: float = 1.0
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    seed: int = 1234
+    # algorithm
+    advantage_estimator: str = "grpo"
+    normalize_advantages: bool = False
+    disable_grpo_std_normalization: bool = False
+    disable_rewards_normalization: bool = False
+    loss_type: str = "policy_loss"
+    eps_clip: float = 0.2
+    eps_clip_high: float | None = None
+    eps_clip_c: float | None = None
+    entropy_coef: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.0
+    kl_loss_type: str = "k1"
+    calculate_per_token_loss: bool = False
+    use_rollout_logprobs: bool = False
+    # roles
+    colocate: bool = False
+    offload: bool = False
+    resource: dict[str, Any] | None = None
+    # eval
+    eval_interval: int | None = None
+    eval_prompt_data: list[str] | None = None
+    eval_input_key: str | None = None
+    eval_label_key: str | None = None
+    n_samples_per_eval_prompt: int = 1
+    eval_temperature: float | None = None
+    eval_top_p: float | None = None
+    eval_top_k: int | None = None
+    eval_max_response_len: int | None = None
+    skip_eval_before_train: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def field_names(cls) -> frozenset[str]:
+        return frozenset(f.name for f in dataclasses.fields(cls)) - {"extra", "name"}
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], *, name: str | None = None) -> RuntimeSpec:
+        """Build from a flat mapping whose keys may use '-' or '_' (a leading '--' is ignored)."""
+        known = cls.field_names()
+        kwargs: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        for raw_key, value in values.items():
+            key = str(raw_key).lstrip("-").replace("-", "_")
+            if key in known:
+                kwargs[key] = value
+            else:
+                extra[key] = value
+        if isinstance(kwargs.get("resource"), str):
+            kwargs["resource"] = json.loads(kwargs["resource"])
+        if isinstance(kwargs.get("apply_chat_template_kwargs"), str):
+            kwargs["apply_chat_template_kwargs"] = json.loads(kwargs["apply_chat_template_kwargs"])
+        if isinstance(kwargs.get("eval_prompt_data"), str):
+            kwargs["eval_prompt_data"] = kwargs["eval_prompt_data"].split()
+        kwargs = {k: v for k, v in kwargs.items() if v is not None or _nullable(k)}
+        return cls(name=name, extra=extra, **kwargs)
+
+    def values(self) -> dict[str, Any]:
+        """Every parameter: the fields read here and `extra`, flat, underscore names."""
+        values = {name: getattr(self, name) for name in self.field_names()}
+        return {**self.extra, **values}
+
+    # -- derived values (Relax's own derivations) -----------------------------------------------------------
+    @property
+    def is_sft(self) -> bool:
+        return self.loss_type in ("sft", "sft_loss")
+
+    @property
+    def effective_eps_clip_high(self) -> float:
+        return self.eps_clip if self.eps_clip_high is None else self.eps_clip_high
+
+    @property
+    def samples_per_rollout(self) -> int:
+        return int(self.rollout_batch_size or 0) * (1 if self.is_sft else self.n_samples_per_prompt)
+
+    @property
+    def effective_global_batch_size(self) -> int:
+        if self.global_batch_size:
+            return self.global_batch_size
+        if self.num_steps_per_rollout:
+            return max(1, self.samples_per_rollout // self.num_steps_per_rollout)
+        return self.samples_per_rollout
+
+    def total_rollouts(self, dataset_size: int) -> int:
+        """`num-rollout`, or `num-epoch` passes over the prompt set."""
+        if self.num_rollout is not None:
+            return self.num_rollout
+        if self.num_epoch is not None and self.rollout_batch_size:
+            return max(1, self.num_epoch * dataset_size // self.rollout_batch_size)
+        raise ValueError("set num-rollout or num-epoch")
+
+
+def _nullable(key: str) -> bool:
+    default = {f.name: f for f in dataclasses.fields(RuntimeSpec)}[key].default
+    return default is None
+
+
+def read_spec_file(path: str | Path) -> tuple[dict[str, Any], str | None]:
+    """A `.json`/`.yaml` job file: either `{name, spec: {...}}` or a flat spec. Returns (spec, name)."""
+    text = Path(path).read_text(encoding="utf-8")
+    data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a job file holds an object")
+    if isinstance(data.get("spec"), dict):
+        return dict(data["spec"]), data.get("name")
+    return data, data.pop("name", None) if isinstance(data.get("name"), str) else None
+
+
+def load_spec(raw: Mapping[str, Any], *, name: str | None = None, normalized: bool = False) -> RuntimeSpec:
+    """The single entry point. A spec from the platform is already normalized (every field present with its
+    default); a hand-written one goes through `jobspec.normalize` when that is available, which applies
+    Relax's cross-field rules and derived defaults, else through our own defaults."""
+    if not normalized:
+        try:
+            from jobspec import normalize  # type: ignore[attr-defined]
+        except ImportError:
+            log.debug("jobspec.normalize unavailable; using the runtime's own defaults")
+        else:
+            spec_model = normalize(obj=dict(raw)).spec  # raises jobspec.SpecError listing every issue
+            raw = spec_model.to_dict() if hasattr(spec_model, "to_dict") else spec_model.model_dump()
+    return RuntimeSpec.from_mapping(raw, name=name)
+
+
+def parameter_defaults() -> dict[str, Any] | None:
+    """Relax's default of every parameter, from jobspec when it is importable (None otherwise)."""
+    try:
+        from jobspec.spec import FIELDS
+    except ImportError:
+        return None
+    return {name: getattr(f, "default", None) for name, f in FIELDS.items()}

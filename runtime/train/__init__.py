@@ -1,0 +1,1 @@
+"""Training backends (torch now; megatron later) and the Relax checkpoint layout."""

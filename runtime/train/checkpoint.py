@@ -1,0 +1,106 @@
+"""The Relax checkpoint layout on disk: `<save>/iter_NNNNNNN/` and `latest_checkpointed_iteration.txt`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from pathlib import Path
+
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+ROLLOUT_ID_PLACEHOLDER = "{rollout_id}"  # allowed in `save-hf`: one HF folder per export
+
+
+class CheckpointFormat(StrEnum):
+    TORCH = "torch"  # an iter_NNNNNNN folder: weights + optimizer + data position; resumable with `load`
+    HF = "hf"  # a Hugging Face folder (config, safetensors, tokenizer): usable as another job's hf-checkpoint
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """What the driver registers with the platform for each checkpoint written."""
+
+    step: int
+    path: str
+    size_bytes: int
+    format: CheckpointFormat
+    time: float
+
+    def to_report(self) -> dict:
+        return {**asdict(self), "format": str(self.format)}
+
+
+def iteration_dir(root: str | Path, iteration: int) -> Path:
+    """`<root>/iter_0000005`: seven digits, as Megatron and Relax name them."""
+    return Path(root) / f"iter_{iteration:07d}"
+
+
+def read_latest_iteration(root: str | Path) -> int | None:
+    """The iteration recorded in `<root>/latest_checkpointed_iteration.txt`, or None when there is none."""
+    path = Path(root) / LATEST_FILE
+    if not path.is_file():
+        return None
+    text = path.read_text().strip()
+    return int(text) if text.isdigit() else None
+
+
+def write_latest_iteration(root: str | Path, iteration: int) -> None:
+    """Point `latest_checkpointed_iteration.txt` at `iteration` (atomic: a reader sees old or new)."""
+    root = Path(root)
+    tmp = root / f".{LATEST_FILE}.{uuid.uuid4().hex}"
+    tmp.write_text(f"{iteration}\n")
+    os.replace(tmp, root / LATEST_FILE)
+
+
+def directory_size(path: str | Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+@contextmanager
+def atomic_directory(final: str | Path) -> Iterator[Path]:
+    """Yield a scratch folder next to `final`; on success it replaces `final` in one rename, so a crash
+    mid-write never leaves a half-written checkpoint under the final name."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    scratch = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+    scratch.mkdir()
+    try:
+        yield scratch
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    if final.exists():
+        retired = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+        os.replace(final, retired)
+        os.replace(scratch, final)
+        shutil.rmtree(retired, ignore_errors=True)
+    else:
+        os.replace(scratch, final)
+
+
+def resolve_model_folder(path: str | Path, step: int | None = None) -> Path:
+    """A Hugging Face model folder from either an HF folder or a checkpoint root of this layout
+    (`<root>/iter_NNNNNNN/model`, the latest iteration unless `step` is given)."""
+    root = Path(path)
+    iteration = step if step is not None else read_latest_iteration(root)
+    if iteration is None:
+        return root
+    folder = iteration_dir(root, iteration) / "model"
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{root}: no model folder for iteration {iteration} ({folder})")
+    return folder
+
+
+def render_hf_path(save_hf: str, rollout_id: int) -> Path:
+    return Path(save_hf.replace(ROLLOUT_ID_PLACEHOLDER, str(rollout_id)))
+
+
+def record(path: Path, step: int, fmt: CheckpointFormat) -> CheckpointRecord:
+    return CheckpointRecord(
+        step=step, path=str(path), size_bytes=directory_size(path), format=fmt, time=time.time()
+    )

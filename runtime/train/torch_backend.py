@@ -1,0 +1,291 @@
+"""The `torch` training backend: a Hugging Face causal LM trained with AdamW on CPU or one GPU."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from runtime.algos.losses import LOSS_TYPES, LossConfig, LossInputs, token_entropy, token_log_probs
+from runtime.devices import Device
+from runtime.train.base import TRAIN_BACKENDS, TrainBackendName
+from runtime.train.checkpoint import (
+    CheckpointFormat,
+    CheckpointRecord,
+    atomic_directory,
+    iteration_dir,
+    read_latest_iteration,
+    record,
+    resolve_model_folder,
+    write_latest_iteration,
+)
+from runtime.train.schedule import LRSchedule
+from runtime.types import RolloutBatch
+
+transformers.utils.logging.disable_progress_bar()
+
+STATE_FILE = (
+    "trainer_state.json"  # inside iter_NNNNNNN/: iteration, weight version, the driver's data position
+)
+CHECKPOINT_LAYOUT = "relax-torch/1"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The spec fields the torch backend reads."""
+
+    loss_type: str = "policy_loss"
+    loss: LossConfig = field(default_factory=LossConfig)
+    lr_schedule: LRSchedule = field(default_factory=lambda: LRSchedule(lr=1e-6))
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    seed: int = 1234
+    global_batch_size: int | None = None  # samples per optimizer step; None = the whole rollout in one step
+    micro_batch_size: int = 1
+    max_tokens_per_micro_batch: int | None = None  # `max-tokens-per-gpu` under `use-dynamic-batch-size`
+    log_probs_temperature: float = 1.0  # the rollout temperature: log-probs are of softmax(logits / T)
+    use_rollout_logprobs: bool = (
+        False  # `use-rollout-logprobs`: the engine's log-probs are the PPO "old" ones
+    )
+    save_optimizer: bool = True  # False = `no-save-optim`
+    # `ref-load`: the reference model, and the policy's initial weights (an HF folder or a checkpoint root)
+    ref_load: str | None = None
+    ref_ckpt_step: int | None = None  # `ref-ckpt-step`: which iteration of a ckpt-root `ref-load`
+
+
+def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position of each token among the real tokens of its row, as `generate` numbers them.
+
+    Without these, a left-padded row would start at position > 0 and its log-probs would drift from the
+    rollout engine's (see NOTES: they agree to 1e-6 only with matching position ids).
+    """
+    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+
+@TRAIN_BACKENDS.register(TrainBackendName.TORCH)
+class TorchTrainBackend:
+    """Owns the policy (and, for a KL loss, a frozen reference copy) and its AdamW optimizer.
+
+    Weights come from `ref-load` when it is set (as in Relax, the reference checkpoint is also where the
+    policy starts when there is nothing to resume), else from `hf-checkpoint`, which always supplies the
+    tokenizer of HF exports.
+    """
+
+    def __init__(
+        self, hf_checkpoint: str, config: TrainConfig, *, device: Device, need_ref: bool = False
+    ) -> None:
+        torch.manual_seed(config.seed)
+        self.config = config
+        self.device = device
+        self.hf_checkpoint = hf_checkpoint
+        initial = (
+            resolve_model_folder(config.ref_load, config.ref_ckpt_step)
+            if config.ref_load
+            else Path(hf_checkpoint)
+        )
+        self.model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(initial, dtype=torch.float32)
+        self.model.to(device.torch_device)
+        self.model.train()
+        self.ref_model: PreTrainedModel | None = None
+        if need_ref:
+            self.ref_model = AutoModelForCausalLM.from_pretrained(initial, dtype=torch.float32)
+            self.ref_model.to(device.torch_device).eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=config.lr_schedule.lr_at(0),
+            betas=(config.adam_beta1, config.adam_beta2),
+            eps=config.adam_eps,
+            weight_decay=config.weight_decay,
+        )
+        self.optimizer_steps = 0
+        self.offloaded = False
+
+    # -- forward passes ----------------------------------------------------------------------------------
+    def _forward(self, model: PreTrainedModel, batch: RolloutBatch) -> torch.Tensor:
+        device = self.device.torch_device
+        mask = batch.attention_mask.to(device)
+        out = model(
+            input_ids=batch.tokens.to(device), attention_mask=mask, position_ids=position_ids_for(mask)
+        )
+        return out.logits  # [B, T, V]
+
+    @torch.no_grad()
+    def _log_probs(self, model: PreTrainedModel, batch: RolloutBatch, chunk: int = 256) -> torch.Tensor:
+        was_training = model.training
+        model.eval()
+        parts = [
+            token_log_probs(
+                self._forward(model, part),
+                part.tokens.to(self.device.torch_device),
+                self.config.log_probs_temperature,
+            ).cpu()
+            for part in batch.micro_batches(chunk)
+        ]
+        model.train(was_training)
+        width = batch.tokens.shape[1]
+        return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts])
+
+    def compute_log_probs(self, batch: RolloutBatch) -> RolloutBatch:
+        """Fill `old_log_probs` (the policy before this update) and, with a reference model, `ref_log_probs`."""
+        self._require_onloaded()
+        batch.old_log_probs = (
+            batch.rollout_log_probs.clone()
+            if self.config.use_rollout_logprobs
+            else self._log_probs(self.model, batch)
+        ) * batch.loss_mask
+        if self.ref_model is not None:
+            batch.ref_log_probs = self._log_probs(self.ref_model, batch) * batch.loss_mask
+        return batch
+
+    # -- the update --------------------------------------------------------------------------------------
+    def train_step(self, batch: RolloutBatch) -> dict[str, float]:
+        """One pass over `batch`: optimizer steps of `global_batch_size` samples, each accumulated over
+        micro-batches of `micro_batch_size`. Returns metrics averaged over the optimizer steps."""
+        self._require_onloaded()
+        loss_fn = LOSS_TYPES.get(self.config.loss_type)
+        global_size = self.config.global_batch_size or batch.batch_size
+        history: dict[str, list[float]] = defaultdict(list)
+        for start in range(0, batch.batch_size, global_size):
+            global_batch = batch.select(slice(start, start + global_size))
+            step_metrics: dict[str, float] = defaultdict(float)
+            total_tokens = float(global_batch.loss_mask.sum().clamp(min=1.0))
+            for micro in self._micro_batches(global_batch):
+                if self.config.loss.per_token_loss:
+                    weight = float(micro.loss_mask.sum()) / total_tokens
+                else:
+                    weight = micro.batch_size / global_batch.batch_size
+                logits = self._forward(self.model, micro)
+                device = logits.device
+                temperature = self.config.log_probs_temperature
+                inputs = LossInputs(
+                    log_probs=token_log_probs(logits, micro.tokens.to(device), temperature),
+                    entropy=token_entropy(logits.detach(), temperature),
+                    loss_mask=micro.loss_mask.to(device),
+                    old_log_probs=_to(micro.old_log_probs, device),
+                    ref_log_probs=_to(micro.ref_log_probs, device),
+                    advantages=_to(micro.advantages, device),
+                )
+                loss, metrics = loss_fn(inputs, self.config.loss)
+                (loss * weight).backward()
+                step_metrics["loss"] += float(loss.detach()) * weight
+                for name, value in metrics.items():
+                    step_metrics[name] += float(value.detach()) * weight
+            grad_norm = self._clip_and_step()
+            history["grad_norm"].append(grad_norm)
+            for name, value in step_metrics.items():
+                history[name].append(value)
+        summary = {name: sum(values) / len(values) for name, values in history.items()}
+        summary["lr"] = self.optimizer.param_groups[0]["lr"]  # the lr of the last optimizer step
+        summary["optimizer_steps"] = float(self.optimizer_steps)
+        return summary
+
+    def _micro_batches(self, batch: RolloutBatch) -> list[RolloutBatch]:
+        if self.config.max_tokens_per_micro_batch:
+            return batch.token_budget_batches(self.config.max_tokens_per_micro_batch)
+        return batch.micro_batches(self.config.micro_batch_size)
+
+    def _clip_and_step(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.config.clip_grad if self.config.clip_grad and self.config.clip_grad > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.config.lr_schedule.lr_at(self.optimizer_steps)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer_steps += 1
+        return grad_norm
+
+    # -- weights out -------------------------------------------------------------------------------------
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        """A CPU copy of the policy's HF state dict (tied weights appear once), for weight sync."""
+        tied = getattr(self.model.config, "tie_word_embeddings", False)
+        return {
+            name: tensor.detach().to("cpu", copy=True)
+            for name, tensor in self.model.state_dict().items()
+            if not (tied and name == "lm_head.weight")
+        }
+
+    def parameter_checksum(self) -> float:
+        return float(sum(p.detach().double().abs().sum() for p in self.model.parameters()))
+
+    # -- memory --------------------------------------------------------------------------------------------
+    def offload(self) -> None:
+        """Move model and optimizer state to host memory (a no-op move on CPU); training refuses until onload."""
+        self._move("cpu")
+        self.device.empty_cache()
+        self.offloaded = True
+
+    def onload(self) -> None:
+        self._move(self.device.torch_device)
+        self.offloaded = False
+
+    def _move(self, target: str | torch.device) -> None:
+        self.model.to(target)
+        if self.ref_model is not None:
+            self.ref_model.to(target)
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and key != "step":
+                    state[key] = value.to(target)
+
+    def _require_onloaded(self) -> None:
+        if self.offloaded:
+            raise RuntimeError("train backend is offloaded; call onload() first")
+
+    # -- checkpoints ----------------------------------------------------------------------------------------
+    def save_checkpoint(self, save_dir: str, iteration: int, extra_state: dict[str, Any]) -> CheckpointRecord:
+        """Write `<save_dir>/iter_NNNNNNN/` (model, optimizer, RNG, `extra_state`) and point
+        `latest_checkpointed_iteration.txt` at it."""
+        final = iteration_dir(save_dir, iteration)
+        with atomic_directory(final) as scratch:
+            self.model.save_pretrained(scratch / "model")
+            if self.config.save_optimizer:
+                torch.save(self.optimizer.state_dict(), scratch / "optimizer.pt")
+            torch.save({"torch": torch.get_rng_state()}, scratch / "rng.pt")
+            state = {
+                "layout": CHECKPOINT_LAYOUT,
+                "iteration": iteration,
+                "optimizer_steps": self.optimizer_steps,
+                "extra": extra_state,
+            }
+            (scratch / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+        write_latest_iteration(save_dir, iteration)
+        return record(final, iteration, CheckpointFormat.TORCH)
+
+    def load_checkpoint(self, load_dir: str) -> tuple[int, dict[str, Any]] | None:
+        """Restore the latest iteration under `load_dir`; returns (iteration, extra_state), or None if there
+        is no checkpoint there yet (a first attempt starts from hf-checkpoint)."""
+        iteration = read_latest_iteration(load_dir)
+        if iteration is None:
+            return None
+        folder = iteration_dir(load_dir, iteration)
+        state = json.loads((folder / STATE_FILE).read_text())
+        loaded = AutoModelForCausalLM.from_pretrained(folder / "model", dtype=torch.float32)
+        self.model.load_state_dict(loaded.state_dict())
+        optimizer_file = folder / "optimizer.pt"
+        if optimizer_file.is_file():
+            self.optimizer.load_state_dict(torch.load(optimizer_file, map_location=self.device.torch_device))
+        torch.set_rng_state(torch.load(folder / "rng.pt")["torch"])
+        self.optimizer_steps = int(state.get("optimizer_steps", 0))
+        return iteration, dict(state.get("extra", {}))
+
+    def export_hf(self, out_dir: str, step: int) -> CheckpointRecord:
+        """Write a Hugging Face folder (weights, config, generation config, tokenizer) to `out_dir`."""
+        with atomic_directory(out_dir) as scratch:
+            self.model.save_pretrained(scratch)
+            AutoTokenizer.from_pretrained(self.hf_checkpoint).save_pretrained(scratch)
+        return record(Path(out_dir), step, CheckpointFormat.HF)
+
+
+def _to(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return tensor.to(device) if tensor is not None else None

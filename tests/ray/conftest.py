@@ -1,0 +1,149 @@
+"""Fixtures for tests on a real local Ray: offline tiny model and datasets, and a fake platform API."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Ray's token auth would write ~/.ray/auth_token for every test cluster; these clusters are private.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+
+@pytest.fixture(scope="session")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny model, the arithmetic datasets, and an SFT-warmed copy of the model trained in-process
+    (no Ray, as sft-arith.yaml does): the starting point the RL tests improve on."""
+    from runtime.data.arith import write_datasets
+    from runtime.models.tiny import build_tiny_model
+
+    root = tmp_path_factory.mktemp("artifacts")
+    model = build_tiny_model(root / "tiny", seed=0)
+    data = write_datasets(root / "arith", seed=0)
+    warm = warm_start(model, data["sft"], root / "warm")
+    # 16 prompts seen every step: RL sharpens them within tens of steps (the 100-prompt demo takes ~250)
+    small = root / "arith" / "train_small.jsonl"
+    small.write_text("".join(data["train"].read_text().splitlines(keepends=True)[:16]))
+    return {"model": model, "warm": warm, "train_small": small, **data}
+
+
+def warm_start(model: Path, sft_data: Path, out: Path, steps: int = 60) -> Path:
+    import torch
+    from transformers import AutoTokenizer
+
+    from runtime.data.prompts import DatasetConfig, PromptFormatter, RolloutDataSource, read_prompt_items
+    from runtime.data.sft import SFTExampleBuilder
+    from runtime.devices import Device
+    from runtime.train.schedule import LRSchedule
+    from runtime.train.torch_backend import TorchTrainBackend, TrainConfig
+    from runtime.types import RolloutBatch
+
+    torch.set_num_threads(1)
+    tok = AutoTokenizer.from_pretrained(model)
+    config = DatasetConfig(input_key="input", label_key="output")
+    source = RolloutDataSource(read_prompt_items(sft_data, config), shuffle=True, seed=0)
+    builder = SFTExampleBuilder(PromptFormatter(tok, config), label_key="output")
+    backend = TorchTrainBackend(
+        str(model),
+        TrainConfig(loss_type="sft", lr_schedule=LRSchedule(lr=3e-3), micro_batch_size=32, weight_decay=0.0),
+        device=Device.detect(),
+    )
+    for _ in range(steps):
+        items = source.next_prompts(32)
+        backend.train_step(
+            RolloutBatch.from_samples([builder.build(it, i) for i, it in enumerate(items)], tok.pad_token_id)
+        )
+    backend.export_hf(str(out), steps)
+    return out
+
+
+def read_metrics(report_dir: Path) -> dict[str, dict[int, float]]:
+    series: dict[str, dict[int, float]] = {}
+    for line in (report_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        series.setdefault(row["name"], {})[row["step"]] = row["value"]
+    return series
+
+
+def read_reports(report_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (report_dir / "reports.jsonl").read_text().splitlines()]
+
+
+class FakePlatform:
+    """The platform's internal job API as the driver sees it: GET spec, POST report (real HTTP)."""
+
+    def __init__(self, spec: dict[str, Any], token: str, stop_after_step: int | None = None) -> None:
+        self.spec = spec
+        self.token = token
+        self.stop_after_step = stop_after_step
+        self.reports: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def items(self, kind: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [item for report in self.reports for item in report[kind]]
+
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        platform = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _reply(self, status: int, body: dict[str, Any]) -> None:
+                payload = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def _authorized(self) -> bool:
+                if self.headers.get("Authorization") != f"Bearer {platform.token}":
+                    self._reply(401, {"error": {"code": "auth"}})
+                    return False
+                return True
+
+            def do_GET(self) -> None:  # noqa: N802
+                if self._authorized() and self.path.endswith("/spec"):
+                    self._reply(200, {"spec": platform.spec})
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if not self._authorized():
+                    return
+                with platform.lock:
+                    platform.reports.append(body)
+                    progress = [r["progress"]["step"] for r in platform.reports if r.get("progress")]
+                stop = (
+                    platform.stop_after_step is not None
+                    and max(progress, default=0) >= platform.stop_after_step
+                )
+                self._reply(200, {"stop_requested": stop})
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        return Handler
+
+
+@pytest.fixture
+def fake_platform() -> Iterator[Any]:
+    servers: list[ThreadingHTTPServer] = []
+
+    def start(
+        spec: dict[str, Any], token: str, stop_after_step: int | None = None
+    ) -> tuple[FakePlatform, str]:
+        platform = FakePlatform(spec, token, stop_after_step)
+        server = ThreadingHTTPServer(("127.0.0.1", 0), platform.handler())
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return platform, f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
