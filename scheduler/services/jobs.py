@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import jobspec
+from runtime.capabilities import unsupported_parameters
 from scheduler.db.models import (
     Allocation,
     Checkpoint,
@@ -228,12 +229,20 @@ class JobService:
         max_node = self.session.scalar(sa.select(sa.func.max(Node.gpus)).where(Node.pool == pool.name))
         try:
             if sub.spec is not None:
-                return jobspec.normalize(obj=sub.spec, max_gpus_per_node=max_node), {"spec": sub.spec}
-            argv = shlex.split(sub.args) if isinstance(sub.args, str) else list(sub.args or [])
-            return jobspec.normalize(argv=argv, max_gpus_per_node=max_node), {"args": argv}
+                normalized = jobspec.normalize(obj=sub.spec, max_gpus_per_node=max_node)
+                submitted: dict[str, Any] = {"spec": sub.spec}
+            else:
+                argv = shlex.split(sub.args) if isinstance(sub.args, str) else list(sub.args or [])
+                normalized = jobspec.normalize(argv=argv, max_gpus_per_node=max_node)
+                submitted = {"args": argv}
         except jobspec.SpecError as err:
             issues = [i.to_dict() for i in err.issues]
             raise InvalidSpec(_summary(issues), details={"issues": issues}) from None
+        refused = backend_refusals(normalized.spec.to_dict())
+        if refused:
+            issues = refused + [w.to_dict() for w in normalized.warnings]
+            raise InvalidSpec(_summary(issues), details={"issues": issues})
+        return normalized, submitted
 
     def _submitting_team(self, principal: Principal, team_ref: str | None) -> Team:
         if team_ref is None:
@@ -485,12 +494,47 @@ class JobService:
     def predictions(self, job: Job) -> list[Prediction]:
         return list(
             self.session.scalars(
-                sa.select(Prediction).where(Prediction.job_id == job.id).order_by(Prediction.step, Prediction.id)
+                sa.select(Prediction)
+                .where(Prediction.job_id == job.id)
+                .order_by(Prediction.step, Prediction.id)
             )
         )
 
     def allocations(self, job: Job) -> list[Allocation]:
         return list(self.session.scalars(sa.select(Allocation).where(Allocation.job_id == job.id)))
+
+
+def backend_refusals(values: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issues for parameters the job's training backend does not implement (the runtime declares
+    what each backend honours): refused at submission, before any GPU is spent, never ignored."""
+    defaults = {name: getattr(f, "default", None) for name, f in jobspec.FIELDS.items()}
+    backend = values.get("train_backend")
+    issues = []
+    for item in unsupported_parameters(values, defaults):
+        name, _, value = item.partition("=")
+        flag = name.replace("_", "-")
+        if name == "train_backend":
+            message = f"--train-backend {value.strip(chr(39))} is not available on this platform yet"
+            hint = "use --train-backend torch (the megatron backend is its own issue)"
+        elif value:
+            message = f"--{flag} {value} is not implemented by the {backend} backend"
+            hint = f"use a value the {backend} backend implements (docs/reference/capabilities.md)"
+        else:
+            message = f"--{flag} is set, but the {backend} backend does not implement it"
+            hint = (
+                f"remove --{flag}; see docs/reference/capabilities.md for what the {backend} backend honours"
+            )
+        issues.append(
+            {
+                "code": "spec.unsupported_by_backend",
+                "field": flag,
+                "fields": [flag],
+                "message": message,
+                "hint": hint,
+                "severity": "error",
+            }
+        )
+    return issues
 
 
 def _summary(issues: list[dict[str, Any]]) -> str:

@@ -260,3 +260,23 @@ def test_stream_resumes_from_last_event_id_and_logs_tail(api) -> None:  # type: 
     # Resuming from the last id replays nothing but the current status and the end.
     again = read({"Last-Event-ID": first[-1][1]})
     assert [k for k, _ in again] == ["status", "end"]
+
+
+@pytest.mark.parametrize(
+    "override,field",
+    [
+        ({"use-tis": True}, "use-tis"),
+        ({"advantage-estimator": "gspo"}, "advantage-estimator"),
+        ({"train-backend": "megatron"}, "train-backend"),
+    ],
+)
+def test_parameters_the_backend_does_not_implement_are_refused_by_name(api, override, field) -> None:  # type: ignore[no-untyped-def]
+    client, _, _ = api
+    r = client.post("/v1/jobs", json={"spec": grpo_spec(**override)})
+    assert r.status_code == 422, r.text
+    issues = r.json()["error"]["details"]["issues"]
+    assert any(i["code"] == "spec.unsupported_by_backend" and i["field"] == field for i in issues), issues
+    assert field in r.json()["error"]["message"]
+    assert client.get("/v1/jobs").json()["data"] == []
+    dry = client.post("/v1/specs/validate", json={"spec": grpo_spec(**override)}).json()
+    assert not dry["valid"] and any(e["field"] == field for e in dry["errors"])
