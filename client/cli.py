@@ -71,7 +71,9 @@ def submit(
     wait: Annotated[bool, typer.Option("--wait", "-w", help="Follow the job until it ends.")] = False,
     name: Annotated[str | None, typer.Option(help="Job name (overrides the file's).")] = None,
     queue: Annotated[str | None, typer.Option(help="Queue (overrides the file's).")] = None,
-    priority: Annotated[int | None, typer.Option(help="Priority within the queue.")] = None,
+    priority_class: Annotated[
+        str | None, typer.Option("--priority-class", help="low, normal, high, or one an admin added.")
+    ] = None,
     idempotency_key: Annotated[
         str | None, typer.Option(help="Resubmitting with the same key returns the same job.")
     ] = None,
@@ -93,7 +95,7 @@ def submit(
         raise typer.Exit(2)
     spec: dict | None = None
     jf_name = jf_queue = None
-    jf_priority, labels = 0, {}
+    jf_priority_class, labels = None, {}
     flags: list[str] | str | None = args or None
     if file:
         try:
@@ -101,12 +103,12 @@ def submit(
         except JobFileError as e:
             err.print(f"[red]error[/red] {e}")
             raise typer.Exit(2) from None
-        spec, flags, jf_name, jf_queue, jf_priority, labels = (
+        spec, flags, jf_name, jf_queue, jf_priority_class, labels = (
             jf.spec,
             jf.args,
             jf.name,
             jf.queue,
-            jf.priority,
+            jf.priority_class,
             jf.labels,
         )
     with _client(url, api_key) as c:
@@ -116,7 +118,7 @@ def submit(
                 args=flags,
                 name=name or jf_name,
                 queue=queue or jf_queue,
-                priority=priority if priority is not None else jf_priority,
+                priority_class=priority_class or jf_priority_class,
                 labels=labels,
                 idempotency_key=idempotency_key,
             )
@@ -475,6 +477,155 @@ def admin_create_key(
             _fail(e)
             return
     out.print(k["key"])
+
+
+def _labels(items: list[str] | None) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            err.print(f"[red]error[/red] label {item!r}: expected key=value")
+            raise typer.Exit(2)
+        out[key] = value
+    return out
+
+
+def _admin(call: Any) -> Any:
+    try:
+        return call()
+    except ApiError as e:
+        _fail(e)
+
+
+@admin_app.command("create-pool")
+def admin_create_pool(
+    name: str,
+    accelerator: Annotated[str, typer.Option(help="e.g. h200, a100, cpu")],
+    ray_address: Annotated[
+        str | None, typer.Option(help="Ray Jobs API address of the pool's cluster.")
+    ] = None,
+    python: Annotated[str | None, typer.Option(help="Interpreter of the drivers on the cluster.")] = None,
+    node: Annotated[list[str] | None, typer.Option(help="NAME:GPUS, repeatable.")] = None,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Create a pool of nodes (each NAME:GPUS)."""
+    nodes = []
+    for item in node or []:
+        n, _, g = item.partition(":")
+        if not g.isdigit():
+            err.print(f"[red]error[/red] --node {item!r}: expected NAME:GPUS")
+            raise typer.Exit(2)
+        nodes.append({"name": n, "gpus": int(g)})
+    with _client(url, api_key) as c:
+        p = _admin(
+            lambda: c.create_pool(name, accelerator, ray_address=ray_address, python=python, nodes=nodes)
+        )
+    out.print(f"pool {p['name']}: {p['total_gpus']} GPUs on {len(p['nodes'])} node(s)")
+
+
+@admin_app.command("set-node")
+def admin_set_node(
+    pool: str,
+    node: str,
+    gpus: Annotated[int, typer.Option(help="GPUs of the node.")],
+    label: Annotated[list[str] | None, typer.Option(help="key=value, repeatable.")] = None,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Add a node to a pool, or change its GPUs and labels."""
+    with _client(url, api_key) as c:
+        _admin(lambda: c.put_node(pool, node, gpus, _labels(label)))
+    out.print(f"node {node} of pool {pool}: {gpus} GPUs")
+
+
+@admin_app.command("cordon")
+def admin_cordon(
+    pool: str,
+    node: str,
+    undo: Annotated[bool, typer.Option("--undo", help="Uncordon.")] = False,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Keep new jobs off a node (running jobs stay); --undo lets them on again."""
+    with _client(url, api_key) as c:
+        _admin(lambda: c.update_node(pool, node, cordoned=not undo))
+    out.print(f"node {node} of pool {pool}: {'uncordoned' if undo else 'cordoned'}")
+
+
+@admin_app.command("drain")
+def admin_drain(pool: str, node: str, url: UrlOpt = None, api_key: KeyOpt = None) -> None:
+    """Cordon a node and requeue its jobs (each checkpoints, then resumes elsewhere)."""
+    with _client(url, api_key) as c:
+        r = _admin(lambda: c.drain_node(pool, node))
+    out.print(f"node {node} of pool {pool} drained; requeued: {', '.join(r['requeued']) or 'none'}")
+
+
+@admin_app.command("node-down")
+def admin_node_down(
+    pool: str,
+    node: str,
+    up: Annotated[bool, typer.Option("--up", help="Mark it up again.")] = False,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Mark a node lost (its jobs are requeued at once), or --up again."""
+    with _client(url, api_key) as c:
+        r = _admin(lambda: c.update_node(pool, node, alive=up))
+    out.print(
+        f"node {node} of pool {pool}: {'up' if up else 'down'}; requeued: {', '.join(r['requeued']) or 'none'}"
+    )
+
+
+@admin_app.command("create-queue")
+def admin_create_queue(
+    name: str,
+    pool: Annotated[str, typer.Option()],
+    team: Annotated[str, typer.Option()],
+    nominal_gpus: Annotated[int, typer.Option(help="Guaranteed GPUs.")],
+    borrowing_limit: Annotated[
+        int | None, typer.Option(help="Most GPUs above nominal it may borrow.")
+    ] = None,
+    lending_limit: Annotated[
+        int | None, typer.Option(help="Most idle nominal GPUs others may borrow.")
+    ] = None,
+    weight: Annotated[float, typer.Option(help="Fair-share weight.")] = 1.0,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Create a team's queue in a pool with its quota."""
+    with _client(url, api_key) as c:
+        q = _admin(
+            lambda: c.create_queue(
+                name,
+                pool,
+                team,
+                nominal_gpus,
+                borrowing_limit=borrowing_limit,
+                lending_limit=lending_limit,
+                weight=weight,
+            )
+        )
+    out.print(f"queue {q['name']} of team {q['team']} in pool {q['pool']}: nominal {q['nominal_gpus']} GPUs")
+
+
+@admin_app.command("priority-classes")
+def admin_priority_classes(
+    create: Annotated[str | None, typer.Option(help="Create a class with this name.")] = None,
+    value: Annotated[int, typer.Option(help="Its value (higher runs first).")] = 0,
+    preemptible: Annotated[bool, typer.Option(help="Whether its jobs may be preempted.")] = True,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """List priority classes, or create one."""
+    with _client(url, api_key) as c:
+        if create:
+            _admin(lambda: c.create_priority_class(create, value, preemptible=preemptible))
+        data = _admin(c.priority_classes)
+    t = Table("class", "value", "preemptible", "description")
+    for p in data:
+        t.add_row(p["name"], str(p["value"]), "yes" if p["preemptible"] else "no", p["description"] or "")
+    out.print(t)
 
 
 def main() -> None:

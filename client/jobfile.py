@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-_ENVELOPE_KEYS = {"name", "queue", "team", "priority", "labels", "spec", "args"}
+_ENVELOPE_KEYS = {"name", "queue", "team", "priority-class", "priority_class", "labels", "spec", "args"}
 
 
 @dataclass
@@ -17,7 +17,7 @@ class JobFile:
     name: str | None = None
     queue: str | None = None
     team: str | None = None
-    priority: int = 0
+    priority_class: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     spec: dict[str, Any] | None = None
     args: list[str] | str | None = None
@@ -51,7 +51,7 @@ def load_job_file(path: Path) -> JobFile:
         name=data.get("name"),
         queue=data.get("queue"),
         team=data.get("team"),
-        priority=int(data.get("priority", 0)),
+        priority_class=data.get("priority-class", data.get("priority_class")),
         labels={str(k): str(v) for k, v in (data.get("labels") or {}).items()},
         spec=data.get("spec"),
         args=data.get("args"),

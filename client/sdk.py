@@ -101,12 +101,19 @@ class RelaxClient:
         name: str | None = None,
         queue: str | None = None,
         team: str | None = None,
-        priority: int = 0,
+        priority_class: str | None = None,
         labels: dict[str, str] | None = None,
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {"priority": priority, "labels": labels or {}}
-        for k, v in (("spec", spec), ("args", args), ("name", name), ("queue", queue), ("team", team)):
+        body: dict[str, Any] = {"labels": labels or {}}
+        for k, v in (
+            ("spec", spec),
+            ("args", args),
+            ("name", name),
+            ("queue", queue),
+            ("team", team),
+            ("priority_class", priority_class),
+        ):
             if v is not None:
                 body[k] = v
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
@@ -191,6 +198,83 @@ class RelaxClient:
 
     def create_api_key(self, name: str, role: str = "member", team: str | None = None) -> dict[str, Any]:
         return self._request("POST", "/v1/api-keys", json={"name": name, "role": role, "team": team})
+
+    def create_pool(
+        self,
+        name: str,
+        accelerator: str,
+        *,
+        ray_address: str | None = None,
+        python: str | None = None,
+        nodes: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        return self._request(
+            "POST",
+            "/v1/pools",
+            json={
+                "name": name,
+                "accelerator": accelerator,
+                "ray_address": ray_address,
+                "python": python,
+                "nodes": nodes or [],
+            },
+        )
+
+    def update_pool(self, name: str, **changes: Any) -> dict[str, Any]:
+        return self._request("PATCH", f"/v1/pools/{name}", json=changes)
+
+    def put_node(
+        self, pool: str, node: str, gpus: int, labels: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        return self._request(
+            "PUT", f"/v1/pools/{pool}/nodes/{node}", json={"name": node, "gpus": gpus, "labels": labels or {}}
+        )
+
+    def update_node(self, pool: str, node: str, **changes: Any) -> dict[str, Any]:
+        return self._request("PATCH", f"/v1/pools/{pool}/nodes/{node}", json=changes)
+
+    def drain_node(self, pool: str, node: str) -> dict[str, Any]:
+        return self._request("POST", f"/v1/pools/{pool}/nodes/{node}/drain")
+
+    def create_queue(
+        self,
+        name: str,
+        pool: str,
+        team: str,
+        nominal_gpus: int,
+        *,
+        borrowing_limit: int | None = None,
+        lending_limit: int | None = None,
+        weight: float = 1.0,
+    ) -> dict[str, Any]:
+        return self._request(
+            "POST",
+            "/v1/queues",
+            json={
+                "name": name,
+                "pool": pool,
+                "team": team,
+                "nominal_gpus": nominal_gpus,
+                "borrowing_limit": borrowing_limit,
+                "lending_limit": lending_limit,
+                "weight": weight,
+            },
+        )
+
+    def update_queue(self, name: str, **changes: Any) -> dict[str, Any]:
+        return self._request("PATCH", f"/v1/queues/{name}", json=changes)
+
+    def priority_classes(self) -> list[dict[str, Any]]:
+        return self._request("GET", "/v1/priority-classes")["data"]
+
+    def create_priority_class(
+        self, name: str, value: int, *, preemptible: bool = True, description: str | None = None
+    ) -> dict[str, Any]:
+        return self._request(
+            "POST",
+            "/v1/priority-classes",
+            json={"name": name, "value": value, "preemptible": preemptible, "description": description},
+        )
 
     def health(self) -> dict[str, Any]:
         return self._request("GET", "/readyz")

@@ -65,6 +65,10 @@ class SchedulerSettings(BaseSettings):
     tick_seconds: float = Field(
         2.0, description="Period of the beat that runs a scheduling pass and reconciles every pool."
     )
+    preempt_grace_seconds: float = Field(
+        120.0,
+        description="How long a preempted job's driver has to checkpoint and exit before its Ray job is stopped.",
+    )
     launch_grace_seconds: float = Field(
         60.0,
         description="How long a STARTING job may have no Ray job before the reconciler resubmits it.",

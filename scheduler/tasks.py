@@ -171,13 +171,14 @@ def reconcile_pool(ctx: WorkerContext, pool_name: str) -> None:
             return
         address = pool.ray_address
         jobs = [
-            (j.id, JobStatus(j.status), j.ray_submission_id, j.launched_at)
+            (j.id, JobStatus(j.status), j.ray_submission_id, j.launched_at, j.status_changed_at)
             for j in s.scalars(sa.select(Job).where(Job.pool == pool_name, Job.status.in_(list(ON_CLUSTER))))
         ]
     launcher = launcher_for(address)
     freed = False
     grace = timedelta(seconds=ctx.settings.scheduler.launch_grace_seconds)
-    for job_id, status, sub_id, launched_at in jobs:
+    preempt_grace = timedelta(seconds=ctx.settings.scheduler.preempt_grace_seconds)
+    for job_id, status, sub_id, launched_at, changed_at in jobs:
         info = launcher.status(sub_id) if sub_id else None
         if info is None:
             late = launched_at is None or utcnow() - launched_at > grace
@@ -188,8 +189,14 @@ def reconcile_pool(ctx: WorkerContext, pool_name: str) -> None:
             elif status == JobStatus.STARTING and late:
                 launch_job(ctx, job_id)  # the worker that launched it died before submitting
             continue
-        if status == JobStatus.CANCELLING and info.status not in (RAY_SUCCEEDED, RAY_FAILED, RAY_STOPPED):
+        ended = info.status in (RAY_SUCCEEDED, RAY_FAILED, RAY_STOPPED)
+        if status == JobStatus.CANCELLING and not ended:
             launcher.stop(sub_id)
+            continue
+        if status == JobStatus.PREEMPTING and not ended:
+            # The driver was asked to checkpoint and exit; past the grace period it is stopped.
+            if utcnow() - changed_at > preempt_grace:
+                launcher.stop(sub_id)
             continue
         if info.status == RAY_SUCCEEDED:
             target = {JobStatus.CANCELLING: JobStatus.CANCELLED, JobStatus.PREEMPTING: JobStatus.QUEUED}.get(
@@ -214,6 +221,8 @@ def reconcile_pool(ctx: WorkerContext, pool_name: str) -> None:
         elif info.status == RAY_FAILED:
             if status == JobStatus.CANCELLING:
                 freed |= _move(ctx, job_id, status, JobStatus.CANCELLED, "cancelled")
+            elif status == JobStatus.PREEMPTING:  # stopped hard (or its node died) while preempted
+                freed |= _move(ctx, job_id, status, JobStatus.QUEUED, "preempted; waiting to resume")
             else:
                 tail = launcher.logs_tail(sub_id)
                 freed |= _move(

@@ -31,7 +31,7 @@ def driver_spec(job_id: str, svc: JobServiceDep, settings: SettingsDep, token: B
         "job_id": job.id,
         "name": job.name,
         "attempt": job.attempt,
-        "spec": job.spec,
+        "spec": svc.driver_spec(job),
         "output_dir": job.output_dir,
     }
 

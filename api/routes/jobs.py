@@ -63,7 +63,7 @@ def submit_job(
             name=body.name,
             team=body.team,
             queue=body.queue,
-            priority=body.priority,
+            priority_class=body.priority_class,
             labels=body.labels,
             spec=body.spec,
             args=body.args,

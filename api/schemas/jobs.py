@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 JobStatusName = Literal[
     "QUEUED",
@@ -34,7 +34,11 @@ class JobCreate(BaseModel):
     )
     team: str | None = Field(None, description="Team name or id (default: the key's team).")
     queue: str | None = Field(None, description="Queue name (default: the team's first queue).")
-    priority: int = Field(0, ge=-1000, le=1000, description="Higher runs first within a queue.")
+    priority_class: str | None = Field(
+        None,
+        validation_alias=AliasChoices("priority_class", "priority-class"),
+        description="Priority class (default `normal`): orders jobs within a queue; some are not preemptible.",
+    )
     labels: dict[str, str] = Field(default_factory=dict)
     spec: dict[str, Any] | None = Field(
         None,
@@ -57,7 +61,9 @@ class JobPublic(BaseModel):
     status: JobStatusName
     status_reason: str | None = Field(description="Why the job is in its status (for FAILED: the error).")
     failure_reason: FailureReasonName | None
+    priority_class: str
     priority: int
+    preemptible: bool
     queue_position: int | None
     wait_reason: str | None
     labels: dict[str, str]

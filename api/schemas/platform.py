@@ -89,3 +89,86 @@ class QueuePublic(BaseModel):
 
 class QueuesPage(BaseModel):
     data: list[QueuePublic]
+
+
+class NodeCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=100)
+    gpus: int = Field(ge=0, description="GPUs of the node (slots on a CPU pool).")
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class NodeUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    gpus: int | None = Field(None, ge=0)
+    labels: dict[str, str] | None = None
+    cordoned: bool | None = Field(None, description="No new jobs are placed on a cordoned node.")
+    alive: bool | None = Field(None, description="false marks the node down: its jobs are requeued.")
+
+
+class PoolCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=63, pattern=r"^[a-z0-9][a-z0-9-]*$")
+    accelerator: str = Field(description="e.g. h200, a100, cpu")
+    ray_address: str | None = Field(None, description="Ray Jobs API address, e.g. http://ray-head:8265")
+    python: str | None = Field(
+        None, description="Interpreter of the drivers on the cluster (default: python)."
+    )
+    nodes: list[NodeCreate] = Field(default_factory=list)
+
+
+class PoolUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    accelerator: str | None = None
+    ray_address: str | None = None
+    python: str | None = None
+    cordoned: bool | None = None
+
+
+class QueueCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=63, pattern=r"^[a-z0-9][a-z0-9-]*$")
+    pool: str
+    team: str = Field(description="Team name or id that owns the queue.")
+    nominal_gpus: int = Field(ge=0, description="Guaranteed GPUs of the queue in its pool.")
+    borrowing_limit: int | None = Field(
+        None, ge=0, description="Most GPUs above nominal it may borrow (none: no limit)."
+    )
+    lending_limit: int | None = Field(
+        None, ge=0, description="Most of its idle nominal GPUs others may borrow (none: all)."
+    )
+    weight: float = Field(1.0, gt=0, description="Fair-share weight.")
+
+
+class QueueUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    nominal_gpus: int | None = Field(None, ge=0)
+    borrowing_limit: int | None = Field(None, ge=0)
+    lending_limit: int | None = Field(None, ge=0)
+    weight: float | None = Field(None, gt=0)
+
+
+class PriorityClassCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=63, pattern=r"^[a-z0-9][a-z0-9-]*$")
+    value: int = Field(ge=-100000, le=100000, description="Higher runs first within a queue.")
+    preemptible: bool = True
+    description: str | None = None
+
+
+class PriorityClassPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+    name: str
+    value: int
+    preemptible: bool
+    description: str | None
+
+
+class PriorityClassesPage(BaseModel):
+    data: list[PriorityClassPublic]
+
+
+class DrainResult(BaseModel):
+    pool: str
+    node: str
+    requeued: dict[str, str] = Field(description="job id -> its new status (PREEMPTING or QUEUED)")

@@ -7,11 +7,14 @@ Create Date: 2026-11-29
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = "0001"
+_CREATED = datetime(2026, 11, 29, tzinfo=UTC)
 down_revision = None
 branch_labels = None
 depends_on = None
@@ -34,6 +37,15 @@ def upgrade() -> None:
         sa.Column("name", sa.String(length=40), nullable=False),
         sa.Column("holder", sa.String(length=100), nullable=True),
         sa.Column("acquired_at", sa.DateTime(timezone=True), nullable=True),
+        sa.PrimaryKeyConstraint("name"),
+    )
+    op.create_table(
+        "priority_classes",
+        sa.Column("name", sa.String(length=63), nullable=False),
+        sa.Column("value", sa.Integer(), nullable=False),
+        sa.Column("preemptible", sa.Boolean(), nullable=False),
+        sa.Column("description", sa.Text(), nullable=True),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("name"),
     )
     op.create_table(
@@ -105,8 +117,11 @@ def upgrade() -> None:
         sa.Column("pool", sa.String(length=63), nullable=False),
         sa.Column("status", sa.String(length=20), nullable=False),
         sa.Column("status_reason", sa.Text(), nullable=True),
+        sa.Column("status_changed_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("failure_reason", sa.String(length=20), nullable=True),
+        sa.Column("priority_class", sa.String(length=63), nullable=False),
         sa.Column("priority", sa.Integer(), nullable=False),
+        sa.Column("preemptible", sa.Boolean(), nullable=False),
         sa.Column("queue_position", sa.Integer(), nullable=True),
         sa.Column("wait_reason", sa.Text(), nullable=True),
         sa.Column("labels", sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=False),
@@ -142,6 +157,7 @@ def upgrade() -> None:
             ["team_id"],
             ["teams.id"],
         ),
+        sa.ForeignKeyConstraint(["priority_class"], ["priority_classes.name"]),
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("team_id", "idempotency_key", name="uq_jobs_team_idempotency_key"),
     )
@@ -258,6 +274,40 @@ def upgrade() -> None:
     with op.batch_alter_table("predictions", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_predictions_job_id"), ["job_id"], unique=False)
 
+    # Every job has a priority class; these three exist from the start (admins add more).
+    op.bulk_insert(
+        sa.table(
+            "priority_classes",
+            sa.column("name", sa.String),
+            sa.column("value", sa.Integer),
+            sa.column("preemptible", sa.Boolean),
+            sa.column("description", sa.Text),
+            sa.column("created_at", sa.DateTime(timezone=True)),
+        ),
+        [
+            {
+                "name": "low",
+                "value": -100,
+                "preemptible": True,
+                "created_at": _CREATED,
+                "description": "Best effort: runs on idle capacity, preempted first.",
+            },
+            {
+                "name": "normal",
+                "value": 0,
+                "preemptible": True,
+                "created_at": _CREATED,
+                "description": "The default.",
+            },
+            {
+                "name": "high",
+                "value": 100,
+                "preemptible": False,
+                "created_at": _CREATED,
+                "description": "Runs before normal jobs of its queue and is never preempted.",
+            },
+        ],
+    )
     # The scheduling pass serialises on this row (see scheduler/scheduling.py).
     op.bulk_insert(
         sa.table("scheduler_locks", sa.column("name", sa.String)),
@@ -304,5 +354,6 @@ def downgrade() -> None:
     op.drop_table("nodes")
     op.drop_table("api_keys")
     op.drop_table("teams")
+    op.drop_table("priority_classes")
     op.drop_table("scheduler_locks")
     op.drop_table("pools")

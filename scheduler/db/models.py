@@ -98,6 +98,19 @@ class Queue(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class PriorityClass(Base):
+    """A named priority (Kueue's WorkloadPriorityClass): its value orders jobs within a queue, and
+    `preemptible` says whether the scheduler may preempt jobs of this class."""
+
+    __tablename__ = "priority_classes"
+
+    name: Mapped[str] = mapped_column(sa.String(63), primary_key=True)
+    value: Mapped[int]
+    preemptible: Mapped[bool] = mapped_column(default=True)
+    description: Mapped[str | None] = mapped_column(sa.Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (
@@ -113,8 +126,11 @@ class Job(Base):
     pool: Mapped[str] = mapped_column(sa.ForeignKey("pools.name"))
     status: Mapped[str] = mapped_column(sa.String(20))
     status_reason: Mapped[str | None] = mapped_column(sa.Text)
+    status_changed_at: Mapped[datetime] = mapped_column(default=utcnow)
     failure_reason: Mapped[str | None] = mapped_column(sa.String(20))
-    priority: Mapped[int] = mapped_column(default=0)
+    priority_class: Mapped[str] = mapped_column(sa.ForeignKey("priority_classes.name"))
+    priority: Mapped[int] = mapped_column(default=0)  # the class's value at submission
+    preemptible: Mapped[bool] = mapped_column(default=True)
     queue_position: Mapped[int | None]  # 1-based, among the pool's queued jobs, from the last pass
     wait_reason: Mapped[str | None] = mapped_column(sa.Text)  # why the last pass did not admit it
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)

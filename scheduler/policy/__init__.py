@@ -1,6 +1,7 @@
 """The scheduling policy: pure functions from a Snapshot of plain data to a Decision."""
 
-from scheduler.policy.policy import POLICIES, PolicyConfig, fifo, fifo_backfill, schedule
+from scheduler.policy.config import PolicyConfig
+from scheduler.policy.policy import POLICIES, fifo, fifo_backfill, schedule
 from scheduler.policy.types import (
     Assignment,
     Decision,

@@ -23,6 +23,13 @@ class PoolPass:
     incoming: dict[str, int] = field(default_factory=dict)
     _jobs_on: dict[str, list[str]] | None = None
     _by_queue: dict[str, list[JobView]] | None = None
+    _ranks: dict[str, tuple] | None = None
+
+    def running_ranks(self, rank_of) -> dict[str, tuple]:
+        """Rank of every running job, computed once per pass when a preemption is considered."""
+        if self._ranks is None:
+            self._ranks = {j.id: rank_of(j) for j in self.running.values()}
+        return self._ranks
 
     def running_in(self, queue: str) -> list[JobView]:
         """Running (preemptible-candidate) jobs of one queue, grouped on first use."""

@@ -24,13 +24,14 @@ def lost_gpu_seconds(job: JobView, now: float, restart_cost_s: float) -> float:
     return job.total_gpus * (max(0.0, now - safe_point) + restart_cost_s)
 
 
-def victim_cost(job: JobView, now: float, quota: PoolQuota, restart_cost_s: float) -> tuple:
-    """Sort key of a victim, cheapest first: lowest priority, then borrowed before owned, then
-    least lost work (newest and freshly checkpointed jobs), then the newest, then by id."""
+def victim_cost(job: JobView, now: float, quota: PoolQuota, restart_cost_s: float, tier: int = 0) -> tuple:
+    """Sort key of a victim, cheapest first: lowest priority; then the most attained service
+    (highest service tier); then borrowed before owned; then least lost work (the newest and
+    the freshly checkpointed jobs); then the newest; then by id."""
     borrowed = quota.borrowing(job.queue)
-    tier = FULLY_BORROWED if borrowed >= job.total_gpus else PARTLY_BORROWED if borrowed > 0 else OWN_QUOTA
+    owned = FULLY_BORROWED if borrowed >= job.total_gpus else PARTLY_BORROWED if borrowed > 0 else OWN_QUOTA
     started = job.started_at if job.started_at is not None else now
-    return (job.priority, tier, lost_gpu_seconds(job, now, restart_cost_s), -started, job.id)
+    return (job.priority, -tier, owned, lost_gpu_seconds(job, now, restart_cost_s), -started, job.id)
 
 
 class _Plan:
@@ -75,6 +76,7 @@ def plan_victims(
     can_evict: Callable[[JobView], bool],
     now: float,
     restart_cost_s: float,
+    tiers: dict[str, int] | None = None,
 ) -> list[JobView] | None:
     """Cheapest set of `candidates` whose removal lets `job` in (quota and placement), or None.
 
@@ -87,7 +89,8 @@ def plan_victims(
     evictable = {v.id: v for v in candidates if can_evict(v)}
     if not evictable or sum(v.total_gpus for v in evictable.values()) + cap.free_total() < job.total_gpus:
         return None
-    costs = {v.id: victim_cost(v, now, quota, restart_cost_s) for v in evictable.values()}
+    tiers = tiers or {}
+    costs = {v.id: victim_cost(v, now, quota, restart_cost_s, tiers.get(v.id, 0)) for v in evictable.values()}
     plan = _Plan(cap, quota)
 
     def available(v: JobView) -> bool:
@@ -128,11 +131,13 @@ def plan_victims(
                             free += _gpus_on(v, n)
                     if free < gang.gpus:
                         continue
-                    # A node costs its dearest victim's priority and tier, then the lost work.
+                    # A node costs as much as its dearest victim's priority, service tier and
+                    # quota standing, then the work all its victims lose.
                     node_cost = (
                         max((costs[v.id][0] for v in picks), default=-(2**62)),
-                        max((costs[v.id][1] for v in picks), default=0),
-                        sum(costs[v.id][2] for v in picks),
+                        max((costs[v.id][1] for v in picks), default=-(2**62)),
+                        max((costs[v.id][2] for v in picks), default=0),
+                        sum(costs[v.id][3] for v in picks),
                         len(picks),
                     )
                     if best is None or node_cost < best[0]:

@@ -135,6 +135,9 @@ class JobView:
     preemptions: int = 0
     # Labels a node must carry to host the job.
     node_selector: frozenset[str] = frozenset()
+    # GPU-seconds the job ran in its earlier runs (its current run counts from `started_at`):
+    # the attained service that ranks it against newer jobs (least attained service first).
+    service_gpu_s: float = 0.0
     total_gpus: int = field(init=False)
 
     def __post_init__(self) -> None:

@@ -24,12 +24,20 @@ from scheduler.db.models import (
     Node,
     Pool,
     Prediction,
+    PriorityClass,
     Queue,
     Rollout,
     Team,
     utcnow,
 )
-from scheduler.domain.errors import Conflict, InvalidSpec, InvalidTransition, NotFound, PermissionDenied
+from scheduler.domain.errors import (
+    Conflict,
+    InvalidRequest,
+    InvalidSpec,
+    InvalidTransition,
+    NotFound,
+    PermissionDenied,
+)
 from scheduler.domain.ids import new_id
 from scheduler.domain.jobs import ALLOWED_TRANSITIONS, FailureReason, JobStatus
 from scheduler.services.auth import Principal, team_by_name_or_id
@@ -52,7 +60,7 @@ class Submission:
     name: str | None = None
     team: str | None = None
     queue: str | None = None
-    priority: int = 0
+    priority_class: str | None = None
     labels: dict[str, str] | None = None
     spec: dict[str, Any] | None = None
     args: Sequence[str] | str | None = None
@@ -142,6 +150,7 @@ class JobService:
         queue = self._queue_for(team, sub.queue)
         pool = self.session.get(Pool, queue.pool)
         assert pool is not None
+        pclass = self._priority_class(sub.priority_class)
 
         normalized, submitted = self._normalize(sub, pool)
         job_id = new_id("job")
@@ -167,7 +176,9 @@ class JobService:
             queue=queue.name,
             pool=pool.name,
             status=JobStatus.QUEUED,
-            priority=sub.priority,
+            priority_class=pclass.name,
+            priority=pclass.value,
+            preemptible=pclass.preemptible,
             labels=dict(sub.labels or {}),
             spec=resolution.spec,
             submitted=submitted
@@ -254,6 +265,26 @@ class JobService:
             raise PermissionDenied(f"your key cannot submit for team {team.name!r}")
         return team
 
+    def _priority_class(self, name: str | None) -> PriorityClass:
+        pclass = self.session.get(PriorityClass, name or "normal")
+        if pclass is None:
+            known = sorted(self.session.scalars(sa.select(PriorityClass.name)))
+            raise InvalidRequest(
+                f"unknown priority class {name!r}",
+                code="priority_class.not_found",
+                details={
+                    "issues": [
+                        {
+                            "code": "priority_class.not_found",
+                            "field": "priority_class",
+                            "message": f"unknown priority class {name!r}",
+                            "hint": f"one of {', '.join(known)}",
+                        }
+                    ]
+                },
+            )
+        return pclass
+
     def _queue_for(self, team: Team, queue_name: str | None) -> Queue:
         if queue_name:
             queue = self.session.get(Queue, queue_name)
@@ -295,7 +326,12 @@ class JobService:
             raise NotFound(f"job {job_id} not found", code="job.not_found")
         src = JobStatus(job.status)
         now = utcnow()
-        values: dict[str, Any] = {"status": to, "status_reason": reason, "updated_at": now}
+        values: dict[str, Any] = {
+            "status": to,
+            "status_reason": reason,
+            "updated_at": now,
+            "status_changed_at": now,
+        }
         if failure is not None:
             values["failure_reason"] = failure
         if to == JobStatus.ADMITTED:
@@ -339,6 +375,53 @@ class JobService:
                 return job
             self.session.refresh(job)
         raise Conflict(f"job {job_id} kept changing status; try again", code="job.busy")
+
+    def preempt(self, job_id: str, reason: str, *, force: bool = False) -> JobStatus | None:
+        """Take a job's slots back. A launched job goes PREEMPTING: its driver is told to checkpoint and
+        exit (the next report answers stop_requested), then the reconciler requeues it; an ADMITTED job
+        goes straight back to QUEUED. `force` (node down, drain) ignores the job's preemptible flag.
+        Returns the new status, or None when the job was not in a preemptible state."""
+        job = self.get(job_id)
+        if not (job.preemptible or force):
+            raise Conflict(
+                f"job {job_id} is not preemptible (priority class {job.priority_class})",
+                code="job.not_preemptible",
+            )
+        status = JobStatus(job.status)
+        if status == JobStatus.ADMITTED:
+            ok = self.transition(job_id, JobStatus.QUEUED, expected_from=status, reason=reason)
+            return JobStatus.QUEUED if ok else None
+        if status in (JobStatus.STARTING, JobStatus.RUNNING):
+            ok = self.transition(job_id, JobStatus.PREEMPTING, expected_from=status, reason=reason)
+            return JobStatus.PREEMPTING if ok else None
+        return None
+
+    def driver_spec(self, job: Job) -> dict[str, Any]:
+        """The spec a driver runs. A relaunched job (after preemption or a lost node) resumes from its
+        latest checkpoint: `load` points at its own `save` when that holds a checkpoint."""
+        spec = dict(job.spec)
+        save = spec.get("save")
+        if job.attempt > 1 and not spec.get("load") and save and self._has_checkpoint(job):
+            spec["load"] = save
+        return spec
+
+    def _has_checkpoint(self, job: Job) -> bool:
+        count = self.session.scalar(
+            sa.select(sa.func.count())
+            .select_from(Checkpoint)
+            .where(Checkpoint.job_id == job.id, Checkpoint.format != "hf")
+        )
+        return bool(count)
+
+    def jobs_on_node(self, pool: str, node: str) -> list[Job]:
+        return list(
+            self.session.scalars(
+                sa.select(Job)
+                .join(Allocation, Allocation.job_id == Job.id)
+                .where(Allocation.pool == pool, Allocation.node == node)
+                .distinct()
+            )
+        )
 
     def _event(
         self, job: Job, src: JobStatus | None, dst: JobStatus | None, reason: str, kind: str = "transition"

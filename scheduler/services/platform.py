@@ -8,8 +8,8 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from scheduler.db.models import Allocation, Job, Node, Pool, Queue, Team
-from scheduler.domain.errors import Conflict, NotFound
+from scheduler.db.models import Allocation, Job, Node, Pool, PriorityClass, Queue, Team
+from scheduler.domain.errors import Conflict, InvalidRequest, NotFound
 from scheduler.domain.ids import new_id
 from scheduler.domain.jobs import HOLDING_SLOTS, JobStatus
 from scheduler.services.auth import create_api_key, ensure_api_key
@@ -83,7 +83,7 @@ def ensure_admin_key(session: Session, key_file: Path) -> str:
     return raw
 
 
-def list_pools(session: Session) -> list[dict]:
+def list_pools(session: Session, name: str | None = None) -> list[dict]:
     """Every pool with its nodes and the GPUs allocated on each."""
     used = {
         (p, n): int(g)
@@ -104,7 +104,10 @@ def list_pools(session: Session) -> list[dict]:
         ).all()
     )
     out = []
-    for pool in session.scalars(sa.select(Pool).order_by(Pool.name)):
+    pools = sa.select(Pool).order_by(Pool.name)
+    if name is not None:
+        pools = pools.where(Pool.name == name)
+    for pool in session.scalars(pools):
         nodes = list(session.scalars(sa.select(Node).where(Node.pool == pool.name).order_by(Node.name)))
         node_views = [
             {
@@ -163,6 +166,13 @@ def list_queues(session: Session) -> list[dict]:
     ]
 
 
+def pool_view(session: Session, name: str) -> dict:
+    views = list_pools(session, name)
+    if not views:
+        raise NotFound(f"pool {name!r} not found", code="pool.not_found")
+    return views[0]
+
+
 def create_team(session: Session, name: str) -> Team:
     if session.scalar(sa.select(Team).where(Team.name == name)) is not None:
         raise Conflict(f"team {name!r} already exists", code="team.exists")
@@ -177,3 +187,127 @@ def get_pool(session: Session, name: str) -> Pool:
     if pool is None:
         raise NotFound(f"pool {name!r} not found", code="pool.not_found")
     return pool
+
+
+# Admin operations ------------------------------------------------------------------------------
+def _field_issue(field: str, message: str, hint: str) -> dict:
+    return {"code": "request.invalid", "field": field, "message": message, "hint": hint}
+
+
+def create_pool(
+    session: Session,
+    *,
+    name: str,
+    accelerator: str,
+    ray_address: str | None,
+    python: str | None,
+    nodes: list[dict],
+) -> Pool:
+    if session.get(Pool, name) is not None:
+        raise Conflict(f"pool {name!r} already exists", code="pool.exists")
+    pool = Pool(name=name, accelerator=accelerator, ray_address=ray_address, python=python)
+    session.add(pool)
+    session.flush()
+    for n in nodes:
+        upsert_node(session, name, n["name"], gpus=n["gpus"], labels=n.get("labels") or {})
+    return pool
+
+
+def update_pool(session: Session, name: str, changes: dict) -> Pool:
+    """Apply the fields present in `changes` (ray_address, python, accelerator, cordoned)."""
+    pool = get_pool(session, name)
+    for key in ("ray_address", "python", "accelerator", "cordoned"):
+        if key in changes:
+            setattr(pool, key, changes[key])
+    session.flush()
+    return pool
+
+
+def get_node(session: Session, pool: str, name: str) -> Node:
+    node = session.get(Node, (pool, name))
+    if node is None:
+        raise NotFound(f"node {name!r} not found in pool {pool!r}", code="node.not_found")
+    return node
+
+
+def upsert_node(session: Session, pool: str, name: str, *, gpus: int, labels: dict) -> Node:
+    get_pool(session, pool)
+    if gpus < 0:
+        raise InvalidRequest(
+            "gpus must be >= 0", details={"issues": [_field_issue("gpus", f"{gpus} < 0", "0 or more")]}
+        )
+    node = session.get(Node, (pool, name))
+    if node is None:
+        node = Node(pool=pool, name=name, gpus=gpus, labels=labels)
+        session.add(node)
+    else:
+        node.gpus, node.labels = gpus, labels
+    session.flush()
+    return node
+
+
+def update_node(session: Session, pool: str, name: str, changes: dict) -> Node:
+    """Apply the fields present in `changes` (gpus, labels, cordoned, alive)."""
+    node = get_node(session, pool, name)
+    for key in ("gpus", "labels", "cordoned", "alive"):
+        if key in changes:
+            setattr(node, key, changes[key])
+    session.flush()
+    return node
+
+
+def create_queue(
+    session: Session,
+    *,
+    name: str,
+    pool: str,
+    team: str,
+    nominal_gpus: int,
+    borrowing_limit: int | None,
+    lending_limit: int | None,
+    weight: float,
+) -> Queue:
+    from scheduler.services.auth import team_by_name_or_id
+
+    if session.get(Queue, name) is not None:
+        raise Conflict(f"queue {name!r} already exists", code="queue.exists")
+    get_pool(session, pool)
+    team_row = team_by_name_or_id(session, team)
+    queue = Queue(
+        name=name,
+        pool=pool,
+        team_id=team_row.id,
+        nominal_gpus=nominal_gpus,
+        borrowing_limit=borrowing_limit,
+        lending_limit=lending_limit,
+        weight=weight,
+    )
+    session.add(queue)
+    session.flush()
+    return queue
+
+
+def update_queue(session: Session, name: str, changes: dict) -> Queue:
+    queue = session.get(Queue, name)
+    if queue is None:
+        raise NotFound(f"queue {name!r} not found", code="queue.not_found")
+    for key in ("nominal_gpus", "borrowing_limit", "lending_limit", "weight"):
+        if key in changes:
+            setattr(queue, key, changes[key])
+    session.flush()
+    return queue
+
+
+def list_priority_classes(session: Session) -> list[PriorityClass]:
+    return list(session.scalars(sa.select(PriorityClass).order_by(PriorityClass.value.desc())))
+
+
+def create_priority_class(
+    session: Session, *, name: str, value: int, preemptible: bool, description: str | None
+) -> PriorityClass:
+    if session.get(PriorityClass, name) is not None:
+        raise Conflict(f"priority class {name!r} already exists", code="priority_class.exists")
+    pc = PriorityClass(name=name, value=value, preemptible=preemptible, description=description)
+    session.add(pc)
+    session.flush()
+    return pc

@@ -143,3 +143,36 @@ def test_reports_are_applied_once_and_fenced_by_attempt(db: Database, tmp_path: 
             svc.ingest_report(job, Report(attempt=0, seq=5))
         svc.cancel(job_id, ADMIN)
         assert svc.ingest_report(job, Report(attempt=1, seq=1)) is True  # the driver is asked to stop
+
+
+def test_a_preempted_job_resumes_from_its_checkpoint(db: Database, tmp_path: Path, broker) -> None:  # type: ignore[no-untyped-def]
+    job_id = submit(db, tmp_path, spec=grpo_spec(save="ckpt"))
+    run_scheduling_pass(db, broker[1], artifact_root=tmp_path)
+    with db.session() as s:
+        svc = JobService(s, artifact_root=tmp_path)
+        svc.transition(job_id, JobStatus.STARTING, expected_from=JobStatus.ADMITTED, reason="launch")
+        job = svc.get(job_id)
+        assert "load" not in svc.driver_spec(job) or svc.driver_spec(job)["load"] is None
+        svc.ingest_report(job, Report(attempt=1, seq=0, phase="running", checkpoints=[
+            {"step": 3, "path": job.spec["save"] + "/iter_0000003", "size_bytes": 10, "format": "torch"}]))
+        assert svc.preempt(job_id, "test") == JobStatus.PREEMPTING
+        assert svc.ingest_report(job, Report(attempt=1, seq=1)) is True  # checkpoint and exit
+        svc.transition(job_id, JobStatus.QUEUED, expected_from=JobStatus.PREEMPTING, reason="driver exited")
+        assert svc.get(job_id).preemptions == 1
+    run_scheduling_pass(db, broker[1], artifact_root=tmp_path)
+    with db.session() as s:
+        svc = JobService(s, artifact_root=tmp_path)
+        svc.transition(job_id, JobStatus.STARTING, expected_from=JobStatus.ADMITTED, reason="relaunch")
+        job = svc.get(job_id)
+        assert job.attempt == 2
+        assert svc.driver_spec(job)["load"] == job.spec["save"]
+
+
+def test_a_high_priority_job_is_not_preempted(db: Database, tmp_path: Path, broker) -> None:  # type: ignore[no-untyped-def]
+    job_id = submit(db, tmp_path, spec=grpo_spec(), priority_class="high")
+    run_scheduling_pass(db, broker[1], artifact_root=tmp_path)
+    with db.session() as s:
+        svc = JobService(s, artifact_root=tmp_path)
+        with pytest.raises(Conflict):
+            svc.preempt(job_id, "reclaim")
+        assert svc.preempt(job_id, "node lost", force=True) == JobStatus.QUEUED

@@ -1,5 +1,5 @@
 // Turns what the user typed on the Submit page into API requests: a YAML/JSON document (a bare
-// Relax spec, or a job document with name/queue/priority/spec like examples/*.yaml) or Relax CLI
+// Relax spec, or a job document with name/queue/priority_class/spec like examples/*.yaml) or Relax CLI
 // flags. Pure: unit-tested.
 import { dump, load, YAMLException } from "js-yaml";
 
@@ -8,7 +8,7 @@ export type EditorMode = "document" | "flags";
 export interface SubmitFields {
   name?: string;
   queue?: string;
-  priority?: string;
+  priority_class?: string;
 }
 
 /** Keys of a job document (POST /v1/jobs); a document without `spec` or `args` is a bare spec. */
@@ -67,17 +67,16 @@ export function buildSubmission(mode: EditorMode, text: string, fields: SubmitFi
   const documentName = typeof doc.name === "string" ? doc.name : null;
   const name = fields.name?.trim();
   const queue = fields.queue?.trim();
-  const priority = fields.priority?.trim();
+  const priorityClass = fields.priority_class?.trim();
   if (name) doc.name = name;
   if (queue) doc.queue = queue;
-  if (priority) {
-    const p = Number(priority);
-    if (!Number.isInteger(p)) return { ok: false, message: "Priority must be an integer.", line: null };
-    doc.priority = p;
+  if (priorityClass) {
+    delete doc["priority-class"];
+    doc.priority_class = priorityClass;
   }
   // The dry run takes only what decides validity and placement; anything else a job document has
-  // (name, priority, labels) is checked by the submit itself.
-  const { name: _n, priority: _p, labels: _l, ...validate } = doc;
+  // (name, priority class, labels) is checked by the submit itself.
+  const { name: _n, priority_class: _p, "priority-class": _pc, labels: _l, ...validate } = doc;
   return { ok: true, create: doc, validate, documentName };
 }
 
@@ -85,7 +84,7 @@ export function buildSubmission(mode: EditorMode, text: string, fields: SubmitFi
 export function jobDocument(job: {
   name: string;
   queue: string;
-  priority: number;
+  priority_class: string;
   labels: Record<string, string>;
   submitted: Record<string, unknown>;
 }): { mode: EditorMode; text: string } {
@@ -93,7 +92,7 @@ export function jobDocument(job: {
     return { mode: "flags", text: (job.submitted.args as string[]).map(quoteArg).join(" ").replace(/ --/g, "\n--") };
   }
   const doc: Record<string, unknown> = { name: job.name, queue: job.queue };
-  if (job.priority) doc.priority = job.priority;
+  if (job.priority_class && job.priority_class !== "normal") doc.priority_class = job.priority_class;
   if (Object.keys(job.labels).length) doc.labels = job.labels;
   doc.spec = job.submitted.spec ?? {};
   return { mode: "document", text: dump(doc, { lineWidth: 120, noRefs: true, flowLevel: 2 }) };

@@ -29,11 +29,11 @@ interface Draft {
   flags: string;
   name: string;
   queue: string;
-  priority: string;
+  priority_class: string;
 }
 
 function loadDraft(): Draft {
-  const fresh: Draft = { mode: "document", document: example, flags: FLAGS_EXAMPLE, name: "", queue: "", priority: "" };
+  const fresh: Draft = { mode: "document", document: example, flags: FLAGS_EXAMPLE, name: "", queue: "", priority_class: "" };
   try {
     const raw = sessionStorage.getItem(DRAFT_KEY);
     return raw ? { ...fresh, ...(JSON.parse(raw) as Partial<Draft>) } : fresh;
@@ -116,7 +116,7 @@ export function SubmitPage({ route }: { route: Route }) {
   useEffect(() => {
     if (!source.data) return;
     const { mode, text } = jobDocument(source.data);
-    setDraft((d) => ({ ...d, mode, [mode === "flags" ? "flags" : "document"]: text, name: "", queue: "", priority: "" }));
+    setDraft((d) => ({ ...d, mode, [mode === "flags" ? "flags" : "document"]: text, name: "", queue: "", priority_class: "" }));
     navigate(buildHash(["submit"]), { replace: true });
   }, [source.data]);
 
@@ -137,8 +137,8 @@ export function SubmitPage({ route }: { route: Route }) {
 
   const text = draft.mode === "flags" ? draft.flags : draft.document;
   const built = useMemo(
-    () => buildSubmission(draft.mode, text, { name: draft.name, queue: draft.queue, priority: draft.priority }),
-    [draft.mode, text, draft.name, draft.queue, draft.priority],
+    () => buildSubmission(draft.mode, text, { name: draft.name, queue: draft.queue, priority_class: draft.priority_class }),
+    [draft.mode, text, draft.name, draft.queue, draft.priority_class],
   );
 
   const runValidate = () => {
@@ -194,11 +194,11 @@ export function SubmitPage({ route }: { route: Route }) {
             </label>
             <label className="field">
               Priority
-              <input type="number" value={draft.priority} onChange={(e) => update({ priority: e.target.value })} placeholder="0" style={{ width: 90 }} />
+              <input value={draft.priority_class} onChange={(e) => update({ priority_class: e.target.value })} placeholder="normal" style={{ width: 90 }} />
             </label>
           </div>
           <p id="name-help" className="muted small" style={{ marginTop: -4 }}>
-            Empty fields take the document’s <code>name</code>, <code>queue</code> and <code>priority</code>.
+            Empty fields take the document’s <code>name</code>, <code>queue</code> and <code>priority_class</code>.
           </p>
           <div className="row" role="radiogroup" aria-label="Spec format" style={{ marginBottom: 8 }}>
             <label className="check">
@@ -245,7 +245,7 @@ export function SubmitPage({ route }: { route: Route }) {
           <p id="editor-help" className="muted small">
             {draft.mode === "flags"
               ? "Relax CLI flags as you would pass them to the launcher; lines are joined, # comments dropped."
-              : "A Relax spec (keys as in the reference, with - or _), or a job document with name, queue, priority, labels and spec. Tab indents; Esc then Tab leaves the editor."}
+              : "A Relax spec (keys as in the reference, with - or _), or a job document with name, queue, priority_class, labels and spec. Tab indents; Esc then Tab leaves the editor."}
           </p>
           {!built.ok ? (
             <div className="error-panel" role="alert" data-testid="parse-error">

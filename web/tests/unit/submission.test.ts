@@ -9,12 +9,12 @@ describe("Submit page: building requests from the editor", () => {
   });
 
   it("reads a job document like examples/*.yaml, fields overriding it", () => {
-    const text = "name: grpo-arith\nqueue: default\npriority: 3\nlabels: {team: rl}\nspec:\n  num-rollout: 5\n";
-    const b = buildSubmission("document", text, { name: "mine", priority: "7" });
+    const text = "name: grpo-arith\nqueue: default\npriority_class: high\nlabels: {team: rl}\nspec:\n  num-rollout: 5\n";
+    const b = buildSubmission("document", text, { name: "mine", priority_class: "low" });
     expect(b).toMatchObject({
       ok: true,
       documentName: "grpo-arith",
-      create: { name: "mine", queue: "default", priority: 7, labels: { team: "rl" }, spec: { "num-rollout": 5 } },
+      create: { name: "mine", queue: "default", priority_class: "low", labels: { team: "rl" }, spec: { "num-rollout": 5 } },
     });
     // The dry run gets only what it accepts.
     if (b.ok) expect(b.validate).toEqual({ queue: "default", spec: { "num-rollout": 5 } });
@@ -30,10 +30,9 @@ describe("Submit page: building requests from the editor", () => {
     if (!b.ok) expect(b.line).toBeGreaterThan(1);
   });
 
-  it("refuses empty documents, lists and a non-integer priority", () => {
+  it("refuses empty documents and lists", () => {
     expect(buildSubmission("document", "").ok).toBe(false);
     expect(buildSubmission("document", "- a\n- b").ok).toBe(false);
-    expect(buildSubmission("document", "lr: 1", { priority: "1.5" }).ok).toBe(false);
   });
 
   it("sends Relax flags as one args string, joining continuations and dropping comments", () => {
@@ -43,10 +42,10 @@ describe("Submit page: building requests from the editor", () => {
   });
 
   it("turns a job back into an editable document (Resubmit)", () => {
-    const doc = jobDocument({ name: "j", queue: "q", priority: 2, labels: {}, submitted: { spec: { "num-rollout": 5, resource: { actor: [1, 1] } }, warnings: [] } });
+    const doc = jobDocument({ name: "j", queue: "q", priority_class: "high", labels: {}, submitted: { spec: { "num-rollout": 5, resource: { actor: [1, 1] } }, warnings: [] } });
     expect(doc.mode).toBe("document");
-    expect(load(doc.text)).toEqual({ name: "j", queue: "q", priority: 2, spec: { "num-rollout": 5, resource: { actor: [1, 1] } } });
-    const flags = jobDocument({ name: "j", queue: "q", priority: 0, labels: {}, submitted: { args: ["--lr", "1e-3", "--resource", '{"actor": [1, 1]}'] } });
+    expect(load(doc.text)).toEqual({ name: "j", queue: "q", priority_class: "high", spec: { "num-rollout": 5, resource: { actor: [1, 1] } } });
+    const flags = jobDocument({ name: "j", queue: "q", priority_class: "normal", labels: {}, submitted: { args: ["--lr", "1e-3", "--resource", '{"actor": [1, 1]}'] } });
     expect(flags.mode).toBe("flags");
     expect(normalizeFlags(flags.text)).toBe("--lr 1e-3 --resource '{\"actor\": [1, 1]}'");
   });

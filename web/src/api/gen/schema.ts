@@ -335,7 +335,89 @@ export interface paths {
         /** List Pools */
         get: operations["list_pools_v1_pools_get"];
         put?: never;
+        /** Create Pool */
+        post: operations["create_pool_v1_pools_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/pools/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
         post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        /** Update Pool */
+        patch: operations["update_pool_v1_pools__name__patch"];
+        trace?: never;
+    };
+    "/v1/pools/{name}/nodes/{node}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        /**
+         * Put Node
+         * @description Add a node to a pool, or replace its GPU count and labels.
+         */
+        put: operations["put_node_v1_pools__name__nodes__node__put"];
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        /**
+         * Update Node
+         * @description Change a node. `alive: false` marks it down: its jobs are requeued at once (they resume from
+         *     their latest checkpoint); `cordoned: true` keeps new jobs off it.
+         */
+        patch: operations["update_node_v1_pools__name__nodes__node__patch"];
+        trace?: never;
+    };
+    "/v1/pools/{name}/nodes/{node}/drain": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Drain
+         * @description Cordon the node and requeue its jobs: each is asked to checkpoint and exit, then runs again
+         *     elsewhere from that checkpoint.
+         */
+        post: operations["drain_v1_pools__name__nodes__node__drain_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/priority-classes": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List Priority Classes */
+        get: operations["list_priority_classes_v1_priority_classes_get"];
+        put?: never;
+        /** Create Priority Class */
+        post: operations["create_priority_class_v1_priority_classes_post"];
         delete?: never;
         options?: never;
         head?: never;
@@ -352,11 +434,29 @@ export interface paths {
         /** List Queues */
         get: operations["list_queues_v1_queues_get"];
         put?: never;
-        post?: never;
+        /** Create Queue */
+        post: operations["create_queue_v1_queues_post"];
         delete?: never;
         options?: never;
         head?: never;
         patch?: never;
+        trace?: never;
+    };
+    "/v1/queues/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        /** Update Queue */
+        patch: operations["update_queue_v1_queues__name__patch"];
         trace?: never;
     };
     "/v1/specs/validate": {
@@ -492,6 +592,20 @@ export interface components {
             /** Data */
             data: components["schemas"]["CheckpointPublic"][];
         };
+        /** DrainResult */
+        DrainResult: {
+            /** Node */
+            node: string;
+            /** Pool */
+            pool: string;
+            /**
+             * Requeued
+             * @description job id -> its new status (PREEMPTING or QUEUED)
+             */
+            requeued: {
+                [key: string]: string;
+            };
+        };
         /** ErrorBody */
         ErrorBody: {
             /**
@@ -536,11 +650,10 @@ export interface components {
              */
             name?: string | null;
             /**
-             * Priority
-             * @description Higher runs first within a queue.
-             * @default 0
+             * Priority Class
+             * @description Priority class (default `normal`): orders jobs within a queue; some are not preemptible.
              */
-            priority: number;
+            priority_class?: string | null;
             /**
              * Queue
              * @description Queue name (default: the team's first queue).
@@ -596,10 +709,14 @@ export interface components {
             output_dir: string;
             /** Pool */
             pool: string;
+            /** Preemptible */
+            preemptible: boolean;
             /** Preemptions */
             preemptions: number;
             /** Priority */
             priority: number;
+            /** Priority Class */
+            priority_class: string;
             /** Progress Step */
             progress_step: number | null;
             /** Queue */
@@ -703,10 +820,14 @@ export interface components {
             output_dir: string;
             /** Pool */
             pool: string;
+            /** Preemptible */
+            preemptible: boolean;
             /** Preemptions */
             preemptions: number;
             /** Priority */
             priority: number;
+            /** Priority Class */
+            priority_class: string;
             /** Progress Step */
             progress_step: number | null;
             /** Queue */
@@ -791,6 +912,20 @@ export interface components {
             /** Value */
             value: number;
         };
+        /** NodeCreate */
+        NodeCreate: {
+            /**
+             * Gpus
+             * @description GPUs of the node (slots on a CPU pool).
+             */
+            gpus: number;
+            /** Labels */
+            labels?: {
+                [key: string]: string;
+            };
+            /** Name */
+            name: string;
+        };
         /** NodePublic */
         NodePublic: {
             /** Alive */
@@ -807,6 +942,47 @@ export interface components {
             };
             /** Name */
             name: string;
+        };
+        /** NodeUpdate */
+        NodeUpdate: {
+            /**
+             * Alive
+             * @description false marks the node down: its jobs are requeued.
+             */
+            alive?: boolean | null;
+            /**
+             * Cordoned
+             * @description No new jobs are placed on a cordoned node.
+             */
+            cordoned?: boolean | null;
+            /** Gpus */
+            gpus?: number | null;
+            /** Labels */
+            labels?: {
+                [key: string]: string;
+            } | null;
+        };
+        /** PoolCreate */
+        PoolCreate: {
+            /**
+             * Accelerator
+             * @description e.g. h200, a100, cpu
+             */
+            accelerator: string;
+            /** Name */
+            name: string;
+            /** Nodes */
+            nodes?: components["schemas"]["NodeCreate"][];
+            /**
+             * Python
+             * @description Interpreter of the drivers on the cluster (default: python).
+             */
+            python?: string | null;
+            /**
+             * Ray Address
+             * @description Ray Jobs API address, e.g. http://ray-head:8265
+             */
+            ray_address?: string | null;
         };
         /** PoolPublic */
         PoolPublic: {
@@ -828,6 +1004,17 @@ export interface components {
             ray_address: string | null;
             /** Total Gpus */
             total_gpus: number;
+        };
+        /** PoolUpdate */
+        PoolUpdate: {
+            /** Accelerator */
+            accelerator?: string | null;
+            /** Cordoned */
+            cordoned?: boolean | null;
+            /** Python */
+            python?: string | null;
+            /** Ray Address */
+            ray_address?: string | null;
         };
         /** PoolsPage */
         PoolsPage: {
@@ -857,6 +1044,72 @@ export interface components {
             /** Data */
             data: components["schemas"]["PredictionPublic"][];
         };
+        /** PriorityClassCreate */
+        PriorityClassCreate: {
+            /** Description */
+            description?: string | null;
+            /** Name */
+            name: string;
+            /**
+             * Preemptible
+             * @default true
+             */
+            preemptible: boolean;
+            /**
+             * Value
+             * @description Higher runs first within a queue.
+             */
+            value: number;
+        };
+        /** PriorityClassPublic */
+        PriorityClassPublic: {
+            /** Description */
+            description: string | null;
+            /** Name */
+            name: string;
+            /** Preemptible */
+            preemptible: boolean;
+            /** Value */
+            value: number;
+        };
+        /** PriorityClassesPage */
+        PriorityClassesPage: {
+            /** Data */
+            data: components["schemas"]["PriorityClassPublic"][];
+        };
+        /** QueueCreate */
+        QueueCreate: {
+            /**
+             * Borrowing Limit
+             * @description Most GPUs above nominal it may borrow (none: no limit).
+             */
+            borrowing_limit?: number | null;
+            /**
+             * Lending Limit
+             * @description Most of its idle nominal GPUs others may borrow (none: all).
+             */
+            lending_limit?: number | null;
+            /** Name */
+            name: string;
+            /**
+             * Nominal Gpus
+             * @description Guaranteed GPUs of the queue in its pool.
+             */
+            nominal_gpus: number;
+            /** Pool */
+            pool: string;
+            /**
+             * Team
+             * @description Team name or id that owns the queue.
+             */
+            team: string;
+            /**
+             * Weight
+             * @description Fair-share weight.
+             * @default 1
+             */
+            weight: number;
+        };
         /** QueuePublic */
         QueuePublic: {
             /** Borrowing Limit */
@@ -877,6 +1130,17 @@ export interface components {
             used_gpus: number;
             /** Weight */
             weight: number;
+        };
+        /** QueueUpdate */
+        QueueUpdate: {
+            /** Borrowing Limit */
+            borrowing_limit?: number | null;
+            /** Lending Limit */
+            lending_limit?: number | null;
+            /** Nominal Gpus */
+            nominal_gpus?: number | null;
+            /** Weight */
+            weight?: number | null;
         };
         /** QueuesPage */
         QueuesPage: {
@@ -2362,6 +2626,506 @@ export interface operations {
             };
         };
     };
+    create_pool_v1_pools_post: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PoolCreate"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PoolPublic"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    update_pool_v1_pools__name__patch: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PoolUpdate"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PoolPublic"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    put_node_v1_pools__name__nodes__node__put: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                name: string;
+                node: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["NodeCreate"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PoolPublic"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    update_node_v1_pools__name__nodes__node__patch: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                name: string;
+                node: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["NodeUpdate"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DrainResult"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    drain_v1_pools__name__nodes__node__drain_post: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                name: string;
+                node: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DrainResult"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    list_priority_classes_v1_priority_classes_get: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PriorityClassesPage"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    create_priority_class_v1_priority_classes_post: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PriorityClassCreate"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PriorityClassPublic"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
     list_queues_v1_queues_get: {
         parameters: {
             query?: never;
@@ -2380,6 +3144,150 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["QueuesPage"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    create_queue_v1_queues_post: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["QueueCreate"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["QueuePublic"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    update_queue_v1_queues__name__patch: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["QueueUpdate"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["QueuePublic"];
                 };
             };
             /** @description Missing or unknown API key. */

@@ -72,7 +72,7 @@ export function JobHeader({ job }: { job: JobDetail }) {
           </div>
           <div>
             <dt>Priority</dt>
-            <dd>{job.priority}</dd>
+            <dd>{job.priority_class} ({job.priority}{job.preemptible ? "" : ", not preemptible"})</dd>
           </div>
           <div>
             <dt>GPUs / slots</dt>

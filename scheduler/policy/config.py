@@ -1,0 +1,50 @@
+"""PolicyConfig: the knobs of the scheduling policy, with the reason for each default."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """Knobs of `schedule`. The baselines take the argument for a common signature and ignore it.
+
+    Defaults are the ones measured in docs/adr/0003-scheduling-policy.md.
+    """
+
+    # Attained-service thresholds, in GPU-hours, between service tiers. A job that has run less
+    # than the first is "fresh" (tier 0) and goes before, and may preempt, jobs of its class
+    # that have run more (least attained service first, as in Tiresias, NSDI'19): durations are
+    # unknown, and a job that has already run long is the likeliest to run long still.
+    service_tiers_gpu_h: tuple[float, ...] = (32.0,)
+    # Waiting this long lowers a queued job's tier by one (below 0 too): an overtaken job rises
+    # until nothing of its class can pass it, so it cannot starve. Aging never crosses classes.
+    aging_step_s: float = 7200.0
+    # Most tiers aging can take off.
+    max_aging_boost: int = 1_000_000
+    # A running job is not preempted for service tier, aging or reclaim before it has saved a
+    # checkpoint in its current run, so that every run keeps some progress and preemptions cannot
+    # livelock; a job that has not checkpointed becomes fair game after this long anyway.
+    # (Preemption for a higher priority class does not wait.)
+    min_runtime_s: float = 3600.0
+    # Blocked jobs per pool, in admission order, that hold nodes back so that jobs backfilled
+    # after them never take the GPUs they wait for.
+    reservations: int = 1
+    # Share of the pool's GPUs that jobs of a whole node or more leave free for small jobs.
+    small_job_headroom: float = 0.0
+    # A job within its queue's nominal quota may preempt jobs of queues that borrow ...
+    preempt_to_reclaim: bool = True
+    # ... once it has waited this long for GPUs to free up by themselves.
+    reclaim_after_s: float = 1800.0
+    # A job may preempt jobs of lower rank: a lower priority class, or (same class) a higher
+    # service tier than its own, of its own queue or of queues that borrow.
+    preempt_for_priority: bool = True
+    # Blocked jobs per pool and pass that may plan preemptions (bounds a pass's cost).
+    max_preemption_plans: int = 4
+    # Cost every victim pays on top of its lost work (restart, reload), to rank victims.
+    restart_cost_s: float = 300.0
+    # Order by size before quota standing (True), or serve jobs within nominal quota first.
+    size_before_quota: bool = True
+
+
+DEFAULT_CONFIG = PolicyConfig()

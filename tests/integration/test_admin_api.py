@@ -1,0 +1,116 @@
+"""Admin API: pools, nodes, queues, priority classes; cordon, drain and lost nodes (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from scheduler.db.engine import Database
+from scheduler.dispatch import TASK_STOP, CeleryDispatcher, pool_queue
+from scheduler.scheduling import run_scheduling_pass
+from scheduler.services.jobs import JobService
+from scheduler.settings import CelerySettings, DatabaseSettings, Settings
+from tests.factories import bootstrap, drain_queue, grpo_spec, make_broker_app
+
+
+@pytest.fixture
+def admin(db_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+    settings = Settings(home=tmp_path, database=DatabaseSettings(url=db_url),
+                        celery=CelerySettings(broker_url=f"sqla+sqlite:///{tmp_path / 'broker.db'}"))
+    db = Database(db_url)
+    key = bootstrap(db, tmp_path)
+    broker = make_broker_app(settings.broker_url, tmp_path)
+    app = create_app(settings, db=db, dispatcher=CeleryDispatcher(broker))
+    with TestClient(app) as client:
+        client.headers["Authorization"] = f"Bearer {key}"
+        yield client, settings, broker, db
+    db.dispose()
+
+
+def _team_pool_queue(client: TestClient) -> None:
+    assert client.post("/v1/teams", json={"name": "math"}).status_code == 201
+    r = client.post("/v1/pools", json={"name": "h200", "accelerator": "h200", "ray_address": "http://127.0.0.1:9",
+                                       "nodes": [{"name": "n1", "gpus": 8}, {"name": "n2", "gpus": 8}]})
+    assert r.status_code == 201, r.text
+    assert r.json()["total_gpus"] == 16
+    r = client.post("/v1/queues", json={"name": "math-h200", "pool": "h200", "team": "math", "nominal_gpus": 16,
+                                        "borrowing_limit": 0, "weight": 2})
+    assert r.status_code == 201, r.text
+
+
+def test_admin_objects_and_their_errors(admin) -> None:  # type: ignore[no-untyped-def]
+    client, *_ = admin
+    _team_pool_queue(client)
+    assert client.post("/v1/pools", json={"name": "h200", "accelerator": "h200"}).status_code == 409
+    bad = client.post("/v1/queues", json={"name": "q2", "pool": "h200", "team": "math", "nominal_gpus": -1})
+    assert bad.status_code == 422 and bad.json()["error"]["details"]["issues"][0]["field"] == "nominal_gpus"
+    assert client.post("/v1/queues", json={"name": "q3", "pool": "nope", "team": "math",
+                                           "nominal_gpus": 1}).status_code == 404
+    queues = {q["name"]: q for q in client.get("/v1/queues").json()["data"]}
+    assert queues["math-h200"]["nominal_gpus"] == 16 and queues["math-h200"]["weight"] == 2
+    assert client.patch("/v1/queues/math-h200", json={"nominal_gpus": 8}).json()["nominal_gpus"] == 8
+    classes = {p["name"]: p for p in client.get("/v1/priority-classes").json()["data"]}
+    assert classes["high"]["preemptible"] is False and classes["low"]["value"] < classes["normal"]["value"]
+    r = client.post("/v1/priority-classes", json={"name": "urgent", "value": 500, "preemptible": False})
+    assert r.status_code == 201
+    # a member key cannot administer
+    key = client.post("/v1/api-keys", json={"name": "m", "role": "member", "team": "math"}).json()["key"]
+    r = client.post("/v1/teams", json={"name": "x"}, headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 403
+
+
+def test_priority_class_of_a_job(admin) -> None:  # type: ignore[no-untyped-def]
+    client, *_ = admin
+    job = client.post("/v1/jobs", json={"spec": grpo_spec(), "priority_class": "high"}).json()
+    assert (job["priority_class"], job["priority"], job["preemptible"]) == ("high", 100, False)
+    r = client.post("/v1/jobs", json={"spec": grpo_spec(), "priority_class": "vip"})
+    assert r.status_code == 422 and "normal" in r.json()["error"]["details"]["issues"][0]["hint"]
+
+
+def test_cordon_drain_and_node_down(admin) -> None:  # type: ignore[no-untyped-def]
+    client, settings, broker, db = admin
+    _team_pool_queue(client)
+    spec = grpo_spec(resource={"actor": [1, 8], "rollout": [1, 8]})
+    a = client.post("/v1/jobs", json={"spec": spec, "queue": "math-h200", "team": "math"}).json()
+    b = client.post("/v1/jobs", json={"spec": spec, "queue": "math-h200", "team": "math"}).json()
+    client.patch("/v1/pools/h200/nodes/n2", json={"cordoned": True})
+    dispatcher = CeleryDispatcher(broker)
+    run_scheduling_pass(db, dispatcher, artifact_root=settings.artifacts)
+    jobs = {j: client.get(f"/v1/jobs/{j}").json() for j in (a["id"], b["id"])}
+    assert jobs[a["id"]]["status"] == "ADMITTED" and jobs[a["id"]]["allocations"][0]["node"] == "n1"
+    assert jobs[b["id"]]["status"] == "QUEUED"  # n2 is cordoned
+    client.patch("/v1/pools/h200/nodes/n2", json={"cordoned": False})
+    run_scheduling_pass(db, dispatcher, artifact_root=settings.artifacts)
+    assert client.get(f"/v1/jobs/{b['id']}").json()["allocations"][0]["node"] == "n2"
+    # a has started; draining n1 asks it to checkpoint and requeue
+    with db.session() as s:
+        JobService(s, artifact_root=settings.artifacts).transition(a["id"], "STARTING", expected_from="ADMITTED",
+                                                                  reason="test")
+    r = client.post("/v1/pools/h200/nodes/n1/drain").json()
+    assert r["requeued"] == {a["id"]: "PREEMPTING"}
+    h200 = next(p for p in client.get("/v1/pools").json()["data"] if p["name"] == "h200")
+    assert h200["nodes"][0]["cordoned"] is True
+    # n2 is lost: b (ADMITTED, not launched) goes straight back to the queue
+    r = client.patch("/v1/pools/h200/nodes/n2", json={"alive": False}).json()
+    assert r["requeued"] == {b["id"]: "QUEUED"}
+    got = client.get(f"/v1/jobs/{b['id']}").json()
+    assert got["status"] == "QUEUED" and got["allocations"] == [] and "down" in got["status_reason"]
+    drain_queue(broker, pool_queue("h200"))
+    # a preempted job that had started gets its Ray job stopped at once when its node dies
+    with db.session() as s:
+        svc = JobService(s, artifact_root=settings.artifacts)
+        svc.transition(a["id"], "QUEUED", expected_from="PREEMPTING", reason="test")
+    client.patch("/v1/pools/h200/nodes/n1", json={"cordoned": False})
+    client.patch("/v1/pools/h200/nodes/n2", json={"alive": True})
+    run_scheduling_pass(db, dispatcher, artifact_root=settings.artifacts)
+    node_of_a = client.get(f"/v1/jobs/{a['id']}").json()["allocations"][0]["node"]
+    with db.session() as s:
+        JobService(s, artifact_root=settings.artifacts).transition(a["id"], "STARTING", expected_from="ADMITTED",
+                                                                  reason="test")
+    drain_queue(broker, pool_queue("h200"))
+    r = client.patch(f"/v1/pools/h200/nodes/{node_of_a}", json={"alive": False}).json()
+    assert r["requeued"] == {a["id"]: "PREEMPTING"}
+    assert (TASK_STOP, [a["id"]]) in drain_queue(broker, pool_queue("h200"))
