@@ -1,145 +1,114 @@
-"""Policy, KL, entropy and SFT losses as pure tensor functions, plus the loss types that combine them."""
+"""Loss types (policy, value, SFT) composed from the pure per-token terms, registered by `loss-type`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
 import torch
 
+from runtime.algos.hooks import HookKind, load_hook
+from runtime.algos.kl import (  # noqa: F401  (re-exported: the names this module always had)
+    KL_ESTIMATORS,
+    KLType,
+    compute_approx_kl,
+    kl_k1,
+    kl_k2,
+    kl_k3,
+    kl_low_var,
+)
+from runtime.algos.logprobs import entropy_from_logits, token_entropy, token_log_probs  # noqa: F401
+from runtime.algos.off_policy import (
+    TIS_FUNCTIONS,
+    TISFunction,
+    TISResult,
+    opsm_keep_mask,
+    select_old_log_probs,
+)
+from runtime.algos.reducers import (  # noqa: F401
+    LOSS_REDUCERS,
+    LossReducer,
+    default_reducer,
+    sample_mean,
+    sample_sum_mean,
+    token_mean,
+)
+from runtime.algos.surrogates import (  # noqa: F401
+    POLICY_SURROGATES,
+    PolicySurrogate,
+    SurrogateParams,
+    compute_ppo_policy_loss,
+    masked_log_ratio,
+    surrogate_for_estimator,
+)
+from runtime.algos.value import compute_value_loss
 from runtime.registry import Registry
 
 
-class KLType(StrEnum):
-    """Estimators of KL(pi || pi_ref) from per-token log-probs (Schulman, "Approximating KL Divergence")."""
-
-    K1 = "k1"  # log r, r = pi/pi_ref; unbiased, high variance, can be negative
-    K2 = "k2"  # (log r)^2 / 2; low variance, biased
-    K3 = "k3"  # (1/r - 1) + log r = exp(-log r) - 1 + log r; unbiased, non-negative
-    LOW_VAR_KL = "low_var_kl"  # k3 clamped to [-10, 10] for numerical safety
-
-
 class LossType(StrEnum):
-    POLICY_LOSS = "policy_loss"  # PPO-clip policy gradient (GRPO, GSPO... differ by the advantages fed in)
+    POLICY_LOSS = "policy_loss"  # RL policy gradient; the surrogate follows `advantage-estimator`
+    VALUE_LOSS = "value_loss"  # PPO critic: clipped squared error against the GAE returns
     SFT = "sft"  # negative log-likelihood of the response tokens; "sft_loss" is its deprecated alias
-
-
-KL_ESTIMATORS: Registry = Registry("kl-loss-type")
-
-
-@KL_ESTIMATORS.register(KLType.K1)
-def kl_k1(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
-    """[B, T], [B, T] -> [B, T]."""
-    return log_probs - ref_log_probs
-
-
-@KL_ESTIMATORS.register(KLType.K2)
-def kl_k2(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
-    """[B, T], [B, T] -> [B, T]."""
-    return 0.5 * (log_probs - ref_log_probs).pow(2)
-
-
-@KL_ESTIMATORS.register(KLType.K3)
-def kl_k3(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
-    """[B, T], [B, T] -> [B, T]."""
-    log_ratio = ref_log_probs - log_probs
-    return log_ratio.exp() - 1 - log_ratio
-
-
-@KL_ESTIMATORS.register(KLType.LOW_VAR_KL)
-def kl_low_var(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
-    """[B, T], [B, T] -> [B, T]."""
-    log_ratio = (ref_log_probs - log_probs).clamp(-20, 20)
-    return (log_ratio.exp() - 1 - log_ratio).clamp(-10, 10)
-
-
-def compute_approx_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kl_type: str) -> torch.Tensor:
-    return KL_ESTIMATORS.get(kl_type)(log_probs, ref_log_probs)
-
-
-def compute_ppo_policy_loss(
-    log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    advantages: torch.Tensor,
-    *,
-    eps_clip: float,
-    eps_clip_high: float,
-    eps_clip_c: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO clipped surrogate (Schulman et al. 2017), per token; asymmetric clip as in DAPO (arXiv:2503.14476).
-
-    All inputs [B, T]. Returns (loss [B, T], clipped [B, T] as 0/1 float) with
-    loss = max(-A * r, -A * clip(r, 1 - eps_clip, 1 + eps_clip_high)), r = exp(log_probs - old_log_probs).
-    With `eps_clip_c` (dual-clip, Ye et al. 2020) losses of negative-advantage tokens are capped at -A * c.
-    """
-    ratio = (log_probs - old_log_probs).exp()
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip_high)
-    loss = torch.maximum(unclipped, clipped)
-    clip_mask = (clipped > unclipped).to(log_probs.dtype)
-    if eps_clip_c is not None:
-        capped = torch.minimum(loss, -advantages * eps_clip_c)
-        loss = torch.where(advantages < 0, capped, loss)
-    return loss, clip_mask
-
-
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) over the last axis: [..., V] -> [...]."""
-    log_p = torch.log_softmax(logits.float(), dim=-1)
-    return -(log_p.exp() * log_p).sum(dim=-1)
-
-
-def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """log p(tokens[:, t] | tokens[:, :t]) from next-token logits: logits [B, T, V], tokens [B, T] -> [B, T].
-
-    logits[:, t] predicts token t + 1, so column 0 (no prediction) is 0. The logits are divided by the
-    sampling temperature first, so the result matches what the rollout engine reports.
-    """
-    log_p = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
-    picked = log_p.gather(-1, tokens[:, 1:, None]).squeeze(-1)
-    return torch.nn.functional.pad(picked, (1, 0))
-
-
-def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Entropy of the distribution each token was drawn from: logits [B, T, V] -> [B, T], column 0 is 0."""
-    return torch.nn.functional.pad(entropy_from_logits(logits[:, :-1].float() / temperature), (1, 0))
-
-
-def sample_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean over samples of each sample's masked token mean: [B, T], [B, T] -> [] (empty samples count 0).
-
-    Every sample weighs the same whatever its length (Relax's default reduction; `calculate-per-token-loss`
-    is the token-weighted alternative, `token_mean`).
-    """
-    per_sample = (values * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1.0)
-    return per_sample.mean()
-
-
-def token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean over every masked token of the batch: [B, T], [B, T] -> []."""
-    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+    CUSTOM_LOSS = "custom_loss"  # `custom-loss-function-path`; resolved by `resolve_loss_fn`, not registered
 
 
 @dataclass(frozen=True)
 class LossConfig:
-    """The spec fields the loss types read."""
+    """The spec fields the loss types read (defaults are the spec defaults)."""
 
     eps_clip: float = 0.2
-    eps_clip_high: float = 0.2
+    eps_clip_high: float = 0.2  # the spec's `effective_eps_clip_high`
     eps_clip_c: float | None = None
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.0
     kl_loss_type: str = KLType.K1
+    use_unbiased_kl: bool = False  # weight the KL loss by pi / pi_old (DeepSeek-V3.2)
     entropy_coef: float = 0.0
     per_token_loss: bool = False  # `calculate-per-token-loss`
+    advantage_estimator: str = "grpo"  # picks the policy surrogate (`surrogate_for_estimator`)
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
+    use_rollout_logprobs: bool = False  # the ratio's pi_old: engine log-probs instead of the trainer's
+    use_tis: bool = False
+    tis_clip: float = 2.0
+    tis_clip_low: float = 0.0
+    custom_tis_function_path: str | None = None
+    custom_pg_loss_reducer_function_path: str | None = None
+    use_opsm: bool = False
+    opsm_delta: float = 1e-4
+    value_clip: float = 0.2
+    custom_loss_function_path: str | None = None
+
+    @property
+    def surrogate_params(self) -> SurrogateParams:
+        return SurrogateParams(
+            eps_clip=self.eps_clip,
+            eps_clip_high=self.eps_clip_high,
+            eps_clip_c=self.eps_clip_c,
+            sapo_tau_pos=self.sapo_tau_pos,
+            sapo_tau_neg=self.sapo_tau_neg,
+        )
 
 
 @dataclass(frozen=True)
 class LossInputs:
     """What a loss type sees for one micro-batch; every tensor is [B, T] aligned with the tokens.
 
-    log_probs and entropy carry gradients; the rest are constants from the rollout/trainer.
+    log_probs, entropy and values carry gradients (entropy only needs them when entropy_coef != 0); the
+    rest are constants from the rollout / trainer / critic.
+
+    log_probs          current policy log-probs
+    entropy            current policy entropy per token
+    loss_mask          1 on trained response tokens
+    old_log_probs      the trainer's log-probs before the update (ratio's pi_old; TIS's train side)
+    ref_log_probs      reference model (KL loss)
+    advantages         from the advantages stage
+    rollout_log_probs  the engine's log-probs (ratio's pi_old with use-rollout-logprobs; TIS's rollout side)
+    values             current critic values (value loss)
+    old_values         critic values before the update (value clipping)
+    returns            GAE returns (value targets)
     """
 
     log_probs: torch.Tensor
@@ -148,6 +117,10 @@ class LossInputs:
     old_log_probs: torch.Tensor | None = None
     ref_log_probs: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
+    rollout_log_probs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
 
 
 class LossFn(Protocol):
@@ -159,42 +132,127 @@ class LossFn(Protocol):
 LOSS_TYPES: Registry[LossFn] = Registry("loss-type")
 
 
+def _require(value: torch.Tensor | None, what: str) -> torch.Tensor:
+    if value is None:
+        raise ValueError(f"the loss needs {what}, which the batch does not carry")
+    return value
+
+
+def _pg_reducer(
+    config: LossConfig, surrogate: PolicySurrogate
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    if config.custom_pg_loss_reducer_function_path:
+        custom = load_hook(HookKind.PG_LOSS_REDUCER, config.custom_pg_loss_reducer_function_path)
+        return lambda values, mask: custom(values, mask, per_token_loss=config.per_token_loss)
+    if surrogate is PolicySurrogate.REINFORCE:  # -A log pi(y): a sum over the sequence (Relax's RLOO)
+        return sample_sum_mean
+    return default_reducer(config.per_token_loss)
+
+
+def _apply_tis(pg: torch.Tensor, inputs: LossInputs, config: LossConfig) -> TISResult:
+    tis_fn = (
+        load_hook(HookKind.TIS, config.custom_tis_function_path)
+        if config.custom_tis_function_path
+        else TIS_FUNCTIONS.get(TISFunction.VANILLA)
+    )
+    result = tis_fn(
+        pg_loss=pg,
+        train_log_probs=_require(inputs.old_log_probs, "old_log_probs (the trainer's side of TIS)").detach(),
+        rollout_log_probs=_require(inputs.rollout_log_probs, "rollout_log_probs (the engine's side of TIS)"),
+        loss_mask=inputs.loss_mask,
+        clip_low=config.tis_clip_low,
+        clip_high=config.tis_clip,
+    )
+    if not isinstance(result, TISResult):
+        raise TypeError(f"the TIS function must return a TISResult, got {type(result).__name__}")
+    return result
+
+
 @LOSS_TYPES.register(LossType.POLICY_LOSS)
 def policy_loss(inputs: LossInputs, config: LossConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """pg_loss - entropy_coef * entropy (+ kl_loss_coef * kl when use-kl-loss); returns (loss [], metrics)."""
-    if inputs.advantages is None or inputs.old_log_probs is None:
-        raise ValueError("policy_loss needs advantages and old_log_probs")
-    reduce = token_mean if config.per_token_loss else sample_mean
+    """pg_loss - entropy_coef * entropy (+ kl_loss_coef * kl with use-kl-loss); returns (loss [], metrics).
+
+    pg per token from the estimator's surrogate, times the OPSM keep mask (use-opsm), times the TIS
+    weights (use-tis), reduced by the pg reducer (custom, per-token, or per-sample mean). Metrics:
+    pg_loss, pg_clipfrac, ppo_kl, entropy, [kl_loss], [tis*, mismatch_*], [opsm_clipfrac],
+    [train_rollout_logprob_abs_diff].
+    """
     mask = inputs.loss_mask
-    pg, clipped = compute_ppo_policy_loss(
-        inputs.log_probs,
-        inputs.old_log_probs,
-        inputs.advantages,
-        eps_clip=config.eps_clip,
-        eps_clip_high=config.eps_clip_high,
-        eps_clip_c=config.eps_clip_c,
-    )
-    pg_loss = reduce(pg, mask)
+    advantages = _require(inputs.advantages, "advantages")
+    old = select_old_log_probs(
+        inputs.old_log_probs, inputs.rollout_log_probs, use_rollout_logprobs=config.use_rollout_logprobs
+    ).detach()
+    surrogate = surrogate_for_estimator(config.advantage_estimator)
+    reduce = sample_mean if surrogate is PolicySurrogate.REINFORCE else default_reducer(config.per_token_loss)
+    terms = POLICY_SURROGATES.get(surrogate)(inputs.log_probs, old, advantages, mask, config.surrogate_params)
+    pg = terms.loss
+    metrics: dict[str, torch.Tensor] = {}
+
+    if config.use_opsm:
+        keep = opsm_keep_mask(inputs.log_probs, old, advantages, mask, delta=config.opsm_delta)
+        pg = pg * keep
+        metrics["opsm_clipfrac"] = reduce(1.0 - keep, mask)
+
+    pg_mask = mask
+    if config.use_tis:
+        tis = _apply_tis(pg, inputs, config)
+        pg, pg_mask = tis.pg_loss, tis.loss_mask
+        for name, value in tis.metrics.items():  # over the pre-rejection mask, so rejections show
+            metrics[name] = reduce(value.detach(), mask)
+
+    pg_loss = _pg_reducer(config, surrogate)(pg, pg_mask)
     entropy = reduce(inputs.entropy, mask)
     loss = pg_loss - config.entropy_coef * entropy
-    metrics = {
-        "pg_loss": pg_loss,
-        "entropy": entropy,
-        "pg_clipfrac": reduce(clipped, mask),
-        "ppo_kl": reduce(inputs.old_log_probs - inputs.log_probs, mask),
-    }
+    metrics.update(
+        pg_loss=pg_loss,
+        entropy=entropy,
+        pg_clipfrac=reduce(terms.clipped, mask),
+        ppo_kl=reduce(terms.ppo_kl, mask),
+    )
     if config.use_kl_loss:
-        if inputs.ref_log_probs is None:
-            raise ValueError("use-kl-loss needs reference log-probs")
-        kl_loss = reduce(compute_approx_kl(inputs.log_probs, inputs.ref_log_probs, config.kl_loss_type), mask)
+        ref = _require(inputs.ref_log_probs, "ref_log_probs (use-kl-loss)")
+        # padded slots see log pi = log pi_ref (KL 0): a pad token's very low log-prob would overflow
+        # k3's exp there and turn the masked-out gradient into NaN
+        on_mask = torch.where(mask > 0, inputs.log_probs, ref)
+        weight = masked_log_ratio(inputs.log_probs, old, mask).exp() if config.use_unbiased_kl else None
+        kl_loss = reduce(compute_approx_kl(on_mask, ref, config.kl_loss_type, weight), mask)
         loss = loss + config.kl_loss_coef * kl_loss
         metrics["kl_loss"] = kl_loss
+    if inputs.rollout_log_probs is not None and inputs.old_log_probs is not None:
+        diff = (inputs.old_log_probs - inputs.rollout_log_probs).abs().detach()
+        metrics["train_rollout_logprob_abs_diff"] = reduce(diff, mask)
     return loss, metrics
+
+
+@LOSS_TYPES.register(LossType.VALUE_LOSS)
+def value_loss(inputs: LossInputs, config: LossConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO critic loss: reduced clipped squared error (`compute_value_loss`); returns (loss [], metrics).
+
+    Needs values (with gradients), old_values and returns. Metrics: value_loss, value_clipfrac.
+    """
+    reduce = default_reducer(config.per_token_loss)
+    per_token, clipped = compute_value_loss(
+        _require(inputs.values, "values (the critic's current predictions)"),
+        _require(inputs.old_values, "old_values (the critic's predictions at rollout time)"),
+        _require(inputs.returns, "returns (from the advantages stage)"),
+        value_clip=config.value_clip,
+    )
+    loss = reduce(per_token, inputs.loss_mask)
+    return loss, {"value_loss": loss, "value_clipfrac": reduce(clipped, inputs.loss_mask)}
 
 
 @LOSS_TYPES.register(LossType.SFT, "sft_loss")
 def sft_loss(inputs: LossInputs, config: LossConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Negative log-likelihood of the masked (response) tokens; returns (loss [], metrics)."""
-    reduce = token_mean if config.per_token_loss else sample_mean
+    reduce = default_reducer(config.per_token_loss)
     loss = reduce(-inputs.log_probs, inputs.loss_mask)
     return loss, {"entropy": reduce(inputs.entropy, inputs.loss_mask)}
+
+
+def resolve_loss_fn(loss_type: str, custom_loss_function_path: str | None = None) -> LossFn:
+    """The loss of `loss-type`: a registered one, or the `custom-loss-function-path` hook for custom_loss."""
+    if str(loss_type) == LossType.CUSTOM_LOSS:
+        if not custom_loss_function_path:
+            raise ValueError("loss-type custom_loss needs custom-loss-function-path")
+        return load_hook(HookKind.LOSS, custom_loss_function_path)
+    return LOSS_TYPES.get(loss_type)
