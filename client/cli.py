@@ -66,9 +66,13 @@ def _print_json(data: Any) -> None:
 def submit(
     ctx: typer.Context,
     file: Annotated[
-        str | None, typer.Argument(help="Job file (YAML/JSON); or `--` then Relax flags.")
+        str | None,
+        typer.Argument(help="Job file (YAML/JSON), a Relax launch script (.sh); or `--` then Relax flags."),
     ] = None,
     wait: Annotated[bool, typer.Option("--wait", "-w", help="Follow the job until it ends.")] = False,
+    env: Annotated[
+        list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE for variables a launch script reads.")
+    ] = None,
     name: Annotated[str | None, typer.Option(help="Job name (overrides the file's).")] = None,
     queue: Annotated[str | None, typer.Option(help="Queue (overrides the file's).")] = None,
     priority_class: Annotated[
@@ -99,7 +103,7 @@ def submit(
     flags: list[str] | str | None = args or None
     if file:
         try:
-            jf = load_job_file(Path(file))
+            jf = load_job_file(Path(file), script_env=_labels(env))
         except JobFileError as e:
             err.print(f"[red]error[/red] {e}")
             raise typer.Exit(2) from None

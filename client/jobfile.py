@@ -27,12 +27,26 @@ class JobFileError(ValueError):
     pass
 
 
-def load_job_file(path: Path) -> JobFile:
-    """A file with `spec:` (or `args:`) is a job envelope; any other mapping is a bare Relax config."""
+def _from_launch_script(path: Path, text: str, env: dict[str, str] | None) -> JobFile:
+    from jobspec import SpecError, parse_launch_script
+
+    try:
+        argv = parse_launch_script(text, env=env)
+    except SpecError as err:
+        lines = "\n".join(f"  - {i.field or ''}: {i.message} (hint: {i.hint})" for i in err.errors)
+        raise JobFileError(f"{path}: cannot read the Relax flags of this launch script:\n{lines}") from None
+    return JobFile(name=path.stem, args=argv)
+
+
+def load_job_file(path: Path, *, script_env: dict[str, str] | None = None) -> JobFile:
+    """A file with `spec:` (or `args:`) is a job envelope; any other mapping is a bare Relax config;
+    a `.sh` file is a Relax launch script, whose flags are read as they are."""
     try:
         text = path.read_text()
     except OSError as err:
         raise JobFileError(f"cannot read {path}: {err.strerror}") from None
+    if path.suffix in (".sh", ".bash"):
+        return _from_launch_script(path, text, script_env)
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (yaml.YAMLError, json.JSONDecodeError) as err:
