@@ -7,8 +7,9 @@ from typing import Any
 
 from runtime.spec import RuntimeSpec
 
-RELAX_ROLLOUT_FUNCTION = "relax.engine.rollout.sglang_rollout.generate_rollout"  # resolves to ours
-RELAX_DATA_SOURCE = "relax.engine.rollout.data_source.RolloutDataSourceWithBuffer"
+# The `resource` roles the torch backend runs (runtime.roles.placement.Role; kept apart so the API
+# process importing this module does not import Ray).
+RESOURCE_ROLES = frozenset({"actor", "rollout", "reference", "actor_fwd"})
 
 # Every parameter the runtime reads (RuntimeSpec's fields) is honoured by the torch backend...
 TORCH_BACKEND_PARAMETERS: frozenset[str] = RuntimeSpec.field_names() | {
@@ -21,14 +22,12 @@ TORCH_BACKEND_PARAMETERS: frozenset[str] = RuntimeSpec.field_names() | {
     "checkpoint_engine_backend",  # the runtime picks the weight sync backend (object store on CPU)
     "distributed_backend",
     "distributed_timeout_minutes",
-    "rollout_function_path",  # restricted below to Relax's default, which is this runtime's generate_rollout
-    "eval_function_path",
-    "data_source_path",
     "optimizer",
-    "over_sampling_batch_size",  # restricted below: no over-sampling
     "log_probs_max_tokens_per_gpu",  # log-probs are computed in fixed chunks; any budget is fine
     "balance_data",  # one data-parallel rank: nothing to balance
     "disable_compute_advantages_and_returns",  # SFT computes none anyway
+    "dump_details",  # Relax derives save-debug-rollout-data and save-debug-train-data under it
+    "train_memory_margin_bytes",  # restricted below
     "sglang",  # SGLang passthrough arguments do not apply to the built-in engine
 }
 
@@ -37,20 +36,37 @@ def _one_of(*allowed: Any) -> Callable[[Any, Mapping[str, Any]], bool]:
     return lambda value, _values: value is None or value in allowed
 
 
+def _resource_ok(value: Any, values: Mapping[str, Any]) -> bool:
+    """Roles this backend runs; the trainer (and each forward-only role) on one device."""
+    if not value:
+        return True
+    if not isinstance(value, Mapping) or not set(value) <= RESOURCE_ROLES:
+        return False
+    devices = {
+        role: pair[1] for role, pair in value.items() if isinstance(pair, list | tuple) and len(pair) == 2
+    }
+    if not values.get("debug_rollout_only") and devices.get("actor", 1) != 1:
+        return False
+    return all(devices.get(role, 1) <= 1 for role in ("reference", "actor_fwd"))
+
+
 # Honoured parameters whose value still matters: name -> does this backend implement the value?
 RESTRICTIONS: dict[str, Callable[[Any, Mapping[str, Any]], bool]] = {
     "train_backend": _one_of("torch"),
     "rollout_num_gpus_per_engine": _one_of(1),
     "optimizer": _one_of("adam"),
-    "rollout_function_path": _one_of(RELAX_ROLLOUT_FUNCTION),
-    "eval_function_path": _one_of(RELAX_ROLLOUT_FUNCTION),
-    "data_source_path": _one_of(RELAX_DATA_SOURCE),
     "advantage_estimator": _one_of("grpo"),
     "loss_type": _one_of("policy_loss", "sft", "sft_loss"),
     "kl_loss_type": _one_of("k1", "k2", "k3", "low_var_kl"),
     "lr_decay_style": _one_of("constant", "linear", "cosine"),
-    "over_sampling_batch_size": lambda value, values: (
-        value is None or value == values.get("rollout_batch_size")
+    "resource": _resource_ok,
+    "num_iters_per_train_update": _one_of(1),
+    "max_staleness": lambda value, values: not value or bool(values.get("fully_async")),
+    "eval_config": lambda value, values: value is None or values.get("loss_type") not in ("sft", "sft_loss"),
+    "debug_train_only": lambda value, values: not value or bool(values.get("load_debug_rollout_data")),
+    # no trainer memory is reserved; debug-rollout-only derives 0 (there is no trainer at all)
+    "train_memory_margin_bytes": lambda value, values: (
+        value in (None, 1 << 30) or bool(values.get("debug_rollout_only"))
     ),
 }
 
@@ -106,14 +122,16 @@ RESTRICTION_DOCS: dict[str, str] = {
     "train_backend": "torch",
     "rollout_num_gpus_per_engine": "1",
     "optimizer": "adam",
-    "rollout_function_path": f"`{RELAX_ROLLOUT_FUNCTION}`",
-    "eval_function_path": f"`{RELAX_ROLLOUT_FUNCTION}`",
-    "data_source_path": f"`{RELAX_DATA_SOURCE}`",
     "advantage_estimator": "grpo",
     "loss_type": "policy_loss, sft",
     "kl_loss_type": "k1, k2, k3, low_var_kl",
     "lr_decay_style": "constant, linear, cosine",
-    "over_sampling_batch_size": "equal to --rollout-batch-size",
+    "resource": "roles actor, rollout, reference, actor_fwd; actor, reference and actor_fwd on one device",
+    "num_iters_per_train_update": "1",
+    "max_staleness": "0 unless --fully-async",
+    "eval_config": "RL jobs (SFT takes --eval-prompt-data or --eval-size)",
+    "debug_train_only": "with --load-debug-rollout-data",
+    "train_memory_margin_bytes": "the default, or 0 as --debug-rollout-only derives it",
 }
 
 

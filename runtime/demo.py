@@ -17,7 +17,18 @@ from typing import Any
 from runtime.spec import read_spec_file
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-PATH_KEYS = ("hf-checkpoint", "ref-load", "prompt-data", "load", "save", "save-hf", "eval-prompt-data")
+PATH_KEYS = (
+    "hf-checkpoint",
+    "ref-load",
+    "prompt-data",
+    "load",
+    "save",
+    "save-hf",
+    "eval-prompt-data",
+    "eval-config",
+    "save-debug-rollout-data",
+    "load-debug-rollout-data",
+)
 
 
 @dataclass
@@ -138,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="override both jobs' seed")
     parser.add_argument("--model-seed", type=int, default=0)
     parser.add_argument("--data-seed", type=int, default=0)
+    parser.add_argument(
+        "--examples",
+        nargs="+",
+        default=["sft-arith.yaml", "grpo-arith.yaml"],
+        help="example files to run in order (default: the arithmetic pair; try sft-chat.yaml grpo-chat.yaml)",
+    )
     args = parser.parse_args(argv)
     root = args.root.resolve()
     from runtime.data.arith import write_datasets
@@ -147,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     write_datasets(root / "artifacts" / "datasets" / "arith", seed=args.data_seed)
     overrides = {} if args.seed is None else {"seed": args.seed, "rollout-seed": args.seed}
     runs = []
-    for example in ("sft-arith.yaml", "grpo-arith.yaml"):
+    for example in args.examples:
         name, spec_file = prepare(root, example, overrides)
         run = run_job(name, spec_file)
         runs.append(run)

@@ -17,8 +17,8 @@ import ray
 from runtime.capabilities import unsupported_parameters
 from runtime.devices import Device
 from runtime.observability import Stage, StepTimer, configure_logging
-from runtime.pipeline import Pipeline, build_pipeline, resume
-from runtime.reporter import EventKind, HttpReporter, LocalReporter, Reporter, RolloutSplit
+from runtime.pipeline import Pipeline, build_pipeline, resume, role_plan
+from runtime.reporter import EventKind, HttpReporter, LocalReporter, Reporter
 from runtime.roles.placement import plan_topology
 from runtime.spec import RuntimeSpec, load_spec, parameter_defaults, read_spec_file
 
@@ -27,39 +27,28 @@ log = logging.getLogger("runtime.driver")
 
 # ---- the loops: one screen each ------------------------------------------------------------------------------
 def run_rl(p: Pipeline, start: int) -> None:
-    """GRPO: generate -> reward -> advantages -> train -> sync weights, with periodic save and eval."""
-    p.roles.use_for_rollout()
-    p.push_weights(version=start)  # engines start from the trainer's weights (matters after a resume)
-    if p.eval_due(start):
-        p.reporter.metrics(start, p.evaluate(start))
+    """RL: rollout (data, generate, reward, filter) -> log-probs -> advantages -> train -> weight sync,
+    with periodic save and eval. Modes (fully-async, debug) are stage implementations chosen at build."""
+    p.begin_rl(start)
+    p.reporter.metrics(start, p.evaluate(start))
     for rollout_id in range(start, p.total_rollouts):
         t = StepTimer()
-        with t.stage(Stage.DATA):
-            prompts = p.data.next_prompts(int(p.spec.rollout_batch_size or 1))
         with t.stage(Stage.ROLLOUT):
-            p.roles.use_for_rollout()
-            samples = p.generate(prompts, rollout_id)
-        with t.stage(Stage.REWARD):
-            p.reward.score(samples)  # type: ignore[union-attr]
+            rollout = p.collect_rollout(rollout_id)
         with t.stage(Stage.LOG_PROBS):
-            p.roles.use_for_training()
-            batch = p.roles.train.compute_log_probs(p.to_batch(samples))
+            batch = p.log_probs(rollout)
         with t.stage(Stage.ADVANTAGES):
             batch = p.compute_advantages(batch)
         with t.stage(Stage.TRAIN):
-            train_metrics = p.roles.train.train_step(batch)
+            train_metrics = p.train(rollout_id, batch)
         with t.stage(Stage.WEIGHT_SYNC):
-            p.roles.use_for_rollout()
-            if p.weight_sync_due(rollout_id):
-                p.push_weights(version=rollout_id + 1)
+            p.sync_weights(rollout_id)
         with t.stage(Stage.SAVE):
-            p.write_rollout(rollout_id, RolloutSplit.TRAIN, samples)
-            if p.save_due(rollout_id):
-                p.save(rollout_id)
+            p.save_step(rollout_id, rollout, batch)
         with t.stage(Stage.EVAL):
-            eval_metrics = p.evaluate(rollout_id + 1) if p.eval_due(rollout_id + 1) else {}
+            eval_metrics = p.evaluate(rollout_id + 1)
         t.finish()
-        p.report_rl_step(rollout_id, samples, batch, train_metrics, t)
+        p.report_rl_step(rollout_id, rollout, batch, train_metrics, t)
         p.reporter.metrics(rollout_id + 1, eval_metrics)
         if stop_requested(p, rollout_id):
             return
@@ -67,18 +56,21 @@ def run_rl(p: Pipeline, start: int) -> None:
 
 
 def run_sft(p: Pipeline, start: int) -> None:
-    """SFT: next batch of examples -> train (loss on response tokens only), with periodic save."""
+    """SFT: next batch of examples -> train (loss on assistant tokens only), with periodic save,
+    perplexity eval and predictions."""
     for rollout_id in range(start, p.total_rollouts):
         t = StepTimer()
         with t.stage(Stage.DATA):
             batch = p.sft_batch()
         with t.stage(Stage.TRAIN):
-            train_metrics = p.roles.train.train_step(batch)
+            train_metrics = p.train(rollout_id, batch)
         with t.stage(Stage.SAVE):
-            if p.save_due(rollout_id):
-                p.save(rollout_id)
+            p.save_step(rollout_id, None, batch)
+        with t.stage(Stage.EVAL):
+            eval_metrics = p.sft_evaluate(rollout_id)
         t.finish()
         p.report_sft_step(rollout_id, batch, train_metrics, t)
+        p.reporter.metrics(rollout_id + 1, eval_metrics)
         if stop_requested(p, rollout_id):
             return
     finish(p)
@@ -90,15 +82,13 @@ def stop_requested(p: Pipeline, rollout_id: int) -> bool:
         return False
     log.warning("stop requested after step %d: saving and exiting", rollout_id + 1)
     p.reporter.event(EventKind.STOP_REQUESTED, f"after step {rollout_id + 1}")
-    p.save(rollout_id)  # checkpoint under `save` and export under `save-hf`, whichever is set
+    p.save(rollout_id, blocking=True)  # checkpoint under `save` and export under `save-hf`, whichever is set
     return True
 
 
 def finish(p: Pipeline) -> None:
     """The last state is always kept: a final checkpoint under `save`, a final HF export under `save-hf`."""
-    last = p.total_rollouts - 1
-    if last >= 0:
-        p.save(last)
+    p.finish()
     p.reporter.event(EventKind.FINISHED, f"{p.total_rollouts} steps")
 
 
@@ -154,13 +144,22 @@ def check_capabilities(spec: RuntimeSpec) -> None:
         raise ValueError(f"the torch backend does not implement: {', '.join(refused)}")
 
 
-def init_ray(address: str | None, spec: RuntimeSpec) -> None:
+def init_ray(address: str | None, spec: RuntimeSpec) -> bool:
+    """Connect to Ray; returns whether this driver owns the connection (and shuts it down at the end).
+    A process already connected (a test harness, a notebook) is reused as is."""
+    if ray.is_initialized():
+        return False
     if address:
         ray.init(address=address, logging_level=logging.WARNING)
-        return
+        return True
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private single-user cluster
     topology = plan_topology(
-        spec.resource, colocate=spec.colocate, with_rollout=not spec.is_sft, device=Device.detect()
+        spec.resource,
+        colocate=spec.colocated,
+        with_rollout=spec.generates,
+        with_train=spec.trains,
+        device=Device.detect(),
+        separate_roles=tuple(role_plan(spec, 1).separate),
     )
     ray.init(
         address="local",
@@ -168,6 +167,7 @@ def init_ray(address: str | None, spec: RuntimeSpec) -> None:
         include_dashboard=False,
         logging_level=logging.WARNING,
     )
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(reporter, job=job)
     signal.signal(signal.SIGTERM, lambda *_: reporter.request_stop())
     pipeline: Pipeline | None = None
+    owns_ray = False
     code = 0
     try:
         if not standalone:
@@ -200,11 +201,13 @@ def main(argv: list[str] | None = None) -> int:
         log.info(
             "job %s: %s on %s, %s",
             job,
-            "SFT" if spec.is_sft else spec.advantage_estimator,
+            "SFT"
+            if spec.is_sft
+            else spec.advantage_estimator + (" (fully-async)" if spec.fully_async else ""),
             spec.train_backend,
             spec.hf_checkpoint,
         )
-        init_ray(args.ray_address or os.environ.get("RAY_ADDRESS"), spec)
+        owns_ray = init_ray(args.ray_address or os.environ.get("RAY_ADDRESS"), spec)
         pipeline = build_pipeline(spec, reporter)
         start = resume(pipeline)
         (run_sft if spec.is_sft else run_rl)(pipeline, start)
@@ -216,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         if pipeline is not None:
             pipeline.close()
         reporter.close()
-        if ray.is_initialized():
+        if owns_ray and ray.is_initialized():
             ray.shutdown()
     return code
 

@@ -1,4 +1,9 @@
-"""Assembles a job's pipeline from its spec and implements each stage the driver calls by name."""
+"""Assembles a job's pipeline from its spec and implements each stage the driver calls by name.
+
+Behaviour the spec switches on is chosen here, once, by picking stage implementations (a rollout source:
+live, ahead-of-trainer or loaded; hooks loaded by dotted path; forward-only roles), so the driver's loops
+stay free of mode conditionals.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import ray
 import torch
 import transformers
 from transformers import AutoTokenizer
@@ -16,23 +22,33 @@ from runtime.algos.advantages import AdvantageConfig, AdvantageInputs, compute_a
 from runtime.algos.losses import LossConfig
 from runtime.data.prompts import (
     DatasetConfig,
+    PromptCursor,
     PromptFormatter,
     PromptItem,
-    RolloutDataSource,
+    drop_long_prompts,
     read_prompt_items,
+    split_eval_holdout,
 )
-from runtime.data.sft import SFTExampleBuilder
+from runtime.data.sft import OversizePolicy, OversizeStrategy, SFTExampleBuilder
+from runtime.data.source import DataSourceInit
 from runtime.devices import Device
+from runtime.eval import eval_metrics, load_eval_datasets, perplexity_metrics, write_predictions
 from runtime.observability import Stage, StepTimer
+from runtime.plugins import DataPostprocessFn, DataSource, RolloutFn, load_hook
 from runtime.reporter import EventKind, Phase, Reporter, RolloutSplit
 from runtime.rewards import RewardScorer
-from runtime.roles.groups import Roles, start_roles
+from runtime.roles.groups import RolePlan, Roles, start_roles
+from runtime.roles.logs import LogRelay
+from runtime.roles.placement import Role
+from runtime.rollout.context import DEFAULT_MAX_RESPONSE_LEN, RolloutContext, RolloutOutput
 from runtime.rollout.engine import SamplingParams
-from runtime.rollout.generate import generate_rollout
-from runtime.rollout.results import write_rollout_result
+from runtime.rollout.generate import GenerateContext, LengthLimits, advance
+from runtime.rollout.results import write_eval_result, write_train_result
+from runtime.rollout.sources import AheadRollout, LiveRollout, LoadedRollout, RolloutSource, debug_data_path
 from runtime.rollout.stats import rollout_metrics
+from runtime.saving import CheckpointManager
 from runtime.spec import RuntimeSpec
-from runtime.train.checkpoint import CheckpointRecord, render_hf_path
+from runtime.train.checkpoint import resolve_model_folder
 from runtime.train.schedule import DecayStyle, LRSchedule
 from runtime.train.torch_backend import TrainConfig
 from runtime.types import RolloutBatch, Sample
@@ -41,14 +57,15 @@ from runtime.weight_sync import WeightSync, WeightSyncBackend, create_weight_syn
 transformers.utils.logging.disable_progress_bar()
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_RESPONSE_LEN = 1024  # when rollout-max-response-len is unset (SGLang would use the context size)
-
 
 @dataclass
-class EvalSet:
-    name: str
-    items: list[PromptItem]
-    formatter: PromptFormatter
+class SFTData:
+    """An SFT job's data: the training cursor, the held-out eval rows and their prebuilt samples."""
+
+    builder: SFTExampleBuilder
+    cursor: PromptCursor
+    eval_items: list[PromptItem]
+    eval_samples: list[Sample]
 
 
 @dataclass
@@ -58,50 +75,53 @@ class Pipeline:
     spec: RuntimeSpec
     reporter: Reporter
     tokenizer: Any
-    formatter: PromptFormatter
-    data: RolloutDataSource
     roles: Roles
     total_rollouts: int
-    reward: RewardScorer | None = None
+    checkpoints: CheckpointManager
+    data: DataSource | None = None
+    rollout_ctx: RolloutContext | None = None
+    source: RolloutSource | None = None
+    eval_fn: RolloutFn | None = None
+    postprocess: DataPostprocessFn | None = None
     weight_sync: WeightSync | None = None
-    sft_examples: SFTExampleBuilder | None = None
-    eval_sets: list[EvalSet] = field(default_factory=list)
-    last_saved: int | None = None
-    last_exported: int | None = None
+    sft: SFTData | None = None
+    relay: LogRelay | None = None
+    pending_pushes: list[ray.ObjectRef] = field(default_factory=list)
+    last_rollout: RolloutOutput | None = (
+        None  # the newest trained rollout: its data state is what a save records
+    )
+    _warned: set[str] = field(default_factory=set)
 
-    # -- stages ---------------------------------------------------------------------------------------------
-    def sampling(self, rollout_id: int, *, eval_mode: bool = False) -> SamplingParams:
-        """Rollout sampling parameters; in eval mode each `eval-*` value that is set replaces its `rollout-*` one."""
-        s = self.spec
-        temperature, top_p, top_k = s.rollout_temperature, s.rollout_top_p, s.rollout_top_k
-        max_len = s.rollout_max_response_len
-        if eval_mode:
-            temperature = s.eval_temperature if s.eval_temperature is not None else temperature
-            top_p = s.eval_top_p if s.eval_top_p is not None else top_p
-            top_k = s.eval_top_k if s.eval_top_k is not None else top_k
-            max_len = s.eval_max_response_len or max_len
-        return SamplingParams(
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            max_new_tokens=max_len or DEFAULT_MAX_RESPONSE_LEN,
-            stop_token_ids=tuple(s.rollout_stop_token_ids or ()),
-            seed=s.rollout_seed * 1_000_003 + 7919 * rollout_id + (1 if eval_mode else 0),
-        )
+    # -- RL stages --------------------------------------------------------------------------------------------
+    def begin_rl(self, start: int) -> None:
+        """Engines (and actor_fwd) start from the trainer's weights (matters after a resume); then the
+        rollout source starts (fully-async: its thread begins generating ahead)."""
+        self.push_weights(version=start, engines=True)
+        assert self.source is not None
+        self.source.start(start)
 
-    def generate(self, prompts: list[PromptItem], rollout_id: int) -> list[Sample]:
-        assert self.roles.rollout is not None
-        return generate_rollout(
-            self.roles.rollout,
-            self.formatter,
-            prompts,
-            n_samples_per_prompt=self.spec.n_samples_per_prompt,
-            params=self.sampling(rollout_id),
-            skip_special_tokens=self.spec.rollout_skip_special_tokens,
-        )
+    def collect_rollout(self, rollout_id: int) -> RolloutOutput:
+        """Data -> generate -> reward -> dynamic filter, through `rollout-function-path` (or loaded data)."""
+        assert self.source is not None
+        self.roles.use_for_rollout()
+        return self.source.collect(rollout_id)
 
-    def to_batch(self, samples: list[Sample]) -> RolloutBatch:
-        return RolloutBatch.from_samples(samples, self.tokenizer.pad_token_id)
+    def log_probs(self, rollout: RolloutOutput) -> RolloutBatch:
+        """Old (policy) and reference log-probs, from the trainer or the forward-only roles; then
+        `rollout-data-postprocess-path`."""
+        batch = RolloutBatch.from_samples(rollout.samples, self.tokenizer.pad_token_id)
+        if self.roles.train is not None:
+            self.roles.use_for_training()
+            fwd, ref = self.roles.actor_fwd, self.roles.reference
+            fwd_old = fwd is not None and not self.spec.use_rollout_logprobs
+            batch = self.roles.train.compute_log_probs(batch, old=not fwd_old, ref=ref is None)
+            if fwd_old:
+                batch.old_log_probs = fwd.log_probs(batch)  # type: ignore[union-attr]
+            if ref is not None and self.spec.use_kl_loss:
+                batch.ref_log_probs = ref.log_probs(batch)
+        if self.postprocess is not None:
+            batch = self.postprocess(rollout.samples, batch) or batch
+        return batch
 
     def compute_advantages(self, batch: RolloutBatch) -> RolloutBatch:
         s = self.spec
@@ -118,94 +138,221 @@ class Pipeline:
         batch.returns = out.returns
         return batch
 
-    def sft_batch(self) -> RolloutBatch:
-        assert self.sft_examples is not None
-        items = self.data.next_prompts(int(self.spec.rollout_batch_size or 1))
-        return self.to_batch([self.sft_examples.build(item, i) for i, item in enumerate(items)])
+    def train(self, rollout_id: int, batch: RolloutBatch) -> dict[str, float]:
+        """One training step (none under `debug-rollout-only`); then `ref-update-interval`."""
+        if self.roles.train is None:
+            return {}
+        self.roles.use_for_training()
+        metrics = self.roles.train.train_step(batch)
+        interval = self.spec.ref_update_interval
+        if interval and (rollout_id + 1) % interval == 0:
+            self.update_reference(rollout_id)
+        return metrics
 
-    def weight_sync_due(self, rollout_id: int) -> bool:
-        return (rollout_id + 1) % max(1, self.spec.update_weights_interval) == 0
+    def update_reference(self, rollout_id: int) -> None:
+        """`ref-update-interval`: the reference model (of the KL term) takes the policy's weights."""
+        reference = self.roles.reference
+        if not self.spec.use_kl_loss:
+            if "ref_update" not in self._warned:
+                log.warning(
+                    "ref_update_interval is set but no KL term uses a reference model: nothing to update"
+                )
+                self._warned.add("ref_update")
+            return
+        if reference is not None and self.weight_sync is not None and self.roles.train is not None:
+            self.weight_sync.push(self.roles.train, [reference], version=rollout_id + 1)
+        elif self.roles.train is not None:
+            self.roles.train.update_reference()
+        log.info("reference model updated to the policy after step %d", rollout_id + 1)
 
-    def push_weights(self, version: int) -> None:
-        assert self.weight_sync is not None and self.roles.rollout is not None
-        self.weight_sync.push(self.roles.train, self.roles.rollout, version=version)
+    def sync_weights(self, rollout_id: int) -> None:
+        """Engines get the new weights every `update-weights-interval` steps; actor_fwd every step.
+        Only then may a fully-async rollout source start the rollouts this step allows: the transfer is
+        queued on the engines before any of their generate calls."""
+        engines = (rollout_id + 1) % max(1, self.spec.update_weights_interval) == 0
+        self.push_weights(version=rollout_id + 1, engines=engines)
+        if self.source is not None:
+            self.source.trained(rollout_id + 1)
 
-    def save_due(self, rollout_id: int) -> bool:
-        interval = self.spec.save_interval
-        return bool(self.spec.save and interval and (rollout_id + 1) % interval == 0)
+    def push_weights(self, version: int, *, engines: bool) -> None:
+        if self.roles.train is None or self.weight_sync is None:
+            return
+        receivers: list[Any] = []
+        if engines and self.roles.rollout is not None:
+            self.roles.use_for_rollout()
+            receivers.append(self.roles.rollout)
+        if self.roles.actor_fwd is not None:
+            receivers.append(self.roles.actor_fwd)
+        if not receivers:
+            return
+        # fully-async: queue the transfer behind the engines' in-flight generations; only the previous
+        # push is awaited, so weights never pile up in the object store
+        ray.get(self.pending_pushes)
+        wait = not self.spec.fully_async
+        self.pending_pushes = self.weight_sync.push(self.roles.train, receivers, version=version, wait=wait)
 
-    def save(self, rollout_id: int) -> None:
-        """Checkpoint as `iter_<rollout_id>` (Relax numbering: resume starts at rollout_id + 1) and, with
-        `save-hf`, export the HF folder too."""
-        if self.spec.save and self.last_saved != rollout_id:
-            state = {"data": self.data.state_dict(), "rollout_id": rollout_id}
-            self._register(self.roles.train.save_checkpoint(self.spec.save, rollout_id, state))
-            self.last_saved = rollout_id
-        self.export_hf(rollout_id)
+    def save_step(self, rollout_id: int, rollout: RolloutOutput | None, batch: RolloutBatch) -> None:
+        """Per-sample records, debug train data, and the checkpoint when one is due."""
+        s = self.spec
+        self.last_rollout = rollout or self.last_rollout
+        if rollout is not None and s.save:
+            path = write_train_result(s.save, rollout_id, rollout.samples)
+            self.reporter.rollout(rollout_id, RolloutSplit.TRAIN, str(path), len(rollout.samples))
+        if s.save_debug_train_data:
+            path = debug_data_path(s.save_debug_train_data, rollout_id)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({k: v for k, v in vars(batch).items() if v is not None}, path)
+        if self.checkpoints.due(rollout_id):
+            self.save(rollout_id, rollout)
+        else:
+            self.checkpoints.collect()
 
-    def export_hf(self, rollout_id: int) -> None:
-        if self.spec.save_hf and self.last_exported != rollout_id:
-            path = render_hf_path(self.spec.save_hf, rollout_id)
-            self._register(self.roles.train.export_hf(str(path), rollout_id))
-            self.last_exported = rollout_id
-
-    def _register(self, record: CheckpointRecord) -> None:
-        self.reporter.checkpoint(record)
-        kind = EventKind.HF_EXPORTED if record.format == "hf" else EventKind.CHECKPOINT_SAVED
-        self.reporter.event(kind, f"step {record.step}: {record.path} ({record.size_bytes} B)")
-        log.info(
-            "%s checkpoint of step %d at %s (%d B)",
-            record.format,
-            record.step,
-            record.path,
-            record.size_bytes,
-        )
-
-    def write_rollout(
-        self, rollout_id: int, split: RolloutSplit, samples: list[Sample], name: str | None = None
+    def save(
+        self, rollout_id: int, rollout: RolloutOutput | None = None, *, blocking: bool | None = None
     ) -> None:
-        if self.spec.save:
-            path = write_rollout_result(self.spec.save, str(split), rollout_id, samples, name=name)
-            self.reporter.rollout(rollout_id, split, str(path), len(samples))
+        state = {"data": self.data_state(rollout), "rollout_id": rollout_id}
+        self.checkpoints.save(rollout_id, state, blocking=blocking)
+
+    def data_state(self, rollout: RolloutOutput | None) -> dict[str, Any]:
+        """The data position as of the newest trained rollout (a fully-async source is further ahead)."""
+        rollout = rollout or self.last_rollout
+        if rollout is not None and rollout.data_state is not None:
+            return rollout.data_state
+        if self.sft is not None:
+            return self.sft.cursor.state_dict()
+        return self.data.state_dict() if self.data is not None else {}
 
     def eval_due(self, trained_rollouts: int) -> bool:
-        if not self.eval_sets or not self.spec.eval_interval:
+        if self.rollout_ctx is None or not self.rollout_ctx.eval_datasets or not self.spec.eval_interval:
             return False
         if trained_rollouts == 0:
             return not self.spec.skip_eval_before_train
         return trained_rollouts % self.spec.eval_interval == 0 or trained_rollouts == self.total_rollouts
 
     def evaluate(self, trained_rollouts: int) -> dict[str, float]:
-        """Generate on every eval set with the eval sampling parameters; `eval/<name>` is the mean reward."""
-        assert self.roles.rollout is not None and self.reward is not None
+        """`eval-function-path` on every eval set (when due): `eval/*` metrics and
+        `rollout_result/eval/<trained_rollouts>.jsonl`."""
+        if not self.eval_due(trained_rollouts):
+            return {}
+        assert self.rollout_ctx is not None and self.eval_fn is not None
+        self.roles.use_for_rollout()
+        output = self.eval_fn(self.rollout_ctx, trained_rollouts, evaluation=True)
         metrics: dict[str, float] = {}
-        for eval_set in self.eval_sets:
-            samples = generate_rollout(
-                self.roles.rollout,
-                eval_set.formatter,
-                eval_set.items,
-                n_samples_per_prompt=self.spec.n_samples_per_eval_prompt,
-                params=self.sampling(trained_rollouts, eval_mode=True),
-                skip_special_tokens=self.spec.rollout_skip_special_tokens,
-            )
-            rewards = self.reward.score(samples)
-            metrics[f"eval/{eval_set.name}"] = sum(rewards) / len(rewards)
-            metrics[f"eval/{eval_set.name}/response_len"] = sum(s.response_length for s in samples) / len(
-                samples
-            )
-            self.write_rollout(trained_rollouts, RolloutSplit.EVAL, samples, name=eval_set.name)
+        for name, samples in output.datasets.items():
+            metrics.update(eval_metrics(name, samples, log_passrate=self.spec.log_passrate))
+        if self.spec.save and output.datasets:
+            path = write_eval_result(self.spec.save, trained_rollouts, output.datasets)
+            total = sum(len(v) for v in output.datasets.values())
+            self.reporter.rollout(trained_rollouts, RolloutSplit.EVAL, str(path), total)
         return metrics
 
-    # -- reporting --------------------------------------------------------------------------------------------
+    # -- SFT stages -------------------------------------------------------------------------------------------
+    def sft_batch(self) -> RolloutBatch:
+        assert self.sft is not None
+        want = int(self.spec.rollout_batch_size or 1)
+        samples: list[Sample] = []
+        for _ in range(64):  # oversize `skip` may drop rows: draw until the batch has at least one
+            samples += self.sft.builder.build_all(self.sft.cursor.next_prompts(want - len(samples)))
+            if samples:
+                break
+        if not samples:
+            raise RuntimeError("sft-oversize-strategy skip dropped every row drawn: raise max-tokens-per-gpu")
+        for index, sample in enumerate(samples):
+            sample.index = sample.group_index = index
+        return RolloutBatch.from_samples(samples, self.tokenizer.pad_token_id)
+
+    def sft_evaluate(self, rollout_id: int) -> dict[str, float]:
+        """Perplexity on the held-out rows every `eval-interval` steps, predictions every
+        `sft-predict-interval` steps (Relax's SFT schedule: after step r when the interval divides r + 1)."""
+        metrics: dict[str, float] = {}
+        s = self.spec
+        if self.sft is None or not self.sft.eval_items:
+            return metrics
+        if s.eval_interval and (rollout_id + 1) % s.eval_interval == 0:
+            started = time.perf_counter()
+            metrics.update(self.perplexity())
+            metrics["perf/sft_eval_time"] = time.perf_counter() - started
+        if s.sft_predict_interval and (rollout_id + 1) % s.sft_predict_interval == 0:
+            started = time.perf_counter()
+            self.predict(rollout_id)
+            metrics["perf/sft_predict_time"] = time.perf_counter() - started
+        return metrics
+
+    def perplexity(self) -> dict[str, float]:
+        assert self.sft is not None and self.roles.train is not None
+        self.roles.use_for_training()
+        chunk = self.spec.effective_global_batch_size or len(self.sft.eval_samples) or 1
+        total_nll, total_tokens = 0.0, 0
+        for start in range(0, len(self.sft.eval_samples), chunk):
+            part = RolloutBatch.from_samples(
+                self.sft.eval_samples[start : start + chunk], self.tokenizer.pad_token_id
+            )
+            nll, tokens = self.roles.train.evaluate_nll(part)
+            total_nll, total_tokens = total_nll + nll, total_tokens + tokens
+        return perplexity_metrics(total_nll, total_tokens)
+
+    def predict(self, rollout_id: int) -> None:
+        """Generate on the held-out prompts with the current weights and write
+        `<save>/predict/predictions_step_<rollout_id>.jsonl` (prompt, reference, completion)."""
+        assert self.sft is not None and self.roles.rollout is not None and self.spec.save
+        self.push_weights(version=rollout_id + 1, engines=True)
+        prompts = [self.sft.builder.prediction_prompt(item) for item in self.sft.eval_items]
+        samples = [
+            Sample(
+                index=i,
+                group_index=i,
+                prompt=p.prompt_text,
+                tokens=self.sft.builder.formatter.encode_text(p.prompt_text),
+            )
+            for i, p in enumerate(prompts)
+        ]
+        advance(samples, self._predict_context(rollout_id))
+        rows = [
+            {"prompt": p.prompt_text, "reference": p.reference, "completion": s.response}
+            for p, s in zip(prompts, samples, strict=True)
+        ]
+        path = write_predictions(self.spec.save, rollout_id, rows)
+        self.reporter.prediction(rollout_id, str(path), len(rows))
+        self.reporter.event(EventKind.PREDICTIONS_WRITTEN, f"step {rollout_id}: {path} ({len(rows)} rows)")
+        self.roles.use_for_training()
+
+    def _predict_context(self, rollout_id: int) -> GenerateContext:
+        s = self.spec
+        max_len = s.eval_max_response_len or s.rollout_max_response_len or DEFAULT_MAX_RESPONSE_LEN
+        params = SamplingParams(
+            temperature=s.eval_temperature if s.eval_temperature is not None else s.rollout_temperature,
+            top_p=s.eval_top_p if s.eval_top_p is not None else s.rollout_top_p,
+            top_k=s.eval_top_k if s.eval_top_k is not None else s.rollout_top_k,
+            max_new_tokens=max_len,
+            stop=tuple(s.rollout_stop or ()),
+            stop_token_ids=tuple(s.rollout_stop_token_ids or ()),
+            min_new_tokens=s.eval_min_new_tokens or 0,
+            seed=s.rollout_seed * 1_000_003 + 7919 * rollout_id + 1,
+        )
+        assert self.roles.rollout is not None
+        self.roles.use_for_rollout()
+        return GenerateContext(
+            engine=self.roles.rollout,
+            tokenizer=self.tokenizer,
+            params=params,
+            limits=LengthLimits(max_len, s.eval_max_context_len or s.rollout_max_context_len),
+            rollout_id=rollout_id,
+            evaluation=True,
+            skip_special_tokens=True,
+        )
+
+    # -- reporting ----------------------------------------------------------------------------------------------
     def report_rl_step(
         self,
         rollout_id: int,
-        samples: list[Sample],
+        rollout: RolloutOutput,
         batch: RolloutBatch,
         train_metrics: dict[str, float],
         timer: StepTimer,
     ) -> None:
+        samples = rollout.samples
         metrics = rollout_metrics(samples, batch)
+        metrics.update(rollout.metrics)
         metrics.update({f"train/{k}": v for k, v in train_metrics.items() if k != "optimizer_steps"})
         metrics.update(self._perf(timer, batch, samples))
         self._finish_step(rollout_id, metrics)
@@ -233,10 +380,30 @@ class Pipeline:
         summary = " ".join(f"{k}={metrics[k]:.4g}" for k in shown if k in metrics)
         log.info("step %d/%d %s", rollout_id + 1, self.total_rollouts, summary)
 
+    def finish(self) -> None:
+        """The last state is always kept: a final checkpoint under `save`, a final HF export under
+        `save-hf`; background saves are waited for."""
+        last = self.total_rollouts - 1
+        if last >= 0:
+            self.save(last, blocking=True)
+        self.checkpoints.collect(wait=True)
+
     def close(self) -> None:
-        self.roles.shutdown()
+        try:
+            if self.source is not None:
+                self.source.close()
+            if self.pending_pushes:
+                ray.get(self.pending_pushes, timeout=60)
+            self.checkpoints.collect(wait=True)
+        except Exception:  # noqa: BLE001 - closing must not hide the run's own outcome
+            log.warning("closing the pipeline", exc_info=True)
+        finally:
+            if self.relay is not None:
+                self.relay.close()
+            self.roles.shutdown()
 
 
+# -- building ------------------------------------------------------------------------------------------------------
 def train_config_from(spec: RuntimeSpec, total_rollouts: int) -> TrainConfig:
     gbs = spec.effective_global_batch_size
     steps_per_rollout = math.ceil(spec.samples_per_rollout / gbs) if gbs else 1
@@ -276,46 +443,83 @@ def train_config_from(spec: RuntimeSpec, total_rollouts: int) -> TrainConfig:
         save_optimizer=not spec.no_save_optim,
         ref_load=spec.ref_load,
         ref_ckpt_step=spec.ref_ckpt_step,
+        ref_update_interval=spec.ref_update_interval,
     )
 
 
-def _dataset_config(
-    spec: RuntimeSpec, *, input_key: str | None = None, label_key: str | None = None
+def dataset_config(
+    spec: RuntimeSpec,
+    *,
+    input_key: str | None = None,
+    label_key: str | None = None,
+    tool_key: str | None = None,
 ) -> DatasetConfig:
     return DatasetConfig(
         input_key=input_key or spec.input_key,
         label_key=label_key if label_key is not None else spec.label_key,
         metadata_key=spec.metadata_key,
+        tool_key=tool_key or spec.tool_key,
+        conversation_key_map=dict(spec.conversation_key_map or {}),
         apply_chat_template=spec.apply_chat_template,
         apply_chat_template_kwargs=dict(spec.apply_chat_template_kwargs or {}),
         system_prompt=spec.system_prompt,
     )
 
 
-def _eval_sets(spec: RuntimeSpec, tokenizer: Any) -> list[EvalSet]:
-    pairs = list(spec.eval_prompt_data or [])
-    if len(pairs) % 2:
-        raise ValueError("eval-prompt-data takes pairs: name path [name path ...]")
-    config = _dataset_config(spec, input_key=spec.eval_input_key, label_key=spec.eval_label_key)
-    formatter = PromptFormatter(tokenizer, config)
-    return [
-        EvalSet(pairs[i], read_prompt_items(pairs[i + 1], config), formatter) for i in range(0, len(pairs), 2)
-    ]
-
-
 def validate(spec: RuntimeSpec) -> None:
     """Errors a run would otherwise hit late, each naming its parameter."""
-    missing = [n for n in ("hf_checkpoint", "prompt_data", "rollout_batch_size") if not getattr(spec, n)]
+    needed = ["hf_checkpoint", "rollout_batch_size"]
+    if not spec.load_debug_rollout_data:
+        needed.append("prompt_data")
+    missing = [n for n in needed if not getattr(spec, n)]
     if missing:
         raise ValueError(f"missing required parameter(s): {', '.join(missing)}")
     if spec.num_rollout is None and spec.num_epoch is None:
         raise ValueError("set num_rollout or num_epoch")
-    if not spec.is_sft and not (spec.rm_type or spec.custom_rm_path):
+    if not spec.is_sft and spec.generates and not (spec.rm_type or spec.custom_rm_path):
         raise ValueError("an RL job needs rm_type or custom_rm_path")
+    if spec.debug_train_only and not spec.load_debug_rollout_data:
+        raise ValueError("debug_train_only trains on saved rollouts: set load_debug_rollout_data")
     if spec.use_kl_loss and spec.kl_loss_coef == 0:
         log.warning("use_kl_loss is set but kl_loss_coef is 0: the KL term is computed and logged only")
     if spec.save_interval and not spec.save:
         raise ValueError("save_interval needs save")
+    if spec.is_sft and spec.sft_predict_interval and not spec.save:
+        raise ValueError("sft_predict_interval writes under save: set save")
+    if spec.fully_async and spec.colocated:
+        raise ValueError("fully_async runs rollout on devices of its own: it cannot be colocated")
+
+
+def role_plan(spec: RuntimeSpec, total: int) -> RolePlan:
+    """The roles a job runs, from `resource` and the mode."""
+    resource = spec.resource or {}
+    initial = (
+        str(resolve_model_folder(spec.ref_load, spec.ref_ckpt_step))
+        if spec.ref_load
+        else str(spec.hf_checkpoint)
+    )
+    separate: dict[Role, str] = {}
+    # colocated and hybrid modes swap these models into the actor's devices (the platform reserves none
+    # for them): they live in the trainer's process
+    if not spec.colocate and spec.trains:
+        if Role.REFERENCE in resource and spec.use_kl_loss:
+            separate[Role.REFERENCE] = initial
+        elif Role.REFERENCE in resource:
+            log.warning("resource.reference is set but no KL term needs a reference model: not started")
+        if Role.ACTOR_FWD in resource and not spec.is_sft:
+            separate[Role.ACTOR_FWD] = initial
+    return RolePlan(
+        backend=spec.train_backend,
+        hf_checkpoint=str(spec.hf_checkpoint),
+        train_config=train_config_from(spec, total),
+        resource=spec.resource,
+        colocate=spec.colocated,
+        with_train=spec.trains,
+        with_rollout=spec.generates,
+        need_ref=spec.use_kl_loss and Role.REFERENCE not in separate,
+        separate=separate,
+        log_probs_temperature=1.0 if spec.is_sft else spec.rollout_temperature,
+    )
 
 
 def build_pipeline(
@@ -330,59 +534,156 @@ def build_pipeline(
     torch.manual_seed(spec.seed)
     device = device or Device.detect()
     tokenizer = AutoTokenizer.from_pretrained(spec.hf_checkpoint)
-    dataset_config = _dataset_config(spec)
-    formatter = PromptFormatter(tokenizer, dataset_config)
-    items = read_prompt_items(spec.prompt_data, dataset_config)  # type: ignore[arg-type]
-    data = RolloutDataSource(items, shuffle=spec.rollout_shuffle, seed=spec.rollout_seed)
+    formatter = PromptFormatter(tokenizer, dataset_config(spec))
+    items = read_prompt_items(spec.prompt_data, formatter.config) if spec.prompt_data else []
+    sft_eval_items: list[PromptItem] = []
+    if spec.is_sft and spec.eval_size is not None:
+        items, sft_eval_items = split_eval_holdout(items, spec.eval_size, spec.seed)
+    elif not spec.is_sft:
+        items, dropped = drop_long_prompts(items, formatter, spec.rollout_max_prompt_len)
+        if dropped:
+            log.warning(
+                "rollout_max_prompt_len=%s: %d prompt(s) longer than that dropped",
+                spec.rollout_max_prompt_len,
+                dropped,
+            )
     total = spec.total_rollouts(len(items))
     started = time.perf_counter()
-    roles = start_roles(
-        backend=spec.train_backend,
-        hf_checkpoint=str(spec.hf_checkpoint),
-        train_config=train_config_from(spec, total),
-        need_ref=spec.use_kl_loss,
-        with_rollout=not spec.is_sft,
-        resource=spec.resource,
-        colocate=spec.colocate,
-        device=device,
-        env_vars=actor_env,
-    )
+    roles = start_roles(role_plan(spec, total), device=device, env_vars=actor_env)
+    relay = LogRelay(roles.log_sink, reporter) if roles.log_sink is not None else None
     reporter.event(EventKind.MODEL_LOADED, f"{spec.hf_checkpoint} in {time.perf_counter() - started:.1f}s")
     pipeline = Pipeline(
         spec=spec,
         reporter=reporter,
         tokenizer=tokenizer,
-        formatter=formatter,
-        data=data,
         roles=roles,
         total_rollouts=total,
+        checkpoints=CheckpointManager(spec, reporter, roles.train),
+        relay=relay,
+        weight_sync=create_weight_sync(WeightSyncBackend.OBJECT_STORE),
     )
-    if spec.is_sft:
-        pipeline.sft_examples = SFTExampleBuilder(formatter, label_key=spec.label_key)
-    else:
-        pipeline.reward = RewardScorer(spec.rm_type, spec.custom_rm_path)
-        pipeline.weight_sync = create_weight_sync(WeightSyncBackend.OBJECT_STORE)
-        pipeline.eval_sets = _eval_sets(spec, tokenizer)
+    try:
+        if spec.is_sft:
+            _wire_sft(pipeline, formatter, items, sft_eval_items)
+        else:
+            _wire_rl(pipeline, formatter, items)
+    except BaseException:
+        pipeline.close()
+        raise
     reporter.set_phase(Phase.RUNNING)
     reporter.set_progress(0, total)
     return pipeline
+
+
+def _wire_sft(
+    p: Pipeline, formatter: PromptFormatter, items: list[PromptItem], eval_items: list[PromptItem]
+) -> None:
+    s = p.spec
+    capacity = s.max_tokens_per_gpu * max(1, s.context_parallel_size) if s.max_tokens_per_gpu else None
+    oversize = OversizePolicy(
+        capacity=capacity,
+        strategy=OversizeStrategy(s.sft_oversize_strategy),
+        custom=load_hook(s.sft_oversize_custom_function_path, "sft_oversize_custom_function_path"),
+    )
+    builder = SFTExampleBuilder(formatter, label_key=s.label_key, oversize=oversize)
+    if s.eval_prompt_data and not eval_items:
+        pairs = list(s.eval_prompt_data)
+        config = dataset_config(
+            s, input_key=s.eval_input_key, label_key=s.eval_label_key, tool_key=s.eval_tool_key
+        )
+        for i in range(1, len(pairs), 2):
+            eval_items += read_prompt_items(pairs[i], config)
+    p.sft = SFTData(
+        builder=builder,
+        cursor=PromptCursor(items, shuffle=s.rollout_shuffle, seed=s.rollout_seed),
+        eval_items=eval_items,
+        eval_samples=builder.build_all(eval_items),
+    )
+
+
+def _wire_rl(p: Pipeline, formatter: PromptFormatter, items: list[PromptItem]) -> None:
+    s = p.spec
+    p.postprocess = load_hook(s.rollout_data_postprocess_path, "rollout_data_postprocess_path")
+    if s.load_debug_rollout_data:
+        p.source = LoadedRollout(
+            s.load_debug_rollout_data, subsample=s.load_debug_rollout_data_subsample, seed=s.rollout_seed
+        )
+        return
+    factory = load_hook(s.data_source_path, "data_source_path")
+    assert factory is not None
+    p.data = factory(
+        DataSourceInit(
+            items=items,
+            formatter=formatter,
+            n_samples_per_prompt=s.n_samples_per_prompt,
+            shuffle=s.rollout_shuffle,
+            seed=s.rollout_seed,
+            buffer_filter=load_hook(s.buffer_filter_path, "buffer_filter_path"),
+        )
+    )
+    assert p.roles.rollout is not None
+    eval_datasets = load_eval_datasets(s, p.tokenizer) if (s.eval_prompt_data or s.eval_config) else []
+    p.rollout_ctx = RolloutContext(
+        spec=s,
+        data=p.data,
+        engine=p.roles.rollout,
+        tokenizer=p.tokenizer,
+        reward=RewardScorer(s.rm_type, s.custom_rm_path),
+        limits=LengthLimits(
+            s.rollout_max_response_len or DEFAULT_MAX_RESPONSE_LEN, s.rollout_max_context_len
+        ),
+        dynamic_filter=load_hook(s.dynamic_sampling_filter_path, "dynamic_sampling_filter_path"),
+        custom_generate=load_hook(s.custom_generate_function_path, "custom_generate_function_path"),
+        eval_datasets=eval_datasets,
+        eval_generate={
+            d.name: load_hook(
+                d.custom_generate_function_path, f"eval-config {d.name}.custom_generate_function_path"
+            )
+            for d in eval_datasets
+            if d.custom_generate_function_path
+        },
+    )
+    rollout_fn = load_hook(s.rollout_function_path, "rollout_function_path")
+    p.eval_fn = load_hook(s.eval_function_path or s.rollout_function_path, "eval_function_path")
+    live = LiveRollout(p.rollout_ctx, _checked(rollout_fn), save_debug=s.save_debug_rollout_data)
+    p.source = (
+        AheadRollout(live, max_staleness=s.max_staleness, last_rollout_id=p.total_rollouts)
+        if s.fully_async
+        else live
+    )
+
+
+def _checked(rollout_fn: Any) -> Any:
+    def call(ctx: RolloutContext, rollout_id: int) -> RolloutOutput:
+        output = rollout_fn(ctx, rollout_id)
+        if not isinstance(output, RolloutOutput):
+            raise TypeError(f"rollout_function_path must return a RolloutOutput, got {type(output).__name__}")
+        return output
+
+    return call
 
 
 def resume(pipeline: Pipeline) -> int:
     """Load the latest checkpoint under `load` (if any) and return the first rollout id to run."""
     spec = pipeline.spec
     start = 0
-    if spec.load:
+    if spec.load and pipeline.roles.train is not None:
         loaded = pipeline.roles.train.load_checkpoint(spec.load)
         if loaded is not None:
             iteration, state = loaded
-            pipeline.data.load_state_dict(state.get("data", {}))
+            data_state = state.get("data", {})
+            if pipeline.data is not None:
+                pipeline.data.load_state_dict(data_state)
+            if pipeline.sft is not None:
+                pipeline.sft.cursor.load_state_dict(data_state)
             start = iteration + 1
-            pipeline.last_saved = iteration
+            pipeline.checkpoints.last_saved = iteration
             pipeline.reporter.event(EventKind.RESUMED, f"from {spec.load} iteration {iteration}")
             log.info("resumed from %s at iteration %d", spec.load, iteration)
         else:
             log.info("no checkpoint under %s yet: starting from %s", spec.load, spec.hf_checkpoint)
+    elif spec.load:
+        log.warning("load=%s: debug_rollout_only has no trainer to restore; starting fresh", spec.load)
     if spec.start_rollout_id is not None:
         start = spec.start_rollout_id
     return start

@@ -25,7 +25,7 @@ if not _internal.handlers:
     _internal.addHandler(logging.StreamHandler(sys.stderr))
     _internal.setLevel(logging.WARNING)
 
-REPORT_LISTS = ("metrics", "logs", "checkpoints", "rollouts", "events")
+REPORT_LISTS = ("metrics", "logs", "checkpoints", "rollouts", "predictions", "events")
 MAX_ITEMS_PER_REPORT = 1000  # per list, keeps request bodies small after an outage
 MAX_PENDING_LOGS = 20_000  # beyond this the oldest log lines are dropped (metrics never are)
 
@@ -38,7 +38,9 @@ class EventKind(StrEnum):
     MODEL_LOADED = "model_loaded"  # the roles loaded hf-checkpoint (and, on resume, the checkpoint)
     RESUMED = "resumed"  # training continues from a checkpoint under `load`
     CHECKPOINT_SAVED = "checkpoint_saved"
+    CHECKPOINT_REMOVED = "checkpoint_removed"  # max-actor-ckpt-to-keep / rotate-ckpt let it go
     HF_EXPORTED = "hf_exported"
+    PREDICTIONS_WRITTEN = "predictions_written"  # an SFT predictions file
     STOP_REQUESTED = "stop_requested"  # the platform asked the driver to stop between steps
     FINISHED = "finished"  # the loop ended normally
     FAILED = "failed"  # the driver is exiting on an error
@@ -120,6 +122,11 @@ class Reporter(ABC):
     def rollout(self, rollout_id: int, split: RolloutSplit, path: str, num_samples: int) -> None:
         item = {"rollout_id": rollout_id, "split": str(split), "path": path, "num_samples": num_samples}
         self._add("rollouts", [item])
+
+    def prediction(self, step: int, path: str, num_samples: int) -> None:
+        """An SFT predictions file (`<save>/predict/predictions_step_<step>.jsonl`)."""
+        item = {"step": step, "path": path, "num_samples": num_samples, "time": time.time()}
+        self._add("predictions", [item])
 
     def event(self, kind: EventKind, message: str = "") -> None:
         self._add("events", [{"time": time.time(), "kind": str(kind), "message": message}])
@@ -298,6 +305,12 @@ class LocalReporter(Reporter):
         for item in payload["checkpoints"]:
             print(
                 f"[checkpoint] step {item['step']} {item['format']} {item['size_bytes']} B {item['path']}",
+                file=self.stream,
+                flush=True,
+            )
+        for item in payload["predictions"]:
+            print(
+                f"[predictions] step {item['step']} {item['num_samples']} rows {item['path']}",
                 file=self.stream,
                 flush=True,
             )

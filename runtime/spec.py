@@ -33,21 +33,30 @@ class RuntimeSpec:
     save_interval: int | None = None
     save_hf: str | None = None
     no_save_optim: bool = False
+    async_save: bool = False
+    rotate_ckpt: bool = False
+    max_actor_ckpt_to_keep: int | None = None
     start_rollout_id: int | None = None
     # data
     prompt_data: str | None = None
     input_key: str = "input"
     label_key: str | None = None
     metadata_key: str = "metadata"
+    tool_key: str | None = "tools"
+    conversation_key_map: dict[str, str] | None = None
     apply_chat_template: bool = False
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     system_prompt: str | None = None
     rollout_shuffle: bool = False
     rollout_seed: int = 42
+    data_source_path: str = "relax.engine.rollout.data_source.RolloutDataSourceWithBuffer"
     # rollout
     rollout_batch_size: int | None = None
     n_samples_per_prompt: int = 1
     rollout_max_response_len: int | None = None
+    rollout_max_prompt_len: int | None = None
+    rollout_max_context_len: int | None = None
+    rollout_stop: list[str] | None = None
     rollout_temperature: float = 1.0
     rollout_top_p: float = 1.0
     rollout_top_k: int = -1
@@ -56,6 +65,17 @@ class RuntimeSpec:
     num_rollout: int | None = None
     num_epoch: int | None = None
     update_weights_interval: int = 1
+    # over-sampling, dynamic filtering, partial rollout, custom functions
+    over_sampling_batch_size: int | None = None
+    dynamic_sampling_filter_path: str | None = None
+    buffer_filter_path: str | None = None
+    partial_rollout: bool = False
+    partial_rollout_max_aborted_count: int | None = None
+    mask_offpolicy_in_partial_rollout: bool = False
+    rollout_function_path: str = "relax.engine.rollout.sglang_rollout.generate_rollout"
+    eval_function_path: str | None = None
+    custom_generate_function_path: str | None = None
+    rollout_data_postprocess_path: str | None = None
     # rewards
     rm_type: str | None = None
     custom_rm_path: str | None = None
@@ -89,23 +109,48 @@ class RuntimeSpec:
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.0
     kl_loss_type: str = "k1"
+    ref_update_interval: int | None = None
     calculate_per_token_loss: bool = False
     use_rollout_logprobs: bool = False
     # roles
     colocate: bool = False
     offload: bool = False
     resource: dict[str, Any] | None = None
+    # modes
+    fully_async: bool = False
+    hybrid: bool = False  # fully-async with colocated training roles; rollout on devices of its own
+    max_staleness: int = 0
+    true_on_policy_mode: bool = False
+    num_iters_per_train_update: int = 1
+    debug_rollout_only: bool = False
+    debug_train_only: bool = False
+    load_debug_rollout_data: str | None = None
+    load_debug_rollout_data_subsample: float | None = None
+    save_debug_rollout_data: str | None = None
+    save_debug_train_data: str | None = None
+    # SFT
+    eval_size: float | None = None
+    sft_predict_interval: int | None = None
+    sft_oversize_strategy: str = "keep"
+    sft_oversize_custom_function_path: str | None = None
+    context_parallel_size: int = 1
     # eval
     eval_interval: int | None = None
     eval_prompt_data: list[str] | None = None
+    eval_config: str | None = None
     eval_input_key: str | None = None
     eval_label_key: str | None = None
+    eval_tool_key: str | None = None
     n_samples_per_eval_prompt: int = 1
     eval_temperature: float | None = None
     eval_top_p: float | None = None
     eval_top_k: int | None = None
     eval_max_response_len: int | None = None
+    eval_max_prompt_len: int | None = None
+    eval_max_context_len: int | None = None
+    eval_min_new_tokens: int | None = None
     skip_eval_before_train: bool = False
+    log_passrate: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -128,8 +173,12 @@ class RuntimeSpec:
             kwargs["resource"] = json.loads(kwargs["resource"])
         if isinstance(kwargs.get("apply_chat_template_kwargs"), str):
             kwargs["apply_chat_template_kwargs"] = json.loads(kwargs["apply_chat_template_kwargs"])
+        if isinstance(kwargs.get("conversation_key_map"), str):
+            kwargs["conversation_key_map"] = json.loads(kwargs["conversation_key_map"])
         if isinstance(kwargs.get("eval_prompt_data"), str):
             kwargs["eval_prompt_data"] = kwargs["eval_prompt_data"].split()
+        if isinstance(kwargs.get("rollout_stop"), str):
+            kwargs["rollout_stop"] = [kwargs["rollout_stop"]]
         kwargs = {k: v for k, v in kwargs.items() if v is not None or _nullable(k)}
         return cls(name=name, extra=extra, **kwargs)
 
@@ -142,6 +191,26 @@ class RuntimeSpec:
     @property
     def is_sft(self) -> bool:
         return self.loss_type in ("sft", "sft_loss")
+
+    @property
+    def colocated(self) -> bool:
+        """Rollout shares the trainer's devices (hybrid mode gives rollout devices of its own)."""
+        return self.colocate and not self.hybrid and not self.fully_async
+
+    @property
+    def trains(self) -> bool:
+        return not self.debug_rollout_only
+
+    @property
+    def generates(self) -> bool:
+        """Whether rollout engines run: RL (unless training on loaded debug data), SFT predictions."""
+        if self.is_sft:
+            return self.sft_predict_interval is not None
+        return not (self.debug_train_only or self.load_debug_rollout_data)
+
+    @property
+    def has_eval_data(self) -> bool:
+        return bool(self.eval_prompt_data or self.eval_config or self.eval_size is not None)
 
     @property
     def effective_eps_clip_high(self) -> float:

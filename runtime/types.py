@@ -18,7 +18,7 @@ class SampleStatus(StrEnum):
         "completed"  # generation stopped on a stop token (EOS); the stop token is part of the response
     )
     TRUNCATED = "truncated"  # generation hit rollout-max-response-len before a stop token
-    ABORTED = "aborted"  # the engine gave up on it (partial rollout recycles these; not produced yet)
+    ABORTED = "aborted"  # interrupted mid-generation (partial rollout): back to the buffer, resumed later
 
 
 @dataclass
@@ -43,7 +43,13 @@ class Sample:
     loss_mask: list[int] | None = None
     reward: float | None = None
     status: SampleStatus = SampleStatus.PENDING
-    weight_version: int = 0  # version of the weights the engine generated with
+    weight_version: int = 0  # version of the weights the engine generated with (the latest, if several)
+    # One entry per generation pass that added tokens: partial rollout resumes an aborted sample with newer
+    # weights, so a response can span versions. Staleness is measured from the oldest.
+    weight_versions: list[int] = field(default_factory=list)
+    abort_count: int = (
+        0  # times partial rollout interrupted this sample (`partial-rollout-max-aborted-count`)
+    )
 
     @property
     def prompt_length(self) -> int:
@@ -52,6 +58,14 @@ class Sample:
     @property
     def response_tokens(self) -> list[int]:
         return self.tokens[self.prompt_length :]
+
+    @property
+    def oldest_weight_version(self) -> int:
+        return min(self.weight_versions) if self.weight_versions else self.weight_version
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in (SampleStatus.COMPLETED, SampleStatus.TRUNCATED)
 
     def to_record(self) -> dict[str, Any]:
         """JSON-ready view written to `rollout_result/<split>/<rollout_id>.jsonl`."""
@@ -66,8 +80,23 @@ class Sample:
             "response_length": self.response_length,
             "prompt_length": self.prompt_length,
             "weight_version": self.weight_version,
+            "weight_versions": self.weight_versions,
+            "abort_count": self.abort_count,
             "metadata": self.metadata,
         }
+
+    def to_state(self) -> dict[str, Any]:
+        """Everything, JSON-ready: the buffer in checkpoints and debug rollout data round-trip through it."""
+        state = dataclasses.asdict(self)
+        state["status"] = str(self.status)
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Sample:
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in state.items() if k in known}
+        values["status"] = SampleStatus(values.get("status", SampleStatus.PENDING))
+        return cls(**values)
 
 
 @dataclass

@@ -12,6 +12,11 @@ from pathlib import Path
 TRAIN_FILE = "train.jsonl"  # RL prompts: {"input", "label", "metadata"}
 TEST_FILE = "test.jsonl"  # held-out RL prompts, same schema, for eval
 SFT_FILE = "sft.jsonl"  # SFT pairs: {"input", "output"} where output is the boxed answer
+# SFT conversations, ShareGPT-style ({"conversations": [{"from": "human"|"gpt", "value"}], "tools"}): two
+# problems per conversation, so the second answer is learned in the context of the first turn
+SFT_CHAT_FILE = "sft_chat.jsonl"
+SHAREGPT_KEY_MAP = {"from": "role", "value": "content", "human": "user", "gpt": "assistant"}
+CALCULATOR_TOOL = {"type": "function", "function": {"name": "add", "parameters": {"a": "int", "b": "int"}}}
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,20 @@ def sft_record(problem: ArithProblem) -> dict:
     return {"input": problem.question, "output": problem.target}
 
 
+def sft_chat_record(first: ArithProblem, second: ArithProblem, *, with_tool: bool) -> dict:
+    record: dict = {
+        "conversations": [
+            {"from": "human", "value": first.question},
+            {"from": "gpt", "value": first.target},
+            {"from": "human", "value": second.question},
+            {"from": "gpt", "value": second.target},
+        ]
+    }
+    if with_tool:
+        record["tools"] = [CALCULATOR_TOOL]
+    return record
+
+
 def tokenizer_corpus(task: ArithTask | None = None) -> list[str]:
     """Text the tiny tokenizer is trained on: questions and targets, each also on its own (prompt and
     response are tokenized apart, so "\\boxed" must merge without a leading space); digits are always
@@ -118,8 +137,18 @@ def write_datasets(
     rng.shuffle(train_rows)
     sft_rows = list(train)
     rng.shuffle(sft_rows)
-    paths = {"train": out / TRAIN_FILE, "test": out / TEST_FILE, "sft": out / SFT_FILE}
+    paths = {
+        "train": out / TRAIN_FILE,
+        "test": out / TEST_FILE,
+        "sft": out / SFT_FILE,
+        "sft_chat": out / SFT_CHAT_FILE,
+    }
     write_jsonl(paths["train"], map(rl_record, train_rows))
     write_jsonl(paths["test"], map(rl_record, test))
     write_jsonl(paths["sft"], map(sft_record, sft_rows))
+    pairs = zip(sft_rows, sft_rows[1:] + sft_rows[:1], strict=True)
+    write_jsonl(
+        paths["sft_chat"],
+        (sft_chat_record(a, b, with_tool=i % 4 == 0) for i, (a, b) in enumerate(pairs)),
+    )
     return paths

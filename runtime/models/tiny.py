@@ -17,8 +17,10 @@ EOS_TOKEN = "<|endoftext|>"  # ends a plain-text response; also the padding toke
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"  # chat turns; <|im_end|> also stops generation
 SPECIAL_TOKENS = [EOS_TOKEN, IM_START, IM_END]
 
-# A Qwen-style ChatML template, so `apply-chat-template` works with the tiny model too.
+# A Qwen-style ChatML template, so `apply-chat-template` works with the tiny model too; tools (`tool-key`)
+# are listed in a leading system turn, as Qwen's template does.
 CHAT_TEMPLATE = (
+    "{% if tools %}{{ '<|im_start|>system\n# Tools\n' + (tools | tojson) + '<|im_end|>\n' }}{% endif %}"
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
     "{% endfor %}"

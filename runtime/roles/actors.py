@@ -1,47 +1,93 @@
-"""The role actor classes (Ray wraps them with `ray.remote`): the trainer and the rollout engine."""
+"""The role actor classes (Ray wraps them with `ray.remote`): trainer, rollout engine, forward-only model.
+
+Each forwards its log records to the job's log sink (see `roles/logs.py`) and logs any exception a method
+raises before Ray carries it to the driver.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
+import ray
 import torch
+from ray.actor import ActorHandle
 
 from runtime.devices import Device
+from runtime.roles.logs import install_actor_logging, log_exceptions
 from runtime.rollout.engine import GenerationResult, SamplingParams, TorchRolloutEngine
 from runtime.train.base import TrainBackend, train_backend_class
 from runtime.train.checkpoint import CheckpointRecord
+from runtime.train.forward import LogProbModel
 from runtime.train.torch_backend import TrainConfig
 from runtime.types import RolloutBatch
 
+log = logging.getLogger(__name__)
 
-def _setup_process(num_threads: int) -> None:
+
+def _setup_process(num_threads: int, log_sink: ActorHandle | None, source: str) -> None:
     # Each actor gets a slice of the machine: more intra-op threads than its CPU share only oversubscribes.
     torch.set_num_threads(max(1, num_threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    install_actor_logging(log_sink, source)
 
 
+def _placement_group_id() -> str | None:
+    pg = ray.util.get_current_placement_group()
+    return None if pg is None else pg.id.hex()
+
+
+@log_exceptions
 class TrainActor:
-    """The `actor` role: owns a training backend (policy, optimizer, reference model)."""
+    """The `actor` role: owns a training backend (policy, optimizer, reference model when colocated)."""
 
     def __init__(
-        self, backend: str, hf_checkpoint: str, config: TrainConfig, *, need_ref: bool, num_threads: int = 1
+        self,
+        backend: str,
+        hf_checkpoint: str,
+        config: TrainConfig,
+        *,
+        need_ref: bool,
+        num_threads: int = 1,
+        log_sink: ActorHandle | None = None,
     ) -> None:
-        _setup_process(num_threads)
+        _setup_process(num_threads, log_sink, "actor:train")
+        started = time.perf_counter()
         backend_cls = train_backend_class(backend)
         self.backend: TrainBackend = backend_cls(
             hf_checkpoint, config, device=Device.detect(), need_ref=need_ref
         )
+        log.info(
+            "%s train backend ready in %.1fs (pid %d, reference model: %s)",
+            backend,
+            time.perf_counter() - started,
+            os.getpid(),
+            need_ref,
+        )
 
     def ready(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "device": str(Device.detect().kind), "threads": torch.get_num_threads()}
+        return {
+            "role": "actor",
+            "pid": os.getpid(),
+            "device": str(Device.detect().kind),
+            "threads": torch.get_num_threads(),
+            "placement_group": _placement_group_id(),
+        }
 
-    def compute_log_probs(self, batch: RolloutBatch) -> RolloutBatch:
-        return self.backend.compute_log_probs(batch)
+    def compute_log_probs(self, batch: RolloutBatch, old: bool = True, ref: bool = True) -> RolloutBatch:
+        return self.backend.compute_log_probs(batch, old=old, ref=ref)
 
     def train_step(self, batch: RolloutBatch) -> dict[str, float]:
         return self.backend.train_step(batch)
+
+    def evaluate_nll(self, batch: RolloutBatch) -> tuple[float, int]:
+        return self.backend.evaluate_nll(batch)
+
+    def update_reference(self) -> None:
+        self.backend.update_reference()
 
     def named_weights(self) -> dict[str, torch.Tensor]:
         return self.backend.named_weights()
@@ -55,8 +101,13 @@ class TrainActor:
     def onload(self) -> None:
         self.backend.onload()
 
-    def save_checkpoint(self, save_dir: str, iteration: int, extra_state: dict[str, Any]) -> CheckpointRecord:
-        return self.backend.save_checkpoint(save_dir, iteration, extra_state)
+    def save_checkpoint(
+        self, save_dir: str, iteration: int, extra_state: dict[str, Any], blocking: bool = True
+    ) -> CheckpointRecord | None:
+        return self.backend.save_checkpoint(save_dir, iteration, extra_state, blocking=blocking)
+
+    def finished_saves(self, wait: bool = False) -> list[CheckpointRecord]:
+        return self.backend.finished_saves(wait=wait)
 
     def load_checkpoint(self, load_dir: str) -> tuple[int, dict[str, Any]] | None:
         return self.backend.load_checkpoint(load_dir)
@@ -65,21 +116,43 @@ class TrainActor:
         return self.backend.export_hf(out_dir, step)
 
 
+@log_exceptions
 class RolloutEngineActor:
     """The `rollout` role: one built-in torch engine holding its own copy of the policy."""
 
     def __init__(
-        self, hf_checkpoint: str, *, engine_index: int, num_threads: int = 1, max_batch_size: int = 256
+        self,
+        hf_checkpoint: str,
+        *,
+        engine_index: int,
+        num_threads: int = 1,
+        max_batch_size: int = 256,
+        log_sink: ActorHandle | None = None,
     ) -> None:
-        _setup_process(num_threads)
+        _setup_process(num_threads, log_sink, f"actor:rollout{engine_index}")
         self.engine_index = engine_index
+        started = time.perf_counter()
         self.engine = TorchRolloutEngine(hf_checkpoint, device=Device.detect(), max_batch_size=max_batch_size)
+        log.info(
+            "rollout engine %d ready in %.1fs (pid %d)",
+            engine_index,
+            time.perf_counter() - started,
+            os.getpid(),
+        )
 
     def ready(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "engine_index": self.engine_index, "threads": torch.get_num_threads()}
+        return {
+            "role": "rollout",
+            "pid": os.getpid(),
+            "engine_index": self.engine_index,
+            "threads": torch.get_num_threads(),
+            "placement_group": _placement_group_id(),
+        }
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
-        return self.engine.generate(prompts, params)
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, budgets: list[int] | None = None
+    ) -> list[GenerationResult]:
+        return self.engine.generate(prompts, params, budgets)
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> int:
         self.engine.load_weights(named_tensors, version)
@@ -90,3 +163,32 @@ class RolloutEngineActor:
 
     def onload(self) -> None:
         self.engine.onload()
+
+
+@log_exceptions
+class ForwardActor:
+    """The `reference` / `actor_fwd` roles when they have devices of their own: one model, forward only."""
+
+    def __init__(
+        self,
+        role: str,
+        model_path: str,
+        *,
+        temperature: float,
+        num_threads: int = 1,
+        log_sink: ActorHandle | None = None,
+    ) -> None:
+        _setup_process(num_threads, log_sink, f"actor:{role}")
+        self.role = role
+        self.model = LogProbModel(model_path, device=Device.detect(), temperature=temperature)
+        log.info("%s model ready from %s (pid %d)", role, model_path, os.getpid())
+
+    def ready(self) -> dict[str, Any]:
+        return {"role": self.role, "pid": os.getpid(), "placement_group": _placement_group_id()}
+
+    def log_probs(self, batch: RolloutBatch) -> torch.Tensor:
+        return self.model.log_probs(batch)
+
+    def load_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> int:
+        self.model.load_weights(named_tensors, version)
+        return version

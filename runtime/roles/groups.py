@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -12,8 +12,9 @@ from ray.actor import ActorHandle
 from ray.util.placement_group import PlacementGroup
 
 from runtime.devices import Device
-from runtime.roles.actors import RolloutEngineActor, TrainActor
-from runtime.roles.placement import Topology, plan_topology, release, reserve
+from runtime.roles.actors import ForwardActor, RolloutEngineActor, TrainActor
+from runtime.roles.logs import start_log_sink
+from runtime.roles.placement import Role, Topology, plan_topology, release, reserve
 from runtime.rollout.engine import GenerationResult, SamplingParams
 from runtime.train.checkpoint import CheckpointRecord
 from runtime.train.torch_backend import TrainConfig
@@ -32,11 +33,17 @@ class TrainGroup:
 
     # Batches go to the object store first: Ray 2.60 passes an argument holding torch tensors inline
     # ~100x slower than a reference to the same object (measured: 180 ms vs 8 ms for a few KB).
-    def compute_log_probs(self, batch: RolloutBatch) -> RolloutBatch:
-        return ray.get(self.leader.compute_log_probs.remote(ray.put(batch)))
+    def compute_log_probs(self, batch: RolloutBatch, *, old: bool = True, ref: bool = True) -> RolloutBatch:
+        return ray.get(self.leader.compute_log_probs.remote(ray.put(batch), old, ref))
 
     def train_step(self, batch: RolloutBatch) -> dict[str, float]:
         return ray.get(self.leader.train_step.remote(ray.put(batch)))
+
+    def evaluate_nll(self, batch: RolloutBatch) -> tuple[float, int]:
+        return ray.get(self.leader.evaluate_nll.remote(ray.put(batch)))
+
+    def update_reference(self) -> None:
+        ray.get(self.leader.update_reference.remote())
 
     def async_named_weights(self) -> ray.ObjectRef:
         """The weights as one object in Ray's object store (the trainer's copy is untouched)."""
@@ -51,8 +58,13 @@ class TrainGroup:
     def onload(self) -> None:
         ray.get([a.onload.remote() for a in self.actors])
 
-    def save_checkpoint(self, save_dir: str, iteration: int, extra_state: dict[str, Any]) -> CheckpointRecord:
-        return ray.get(self.leader.save_checkpoint.remote(save_dir, iteration, extra_state))
+    def save_checkpoint(
+        self, save_dir: str, iteration: int, extra_state: dict[str, Any], *, blocking: bool = True
+    ) -> CheckpointRecord | None:
+        return ray.get(self.leader.save_checkpoint.remote(save_dir, iteration, extra_state, blocking))
+
+    def finished_saves(self, *, wait: bool = False) -> list[CheckpointRecord]:
+        return ray.get(self.leader.finished_saves.remote(wait))
 
     def load_checkpoint(self, load_dir: str) -> tuple[int, dict[str, Any]] | None:
         return ray.get(self.leader.load_checkpoint.remote(load_dir))
@@ -73,30 +85,51 @@ class RolloutGroup:
     def weight_version(self) -> int:
         return self._weight_version
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, budgets: list[int] | None = None
+    ) -> list[GenerationResult]:
         shares = _split_evenly(len(prompts), len(self.actors))
         refs, start = [], 0
         for index, (actor, size) in enumerate(zip(self.actors, shares, strict=True)):
             if size:
                 seed = None if params.seed is None else params.seed + index
+                part = None if budgets is None else budgets[start : start + size]
                 refs.append(
                     actor.generate.remote(
-                        prompts[start : start + size], dataclasses.replace(params, seed=seed)
+                        prompts[start : start + size], dataclasses.replace(params, seed=seed), part
                     )
                 )
             start += size
         return [result for part in ray.get(refs) for result in part]
 
-    def load_weights(self, weights_ref: ray.ObjectRef, version: int) -> None:
-        """Every engine reads the same stored object; Ray resolves the ref inside each engine process."""
-        ray.get([a.load_weights.remote(weights_ref, version) for a in self.actors])
+    def async_load_weights(self, weights_ref: ray.ObjectRef, version: int) -> list[ray.ObjectRef]:
+        """Every engine reads the same stored object; Ray resolves the ref inside each engine process.
+        An engine applies it after the generate calls already queued on it (actor calls run in order)."""
         self._weight_version = version
+        return [a.load_weights.remote(weights_ref, version) for a in self.actors]
+
+    def load_weights(self, weights_ref: ray.ObjectRef, version: int) -> None:
+        ray.get(self.async_load_weights(weights_ref, version))
 
     def offload(self) -> None:
         ray.get([a.offload.remote() for a in self.actors])
 
     def onload(self) -> None:
         ray.get([a.onload.remote() for a in self.actors])
+
+
+class ForwardGroup:
+    """A forward-only role (`reference`, `actor_fwd`) on devices of its own."""
+
+    def __init__(self, role: Role, actors: list[ActorHandle]) -> None:
+        self.role = role
+        self.actors = actors
+
+    def log_probs(self, batch: RolloutBatch) -> Any:
+        return ray.get(self.actors[0].log_probs.remote(ray.put(batch)))
+
+    def async_load_weights(self, weights_ref: ray.ObjectRef, version: int) -> list[ray.ObjectRef]:
+        return [a.load_weights.remote(weights_ref, version) for a in self.actors]
 
 
 def _split_evenly(total: int, parts: int) -> list[int]:
@@ -110,70 +143,136 @@ class Roles:
     `use_for_training` are the explicit offload/onload points (no-ops when not colocated)."""
 
     topology: Topology
-    placement_group: PlacementGroup
-    train: TrainGroup
+    placement_groups: dict[str, PlacementGroup]
+    train: TrainGroup | None
     rollout: RolloutGroup | None
+    forward: dict[Role, ForwardGroup] = field(default_factory=dict)
+    log_sink: ActorHandle | None = None
+    infos: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def reference(self) -> ForwardGroup | None:
+        return self.forward.get(Role.REFERENCE)
+
+    @property
+    def actor_fwd(self) -> ForwardGroup | None:
+        return self.forward.get(Role.ACTOR_FWD)
 
     def use_for_rollout(self) -> None:
-        if self.topology.colocate and self.rollout is not None:
+        if self.topology.colocate and self.rollout is not None and self.train is not None:
             self.train.offload()
             self.rollout.onload()
 
     def use_for_training(self) -> None:
-        if self.topology.colocate and self.rollout is not None:
+        if self.topology.colocate and self.rollout is not None and self.train is not None:
             self.rollout.offload()
             self.train.onload()
 
+    def all_actors(self) -> list[ActorHandle]:
+        actors = list(self.train.actors) if self.train else []
+        actors += self.rollout.actors if self.rollout else []
+        for group in self.forward.values():
+            actors += group.actors
+        return actors
+
     def shutdown(self) -> None:
-        for actor in self.train.actors + (self.rollout.actors if self.rollout else []):
+        for actor in self.all_actors() + ([self.log_sink] if self.log_sink is not None else []):
             try:
                 ray.kill(actor)
             except Exception:  # noqa: BLE001 - best effort at shutdown
                 log.debug("actor already gone", exc_info=True)
-        release(self.placement_group)
+        release(self.placement_groups)
 
 
-def start_roles(
-    *,
-    backend: str,
-    hf_checkpoint: str,
-    train_config: TrainConfig,
-    need_ref: bool,
-    with_rollout: bool,
-    resource: dict[str, Any] | None,
-    colocate: bool,
-    device: Device,
-    env_vars: dict[str, str] | None = None,
-) -> Roles:
-    """Reserve the slots, start every actor in parallel and wait until each has loaded its model."""
-    topology = plan_topology(resource, colocate=colocate, with_rollout=with_rollout, device=device)
-    pg = reserve(topology)
+@dataclass(frozen=True)
+class RolePlan:
+    """Which roles a job starts and how (from the spec, by `pipeline.role_plan`)."""
+
+    backend: str
+    hf_checkpoint: str
+    train_config: TrainConfig
+    resource: dict[str, Any] | None
+    colocate: bool
+    with_train: bool = True
+    with_rollout: bool = True
+    need_ref: bool = False  # the trainer holds the reference model (colocated, or no reference role)
+    separate: dict[Role, str] = field(default_factory=dict)  # forward-only role -> its initial weights
+    log_probs_temperature: float = 1.0
+
+
+def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | None = None) -> Roles:
+    """Reserve the placement groups, start every actor in parallel and wait until each has loaded its model."""
+    topology = plan_topology(
+        plan.resource,
+        colocate=plan.colocate,
+        with_rollout=plan.with_rollout,
+        with_train=plan.with_train,
+        device=device,
+        separate_roles=tuple(plan.separate),
+    )
+    pgs = reserve(topology)
     runtime_env = {"env_vars": env_vars} if env_vars else None
+    sink = None
     try:
+        sink = start_log_sink()
         train_actors = [
             ray.remote(TrainActor)
-            .options(runtime_env=runtime_env, **slot.ray_options(pg, device))
-            .remote(backend, hf_checkpoint, train_config, need_ref=need_ref, num_threads=1)
+            .options(runtime_env=runtime_env, **slot.ray_options(pgs, device))
+            .remote(
+                plan.backend,
+                plan.hf_checkpoint,
+                plan.train_config,
+                need_ref=plan.need_ref,
+                num_threads=1,
+                log_sink=sink,
+            )
             for slot in topology.train_slots
         ]
         engine_actors = [
             ray.remote(RolloutEngineActor)
-            .options(runtime_env=runtime_env, **slot.ray_options(pg, device))
-            .remote(hf_checkpoint, engine_index=index, num_threads=1)
+            .options(runtime_env=runtime_env, **slot.ray_options(pgs, device))
+            .remote(plan.hf_checkpoint, engine_index=index, num_threads=1, log_sink=sink)
             for index, slot in enumerate(topology.rollout_slots)
         ]
-        infos = ray.get([a.ready.remote() for a in train_actors + engine_actors])
+        forward = {
+            role: ForwardGroup(
+                role,
+                [
+                    ray.remote(ForwardActor)
+                    .options(runtime_env=runtime_env, **slot.ray_options(pgs, device))
+                    .remote(
+                        str(role),
+                        model_path,
+                        temperature=plan.log_probs_temperature,
+                        num_threads=1,
+                        log_sink=sink,
+                    )
+                    for slot in topology.role_slots(role)
+                ],
+            )
+            for role, model_path in plan.separate.items()
+        }
+        everyone = train_actors + engine_actors + [a for g in forward.values() for a in g.actors]
+        infos = ray.get([a.ready.remote() for a in everyone])
     except BaseException:
-        release(pg)
+        release(pgs)
+        if sink is not None:
+            ray.kill(sink)
         raise
     log.info(
-        "roles ready: %d trainer, %d rollout engine(s), colocate=%s: %s",
+        "roles ready: %d trainer, %d rollout engine(s), %s, colocate=%s, placement groups %s",
         len(train_actors),
         len(engine_actors),
+        {str(r): len(g.actors) for r, g in forward.items()} or "no forward-only roles",
         topology.colocate,
-        infos,
+        dict(topology.groups),
     )
-    roles = Roles(
-        topology, pg, TrainGroup(train_actors), RolloutGroup(engine_actors) if engine_actors else None
+    return Roles(
+        topology=topology,
+        placement_groups=pgs,
+        train=TrainGroup(train_actors) if train_actors else None,
+        rollout=RolloutGroup(engine_actors) if engine_actors else None,
+        forward=forward,
+        log_sink=sink,
+        infos=infos,
     )
-    return roles

@@ -1,9 +1,18 @@
-"""Turns `resource` / `colocate` into Ray placement: bundles, and what each role's actors ask for."""
+"""Turns `resource` / `colocate` into Ray placement: one placement group per role, or one shared group
+for colocated roles, and what each role's actors ask for.
+
+`resource` reads as in Relax: `{"role": [replicas, gpus]}` where `gpus` is the role's total device count
+(one device = a GPU, or one CPU on CPU pools). The torch backend trains on one device, so `actor` is one
+device; `rollout` starts one engine per device. `reference` and `actor_fwd`, when listed and not
+colocated, are forward-only actors of their own (one device each); colocated, those models live in the
+trainer's process, sharing its device, as Relax swaps them into the actor's GPUs.
+"""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import ray
@@ -14,10 +23,20 @@ from runtime.devices import Device, DeviceKind
 
 log = logging.getLogger(__name__)
 
+
+class Role(StrEnum):
+    ACTOR = "actor"  # the trainer (policy, optimizer; reference model when colocated)
+    ROLLOUT = "rollout"  # generation engines
+    REFERENCE = "reference"  # forward-only reference model for KL terms
+    ACTOR_FWD = "actor_fwd"  # forward-only copy of the policy computing old log-probs
+
+
+SUPPORTED_ROLES = frozenset(Role)
 DEFAULT_RESOURCE = {"actor": [1, 1], "rollout": [1, 1]}
 # In a colocated slot the roles split the slot; they take turns on it (offload/onload), so the split only
 # tells Ray that both fit. On CPU a slot is one CPU.
 COLOCATED_SHARE = 0.5
+COLOCATED_GROUP = "colocated"  # the placement group colocated roles share
 
 
 class UnsupportedTopology(ValueError):
@@ -26,14 +45,15 @@ class UnsupportedTopology(ValueError):
 
 @dataclass(frozen=True)
 class Slot:
-    """Where one actor goes and what it asks Ray for."""
+    """Where one actor goes (a bundle of a named placement group) and what it asks Ray for."""
 
+    group: str
     bundle_index: int
     share: float  # fraction of the bundle's device (1.0 = the whole slot)
 
-    def ray_options(self, pg: PlacementGroup, device: Device) -> dict[str, Any]:
+    def ray_options(self, pgs: dict[str, PlacementGroup], device: Device) -> dict[str, Any]:
         strategy = PlacementGroupSchedulingStrategy(
-            placement_group=pg, placement_group_bundle_index=self.bundle_index
+            placement_group=pgs[self.group], placement_group_bundle_index=self.bundle_index
         )
         if device.kind is DeviceKind.CUDA:
             return {"num_gpus": self.share, "num_cpus": 0.5 * self.share, "scheduling_strategy": strategy}
@@ -44,73 +64,124 @@ class Slot:
 class Topology:
     device: Device
     colocate: bool
-    num_bundles: int
-    train_slots: tuple[Slot, ...]
-    rollout_slots: tuple[Slot, ...]
+    groups: dict[str, int]  # placement group name -> number of bundles (one device each)
+    slots: dict[Role, tuple[Slot, ...]] = field(default_factory=dict)
 
-    def bundles(self) -> list[dict[str, float]]:
+    @property
+    def num_bundles(self) -> int:
+        return sum(self.groups.values())
+
+    def bundles(self, group: str) -> list[dict[str, float]]:
         unit = {"GPU": 1.0, "CPU": 1.0} if self.device.kind is DeviceKind.CUDA else {"CPU": 1.0}
-        return [dict(unit) for _ in range(self.num_bundles)]
+        return [dict(unit) for _ in range(self.groups[group])]
+
+    def role_slots(self, role: Role) -> tuple[Slot, ...]:
+        return self.slots.get(role, ())
+
+    @property
+    def train_slots(self) -> tuple[Slot, ...]:
+        return self.role_slots(Role.ACTOR)
+
+    @property
+    def rollout_slots(self) -> tuple[Slot, ...]:
+        return self.role_slots(Role.ROLLOUT)
 
 
 def _pair(resource: dict[str, Any], role: str) -> tuple[int, int]:
-    value = resource.get(role, DEFAULT_RESOURCE[role])
+    value = resource.get(role, DEFAULT_RESOURCE.get(role))
     if not (
         isinstance(value, list | tuple)
         and len(value) == 2
-        and all(isinstance(v, int) and v > 0 for v in value)
+        and all(isinstance(v, int) and v >= 0 for v in value)
+        and value[0] > 0
     ):
         raise UnsupportedTopology(
-            f"resource.{role} must be [replicas, gpus] with positive integers, got {value!r}"
+            f"resource.{role} must be [replicas, devices] with a positive replica count, got {value!r}"
         )
     return int(value[0]), int(value[1])
 
 
 def plan_topology(
-    resource: dict[str, Any] | None, *, colocate: bool, with_rollout: bool, device: Device
+    resource: dict[str, Any] | None,
+    *,
+    colocate: bool,
+    with_rollout: bool,
+    device: Device,
+    with_train: bool = True,
+    separate_roles: tuple[Role, ...] = (),
 ) -> Topology:
-    """One device (a GPU, or one CPU on CPU pools) per unit of `resource`.
+    """Slots for the trainer, the engines and the forward-only roles named in `separate_roles` (those the
+    job needs and `resource` lists).
 
-    The torch backend trains in one process on one device, so `resource.actor` must amount to one unit;
-    each rollout unit is one torch engine. Colocated, the engines share the slots and the trainer shares
-    slot 0; otherwise trainer and engines get slots of their own.
+    Colocated (`colocate` without hybrid): every role shares one placement group, as many bundles as the
+    actor has devices, each role taking half a slot. Otherwise each role has a placement group of its own.
     """
     resource = resource or DEFAULT_RESOURCE
-    actor_replicas, actor_units = _pair(resource, "actor")
-    if actor_replicas * actor_units != 1:
+    unknown = sorted(set(resource) - SUPPORTED_ROLES)
+    if unknown:
         raise UnsupportedTopology(
-            f"resource.actor={[actor_replicas, actor_units]}: the torch train backend trains on one device; use [1, 1]"
+            f"resource roles {unknown} are not implemented by the torch backend "
+            f"(it runs {sorted(SUPPORTED_ROLES)})"
         )
-    engines = 0
+    if with_train:
+        replicas, devices = _pair(resource, Role.ACTOR)
+        if devices != 1:
+            raise UnsupportedTopology(
+                f"resource.actor={[replicas, devices]}: the torch train backend trains on one device; use [1, 1]"
+            )
+    if colocate and with_train and with_rollout:
+        # Relax: colocated engines span the actor's devices, whatever resource.rollout says
+        slots = {
+            Role.ACTOR: (Slot(COLOCATED_GROUP, 0, COLOCATED_SHARE),),
+            Role.ROLLOUT: (Slot(COLOCATED_GROUP, 0, COLOCATED_SHARE),),
+        }
+        return Topology(device, True, {COLOCATED_GROUP: 1}, slots)
+    groups: dict[str, int] = {}
+    slots: dict[Role, tuple[Slot, ...]] = {}
+    if with_train:
+        groups[str(Role.ACTOR)] = 1
+        slots[Role.ACTOR] = (Slot(str(Role.ACTOR), 0, 1.0),)
     if with_rollout:
-        rollout_replicas, rollout_units = _pair(resource, "rollout")
-        engines = rollout_replicas * rollout_units
-    if colocate and with_rollout:
-        train = (Slot(0, COLOCATED_SHARE),)
-        rollout = tuple(Slot(i, COLOCATED_SHARE) for i in range(engines))
-        return Topology(device, True, max(engines, 1), train, rollout)
-    train = (Slot(0, 1.0),)
-    rollout = tuple(Slot(1 + i, 1.0) for i in range(engines))
-    return Topology(device, False, 1 + engines, train, rollout)
+        engines = _pair(resource, Role.ROLLOUT)[1]
+        if engines < 1:
+            raise UnsupportedTopology("resource.rollout needs at least one device for the rollout engines")
+        groups[str(Role.ROLLOUT)] = engines
+        slots[Role.ROLLOUT] = tuple(Slot(str(Role.ROLLOUT), i, 1.0) for i in range(engines))
+    for role in separate_roles:
+        replicas, devices = _pair(resource, role)
+        if devices > 1 or replicas != 1:
+            raise UnsupportedTopology(
+                f"resource.{role}={[replicas, devices]}: the torch backend runs it on one device; use [1, 1]"
+            )
+        groups[str(role)] = 1
+        slots[role] = (Slot(str(role), 0, 1.0),)
+    return Topology(device, False, groups, slots)
 
 
-def reserve(topology: Topology, *, timeout_s: float = 120.0) -> PlacementGroup:
-    """Create the placement group and wait until Ray has reserved it (fails clearly instead of hanging)."""
-    pg = placement_group(topology.bundles(), strategy="PACK")
+def reserve(topology: Topology, *, timeout_s: float = 120.0) -> dict[str, PlacementGroup]:
+    """Create one placement group per group of the topology and wait until Ray has reserved them all
+    (fails clearly instead of hanging)."""
+    pgs: dict[str, PlacementGroup] = {}
     try:
-        ray.get(pg.ready(), timeout=timeout_s)
+        for name in topology.groups:
+            pgs[name] = placement_group(topology.bundles(name), strategy="PACK", name="")
+        ray.get([pg.ready() for pg in pgs.values()], timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
-        remove_placement_group(pg)
+        release(pgs)
         available = ray.available_resources()
         raise RuntimeError(
-            f"could not reserve {topology.bundles()} within {timeout_s:.0f}s; cluster has {available}"
+            f"could not reserve {dict(topology.groups)} within {timeout_s:.0f}s; cluster has {available}"
         ) from None
-    log.info("reserved placement group of %d bundle(s) %s", topology.num_bundles, topology.bundles()[0])
-    return pg
+    except BaseException:
+        release(pgs)
+        raise
+    log.info("reserved placement group(s) %s", {name: topology.groups[name] for name in pgs})
+    return pgs
 
 
-def release(pg: PlacementGroup) -> None:
-    try:
-        remove_placement_group(pg)
-    except Exception:  # noqa: BLE001 - best effort at shutdown
-        log.debug("placement group already gone", exc_info=True)
+def release(pgs: dict[str, PlacementGroup]) -> None:
+    for pg in pgs.values():
+        try:
+            remove_placement_group(pg)
+        except Exception:  # noqa: BLE001 - best effort at shutdown
+            log.debug("placement group already gone", exc_info=True)

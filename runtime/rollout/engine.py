@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, GenerationConfig
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, StoppingCriteria
 
 from runtime.devices import Device
 
@@ -16,8 +17,8 @@ transformers.utils.logging.disable_progress_bar()
 
 
 class FinishReason(StrEnum):
-    STOP = "stop"  # a stop token was generated (it is the last response token)
-    LENGTH = "length"  # max_new_tokens reached first
+    STOP = "stop"  # a stop token or stop string was generated (it ends the response)
+    LENGTH = "length"  # the request's token budget was reached first
 
 
 @dataclass(frozen=True)
@@ -30,14 +31,47 @@ class SamplingParams:
     top_k: int = -1
     max_new_tokens: int = 64
     stop_token_ids: tuple[int, ...] = ()  # added to the model's own EOS ids
+    stop: tuple[str, ...] = ()  # `rollout-stop`: the response ends after the first of these strings (kept)
+    min_new_tokens: int = 0  # `eval-min-new-tokens`: stop tokens are suppressed before this many tokens
     seed: int | None = None  # seeds the sampler for this call (reproducible rollouts)
 
 
 @dataclass
 class GenerationResult:
-    token_ids: list[int]  # response ids, the stop token included when finish_reason is STOP
+    token_ids: list[int]  # response ids, the stop token (or the tokens of a stop string) included
     log_probs: list[float]  # log p(token) under softmax(logits / temperature), one per token
     finish_reason: FinishReason
+    weight_version: int = 0  # the engine's weights when it generated this
+
+
+class _StopOnStrings(StoppingCriteria):
+    """Marks a row done once its generated text contains one of the stop strings."""
+
+    def __init__(self, tokenizer: Any, stops: Sequence[str], prompt_width: int) -> None:
+        self.tokenizer = tokenizer
+        self.stops = tuple(stops)
+        self.prompt_width = prompt_width
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        texts = self.tokenizer.batch_decode(input_ids[:, self.prompt_width :])
+        return torch.tensor(
+            [any(stop in text for stop in self.stops) for text in texts], device=input_ids.device
+        )
+
+
+def stop_string_end(tokenizer: Any, token_ids: list[int], stops: Sequence[str]) -> int | None:
+    """The shortest prefix of `token_ids` whose text contains a stop string (its length), or None.
+    Containment only grows with the prefix, so a binary search over prefix lengths finds it."""
+    if not stops or not any(stop in tokenizer.decode(token_ids) for stop in stops):
+        return None
+    low, high = 1, len(token_ids)
+    while low < high:
+        mid = (low + high) // 2
+        if any(stop in tokenizer.decode(token_ids[:mid]) for stop in stops):
+            high = mid
+        else:
+            low = mid + 1
+    return low
 
 
 @dataclass
@@ -55,6 +89,7 @@ class TorchRolloutEngine:
     def __init__(self, hf_checkpoint: str, *, device: Device, max_batch_size: int = 256) -> None:
         self.device = device
         self.model = AutoModelForCausalLM.from_pretrained(hf_checkpoint, dtype=torch.float32)
+        self.tokenizer = AutoTokenizer.from_pretrained(hf_checkpoint)  # for stop strings
         self.model.eval()
         self.model.to(device.torch_device)
         gen = self.model.generation_config
@@ -90,17 +125,28 @@ class TorchRolloutEngine:
 
     # -- generation ------------------------------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, budgets: list[int] | None = None
+    ) -> list[GenerationResult]:
+        """Continue every token sequence in `prompts`. `budgets[i]` caps request i's new tokens below
+        `params.max_new_tokens` (the rest of its response or context length)."""
         if self.offloaded:
             raise RuntimeError("rollout engine is offloaded; call onload() first")
         if params.seed is not None:
             torch.manual_seed(params.seed)
+        budgets = budgets if budgets is not None else [params.max_new_tokens] * len(prompts)
         results: list[GenerationResult] = []
         for start in range(0, len(prompts), self.max_batch_size):
-            results.extend(self._generate_chunk(prompts[start : start + self.max_batch_size], params))
+            end = start + self.max_batch_size
+            results.extend(self._generate_chunk(prompts[start:end], params, budgets[start:end]))
         return results
 
-    def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
+    def _generate_chunk(
+        self, prompts: list[list[int]], params: SamplingParams, budgets: list[int]
+    ) -> list[GenerationResult]:
+        budgets = [max(0, min(b, params.max_new_tokens)) for b in budgets]
+        if max(budgets) == 0:
+            return [GenerationResult([], [], FinishReason.LENGTH, self.weight_version) for _ in prompts]
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros_like(input_ids)
@@ -114,15 +160,20 @@ class TorchRolloutEngine:
             temperature=None if greedy else params.temperature,
             top_k=None if greedy or params.top_k <= 0 else params.top_k,
             top_p=None if greedy or params.top_p >= 1.0 else params.top_p,
-            max_new_tokens=params.max_new_tokens,
+            max_new_tokens=max(budgets),
+            min_new_tokens=min(params.min_new_tokens, max(budgets)) or None,
             eos_token_id=stop_ids,
             pad_token_id=self.pad_token_id,
             output_logits=True,
             return_dict_in_generate=True,
         )
         device = self.device.torch_device
+        criteria = [_StopOnStrings(self.tokenizer, params.stop, width)] if params.stop else None
         out = self.model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), generation_config=config
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            generation_config=config,
+            stopping_criteria=criteria,
         )
         new_tokens = out.sequences[:, width:].cpu()  # [B, L]
         logits = torch.stack(out.logits, dim=1).float().cpu()  # [B, L, V], raw (before any warper)
@@ -134,8 +185,15 @@ class TorchRolloutEngine:
         results = []
         for row in range(len(prompts)):
             ids = new_tokens[row].tolist()
-            end = next((i + 1 for i, tok in enumerate(ids) if tok in stop_set), None)
-            reason = FinishReason.STOP if end is not None else FinishReason.LENGTH
-            end = end if end is not None else len(ids)
-            results.append(GenerationResult(ids[:end], log_probs[row, :end].tolist(), reason))
+            ends = [i + 1 for i, tok in enumerate(ids) if tok in stop_set][:1]
+            text_end = stop_string_end(self.tokenizer, ids, params.stop)
+            if text_end is not None:
+                ends.append(text_end)
+            end = min(ends) if ends else None
+            reason = FinishReason.STOP
+            if end is None or end > budgets[row]:  # stopped (or not) only past this request's budget
+                end, reason = min(len(ids), budgets[row]), FinishReason.LENGTH
+            results.append(
+                GenerationResult(ids[:end], log_probs[row, :end].tolist(), reason, self.weight_version)
+            )
         return results

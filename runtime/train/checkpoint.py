@@ -104,3 +104,76 @@ def record(path: Path, step: int, fmt: CheckpointFormat) -> CheckpointRecord:
     return CheckpointRecord(
         step=step, path=str(path), size_bytes=directory_size(path), format=fmt, time=time.time()
     )
+
+
+def list_iterations(root: str | Path) -> list[int]:
+    """The iterations with a (complete) `iter_NNNNNNN` folder under `root`, ascending."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        name = child.name
+        if child.is_dir() and name.startswith("iter_") and len(name) == 12 and name[5:].isdigit():
+            found.append(int(name[5:]))
+    return sorted(found)
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """Which checkpoints stay (`max-actor-ckpt-to-keep`, `rotate-ckpt`).
+
+    Iteration r is an *interval* checkpoint when `save-interval` divides r + 1 (the saves the interval
+    asks for; Relax numbering: the checkpoint after rollout r is iteration r).
+
+    - without rotation: the newest `keep` checkpoints stay (all when `keep` is None);
+    - with rotation (every step is saved): the newest checkpoint stays, plus the newest interval
+      checkpoints, `keep` of them at most counting the newest itself (all when `keep` is None); the
+      intermediate ones go as soon as a newer checkpoint exists.
+
+    The newest checkpoint always stays: it is what `load` resumes from.
+    """
+
+    keep: int | None = None
+    rotate: bool = False
+    save_interval: int | None = None
+
+    def is_interval(self, iteration: int) -> bool:
+        return bool(self.save_interval) and (iteration + 1) % self.save_interval == 0  # type: ignore[operator]
+
+    def to_delete(self, iterations: list[int]) -> list[int]:
+        """The iterations to remove, given those on disk.
+
+        >>> RetentionPolicy(keep=2).to_delete([1, 3, 5])
+        [1]
+        >>> RetentionPolicy(rotate=True, save_interval=2).to_delete([0, 1, 2, 3, 4])
+        [0, 2]
+        >>> RetentionPolicy(keep=1, rotate=True, save_interval=2).to_delete([0, 1, 2, 3, 4])
+        [0, 1, 2]
+        """
+        if not iterations or (self.keep is None and not self.rotate):
+            return []
+        newest_first = sorted(iterations, reverse=True)
+        latest = newest_first[0]
+        if not self.rotate:
+            keep = max(1, self.keep or 1)
+            return sorted(newest_first[keep:])
+        budget = None if self.keep is None else max(0, self.keep - (1 if self.is_interval(latest) else 0))
+        kept_intervals = 0
+        delete = []
+        for iteration in newest_first[1:]:
+            if self.is_interval(iteration) and (budget is None or kept_intervals < budget):
+                kept_intervals += 1
+            else:
+                delete.append(iteration)
+        return sorted(delete)
+
+
+def prune_checkpoints(root: str | Path, policy: RetentionPolicy) -> list[Path]:
+    """Remove the `iter_*` folders the policy lets go; returns what was removed."""
+    removed = []
+    for iteration in policy.to_delete(list_iterations(root)):
+        folder = iteration_dir(root, iteration)
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import logging
 import math
+import time
 from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,10 +34,12 @@ from runtime.train.schedule import LRSchedule
 from runtime.types import RolloutBatch
 
 transformers.utils.logging.disable_progress_bar()
+log = logging.getLogger(__name__)
 
 STATE_FILE = (
     "trainer_state.json"  # inside iter_NNNNNNN/: iteration, weight version, the driver's data position
 )
+REFERENCE_DIR = "ref_model"  # inside iter_NNNNNNN/ when `ref-update-interval` moves the reference
 CHECKPOINT_LAYOUT = "relax-torch/1"
 
 
@@ -61,6 +67,20 @@ class TrainConfig:
     # `ref-load`: the reference model, and the policy's initial weights (an HF folder or a checkpoint root)
     ref_load: str | None = None
     ref_ckpt_step: int | None = None  # `ref-ckpt-step`: which iteration of a ckpt-root `ref-load`
+    # `ref-update-interval`: the reference follows the policy, so checkpoints carry its weights too
+    ref_update_interval: int | None = None
+
+
+@dataclass
+class _Snapshot:
+    """A checkpoint's content copied off the live model, so writing it can overlap training (`async-save`)."""
+
+    iteration: int
+    model_state: dict[str, torch.Tensor]
+    optimizer_state: dict[str, Any] | None
+    rng_state: torch.Tensor
+    ref_state: dict[str, torch.Tensor] | None
+    state: dict[str, Any]
 
 
 def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -109,6 +129,8 @@ class TorchTrainBackend:
         )
         self.optimizer_steps = 0
         self.offloaded = False
+        self._saver: ThreadPoolExecutor | None = None  # one writer thread: saves land in order
+        self._pending_saves: list[Future[CheckpointRecord]] = []
 
     # -- forward passes ----------------------------------------------------------------------------------
     def _forward(self, model: PreTrainedModel, batch: RolloutBatch) -> torch.Tensor:
@@ -135,15 +157,17 @@ class TorchTrainBackend:
         width = batch.tokens.shape[1]
         return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts])
 
-    def compute_log_probs(self, batch: RolloutBatch) -> RolloutBatch:
-        """Fill `old_log_probs` (the policy before this update) and, with a reference model, `ref_log_probs`."""
+    def compute_log_probs(self, batch: RolloutBatch, *, old: bool = True, ref: bool = True) -> RolloutBatch:
+        """Fill `old_log_probs` (the policy before this update) and, with a reference model, `ref_log_probs`
+        (`old`/`ref` False: another role computes them)."""
         self._require_onloaded()
-        batch.old_log_probs = (
-            batch.rollout_log_probs.clone()
-            if self.config.use_rollout_logprobs
-            else self._log_probs(self.model, batch)
-        ) * batch.loss_mask
-        if self.ref_model is not None:
+        if old:
+            batch.old_log_probs = (
+                batch.rollout_log_probs.clone()
+                if self.config.use_rollout_logprobs
+                else self._log_probs(self.model, batch)
+            ) * batch.loss_mask
+        if ref and self.ref_model is not None:
             batch.ref_log_probs = self._log_probs(self.ref_model, batch) * batch.loss_mask
         return batch
 
@@ -205,6 +229,20 @@ class TorchTrainBackend:
         self.optimizer_steps += 1
         return grad_norm
 
+    @torch.no_grad()
+    def evaluate_nll(self, batch: RolloutBatch) -> tuple[float, int]:
+        """SFT perplexity eval: (sum of -log p over the loss-masked tokens, their count), no update."""
+        self._require_onloaded()
+        log_probs = self._log_probs(self.model, batch)
+        mask = batch.loss_mask
+        return float(-(log_probs * mask).sum()), int(mask.sum())
+
+    def update_reference(self) -> None:
+        """`ref-update-interval`: the reference model takes the policy's current weights."""
+        if self.ref_model is None:
+            raise RuntimeError("ref-update-interval needs a reference model (use-kl-loss with ref-load)")
+        self.ref_model.load_state_dict(self.model.state_dict())
+
     # -- weights out -------------------------------------------------------------------------------------
     def named_weights(self) -> dict[str, torch.Tensor]:
         """A CPU copy of the policy's HF state dict (tied weights appear once), for weight sync."""
@@ -243,24 +281,75 @@ class TorchTrainBackend:
             raise RuntimeError("train backend is offloaded; call onload() first")
 
     # -- checkpoints ----------------------------------------------------------------------------------------
-    def save_checkpoint(self, save_dir: str, iteration: int, extra_state: dict[str, Any]) -> CheckpointRecord:
+    def save_checkpoint(
+        self, save_dir: str, iteration: int, extra_state: dict[str, Any], *, blocking: bool = True
+    ) -> CheckpointRecord | None:
         """Write `<save_dir>/iter_NNNNNNN/` (model, optimizer, RNG, `extra_state`) and point
-        `latest_checkpointed_iteration.txt` at it."""
-        final = iteration_dir(save_dir, iteration)
-        with atomic_directory(final) as scratch:
-            self.model.save_pretrained(scratch / "model")
-            if self.config.save_optimizer:
-                torch.save(self.optimizer.state_dict(), scratch / "optimizer.pt")
-            torch.save({"torch": torch.get_rng_state()}, scratch / "rng.pt")
-            state = {
+        `latest_checkpointed_iteration.txt` at it.
+
+        `blocking=False` (`async-save`): copy the state now, write it on a background thread and return
+        None; `finished_saves()` hands out the records of completed writes.
+        """
+        snapshot = self._snapshot(iteration, extra_state)
+        if blocking:
+            for pending in self._pending_saves:  # keep saves in order (their records stay pending)
+                pending.result()
+            return self._write(save_dir, snapshot)
+        if self._saver is None:
+            self._saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
+        self._pending_saves.append(self._saver.submit(self._write, save_dir, snapshot))
+        return None
+
+    def finished_saves(self, *, wait: bool = False) -> list[CheckpointRecord]:
+        """Records of the background saves that completed (all of them, waiting, with `wait`); a failed
+        write raises here."""
+        done = [f for f in self._pending_saves if wait or f.done()]
+        self._pending_saves = [f for f in self._pending_saves if f not in done]
+        return [f.result() for f in done]
+
+    def _snapshot(self, iteration: int, extra_state: dict[str, Any]) -> _Snapshot:
+        def cpu_copy(model: PreTrainedModel) -> dict[str, torch.Tensor]:
+            # tied weights (embedding = lm_head) stay one tensor, as save_pretrained expects
+            copies: dict[int, torch.Tensor] = {}
+            out = {}
+            for name, tensor in model.state_dict().items():
+                key = tensor.data_ptr()
+                if key not in copies:
+                    copies[key] = tensor.detach().to("cpu", copy=True)
+                out[name] = copies[key]
+            return out
+
+        keep_ref = self.ref_model is not None and self.config.ref_update_interval is not None
+        return _Snapshot(
+            iteration=iteration,
+            model_state=cpu_copy(self.model),
+            optimizer_state=copy.deepcopy(self.optimizer.state_dict())
+            if self.config.save_optimizer
+            else None,
+            rng_state=torch.get_rng_state(),
+            ref_state=cpu_copy(self.ref_model) if keep_ref else None,  # type: ignore[arg-type]
+            state={
                 "layout": CHECKPOINT_LAYOUT,
                 "iteration": iteration,
                 "optimizer_steps": self.optimizer_steps,
-                "extra": extra_state,
-            }
-            (scratch / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
-        write_latest_iteration(save_dir, iteration)
-        return record(final, iteration, CheckpointFormat.TORCH)
+                "extra": copy.deepcopy(extra_state),
+            },
+        )
+
+    def _write(self, save_dir: str, snap: _Snapshot) -> CheckpointRecord:
+        started = time.perf_counter()
+        final = iteration_dir(save_dir, snap.iteration)
+        with atomic_directory(final) as scratch:
+            self.model.save_pretrained(scratch / "model", state_dict=snap.model_state)
+            if snap.optimizer_state is not None:
+                torch.save(snap.optimizer_state, scratch / "optimizer.pt")
+            torch.save({"torch": snap.rng_state}, scratch / "rng.pt")
+            if snap.ref_state is not None:
+                self.model.save_pretrained(scratch / REFERENCE_DIR, state_dict=snap.ref_state)
+            (scratch / STATE_FILE).write_text(json.dumps(snap.state, indent=2) + "\n")
+        write_latest_iteration(save_dir, snap.iteration)
+        log.info("wrote %s in %.2fs", final, time.perf_counter() - started)
+        return record(final, snap.iteration, CheckpointFormat.TORCH)
 
     def load_checkpoint(self, load_dir: str) -> tuple[int, dict[str, Any]] | None:
         """Restore the latest iteration under `load_dir`; returns (iteration, extra_state), or None if there
@@ -277,6 +366,9 @@ class TorchTrainBackend:
             self.optimizer.load_state_dict(torch.load(optimizer_file, map_location=self.device.torch_device))
         torch.set_rng_state(torch.load(folder / "rng.pt")["torch"])
         self.optimizer_steps = int(state.get("optimizer_steps", 0))
+        if self.ref_model is not None and (folder / REFERENCE_DIR).is_dir():
+            reference = AutoModelForCausalLM.from_pretrained(folder / REFERENCE_DIR, dtype=torch.float32)
+            self.ref_model.load_state_dict(reference.state_dict())
         return iteration, dict(state.get("extra", {}))
 
     def export_hf(self, out_dir: str, step: int) -> CheckpointRecord:

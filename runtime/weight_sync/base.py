@@ -1,15 +1,18 @@
-"""The `WeightSync` interface (trainer -> rollout engines) and its backend registry."""
+"""The `WeightSync` interface (trainer -> rollout engines and forward-only roles) and its backend registry."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
+
+import ray
 
 from runtime.registry import Registry
 
 if TYPE_CHECKING:
-    from runtime.roles.groups import RolloutGroup, TrainGroup
+    from runtime.roles.groups import TrainGroup
 
 
 class WeightSyncBackend(StrEnum):
@@ -17,15 +20,25 @@ class WeightSyncBackend(StrEnum):
     # later: "nccl" (broadcast from the trainer rank to engine ranks), "disk" (HF folder on shared storage)
 
 
-class WeightSync(ABC):
-    """Moves the trainer's current weights into every rollout engine and stamps them with a version.
+class WeightReceiver(Protocol):
+    """A group of actors that take new weights (rollout engines, the actor_fwd / reference roles)."""
 
-    The driver calls `push` after a training step (every `update-weights-interval` steps); samples
-    record the version they were generated with.
+    def async_load_weights(self, weights_ref: ray.ObjectRef, version: int) -> list[ray.ObjectRef]: ...
+
+
+class WeightSync(ABC):
+    """Moves the trainer's current weights into every receiver and stamps them with a version.
+
+    The driver pushes after a training step (every `update-weights-interval` steps); samples record the
+    version they were generated with. `wait=False` returns as soon as the transfer is queued (fully-async
+    mode: an engine applies it after the generate calls already queued on it); `ray.get` the returned refs
+    to wait.
     """
 
     @abstractmethod
-    def push(self, train: TrainGroup, rollout: RolloutGroup, *, version: int) -> None: ...
+    def push(
+        self, train: TrainGroup, receivers: Sequence[WeightReceiver], *, version: int, wait: bool = True
+    ) -> list[ray.ObjectRef]: ...
 
 
 WEIGHT_SYNC_BACKENDS: Registry[type[WeightSync]] = Registry("weight sync backend")

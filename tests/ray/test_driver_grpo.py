@@ -78,7 +78,9 @@ def grpo_spec(artifacts: dict[str, Path], out: Path, **overrides) -> dict:
     return spec
 
 
-def test_grpo_reward_rises_with_colocated_actors(artifacts: dict[str, Path], tmp_path: Path) -> None:
+def test_grpo_reward_rises_with_colocated_actors(
+    ray_local, artifacts: dict[str, Path], tmp_path: Path
+) -> None:
     spec_file = tmp_path / "grpo.json"
     spec_file.write_text(json.dumps({"name": "grpo-test", "spec": grpo_spec(artifacts, tmp_path)}))
     assert driver.main(["--spec-file", str(spec_file)]) == 0
@@ -98,7 +100,9 @@ def test_grpo_reward_rises_with_colocated_actors(artifacts: dict[str, Path], tmp
     assert (tmp_path / "ckpt" / "iter_0000019" / "model").is_dir()
     lines = (tmp_path / "ckpt" / "rollout_result" / "train" / "0.jsonl").read_text().splitlines()
     assert len(lines) == 16 * 8 and {"prompt", "response", "label", "reward"} <= set(json.loads(lines[0]))
-    assert (tmp_path / "ckpt" / "rollout_result" / "eval" / "0_arith.jsonl").exists()
+    eval_rows = (tmp_path / "ckpt" / "rollout_result" / "eval" / "0.jsonl").read_text().splitlines()
+    assert len(eval_rows) == 16 and json.loads(eval_rows[0])["dataset"] == "arith"
+    assert {"eval/arith", "eval/arith-truncated_ratio"} <= set(metrics)
     reports = read_reports(tmp_path / "report")
     checkpoints = [c for r in reports for c in r["checkpoints"]]
     assert {(c["step"], c["format"]) for c in checkpoints} == {
@@ -112,7 +116,9 @@ def test_grpo_reward_rises_with_colocated_actors(artifacts: dict[str, Path], tmp
     assert [r["phase"] for r in reports if r["phase"]] == ["running"]
 
 
-def test_grpo_with_separate_actors_and_two_engines(artifacts: dict[str, Path], tmp_path: Path) -> None:
+def test_grpo_with_separate_actors_and_two_engines(
+    ray_local, artifacts: dict[str, Path], tmp_path: Path
+) -> None:
     """Not colocated: trainer and two rollout engines each in their own slot; weights reach both engines."""
     spec = grpo_spec(
         artifacts,

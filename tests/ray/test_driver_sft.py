@@ -43,7 +43,7 @@ def sft_spec(artifacts: dict[str, Path], out: Path) -> dict:
 
 
 def test_sft_reports_stops_on_request_and_resumes(
-    artifacts: dict[str, Path], tmp_path: Path, fake_platform, monkeypatch: pytest.MonkeyPatch
+    ray_local, artifacts: dict[str, Path], tmp_path: Path, fake_platform, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spec = sft_spec(artifacts, tmp_path)
     platform, url = fake_platform(spec, token="job-token", stop_after_step=25)
@@ -91,3 +91,66 @@ def test_sft_reports_stops_on_request_and_resumes(
     assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == str(
         stopped_at + 3
     )
+
+
+def test_sft_on_conversations_with_holdout_perplexity_and_predictions(
+    ray_local, artifacts: dict[str, Path], tmp_path: Path, fake_platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ShareGPT conversations (key map, system prompt, tools), eval-size holdout, perplexity every
+    eval-interval steps, predictions every sft-predict-interval steps, oversize rows truncated."""
+    from runtime.data.arith import SHAREGPT_KEY_MAP
+    from runtime.spec import load_spec
+
+    raw = {
+        "train_backend": "torch",
+        "hf_checkpoint": str(artifacts["model"]),
+        "prompt_data": str(artifacts["sft_chat"]),
+        "input_key": "conversations",
+        "conversation_key_map": SHAREGPT_KEY_MAP,
+        "system_prompt": "Answer in \\boxed{}.",
+        "tool_key": "tools",
+        "loss_type": "sft",
+        "rollout_shuffle": True,
+        "rollout_batch_size": 16,
+        "global_batch_size": 16,
+        "use_dynamic_batch_size": True,
+        "max_tokens_per_gpu": 64,
+        "sft_oversize_strategy": "truncate_left",
+        "num_rollout": 20,
+        "lr": 3e-3,
+        "lr_decay_style": "constant",
+        "weight_decay": 0.0,
+        "eval_size": 0.1,
+        "eval_interval": 10,
+        "sft_predict_interval": 20,
+        "eval_max_response_len": 8,
+        "eval_temperature": 0.0,
+        "resource": {"actor": [1, 1], "rollout": [1, 1]},
+        "save": str(tmp_path / "ckpt"),
+    }
+    spec = load_spec(raw).values()
+    platform, url = fake_platform(spec, token="tok")
+    monkeypatch.setenv("RELAX_JOB_TOKEN", "tok")
+    monkeypatch.setenv("RELAX_JOB_ATTEMPT", "0")
+    assert driver.main(["--job-id", "job_chat", "--api-url", url]) == 0
+
+    metrics: dict[str, dict[int, float]] = {}
+    for m in platform.items("metrics"):
+        metrics.setdefault(m["name"], {})[m["step"]] = m["value"]
+    assert sorted(metrics["eval/loss"]) == [10, 20] and metrics["eval/loss"][20] < metrics["eval/loss"][10]
+    assert metrics["eval/ppl"][20] == pytest.approx(2.718281828 ** metrics["eval/loss"][20], rel=1e-6)
+    assert metrics["eval/num_tokens"][10] > 0 and "perf/sft_predict_time" in metrics
+    (prediction,) = platform.items("predictions")
+    path = Path(prediction["path"])
+    assert path == tmp_path / "ckpt" / "predict" / "predictions_step_19.jsonl" and prediction["step"] == 19
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == prediction["num_samples"] == 10  # 10% of 100 conversations held out
+    assert all(set(r) == {"prompt", "reference", "completion"} for r in rows)
+    assert rows[0]["prompt"].endswith("<|im_start|>assistant\n") and rows[0]["reference"].startswith(
+        "\\boxed{"
+    )
+    logs = platform.items("logs")
+    assert any(
+        "capacity 64: truncate_left" in line["message"] for line in logs
+    )  # logged where the samples are built
+    assert any(line["source"].startswith("actor:") for line in logs)  # actor logs reach the platform

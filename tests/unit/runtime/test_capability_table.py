@@ -8,7 +8,9 @@ DOC = Path(__file__).resolve().parents[3] / "docs" / "reference" / "capabilities
 
 
 def test_capability_table_is_up_to_date() -> None:
-    assert DOC.read_text() == render_markdown(), "run: python -m runtime.capabilities > docs/reference/capabilities.md"
+    assert DOC.read_text() == render_markdown(), (
+        "run: python -m runtime.capabilities > docs/reference/capabilities.md"
+    )
 
 
 def test_every_restriction_is_documented() -> None:

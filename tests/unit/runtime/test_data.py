@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from runtime.data.arith import ArithTask, write_datasets
-from runtime.data.prompts import DatasetConfig, PromptFormatter, RolloutDataSource, read_prompt_items
+from runtime.data.prompts import DatasetConfig, PromptCursor, PromptFormatter, read_prompt_items
 from runtime.data.sft import SFTExampleBuilder
 
 
@@ -16,7 +16,7 @@ def test_write_datasets_is_deterministic(tmp_path: Path) -> None:
     a = write_datasets(tmp_path / "a", seed=3)
     b = write_datasets(tmp_path / "b", seed=3)
     c = write_datasets(tmp_path / "c", seed=4)
-    assert set(a) == {"train", "test", "sft"}
+    assert set(a) == {"train", "test", "sft", "sft_chat"}
     for key in a:
         assert a[key].read_text() == b[key].read_text()
     assert a["train"].read_text() != c["train"].read_text()
@@ -51,13 +51,13 @@ def test_data_source_epochs_shuffle_and_resume(tmp_path: Path) -> None:
     path = tmp_path / "p.jsonl"
     path.write_text("".join(json.dumps({"input": f"q{i}", "label": str(i)}) + "\n" for i in range(5)))
     items = read_prompt_items(path, DatasetConfig(label_key="label"))
-    source = RolloutDataSource(items, shuffle=True, seed=7)
+    source = PromptCursor(items, shuffle=True, seed=7)
     first = [p.index for p in source.next_prompts(3)]
     state = source.state_dict()
     rest = [p.index for p in source.next_prompts(4)]  # crosses into epoch 1
     assert sorted(first + rest[:2]) == list(range(5))
     assert source.state_dict()["epoch"] == 1
-    resumed = RolloutDataSource(items, shuffle=True, seed=7)
+    resumed = PromptCursor(items, shuffle=True, seed=7)
     resumed.load_state_dict(state)
     assert [p.index for p in resumed.next_prompts(4)] == rest
 

@@ -52,17 +52,17 @@ def test_unsupported_parameters_are_named() -> None:
         "use_tis": True,
         "tensor_model_parallel_size": 1,
         "advantage_estimator": "gspo",
-        "over_sampling_batch_size": 8,
+        "over_sampling_batch_size": 16,
         "rollout_batch_size": 8,
     }
     assert unsupported_parameters(values, defaults) == ["advantage_estimator='gspo'", "use_tis"]
-    assert unsupported_parameters({**values, "over_sampling_batch_size": 16}, defaults)[-1] == "use_tis"
-    assert "over_sampling_batch_size=16" in unsupported_parameters(
-        {**values, "over_sampling_batch_size": 16}, defaults
+    assert unsupported_parameters({**values, "num_iters_per_train_update": 2}, defaults)[-1] == ("use_tis")
+    assert "num_iters_per_train_update=2" in unsupported_parameters(
+        {**values, "num_iters_per_train_update": 2}, defaults
     )
 
 
-@pytest.mark.parametrize("example", ["sft-arith.yaml", "grpo-arith.yaml"])
+@pytest.mark.parametrize("example", ["sft-arith.yaml", "grpo-arith.yaml", "sft-chat.yaml", "grpo-chat.yaml"])
 def test_examples_normalize_with_jobspec_and_pass_the_capability_check(example: str) -> None:
     jobspec = pytest.importorskip("jobspec")
     from runtime.spec import parameter_defaults

@@ -1,0 +1,423 @@
+"""SGLang's native HTTP API served by the built-in torch engine, so the runtime's SGLang client path runs for
+real where SGLang cannot be installed.
+
+    python -m runtime.rollout.sglang.server --model-path DIR --host 127.0.0.1 --port 30000
+
+Routes are thin: parse with `protocol`, call `ServingEngine`, answer in SGLang's shapes and status codes
+(400 with `{"error": {"message"}}` for bad requests, as SGLang's `_create_error_response`). The endpoint
+table and the differences from SGLang are in runtime/README.md ("SGLang protocol").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import threading
+import time
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, ConfigDict
+
+from runtime.rollout.sglang.protocol import (
+    SGLANG_PROTOCOL_VERSION,
+    ProtocolError,
+    generate_response,
+    normalize_generate,
+)
+from runtime.rollout.sglang.serving import ENGINE_NAME, EngineUnavailable, ServingEngine
+from runtime.rollout.sglang.tensor_payload import RELAX_SAFETENSORS_FORMAT, decode_named_tensors
+
+log = logging.getLogger("runtime.rollout.sglang.server")
+
+
+# -- request bodies of the control endpoints (SGLang's io_struct names; unknown fields ignored) ----------------
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class UpdateWeightFromDiskBody(_Body):
+    model_path: str
+    load_format: str | None = None
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    flush_cache: bool = True
+
+
+class UpdateWeightsFromTensorBody(_Body):
+    serialized_named_tensors: list[str]
+    load_format: str | None = None
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+
+
+class UpdateWeightVersionBody(_Body):
+    new_version: str
+    abort_all_requests: bool = True
+
+
+class MemoryOccupationBody(_Body):
+    tags: list[str] | None = None
+
+
+class AbortBody(_Body):
+    rid: str = ""
+    abort_all: bool = False
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """The launch flags we honour, under SGLang's names; `/get_server_info` reports them."""
+
+    model_path: str
+    tokenizer_path: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 30000
+    tp_size: int = 1
+    dp_size: int = 1
+    mem_fraction_static: float | None = None  # accepted, ignored: there is no KV pool to size
+    max_running_requests: int | None = None  # the largest batch one forward takes
+    random_seed: int | None = None
+    skip_tokenizer_init: bool = False
+    served_model_name: str | None = None
+    context_length: int | None = None
+    log_level: str = "info"
+    relax_watch_pid: int | None = None  # ours: exit when this process (the launching actor) is gone
+
+
+# -- errors in SGLang's shapes ------------------------------------------------------------------------------------
+
+
+def _error(message: str, status: int = 400) -> JSONResponse:
+    return JSONResponse({"error": {"message": message}}, status_code=status)
+
+
+async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    # SGLang answers body validation errors with 400 (FastAPI's default is 422).
+    assert isinstance(exc, RequestValidationError)
+    message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+    return JSONResponse(
+        {"object": "error", "message": message, "type": "Bad Request", "param": None, "code": 400},
+        status_code=400,
+    )
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw:
+        return {}
+    try:
+        data = await request.json()
+    except ValueError as exc:
+        raise ProtocolError(f"the body is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ProtocolError("the body must be a JSON object")
+    return data
+
+
+# -- the app --------------------------------------------------------------------------------------------------------
+
+
+def create_app(serving: ServingEngine, args: ServerArgs) -> FastAPI:
+    """The FastAPI app over a constructed engine (tests build it in-process; `main` serves it)."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):  # type: ignore[no-untyped-def]
+        serving.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(serving.close)
+
+    app = FastAPI(title="relax built-in engine (SGLang protocol)", lifespan=lifespan)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    started = time.time()
+    tokenizer = None if args.skip_tokenizer_init else serving.tokenizer
+
+    def encode(text: str) -> list[int]:
+        assert tokenizer is not None
+        return list(tokenizer(text)["input_ids"])
+
+    def token_text(token_id: int) -> str:
+        return "" if tokenizer is None else tokenizer.decode([token_id])
+
+    async def run_generate(body: dict[str, Any]) -> Any:
+        normalized = normalize_generate(
+            body, None if tokenizer is None else encode, vocab_size=serving.vocab_size
+        )
+        futures = serving.submit(normalized.requests)
+        outputs = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+        items = [
+            generate_response(out, req, token_text=token_text)
+            for out, req in zip(outputs, normalized.requests, strict=True)
+        ]
+        if args.skip_tokenizer_init:
+            for item in items:
+                item.pop("text", None)
+        return items[0] if normalized.is_single else items
+
+    @app.api_route("/generate", methods=["POST", "PUT"])
+    async def generate(request: Request) -> Response:
+        try:
+            return JSONResponse(await run_generate(await _json_body(request)))
+        except ProtocolError as exc:
+            return _error(str(exc))
+        except EngineUnavailable as exc:
+            return _error(str(exc), status=503)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/health_generate")
+    async def health_generate() -> Response:
+        """One greedy token, as SGLang's probe. Skipped (200) while the engine is busy (SGLang ignores the
+        probe then too) and while its memory is released on purpose."""
+        memory = serving.memory_state()
+        if serving.load()["running"] or "released" in (memory["weights"], memory["kv_cache"]):
+            return Response(status_code=200)
+        probe = {"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
+        try:
+            await asyncio.wait_for(run_generate(probe), timeout=20)
+        except Exception:  # noqa: BLE001 - any failure is "unhealthy"
+            log.exception("health_generate failed")
+            return Response(status_code=503)
+        return Response(status_code=200)
+
+    def model_info() -> dict[str, Any]:
+        config = serving.model.config
+        return {
+            "model_path": serving.model_path,
+            "tokenizer_path": args.tokenizer_path or args.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": serving.weight_version,
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": getattr(config, "model_type", None),
+            "architectures": getattr(config, "architectures", None),
+        }
+
+    def server_info() -> dict[str, Any]:
+        return {
+            **asdict(args),
+            "model_path": serving.model_path,
+            "version": SGLANG_PROTOCOL_VERSION,
+            "engine": ENGINE_NAME,  # ours: a real SGLang server has no such key
+            "weight_version": serving.weight_version,
+            "startup_time": started,
+            "internal_states": [{"load": serving.load(), **serving.stats}],
+            "memory_occupation": serving.memory_state(),
+            "max_batch_size": serving.max_batch_size,
+            "tensor_load_formats": [RELAX_SAFETENSORS_FORMAT],
+        }
+
+    app.get("/get_model_info")(model_info)
+    app.get("/model_info")(model_info)
+    app.get("/get_server_info")(server_info)
+    app.get("/server_info")(server_info)
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> Response:
+        if serving.flush_cache():
+            return PlainTextResponse(
+                "Cache flushed.\nPlease check backend logs for more details. "
+                "(When there are running or waiting requests, the operation will not be performed.)\n"
+            )
+        return PlainTextResponse(
+            "Cache not flushed: there are running or waiting requests.\n", status_code=400
+        )
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(body: UpdateWeightFromDiskBody) -> Response:
+        if body.abort_all_requests:
+            serving.abort(abort_all=True, message="Aborted by a weight update")
+        try:
+            message = await asyncio.to_thread(
+                serving.update_weights_from_disk, body.model_path, weight_version=body.weight_version
+            )
+        except (ProtocolError, ValueError, OSError) as exc:
+            return JSONResponse(
+                {"success": False, "message": f"Failed to update weights: {exc}", "num_paused_requests": 0},
+                status_code=400,
+            )
+        return JSONResponse({"success": True, "message": message, "num_paused_requests": 0})
+
+    @app.post("/update_weights_from_tensor")
+    async def update_weights_from_tensor(body: UpdateWeightsFromTensorBody) -> Response:
+        if body.load_format != RELAX_SAFETENSORS_FORMAT:
+            return JSONResponse(
+                {
+                    "success": False,
+                    "message": (
+                        f"load_format={body.load_format!r} is not accepted: this server takes "
+                        f"load_format={RELAX_SAFETENSORS_FORMAT!r} (base64 safetensors bytes), not SGLang's "
+                        "ForkingPickler payload (it would unpickle request data and needs the sender's "
+                        "shared memory)"
+                    ),
+                },
+                status_code=400,
+            )
+        if len(body.serialized_named_tensors) != args.tp_size:
+            return JSONResponse(
+                {
+                    "success": False,
+                    "message": f"expected {args.tp_size} serialized_named_tensors entries (tp_size)",
+                },
+                status_code=400,
+            )
+        if body.abort_all_requests:
+            serving.abort(abort_all=True, message="Aborted by a weight update")
+        try:
+            named = await asyncio.to_thread(decode_named_tensors, body.serialized_named_tensors[0])
+            message = await asyncio.to_thread(
+                serving.update_weights_from_tensors, named, weight_version=body.weight_version
+            )
+        except (ProtocolError, ValueError) as exc:
+            return JSONResponse({"success": False, "message": str(exc)}, status_code=400)
+        return JSONResponse({"success": True, "message": message})
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(body: UpdateWeightVersionBody) -> Response:
+        if body.abort_all_requests:
+            serving.abort(abort_all=True, message="Aborted by a weight version update")
+        await asyncio.to_thread(serving.set_weight_version, body.new_version)
+        return JSONResponse(
+            {
+                "success": True,
+                "message": f"Weight version updated to {body.new_version}",
+                "new_version": body.new_version,
+            }
+        )
+
+    async def memory_route(request: Request, release: bool) -> Response:
+        try:
+            body = MemoryOccupationBody.model_validate(await _json_body(request))
+            action = serving.release_memory if release else serving.resume_memory
+            await asyncio.to_thread(action, body.tags)
+        except (ProtocolError, ValueError) as exc:
+            return _error(str(exc))
+        return JSONResponse(None)  # SGLang's handler returns nothing: 200 with a null body
+
+    @app.api_route("/release_memory_occupation", methods=["GET", "POST"])
+    async def release_memory_occupation(request: Request) -> Response:
+        return await memory_route(request, release=True)
+
+    @app.api_route("/resume_memory_occupation", methods=["GET", "POST"])
+    async def resume_memory_occupation(request: Request) -> Response:
+        return await memory_route(request, release=False)
+
+    @app.post("/abort_request")
+    async def abort_request(body: AbortBody) -> Response:
+        if body.abort_all or body.rid:
+            serving.abort(body.rid, abort_all=body.abort_all)
+        else:
+            log.warning("Ignore abort_request with empty rid and abort_all=False")
+        return Response(status_code=200)
+
+    return app
+
+
+# -- command line ------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> ServerArgs:
+    """SGLang's flag names for what we honour; any other SGLang flag is accepted and ignored with a log
+    line, so launch scripts written for `sglang.launch_server` work unchanged."""
+    p = argparse.ArgumentParser(description="SGLang-protocol HTTP server over the built-in torch engine")
+    p.add_argument("--model-path", "--model", required=True)
+    p.add_argument("--tokenizer-path")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--tp-size", "--tensor-parallel-size", "--tp", type=int, default=1)
+    p.add_argument("--dp-size", "--data-parallel-size", "--dp", type=int, default=1)
+    p.add_argument("--mem-fraction-static", type=float)
+    p.add_argument("--max-running-requests", type=int)
+    p.add_argument("--random-seed", type=int)
+    p.add_argument("--skip-tokenizer-init", action="store_true")
+    p.add_argument("--served-model-name")
+    p.add_argument("--context-length", type=int)
+    p.add_argument("--log-level", default="info")
+    p.add_argument("--relax-watch-pid", type=int, help="exit when this pid is gone (the launching actor)")
+    known, unknown = p.parse_known_args(argv)
+    args = ServerArgs(**{k: v for k, v in vars(known).items()})
+    if args.tp_size != 1 or args.dp_size != 1:
+        p.error("the built-in engine runs one process: --tp-size and --dp-size must be 1")
+    if args.mem_fraction_static is not None:
+        log.info(
+            "--mem-fraction-static %s accepted and ignored (no KV pool to size)", args.mem_fraction_static
+        )
+    if unknown:
+        log.info("SGLang flags accepted and ignored by the built-in engine: %s", " ".join(unknown))
+    return args
+
+
+def build_serving(args: ServerArgs) -> ServingEngine:
+    import torch
+    import transformers
+    from transformers import AutoTokenizer
+
+    from runtime.devices import Device
+    from runtime.rollout.engine import TorchRolloutEngine
+
+    transformers.utils.logging.set_verbosity_error()  # HF warns about every unset/neutral sampling field
+    if args.random_seed is not None:
+        torch.manual_seed(args.random_seed)
+    engine = TorchRolloutEngine(
+        args.model_path, device=Device.detect(), max_batch_size=args.max_running_requests or 256
+    )
+    tokenizer = None
+    if not args.skip_tokenizer_init:
+        tokenizer = (
+            AutoTokenizer.from_pretrained(args.tokenizer_path)
+            if args.tokenizer_path
+            else getattr(engine, "tokenizer", None) or AutoTokenizer.from_pretrained(args.model_path)
+        )
+    return ServingEngine(engine, tokenizer, model_path=args.model_path, max_batch_size=engine.max_batch_size)
+
+
+def _watch_parent(pid: int, server: Any) -> None:
+    """A launching Ray actor that is killed (SIGKILL) cannot stop its child; the child notices instead."""
+    while not server.should_exit:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            log.warning("launching process %d is gone; shutting down", pid)
+            server.should_exit = True
+            return
+        time.sleep(1.0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr
+    )
+    args = parse_args(argv)
+    logging.getLogger().setLevel(args.log_level.upper())
+    began = time.perf_counter()
+    serving = build_serving(args)
+    log.info("model %s loaded in %.2f s", args.model_path, time.perf_counter() - began)
+    config = uvicorn.Config(
+        create_app(serving, args), host=args.host, port=args.port, log_level="warning", access_log=False
+    )
+    server = uvicorn.Server(config)
+    if args.relax_watch_pid:
+        threading.Thread(target=_watch_parent, args=(args.relax_watch_pid, server), daemon=True).start()
+    log.info("serving the SGLang protocol on http://%s:%d", args.host, args.port)
+    server.run()
+
+
+if __name__ == "__main__":
+    main()

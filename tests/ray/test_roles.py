@@ -1,0 +1,128 @@
+"""Role actors on a real local Ray: one placement group per role, weight sync (rollout log-probs equal the
+trainer's right after a sync, and not before), forward-only reference role, actor logs and exceptions."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import ray
+
+from runtime.data.prompts import DatasetConfig, PromptFormatter, read_prompt_items
+from runtime.devices import Device
+from runtime.roles.groups import RolePlan, Roles, start_roles
+from runtime.roles.placement import Role
+from runtime.rollout.engine import SamplingParams
+from runtime.rollout.generate import GenerateContext, LengthLimits, advance
+from runtime.train.schedule import LRSchedule
+from runtime.train.torch_backend import TrainConfig
+from runtime.types import RolloutBatch, Sample
+from runtime.weight_sync import WeightSyncBackend, create_weight_sync
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def roles(ray_local, artifacts: dict[str, Path]):  # type: ignore[no-untyped-def]
+    plan = RolePlan(
+        backend="torch",
+        hf_checkpoint=str(artifacts["warm"]),
+        # an SFT loss: any batch moves the weights (a GRPO step on equal rewards would not)
+        train_config=TrainConfig(loss_type="sft", lr_schedule=LRSchedule(lr=5e-3), weight_decay=0.0),
+        resource={"actor": [1, 1], "rollout": [1, 2], "reference": [1, 1]},
+        colocate=False,
+        separate={Role.REFERENCE: str(artifacts["warm"])},
+    )
+    running = start_roles(plan, device=Device.detect())
+    try:
+        yield running
+    finally:
+        running.shutdown()
+
+
+def _rollout(roles: Roles, artifacts: dict[str, Path], seed: int) -> RolloutBatch:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(artifacts["warm"])
+    config = DatasetConfig(label_key="label")
+    formatter = PromptFormatter(tok, config)
+    items = read_prompt_items(artifacts["train_small"], config)[:8]
+    samples = [
+        Sample(i, i // 2, it.prompt, label=it.label, tokens=formatter.encode(it.prompt))
+        for i, it in enumerate(x for x in items for _ in range(2))
+    ]
+    ctx = GenerateContext(roles.rollout, tok, SamplingParams(max_new_tokens=8, seed=seed), LengthLimits(8), 0)  # type: ignore[arg-type]
+    advance(samples, ctx)
+    for s in samples:
+        s.reward = float(s.response.startswith(f"\\boxed{{{s.label}}}"))
+    return RolloutBatch.from_samples(samples, tok.pad_token_id)
+
+
+def _gap(batch: RolloutBatch) -> float:
+    assert batch.old_log_probs is not None
+    return float(((batch.old_log_probs - batch.rollout_log_probs).abs() * batch.loss_mask).max())
+
+
+def test_each_role_has_its_own_placement_group(roles: Roles) -> None:
+    assert {name: pg.bundle_count for name, pg in roles.placement_groups.items()} == {
+        "actor": 1,
+        "rollout": 2,
+        "reference": 1,
+    }
+    pg_of = {name: pg.id.hex() for name, pg in roles.placement_groups.items()}
+    by_role: dict[str, set[str]] = {}
+    for info in roles.infos:
+        by_role.setdefault(info["role"], set()).add(info["placement_group"])
+    assert by_role == {
+        "actor": {pg_of["actor"]},
+        "rollout": {pg_of["rollout"]},
+        "reference": {pg_of["reference"]},
+    }
+    assert len(set(pg_of.values())) == 3
+
+
+def test_rollout_log_probs_equal_trainer_log_probs_right_after_a_sync(
+    roles: Roles, artifacts: dict[str, Path]
+) -> None:
+    assert roles.train is not None and roles.rollout is not None and roles.reference is not None
+    sync = create_weight_sync(WeightSyncBackend.OBJECT_STORE)
+    batch = _rollout(roles, artifacts, seed=1)
+    batch = roles.train.compute_log_probs(batch, ref=False)
+    assert _gap(batch) < 1e-5  # same starting weights everywhere
+    reference = roles.reference.log_probs(batch)
+    assert float((reference - batch.old_log_probs).abs().max()) < 1e-5  # type: ignore[operator]
+
+    roles.train.train_step(batch)
+    stale = roles.train.compute_log_probs(_rollout(roles, artifacts, seed=2), ref=False)
+    assert _gap(stale) > 1e-3  # engines still hold the old weights
+
+    sync.push(roles.train, [roles.rollout], version=1)
+    fresh = roles.train.compute_log_probs(_rollout(roles, artifacts, seed=3), ref=False)
+    assert _gap(fresh) < 1e-5
+    # the reference role kept the initial weights until it is pushed to
+    after = roles.reference.log_probs(fresh)
+    assert float((after - fresh.old_log_probs).abs().max()) > 1e-3  # type: ignore[operator]
+    sync.push(roles.train, [roles.reference], version=1)
+    assert float((roles.reference.log_probs(fresh) - fresh.old_log_probs).abs().max()) < 1e-5  # type: ignore[operator]
+
+
+def test_actor_logs_and_exceptions_are_forwarded(roles: Roles, tmp_path: Path) -> None:
+    assert roles.train is not None and roles.log_sink is not None
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("7\n")  # points at a missing iter_0000007
+    with pytest.raises(ray.exceptions.RayTaskError):
+        roles.train.load_checkpoint(str(tmp_path))
+    items: list[dict] = []
+    deadline = time.time() + 10
+    while time.time() < deadline and not any("load_checkpoint failed" in i["message"] for i in items):
+        items += ray.get(roles.log_sink.drain.remote())
+        time.sleep(0.2)
+    sources = {i["source"] for i in items}
+    assert {"actor:train", "actor:rollout0", "actor:rollout1", "actor:reference"} <= sources
+    assert any("train backend ready" in i["message"] for i in items)
+    failure = next(i for i in items if "TrainActor.load_checkpoint failed" in i["message"])
+    assert (
+        failure["level"] == "ERROR"
+        and "Traceback" in failure["message"]
+        and failure["source"] == "actor:train"
+    )

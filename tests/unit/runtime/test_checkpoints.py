@@ -1,0 +1,101 @@
+"""Checkpoint retention (max-actor-ckpt-to-keep, rotate-ckpt), async save, reference updates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.devices import Device
+from runtime.train.checkpoint import (
+    RetentionPolicy,
+    iteration_dir,
+    list_iterations,
+    prune_checkpoints,
+    read_latest_iteration,
+)
+from runtime.train.schedule import LRSchedule
+from runtime.train.torch_backend import REFERENCE_DIR, TorchTrainBackend, TrainConfig
+from runtime.types import RolloutBatch, Sample
+
+
+@pytest.mark.parametrize(
+    ("policy", "on_disk", "kept"),
+    [
+        (RetentionPolicy(), [0, 1, 2], [0, 1, 2]),  # no retention asked for
+        (RetentionPolicy(keep=2), [1, 3, 5, 7], [5, 7]),
+        (RetentionPolicy(keep=0), [1, 3], [3]),  # the newest always stays: it is what load resumes
+        (RetentionPolicy(rotate=True, save_interval=2), [0, 1, 2, 3, 4], [1, 3, 4]),
+        (RetentionPolicy(rotate=True, save_interval=2), [0, 1, 2, 3], [1, 3]),
+        (RetentionPolicy(keep=1, rotate=True, save_interval=2), [0, 1, 2, 3, 4], [3, 4]),
+        (RetentionPolicy(keep=2, rotate=True, save_interval=3), list(range(9)), [5, 8]),
+    ],
+)
+def test_retention_policy(policy: RetentionPolicy, on_disk: list[int], kept: list[int]) -> None:
+    assert sorted(set(on_disk) - set(policy.to_delete(on_disk))) == kept
+
+
+def test_prune_removes_only_iteration_folders(tmp_path: Path) -> None:
+    for i in (0, 1, 2):
+        iteration_dir(tmp_path, i).mkdir()
+    (tmp_path / "rollout_result").mkdir()
+    (tmp_path / "iter_abc").mkdir()
+    removed = prune_checkpoints(tmp_path, RetentionPolicy(keep=1))
+    assert [p.name for p in removed] == ["iter_0000000", "iter_0000001"]
+    assert (
+        list_iterations(tmp_path) == [2]
+        and (tmp_path / "rollout_result").is_dir()
+        and (tmp_path / "iter_abc").is_dir()
+    )
+
+
+def _batch(tok) -> RolloutBatch:
+    prompt = tok("3+4=", add_special_tokens=False)["input_ids"]
+    answer = tok("\\boxed{7}", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    sample = Sample(0, 0, "", tokens=prompt + answer, response_length=len(answer))
+    return RolloutBatch.from_samples([sample] * 2, tok.pad_token_id)
+
+
+def test_async_save_writes_in_the_background_and_reports_when_done(tiny_model: Path, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    config = TrainConfig(loss_type="sft", lr_schedule=LRSchedule(lr=1e-2), weight_decay=0.0)
+    backend = TorchTrainBackend(str(tiny_model), config, device=Device.detect())
+    batch = _batch(tok)
+    backend.train_step(batch)
+    snapshot = {k: v.clone() for k, v in backend.model.state_dict().items()}
+    assert backend.save_checkpoint(str(tmp_path), 0, {"data": {"offset": 2}}, blocking=False) is None
+    backend.train_step(batch)  # training goes on while the writer thread works on the copy
+    records = backend.finished_saves(wait=True)
+    assert [r.step for r in records] == [0] and records[0].size_bytes > 0
+    assert read_latest_iteration(tmp_path) == 0 and backend.finished_saves() == []
+    restored = TorchTrainBackend(str(tiny_model), config, device=Device.detect())
+    assert restored.load_checkpoint(str(tmp_path)) == (0, {"data": {"offset": 2}})
+    for name, tensor in restored.model.state_dict().items():
+        assert torch.equal(tensor, snapshot[name]), name
+
+
+def test_reference_update_is_saved_and_restored(tiny_model: Path, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    config = TrainConfig(
+        loss_type="sft", lr_schedule=LRSchedule(lr=1e-2), weight_decay=0.0, ref_update_interval=1
+    )
+    backend = TorchTrainBackend(str(tiny_model), config, device=Device.detect(), need_ref=True)
+    backend.train_step(_batch(tok))
+    assert not torch.equal(
+        backend.model.model.embed_tokens.weight, backend.ref_model.model.embed_tokens.weight
+    )  # type: ignore[union-attr]
+    backend.update_reference()
+    policy = {k: v.clone() for k, v in backend.model.state_dict().items()}
+    assert all(torch.equal(v, policy[k]) for k, v in backend.ref_model.state_dict().items())  # type: ignore[union-attr]
+    backend.save_checkpoint(str(tmp_path), 0, {})
+    assert (iteration_dir(tmp_path, 0) / REFERENCE_DIR).is_dir()
+    fresh = TorchTrainBackend(str(tiny_model), config, device=Device.detect(), need_ref=True)
+    fresh.load_checkpoint(str(tmp_path))
+    assert all(torch.equal(v, policy[k]) for k, v in fresh.ref_model.state_dict().items())  # type: ignore[union-attr]
+    nll, tokens = fresh.evaluate_nll(_batch(tok))
+    assert tokens == int(_batch(tok).loss_mask.sum()) and nll > 0
