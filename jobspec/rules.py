@@ -914,6 +914,104 @@ def _rpp(ctx: RuleContext) -> None:
         )
 
 
+GRPO_FAMILY = ("grpo", "gspo", "sapo", "cispo")
+GROUP_BASELINE_ESTIMATORS = ("rloo", "reinforce_plus_plus_baseline")
+
+
+@rule(
+    "rule.kl_coef_ignored_by_grpo_family",
+    "kl-coef",
+    "advantage-estimator",
+    summary="--kl-coef is reward shaping that grpo, gspo, sapo and cispo do not apply (as in Relax): a "
+    "warning suggesting --use-kl-loss.",
+)
+def _kl_coef_grpo(ctx: RuleContext) -> None:
+    if not ctx.is_sft and ctx.kl_coef != 0 and ctx.advantage_estimator in GRPO_FAMILY:
+        ctx.warn(
+            f"--kl-coef {ctx.kl_coef} has no effect with --advantage-estimator {ctx.advantage_estimator}: "
+            "its advantages take no reward-side KL (Relax computes the KL, but does not apply it)",
+            "use --use-kl-loss with --kl-loss-coef for a KL term, or remove --kl-coef",
+            fields=("kl-coef", "advantage-estimator"),
+        )
+
+
+@rule(
+    "rule.rloo_one_step_per_rollout",
+    "advantage-estimator",
+    "global-batch-size",
+    "rollout-batch-size",
+    "n-samples-per-prompt",
+    summary="rloo's REINFORCE loss has no importance ratio: each rollout must train in one optimizer step "
+    "(global_batch_size == rollout_batch_size * n_samples_per_prompt), and needs groups of >= 2 samples.",
+)
+def _rloo_steps(ctx: RuleContext) -> None:
+    if ctx.is_sft or ctx.advantage_estimator != "rloo" or ctx.rollout_batch_size is None:
+        return
+    samples = ctx.rollout_batch_size * ctx.n_samples_per_prompt
+    if ctx.global_batch_size is not None and ctx.global_batch_size != samples:
+        ctx.error(
+            f"--advantage-estimator rloo trains without an importance ratio, so every optimizer step must use "
+            f"samples of the current policy; --global-batch-size {ctx.global_batch_size} splits the "
+            f"{samples} samples of a rollout into {samples // max(ctx.global_batch_size, 1)} steps",
+            f"set --global-batch-size {samples} (one step per rollout), or use grpo, which clips the ratio",
+            fields=("advantage-estimator", "global-batch-size"),
+        )
+    if ctx.n_samples_per_prompt < 2:
+        ctx.error(
+            "--advantage-estimator rloo's baseline is the mean of the other samples of the prompt: it needs "
+            f"--n-samples-per-prompt >= 2 (got {ctx.n_samples_per_prompt})",
+            "set --n-samples-per-prompt 2 or more",
+            fields=("advantage-estimator", "n-samples-per-prompt"),
+        )
+
+
+@rule(
+    "rule.rloo_without_normalize_advantages",
+    "advantage-estimator",
+    "normalize-advantages",
+    summary="rloo keeps the reward's scale: --normalize-advantages cannot be set with it.",
+)
+def _rloo_norm(ctx: RuleContext) -> None:
+    if not ctx.is_sft and ctx.advantage_estimator == "rloo" and ctx.normalize_advantages:
+        ctx.error(
+            "--advantage-estimator rloo keeps the reward's scale, but --normalize-advantages whitens it "
+            "(putting back the std division the leave-one-out baseline avoids)",
+            "remove --normalize-advantages",
+        )
+
+
+@rule(
+    "rule.group_baseline_needs_rewards_normalization",
+    "advantage-estimator",
+    "disable-rewards-normalization",
+    summary="rloo and reinforce_plus_plus_baseline subtract a group baseline, which is their reward "
+    "normalization: --disable-rewards-normalization cannot be set with them.",
+)
+def _group_baseline(ctx: RuleContext) -> None:
+    estimator = ctx.advantage_estimator
+    if not ctx.is_sft and estimator in GROUP_BASELINE_ESTIMATORS and ctx.disable_rewards_normalization:
+        ctx.error(
+            f"--advantage-estimator {estimator}'s group baseline is its reward normalization, but "
+            "--disable-rewards-normalization turns it off",
+            "remove --disable-rewards-normalization",
+        )
+
+
+@rule(
+    "rule.reinforce_plus_plus_baseline_without_kl_coef",
+    "advantage-estimator",
+    "kl-coef",
+    summary="reinforce_plus_plus_baseline takes its KL in the loss: --kl-coef must be 0 (use --use-kl-loss).",
+)
+def _rpp_baseline_kl(ctx: RuleContext) -> None:
+    if not ctx.is_sft and ctx.advantage_estimator == "reinforce_plus_plus_baseline" and ctx.kl_coef != 0:
+        ctx.error(
+            f"--advantage-estimator reinforce_plus_plus_baseline takes no reward-side KL, but --kl-coef is "
+            f"{ctx.kl_coef}",
+            "set --kl-coef 0 and use --use-kl-loss with --kl-loss-coef",
+        )
+
+
 @rule(
     "rule.fully_async_without_normalize_advantages",
     "fully-async",

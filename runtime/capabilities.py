@@ -9,7 +9,28 @@ from runtime.spec import RuntimeSpec
 
 # The `resource` roles the torch backend runs (runtime.roles.placement.Role; kept apart so the API
 # process importing this module does not import Ray).
-RESOURCE_ROLES = frozenset({"actor", "rollout", "reference", "actor_fwd"})
+RESOURCE_ROLES = frozenset({"actor", "rollout", "reference", "actor_fwd", "critic", "advantages"})
+
+# rm-type names `runtime.rewards` scores (each also as `boxed_<name>`); kept equal to
+# `runtime.rewards.known_rm_types()` by a test (imported here, they would pull the reward code into the API).
+RM_TYPES = frozenset(
+    {
+        "dapo",
+        "deepscaler",
+        "dummy",
+        "exact_match",
+        "f1",
+        "geo3k",
+        "gpqa",
+        "gsm8k",
+        "math",
+        "mopd",
+        "multiple_choice",
+        "openr1mm",
+        "random",
+        "remote_rm",
+    }
+)
 
 # Every parameter the runtime reads (RuntimeSpec's fields) is honoured by the torch backend...
 TORCH_BACKEND_PARAMETERS: frozenset[str] = RuntimeSpec.field_names() | {
@@ -25,10 +46,16 @@ TORCH_BACKEND_PARAMETERS: frozenset[str] = RuntimeSpec.field_names() | {
     "optimizer",
     "log_probs_max_tokens_per_gpu",  # log-probs are computed in fixed chunks; any budget is fine
     "balance_data",  # one data-parallel rank: nothing to balance
-    "disable_compute_advantages_and_returns",  # SFT computes none anyway
     "dump_details",  # Relax derives save-debug-rollout-data and save-debug-train-data under it
     "train_memory_margin_bytes",  # restricted below
     "sglang",  # SGLang passthrough arguments do not apply to the built-in engine
+    # read by `runtime.rewards.RewardModel.from_spec` from the spec's values
+    "rm_url",
+    "group_rm",
+    "reward_key",
+    "eval_reward_key",
+    "reward_max_concurrency",
+    "reward_num_workers",  # Relax's sync-reward actors; rewards run in the rollout's process here
 }
 
 
@@ -37,7 +64,7 @@ def _one_of(*allowed: Any) -> Callable[[Any, Mapping[str, Any]], bool]:
 
 
 def _resource_ok(value: Any, values: Mapping[str, Any]) -> bool:
-    """Roles this backend runs; the trainer (and each forward-only role) on one device."""
+    """Roles this backend runs; the trainer (and each forward-only role, and the critic) on one device."""
     if not value:
         return True
     if not isinstance(value, Mapping) or not set(value) <= RESOURCE_ROLES:
@@ -47,7 +74,19 @@ def _resource_ok(value: Any, values: Mapping[str, Any]) -> bool:
     }
     if not values.get("debug_rollout_only") and devices.get("actor", 1) != 1:
         return False
-    return all(devices.get(role, 1) <= 1 for role in ("reference", "actor_fwd"))
+    return all(devices.get(role, 1) <= 1 for role in ("reference", "actor_fwd", "critic"))
+
+
+def _rm_type_ok(value: Any, values: Mapping[str, Any]) -> bool:
+    """A type the reward stage scores; an unknown one only with `rm-type-fallback` (which then scores)."""
+    if value is None or values.get("custom_rm_path"):
+        return True
+    base = str(value).strip().removeprefix("boxed_")
+    return base in RM_TYPES or (base not in UNSUPPORTED_RM_TYPES and bool(values.get("rm_type_fallback")))
+
+
+# Relax rm-types with no implementation here (runtime.rewards.UNSUPPORTED_RM_TYPES says why)
+UNSUPPORTED_RM_TYPES = frozenset({"ifbench", "dapo-genrm"})
 
 
 # Honoured parameters whose value still matters: name -> does this backend implement the value?
@@ -55,11 +94,17 @@ RESTRICTIONS: dict[str, Callable[[Any, Mapping[str, Any]], bool]] = {
     "train_backend": _one_of("torch"),
     "rollout_num_gpus_per_engine": _one_of(1),
     "optimizer": _one_of("adam"),
-    "advantage_estimator": _one_of("grpo"),
-    "loss_type": _one_of("policy_loss", "sft", "sft_loss"),
+    "loss_type": _one_of("policy_loss", "custom_loss", "sft", "sft_loss"),
     "kl_loss_type": _one_of("k1", "k2", "k3", "low_var_kl"),
     "lr_decay_style": _one_of("constant", "linear", "cosine"),
     "resource": _resource_ok,
+    "rm_type": _rm_type_ok,
+    "rm_type_fallback": lambda value, _values: (
+        value is None or str(value).removeprefix("boxed_") in RM_TYPES | {"zero"}
+    ),
+    # the built-in engine's server and SGLang itself, over SGLang's HTTP API; `rollout-external` only
+    # with the servers' addresses
+    "rollout_external": lambda value, values: not value or bool(values.get("rollout_external_engine_addrs")),
     "num_iters_per_train_update": _one_of(1),
     "max_staleness": lambda value, values: not value or bool(values.get("fully_async")),
     "eval_config": lambda value, values: value is None or values.get("loss_type") not in ("sft", "sft_loss"),
@@ -122,11 +167,14 @@ RESTRICTION_DOCS: dict[str, str] = {
     "train_backend": "torch",
     "rollout_num_gpus_per_engine": "1",
     "optimizer": "adam",
-    "advantage_estimator": "grpo",
-    "loss_type": "policy_loss, sft",
+    "loss_type": "policy_loss, custom_loss, sft",
     "kl_loss_type": "k1, k2, k3, low_var_kl",
     "lr_decay_style": "constant, linear, cosine",
-    "resource": "roles actor, rollout, reference, actor_fwd; actor, reference and actor_fwd on one device",
+    "resource": "roles actor, rollout, reference, actor_fwd, critic, advantages; actor, reference, actor_fwd "
+    "and critic on one device",
+    "rm_type": "the rm-types of runtime/rewards (ifbench and dapo-genrm are not); any with --rm-type-fallback",
+    "rm_type_fallback": "zero, or an rm-type of runtime/rewards",
+    "rollout_external": "with --rollout-external-engine-addrs",
     "num_iters_per_train_update": "1",
     "max_staleness": "0 unless --fully-async",
     "eval_config": "RL jobs (SFT takes --eval-prompt-data or --eval-size)",

@@ -27,8 +27,9 @@ log = logging.getLogger("runtime.driver")
 
 # ---- the loops: one screen each ------------------------------------------------------------------------------
 def run_rl(p: Pipeline, start: int) -> None:
-    """RL: rollout (data, generate, reward, filter) -> log-probs -> advantages -> train -> weight sync,
-    with periodic save and eval. Modes (fully-async, debug) are stage implementations chosen at build."""
+    """RL: rollout (data, generate, reward, filter) -> log-probs -> values (PPO's critic) -> advantages ->
+    train -> weight sync, with periodic save and eval. Modes (fully-async, debug) are stage
+    implementations chosen at build."""
     p.begin_rl(start)
     p.reporter.metrics(start, p.evaluate(start))
     for rollout_id in range(start, p.total_rollouts):
@@ -37,6 +38,8 @@ def run_rl(p: Pipeline, start: int) -> None:
             rollout = p.collect_rollout(rollout_id)
         with t.stage(Stage.LOG_PROBS):
             batch = p.log_probs(rollout)
+        with t.stage(Stage.VALUES):
+            batch = p.values(batch)
         with t.stage(Stage.ADVANTAGES):
             batch = p.compute_advantages(batch)
         with t.stage(Stage.TRAIN):
@@ -156,10 +159,11 @@ def init_ray(address: str | None, spec: RuntimeSpec) -> bool:
     topology = plan_topology(
         spec.resource,
         colocate=spec.colocated,
-        with_rollout=spec.generates,
+        with_rollout=spec.starts_engines,
         with_train=spec.trains,
         device=Device.detect(),
         separate_roles=tuple(role_plan(spec, 1).separate),
+        with_critic=spec.has_critic,
     )
     ray.init(
         address="local",

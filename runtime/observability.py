@@ -21,6 +21,7 @@ class Stage(StrEnum):
     ROLLOUT = "rollout"  # generation by the rollout engines
     REWARD = "reward"  # scoring samples
     LOG_PROBS = "log_probs"  # trainer recomputes old (and reference) log-probs
+    VALUES = "values"  # PPO: the critic's values of the rollout (a no-op without a critic)
     ADVANTAGES = "advantages"  # advantage estimator
     TRAIN = "train"  # loss, backward, optimizer steps
     WEIGHT_SYNC = "weight_sync"  # trainer weights -> rollout engines

@@ -7,6 +7,7 @@ stay free of mode conditionals.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -18,7 +19,7 @@ import torch
 import transformers
 from transformers import AutoTokenizer
 
-from runtime.algos.advantages import AdvantageConfig, AdvantageInputs, compute_advantages, whiten
+from runtime.algos.advantages import AdvantageConfig, AdvantageInputs, compute_advantages_and_returns
 from runtime.algos.losses import LossConfig
 from runtime.data.prompts import (
     DatasetConfig,
@@ -36,8 +37,8 @@ from runtime.eval import eval_metrics, load_eval_datasets, perplexity_metrics, w
 from runtime.observability import Stage, StepTimer
 from runtime.plugins import DataPostprocessFn, DataSource, RolloutFn, load_hook
 from runtime.reporter import EventKind, Phase, Reporter, RolloutSplit
-from runtime.rewards import RewardScorer
-from runtime.roles.groups import RolePlan, Roles, start_roles
+from runtime.rewards import RewardModel
+from runtime.roles.groups import CriticPlan, RolePlan, Roles, engine_kind_from_env, start_roles
 from runtime.roles.logs import LogRelay
 from runtime.roles.placement import Role
 from runtime.rollout.context import DEFAULT_MAX_RESPONSE_LEN, RolloutContext, RolloutOutput
@@ -48,7 +49,8 @@ from runtime.rollout.sources import AheadRollout, LiveRollout, LoadedRollout, Ro
 from runtime.rollout.stats import rollout_metrics
 from runtime.saving import CheckpointManager
 from runtime.spec import RuntimeSpec
-from runtime.train.checkpoint import resolve_model_folder
+from runtime.train.checkpoint import CheckpointRecord, resolve_model_folder
+from runtime.train.critic import CriticConfig, critic_save_root
 from runtime.train.schedule import DecayStyle, LRSchedule
 from runtime.train.torch_backend import TrainConfig
 from runtime.types import RolloutBatch, Sample
@@ -84,6 +86,7 @@ class Pipeline:
     eval_fn: RolloutFn | None = None
     postprocess: DataPostprocessFn | None = None
     weight_sync: WeightSync | None = None
+    reward: RewardModel | None = None
     sft: SFTData | None = None
     relay: LogRelay | None = None
     pending_pushes: list[ray.ObjectRef] = field(default_factory=list)
@@ -91,6 +94,7 @@ class Pipeline:
         None  # the newest trained rollout: its data state is what a save records
     )
     _warned: set[str] = field(default_factory=set)
+    last_critic_save: int | None = None  # the iteration of the critic's newest checkpoint
 
     # -- RL stages --------------------------------------------------------------------------------------------
     def begin_rl(self, start: int) -> None:
@@ -107,52 +111,87 @@ class Pipeline:
         return self.source.collect(rollout_id)
 
     def log_probs(self, rollout: RolloutOutput) -> RolloutBatch:
-        """Old (policy) and reference log-probs, from the trainer or the forward-only roles; then
-        `rollout-data-postprocess-path`."""
+        """The batch with the estimator's rewards (`custom-reward-post-process-path`), old (policy) and
+        reference log-probs, from the trainer or the forward-only roles; then
+        `rollout-data-postprocess-path`. Old log-probs are always the trainer's recompute (the engine's
+        stay in `rollout_log_probs`; `use-rollout-logprobs` picks between them in the loss)."""
         batch = RolloutBatch.from_samples(rollout.samples, self.tokenizer.pad_token_id)
+        if self.reward is not None and self.reward.replaces_reward_normalization:
+            batch.rewards = torch.tensor(self.reward.post_process(rollout.samples), dtype=torch.float32)
         if self.roles.train is not None:
             self.roles.use_for_training()
             fwd, ref = self.roles.actor_fwd, self.roles.reference
-            fwd_old = fwd is not None and not self.spec.use_rollout_logprobs
-            batch = self.roles.train.compute_log_probs(batch, old=not fwd_old, ref=ref is None)
-            if fwd_old:
-                batch.old_log_probs = fwd.log_probs(batch)  # type: ignore[union-attr]
-            if ref is not None and self.spec.use_kl_loss:
+            batch = self.roles.train.compute_log_probs(batch, old=fwd is None, ref=ref is None)
+            if fwd is not None:
+                batch.old_log_probs = fwd.log_probs(batch)
+            if ref is not None and self.spec.needs_reference:
                 batch.ref_log_probs = ref.log_probs(batch)
         if self.postprocess is not None:
             batch = self.postprocess(rollout.samples, batch) or batch
         return batch
 
+    def values(self, batch: RolloutBatch) -> RolloutBatch:
+        """PPO: the critic's values of the rollout's prefixes (GAE's baseline, value clipping's old values)."""
+        if self.roles.critic is not None:
+            batch.values = self.roles.critic.compute_values(batch)
+        return batch
+
     def compute_advantages(self, batch: RolloutBatch) -> RolloutBatch:
+        """`advantage-estimator` (then the OPD term and whitening) over the batch: advantages and returns.
+        A custom reward post-process already normalised the rewards, so the estimator does not again."""
         s = self.spec
-        config = AdvantageConfig(
-            std_normalization=not s.disable_grpo_std_normalization,
-            rewards_normalization=not s.disable_rewards_normalization,
+        if s.disable_compute_advantages_and_returns:
+            return batch
+        replaced = self.reward is not None and self.reward.replaces_reward_normalization
+        out = compute_advantages_and_returns(
+            s.advantage_estimator,
+            AdvantageInputs(
+                batch.rewards,
+                batch.group_index,
+                batch.loss_mask,
+                log_probs=batch.rollout_log_probs if s.use_rollout_logprobs else batch.old_log_probs,
+                ref_log_probs=batch.ref_log_probs,
+                values=batch.values,
+                response_mask=batch.response_mask,
+                teacher_log_probs=batch.teacher_log_probs,
+            ),
+            advantage_config(s, rewards_normalization=not s.disable_rewards_normalization and not replaced),
         )
-        out = compute_advantages(
-            s.advantage_estimator, AdvantageInputs(batch.rewards, batch.group_index, batch.loss_mask), config
-        )
-        batch.advantages = (
-            whiten(out.advantages, batch.loss_mask) if s.normalize_advantages else out.advantages
-        )
-        batch.returns = out.returns
+        batch.advantages, batch.returns = out.advantages, out.returns
         return batch
 
     def train(self, rollout_id: int, batch: RolloutBatch) -> dict[str, float]:
-        """One training step (none under `debug-rollout-only`); then `ref-update-interval`."""
+        """One training step (none under `debug-rollout-only`); then `ref-update-interval`. PPO's critic
+        trains on the returns meanwhile, on its own device; the policy waits `num-critic-only-steps`
+        rollouts (and never trains with `critic-train-only`)."""
         if self.roles.train is None:
             return {}
         self.roles.use_for_training()
-        metrics = self.roles.train.train_step(batch)
-        interval = self.spec.ref_update_interval
-        if interval and (rollout_id + 1) % interval == 0:
-            self.update_reference(rollout_id)
+        critic_step = self.roles.critic.async_train_step(batch) if self.roles.critic is not None else None
+        metrics: dict[str, float] = {}
+        if self.policy_trains(rollout_id):
+            metrics = self.roles.train.train_step(batch)
+            interval = self.spec.ref_update_interval
+            if interval and (rollout_id + 1) % interval == 0:
+                self.update_reference(rollout_id)
+        if critic_step is not None:
+            critic = ray.get(critic_step)
+            metrics.update(
+                value_loss=critic["value_loss"],
+                value_clipfrac=critic["value_clipfrac"],
+                critic_grad_norm=critic["grad_norm"],
+                critic_lr=critic["lr"],
+            )
         return metrics
+
+    def policy_trains(self, rollout_id: int) -> bool:
+        s = self.spec
+        return not (s.has_critic and (s.critic_train_only or rollout_id < s.num_critic_only_steps))
 
     def update_reference(self, rollout_id: int) -> None:
         """`ref-update-interval`: the reference model (of the KL term) takes the policy's weights."""
         reference = self.roles.reference
-        if not self.spec.use_kl_loss:
+        if not self.spec.needs_reference:
             if "ref_update" not in self._warned:
                 log.warning(
                     "ref_update_interval is set but no KL term uses a reference model: nothing to update"
@@ -212,6 +251,16 @@ class Pipeline:
     ) -> None:
         state = {"data": self.data_state(rollout), "rollout_id": rollout_id}
         self.checkpoints.save(rollout_id, state, blocking=blocking)
+        self.save_critic(rollout_id)
+
+    def save_critic(self, rollout_id: int) -> None:
+        """PPO: the critic's checkpoint of the same iteration, under `critic-save` (else `<save>/critic`)."""
+        root = critic_save_root(self.spec.critic_save, self.spec.save)
+        if self.roles.critic is None or root is None or self.last_critic_save == rollout_id:
+            return
+        record: CheckpointRecord = self.roles.critic.save_checkpoint(root, rollout_id)
+        self.last_critic_save = rollout_id
+        self.reporter.event(EventKind.CHECKPOINT_SAVED, f"critic step {record.step}: {record.path}")
 
     def data_state(self, rollout: RolloutOutput | None) -> dict[str, Any]:
         """The data position as of the newest trained rollout (a fully-async source is further ahead)."""
@@ -400,6 +449,8 @@ class Pipeline:
         finally:
             if self.relay is not None:
                 self.relay.close()
+            if self.reward is not None:
+                self.reward.close()
             self.roles.shutdown()
 
 
@@ -415,19 +466,9 @@ def train_config_from(spec: RuntimeSpec, total_rollouts: int) -> TrainConfig:
         warmup_steps=spec.lr_warmup_iters,
         decay_steps=spec.lr_decay_iters or total_rollouts * steps_per_rollout,
     )
-    loss = LossConfig(
-        eps_clip=spec.eps_clip,
-        eps_clip_high=spec.effective_eps_clip_high,
-        eps_clip_c=spec.eps_clip_c,
-        use_kl_loss=spec.use_kl_loss,
-        kl_loss_coef=spec.kl_loss_coef,
-        kl_loss_type=spec.kl_loss_type,
-        entropy_coef=spec.entropy_coef,
-        per_token_loss=spec.calculate_per_token_loss,
-    )
     return TrainConfig(
         loss_type=spec.loss_type,
-        loss=loss,
+        loss=loss_config_from(spec),
         lr_schedule=schedule,
         weight_decay=spec.weight_decay,
         adam_beta1=spec.adam_beta1,
@@ -439,11 +480,83 @@ def train_config_from(spec: RuntimeSpec, total_rollouts: int) -> TrainConfig:
         micro_batch_size=spec.micro_batch_size,
         max_tokens_per_micro_batch=spec.max_tokens_per_gpu if spec.use_dynamic_batch_size else None,
         log_probs_temperature=1.0 if spec.is_sft else spec.rollout_temperature,
-        use_rollout_logprobs=spec.use_rollout_logprobs,
         save_optimizer=not spec.no_save_optim,
         ref_load=spec.ref_load,
         ref_ckpt_step=spec.ref_ckpt_step,
         ref_update_interval=spec.ref_update_interval,
+        only_train_params=tuple(spec.only_train_params_name_list or ()),
+        freeze_params=tuple(spec.freeze_params_name_list or ()),
+    )
+
+
+def loss_config_from(spec: RuntimeSpec) -> LossConfig:
+    """The loss parameters (policy loss, KL loss, off-policy corrections, value loss, hooks)."""
+    return LossConfig(
+        eps_clip=spec.eps_clip,
+        eps_clip_high=spec.effective_eps_clip_high,
+        eps_clip_c=spec.eps_clip_c,
+        use_kl_loss=spec.use_kl_loss,
+        kl_loss_coef=spec.kl_loss_coef,
+        kl_loss_type=spec.kl_loss_type,
+        use_unbiased_kl=spec.use_unbiased_kl,
+        entropy_coef=spec.entropy_coef,
+        per_token_loss=spec.calculate_per_token_loss,
+        advantage_estimator=spec.advantage_estimator,
+        sapo_tau_pos=spec.sapo_tau_pos,
+        sapo_tau_neg=spec.sapo_tau_neg,
+        use_rollout_logprobs=spec.use_rollout_logprobs,
+        use_tis=spec.use_tis,
+        tis_clip=spec.tis_clip,
+        tis_clip_low=spec.tis_clip_low,
+        custom_tis_function_path=spec.custom_tis_function_path,
+        custom_pg_loss_reducer_function_path=spec.custom_pg_loss_reducer_function_path,
+        use_opsm=spec.use_opsm,
+        opsm_delta=spec.opsm_delta,
+        value_clip=spec.value_clip,
+        custom_loss_function_path=spec.custom_loss_function_path,
+    )
+
+
+def advantage_config(spec: RuntimeSpec, *, rewards_normalization: bool) -> AdvantageConfig:
+    """The advantages stage's parameters. On-policy distillation stays off: `use-opd` needs a teacher
+    (`opd-type`), which the torch backend does not run (refused by capabilities)."""
+    return AdvantageConfig(
+        std_normalization=not spec.disable_grpo_std_normalization,
+        rewards_normalization=rewards_normalization,
+        gamma=spec.gamma,
+        lambd=spec.lambd,
+        kl_coef=spec.kl_coef,
+        kl_type=spec.kl_loss_type,
+        normalize_advantages=spec.normalize_advantages,
+    )
+
+
+def critic_plan(spec: RuntimeSpec, total_rollouts: int, initial_weights: str) -> CriticPlan | None:
+    """PPO's critic: the policy's initial weights with a fresh value head, `critic-lr` (default lr) with
+    its own `critic-lr-warmup-iters`, the policy's batching and optimizer settings."""
+    if not spec.has_critic:
+        return None
+    policy = train_config_from(spec, total_rollouts)
+    schedule = dataclasses.replace(
+        policy.lr_schedule,
+        lr=spec.critic_lr if spec.critic_lr is not None else spec.lr,
+        warmup_steps=spec.critic_lr_warmup_iters,
+    )
+    return CriticPlan(
+        model_path=initial_weights,
+        config=CriticConfig(
+            lr_schedule=schedule,
+            loss=policy.loss,
+            weight_decay=policy.weight_decay,
+            adam_beta1=policy.adam_beta1,
+            adam_beta2=policy.adam_beta2,
+            adam_eps=policy.adam_eps,
+            clip_grad=policy.clip_grad,
+            seed=policy.seed,
+            global_batch_size=policy.global_batch_size,
+            micro_batch_size=policy.micro_batch_size,
+            max_tokens_per_micro_batch=policy.max_tokens_per_micro_batch,
+        ),
     )
 
 
@@ -476,8 +589,11 @@ def validate(spec: RuntimeSpec) -> None:
         raise ValueError(f"missing required parameter(s): {', '.join(missing)}")
     if spec.num_rollout is None and spec.num_epoch is None:
         raise ValueError("set num_rollout or num_epoch")
-    if not spec.is_sft and spec.generates and not (spec.rm_type or spec.custom_rm_path):
-        raise ValueError("an RL job needs rm_type or custom_rm_path")
+    rewarded = spec.rm_type or spec.custom_rm_path or spec.rm_type_infer or spec.rm_type_fallback
+    if not spec.is_sft and spec.generates and not rewarded:
+        raise ValueError("an RL job needs rm_type or custom_rm_path (or rm_type_infer / rm_type_fallback)")
+    if spec.rollout_external and spec.generates and not spec.rollout_external_engine_addrs:
+        raise ValueError("rollout_external needs rollout_external_engine_addrs (host:port of each server)")
     if spec.debug_train_only and not spec.load_debug_rollout_data:
         raise ValueError("debug_train_only trains on saved rollouts: set load_debug_rollout_data")
     if spec.use_kl_loss and spec.kl_loss_coef == 0:
@@ -502,7 +618,7 @@ def role_plan(spec: RuntimeSpec, total: int) -> RolePlan:
     # colocated and hybrid modes swap these models into the actor's devices (the platform reserves none
     # for them): they live in the trainer's process
     if not spec.colocate and spec.trains:
-        if Role.REFERENCE in resource and spec.use_kl_loss:
+        if Role.REFERENCE in resource and spec.needs_reference:
             separate[Role.REFERENCE] = initial
         elif Role.REFERENCE in resource:
             log.warning("resource.reference is set but no KL term needs a reference model: not started")
@@ -516,9 +632,12 @@ def role_plan(spec: RuntimeSpec, total: int) -> RolePlan:
         colocate=spec.colocated,
         with_train=spec.trains,
         with_rollout=spec.generates,
-        need_ref=spec.use_kl_loss and Role.REFERENCE not in separate,
+        need_ref=spec.needs_reference and Role.REFERENCE not in separate,
         separate=separate,
         log_probs_temperature=1.0 if spec.is_sft else spec.rollout_temperature,
+        engine_kind=engine_kind_from_env(),
+        external_engines=tuple(spec.rollout_external_engine_addrs or ()) if spec.rollout_external else (),
+        critic=critic_plan(spec, total, initial),
     )
 
 
@@ -604,6 +723,8 @@ def _wire_sft(
 def _wire_rl(p: Pipeline, formatter: PromptFormatter, items: list[PromptItem]) -> None:
     s = p.spec
     p.postprocess = load_hook(s.rollout_data_postprocess_path, "rollout_data_postprocess_path")
+    if s.generates or s.custom_reward_post_process_path:
+        p.reward = RewardModel.from_spec(s)
     if s.load_debug_rollout_data:
         p.source = LoadedRollout(
             s.load_debug_rollout_data, subsample=s.load_debug_rollout_data_subsample, seed=s.rollout_seed
@@ -628,7 +749,7 @@ def _wire_rl(p: Pipeline, formatter: PromptFormatter, items: list[PromptItem]) -
         data=p.data,
         engine=p.roles.rollout,
         tokenizer=p.tokenizer,
-        reward=RewardScorer(s.rm_type, s.custom_rm_path),
+        reward=p.reward,
         limits=LengthLimits(
             s.rollout_max_response_len or DEFAULT_MAX_RESPONSE_LEN, s.rollout_max_context_len
         ),
@@ -678,12 +799,17 @@ def resume(pipeline: Pipeline) -> int:
                 pipeline.sft.cursor.load_state_dict(data_state)
             start = iteration + 1
             pipeline.checkpoints.last_saved = iteration
+            pipeline.last_critic_save = iteration
             pipeline.reporter.event(EventKind.RESUMED, f"from {spec.load} iteration {iteration}")
             log.info("resumed from %s at iteration %d", spec.load, iteration)
         else:
             log.info("no checkpoint under %s yet: starting from %s", spec.load, spec.hf_checkpoint)
     elif spec.load:
         log.warning("load=%s: debug_rollout_only has no trainer to restore; starting fresh", spec.load)
+    if pipeline.roles.critic is not None and spec.critic_load:
+        iteration = pipeline.roles.critic.load_checkpoint(spec.critic_load)
+        if iteration is not None and iteration + 1 != start:
+            log.warning("critic restored from iteration %d, the policy resumes at %d", iteration, start)
     if spec.start_rollout_id is not None:
         start = spec.start_rollout_id
     return start

@@ -14,6 +14,9 @@ import yaml
 
 log = logging.getLogger(__name__)
 
+# Estimators whose advantages take the `kl-coef` reward-shaping KL (runtime.algos.advantages)
+KL_SHAPED_ESTIMATORS = frozenset({"rloo", "reinforce_plus_plus", "ppo"})
+
 
 @dataclass
 class RuntimeSpec:
@@ -76,9 +79,15 @@ class RuntimeSpec:
     eval_function_path: str | None = None
     custom_generate_function_path: str | None = None
     rollout_data_postprocess_path: str | None = None
-    # rewards
+    # external engines (`--rollout-external`): the job drives SGLang-protocol servers it did not start
+    rollout_external: bool = False
+    rollout_external_engine_addrs: list[str] | None = None
+    # rewards (the rest of the reward parameters reach `RewardModel.from_spec` through `values()`)
     rm_type: str | None = None
     custom_rm_path: str | None = None
+    rm_type_fallback: str | None = None
+    rm_type_infer: bool = False
+    custom_reward_post_process_path: str | None = None
     # batching and optimizer
     global_batch_size: int | None = None
     micro_batch_size: int = 1
@@ -101,17 +110,44 @@ class RuntimeSpec:
     normalize_advantages: bool = False
     disable_grpo_std_normalization: bool = False
     disable_rewards_normalization: bool = False
+    disable_compute_advantages_and_returns: bool = False  # SFT, or a custom loss that needs none
+    gamma: float = 1.0
+    lambd: float = 1.0
+    kl_coef: float = 0.0  # KL reward shaping (rloo, reinforce_plus_plus, ppo)
     loss_type: str = "policy_loss"
+    custom_loss_function_path: str | None = None
     eps_clip: float = 0.2
     eps_clip_high: float | None = None
     eps_clip_c: float | None = None
+    value_clip: float = 0.2
     entropy_coef: float = 0.0
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.0
     kl_loss_type: str = "k1"
+    use_unbiased_kl: bool = False
     ref_update_interval: int | None = None
     calculate_per_token_loss: bool = False
+    custom_pg_loss_reducer_function_path: str | None = None
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
+    # off-policy correction
     use_rollout_logprobs: bool = False
+    use_tis: bool = False
+    tis_clip: float = 2.0
+    tis_clip_low: float = 0.0
+    custom_tis_function_path: str | None = None
+    use_opsm: bool = False
+    opsm_delta: float = 1e-4
+    # parameter freezing
+    only_train_params_name_list: list[str] | None = None
+    freeze_params_name_list: list[str] | None = None
+    # critic (ppo)
+    critic_load: str | None = None
+    critic_save: str | None = None
+    critic_lr: float | None = None
+    critic_lr_warmup_iters: int = 0
+    num_critic_only_steps: int = 0
+    critic_train_only: bool = False
     # roles
     colocate: bool = False
     offload: bool = False
@@ -179,6 +215,13 @@ class RuntimeSpec:
             kwargs["eval_prompt_data"] = kwargs["eval_prompt_data"].split()
         if isinstance(kwargs.get("rollout_stop"), str):
             kwargs["rollout_stop"] = [kwargs["rollout_stop"]]
+        for name in (
+            "rollout_external_engine_addrs",
+            "only_train_params_name_list",
+            "freeze_params_name_list",
+        ):
+            if isinstance(kwargs.get(name), str):
+                kwargs[name] = kwargs[name].split()
         kwargs = {k: v for k, v in kwargs.items() if v is not None or _nullable(k)}
         return cls(name=name, extra=extra, **kwargs)
 
@@ -207,6 +250,23 @@ class RuntimeSpec:
         if self.is_sft:
             return self.sft_predict_interval is not None
         return not (self.debug_train_only or self.load_debug_rollout_data)
+
+    @property
+    def starts_engines(self) -> bool:
+        """Whether the job starts rollout engines of its own (external engines are already running)."""
+        return self.generates and not self.rollout_external
+
+    @property
+    def has_critic(self) -> bool:
+        """PPO trains a value model (the `critic` role) next to the policy."""
+        return self.advantage_estimator == "ppo" and not self.is_sft and self.trains
+
+    @property
+    def needs_reference(self) -> bool:
+        """A KL term needs the reference model's log-probs: the KL loss, or KL reward shaping by the
+        estimators that use `kl-coef` (the GRPO family ignores it, as in Relax)."""
+        shaped = self.kl_coef != 0 and self.advantage_estimator in KL_SHAPED_ESTIMATORS
+        return not self.is_sft and (self.use_kl_loss or shaped)
 
     @property
     def has_eval_data(self) -> bool:

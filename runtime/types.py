@@ -114,8 +114,13 @@ class RolloutBatch:
     rollout_log_probs float [B, T]  engine log-probs of response tokens (0 elsewhere)
     old_log_probs     float [B, T]  trainer log-probs before the update (filled by the trainer), or None
     ref_log_probs     float [B, T]  reference-model log-probs (only when a KL term needs them), or None
-    advantages        float [B, T]  per-token advantages (filled by algos.compute_advantages), or None
+    advantages        float [B, T]  per-token advantages (filled by the advantages stage), or None
     returns           float [B, T]  per-token returns (critic targets), or None
+    values            float [B, T]  critic values at rollout time (ppo): column t is V(tokens[:t]), the
+                                    value of the prefix before token t, shifted like the log-probs; or None
+    teacher_log_probs float [B, T]  an on-policy-distillation teacher's log-probs of the tokens, or None
+    response_mask     float [B, T]  1 on every response token, trained or not (multi-turn tool output):
+                                    GAE's time steps; None = loss_mask
     """
 
     tokens: torch.Tensor
@@ -128,6 +133,9 @@ class RolloutBatch:
     ref_log_probs: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    teacher_log_probs: torch.Tensor | None = None
+    response_mask: torch.Tensor | None = None
 
     @classmethod
     def from_samples(cls, samples: list[Sample], pad_token_id: int) -> RolloutBatch:
@@ -139,10 +147,12 @@ class RolloutBatch:
         attention_mask = torch.zeros((batch_size, width), dtype=torch.long)
         loss_mask = torch.zeros((batch_size, width), dtype=torch.float32)
         rollout_log_probs = torch.zeros((batch_size, width), dtype=torch.float32)
+        response_mask = torch.zeros((batch_size, width), dtype=torch.float32)
         for row, sample in enumerate(samples):
             n, start = len(sample.tokens), sample.prompt_length
             tokens[row, :n] = torch.tensor(sample.tokens, dtype=torch.long)
             attention_mask[row, :n] = 1
+            response_mask[row, start:n] = 1.0
             mask = sample.loss_mask if sample.loss_mask is not None else [1] * sample.response_length
             if len(mask) != sample.response_length:
                 raise ValueError(
@@ -159,6 +169,8 @@ class RolloutBatch:
             group_index=torch.tensor([s.group_index for s in samples], dtype=torch.long),
             rewards=torch.tensor([float(s.reward or 0.0) for s in samples], dtype=torch.float32),
             rollout_log_probs=rollout_log_probs,
+            # only needed where some response tokens are not trained (tool output, off-policy masking)
+            response_mask=response_mask if any(s.loss_mask is not None for s in samples) else None,
         )
 
     @property

@@ -78,3 +78,70 @@ def drain_queue(app, queue: str, *, wait: float = 0.5) -> list[tuple[str, list]]
         finally:
             q.close()
     return out
+
+
+def make_job(
+    db: Database,
+    *,
+    queue: str = "default",
+    gpus_per_replica: int = 1,
+    replicas: int = 1,
+    priority_class: str = "normal",
+    name: str = "job",
+    colocated_rollout: bool = True,
+    artifact_root: Path = Path("/tmp/relax-test-artifacts"),
+) -> str:
+    """A QUEUED job with the given demand, stored directly: for tests of scheduling that need demands
+    the CPU backend would refuse at submission (it trains on one device)."""
+    import sqlalchemy as sa
+
+    from scheduler.db.models import Job, JobEvent, PriorityClass, Queue
+    from scheduler.domain.ids import new_id
+
+    groups = [
+        {
+            "role": "actor",
+            "replicas": replicas,
+            "gpus_per_replica": gpus_per_replica,
+            "one_node": True,
+            "shares_with": None,
+        }
+    ]
+    if colocated_rollout:
+        groups.append(
+            {
+                "role": "rollout",
+                "replicas": replicas,
+                "gpus_per_replica": gpus_per_replica,
+                "one_node": True,
+                "shares_with": "actor",
+            }
+        )
+    with db.session() as s:
+        q = s.get(Queue, queue)
+        pc = s.get(PriorityClass, priority_class)
+        assert q is not None and pc is not None
+        job_id = new_id("job")
+        s.add(
+            Job(
+                id=job_id,
+                name=name,
+                team_id=q.team_id,
+                queue=q.name,
+                pool=q.pool,
+                status="QUEUED",
+                priority_class=pc.name,
+                priority=pc.value,
+                preemptible=pc.preemptible,
+                labels={},
+                spec={},
+                submitted={},
+                demand={"groups": groups, "total_gpus": replicas * gpus_per_replica},
+                total_gpus=replicas * gpus_per_replica,
+                output_dir=str(artifact_root / "jobs" / job_id),
+            )
+        )
+        s.flush()
+        s.add(JobEvent(job_id=job_id, kind="transition", to_status="QUEUED", reason="test factory"))
+        assert s.scalar(sa.select(sa.func.count()).select_from(Job).where(Job.id == job_id)) == 1
+    return job_id

@@ -32,7 +32,9 @@ def prometheus(db: DatabaseDep) -> str:
         ).all()
         capacity = s.execute(sa.select(Node.pool, sa.func.sum(Node.gpus)).group_by(Node.pool)).all()
         allocated = s.execute(
-            sa.select(Allocation.pool, sa.func.sum(Allocation.gpus)).group_by(Allocation.pool)
+            sa.select(Allocation.pool, sa.func.sum(Allocation.gpus))
+            .where(sa.not_(Allocation.shared))
+            .group_by(Allocation.pool)
         ).all()
     lines = ["# HELP relax_jobs Jobs by pool and status.", "# TYPE relax_jobs gauge"]
     lines += [f'relax_jobs{{pool="{p}",status="{st}"}} {n}' for p, st, n in by_status]

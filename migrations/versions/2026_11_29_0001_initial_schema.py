@@ -133,6 +133,7 @@ def upgrade() -> None:
         sa.Column("idempotency_key", sa.String(length=200), nullable=True),
         sa.Column("attempt", sa.Integer(), nullable=False),
         sa.Column("preemptions", sa.Integer(), nullable=False),
+        sa.Column("service_gpu_s", sa.Float(precision=53), nullable=False),
         sa.Column("queued_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("ray_submission_id", sa.String(length=100), nullable=True),
         sa.Column("report_seq", sa.Integer(), nullable=False),

@@ -110,16 +110,20 @@ def group_normalize(
     """
     _, inverse, counts = torch.unique(group_index, return_inverse=True, return_counts=True)
     num_groups = counts.numel()
-    rewards = rewards.to(torch.float32)
-    sums = torch.zeros(num_groups, device=rewards.device).index_add_(0, inverse, rewards)
+    # float64 statistics: a group of equal float32 rewards (0.1 x 8) must centre to exactly ~0, or the
+    # division by std + eps blows a 1e-8 rounding residue up to a visible advantage
+    rewards = rewards.to(torch.float64)
+    sums = torch.zeros(num_groups, dtype=torch.float64, device=rewards.device).index_add_(0, inverse, rewards)
     means = sums / counts
     centered = rewards - means[inverse]
     if not std_normalization:
-        return centered
-    sq = torch.zeros(num_groups, device=rewards.device).index_add_(0, inverse, centered.pow(2))
-    denom = (counts - 1).clamp(min=1).to(torch.float32)
+        return centered.to(torch.float32)
+    sq = torch.zeros(num_groups, dtype=torch.float64, device=rewards.device).index_add_(
+        0, inverse, centered.pow(2)
+    )
+    denom = (counts - 1).clamp(min=1).to(torch.float64)
     std = torch.where(counts > 1, (sq / denom).sqrt(), torch.zeros_like(sq))
-    return centered / (std[inverse] + eps)
+    return (centered / (std[inverse] + eps)).to(torch.float32)
 
 
 def leave_one_out(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""The role actor classes (Ray wraps them with `ray.remote`): trainer, rollout engine, forward-only model.
+"""The role actor classes (Ray wraps them with `ray.remote`): trainer, rollout engines (in-process or
+SGLang-protocol server), forward-only model, PPO's critic.
 
 Each forwards its log records to the job's log sink (see `roles/logs.py`) and logs any exception a method
 raises before Ray carries it to the driver.
@@ -19,8 +20,10 @@ from ray.actor import ActorHandle
 from runtime.devices import Device
 from runtime.roles.logs import install_actor_logging, log_exceptions
 from runtime.rollout.engine import GenerationResult, SamplingParams, TorchRolloutEngine
+from runtime.rollout.sglang.engine_actor import SGLangEngineActor
 from runtime.train.base import TrainBackend, train_backend_class
 from runtime.train.checkpoint import CheckpointRecord
+from runtime.train.critic import CriticConfig, TorchCriticBackend
 from runtime.train.forward import LogProbModel
 from runtime.train.torch_backend import TrainConfig
 from runtime.types import RolloutBatch
@@ -163,6 +166,75 @@ class RolloutEngineActor:
 
     def onload(self) -> None:
         self.engine.onload()
+
+
+@log_exceptions
+class HttpEngineActor(SGLangEngineActor):
+    """The `rollout` role as a server speaking SGLang's HTTP protocol (SGLang itself where it runs, else
+    the built-in engine's server), driven through the SGLang client: same methods as `RolloutEngineActor`."""
+
+    def __init__(
+        self,
+        hf_checkpoint: str,
+        *,
+        engine_index: int,
+        num_threads: int = 1,
+        max_batch_size: int = 256,
+        log_sink: ActorHandle | None = None,
+    ) -> None:
+        _setup_process(num_threads, log_sink, f"actor:rollout{engine_index}")
+        started = time.perf_counter()
+        super().__init__(
+            hf_checkpoint, engine_index=engine_index, num_threads=num_threads, max_batch_size=max_batch_size
+        )
+        log.info(
+            "rollout engine %d (%s server at %s) ready in %.1fs (pid %d)",
+            engine_index,
+            self.launcher,
+            self.address,
+            time.perf_counter() - started,
+            os.getpid(),
+        )
+
+    def ready(self) -> dict[str, Any]:
+        info = super().ready()
+        info.update(role="rollout", threads=torch.get_num_threads(), placement_group=_placement_group_id())
+        return info
+
+
+@log_exceptions
+class CriticActor:
+    """The `critic` role (PPO): a value model with its own optimizer, on a device of its own."""
+
+    def __init__(
+        self,
+        model_path: str,
+        config: CriticConfig,
+        *,
+        num_threads: int = 1,
+        log_sink: ActorHandle | None = None,
+    ) -> None:
+        _setup_process(num_threads, log_sink, "actor:critic")
+        started = time.perf_counter()
+        self.backend = TorchCriticBackend(model_path, config, device=Device.detect())
+        log.info(
+            "critic ready from %s in %.1fs (pid %d)", model_path, time.perf_counter() - started, os.getpid()
+        )
+
+    def ready(self) -> dict[str, Any]:
+        return {"role": "critic", "pid": os.getpid(), "placement_group": _placement_group_id()}
+
+    def compute_values(self, batch: RolloutBatch) -> torch.Tensor:
+        return self.backend.compute_values(batch)
+
+    def train_step(self, batch: RolloutBatch) -> dict[str, float]:
+        return self.backend.train_step(batch)
+
+    def save_checkpoint(self, root: str, iteration: int) -> CheckpointRecord:
+        return self.backend.save_checkpoint(root, iteration)
+
+    def load_checkpoint(self, root: str) -> int | None:
+        return self.backend.load_checkpoint(root)
 
 
 @log_exceptions

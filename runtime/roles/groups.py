@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import ray
@@ -12,11 +14,13 @@ from ray.actor import ActorHandle
 from ray.util.placement_group import PlacementGroup
 
 from runtime.devices import Device
-from runtime.roles.actors import ForwardActor, RolloutEngineActor, TrainActor
+from runtime.roles.actors import CriticActor, ForwardActor, HttpEngineActor, RolloutEngineActor, TrainActor
 from runtime.roles.logs import start_log_sink
 from runtime.roles.placement import Role, Topology, plan_topology, release, reserve
 from runtime.rollout.engine import GenerationResult, SamplingParams
+from runtime.rollout.sglang.engine_actor import external_engine_actors
 from runtime.train.checkpoint import CheckpointRecord
+from runtime.train.critic import CriticConfig
 from runtime.train.torch_backend import TrainConfig
 from runtime.types import RolloutBatch
 
@@ -118,6 +122,27 @@ class RolloutGroup:
         ray.get([a.onload.remote() for a in self.actors])
 
 
+class CriticGroup:
+    """PPO's critic actor: values at rollout time, and its training step (which may run while the policy
+    trains: `async_train_step`)."""
+
+    def __init__(self, actors: list[ActorHandle]) -> None:
+        self.actors = actors
+        self.leader = actors[0]
+
+    def compute_values(self, batch: RolloutBatch) -> Any:
+        return ray.get(self.leader.compute_values.remote(ray.put(batch)))
+
+    def async_train_step(self, batch: RolloutBatch) -> ray.ObjectRef:
+        return self.leader.train_step.remote(ray.put(batch))
+
+    def save_checkpoint(self, root: str, iteration: int) -> CheckpointRecord:
+        return ray.get(self.leader.save_checkpoint.remote(root, iteration))
+
+    def load_checkpoint(self, root: str) -> int | None:
+        return ray.get(self.leader.load_checkpoint.remote(root))
+
+
 class ForwardGroup:
     """A forward-only role (`reference`, `actor_fwd`) on devices of its own."""
 
@@ -147,6 +172,7 @@ class Roles:
     train: TrainGroup | None
     rollout: RolloutGroup | None
     forward: dict[Role, ForwardGroup] = field(default_factory=dict)
+    critic: CriticGroup | None = None
     log_sink: ActorHandle | None = None
     infos: list[dict[str, Any]] = field(default_factory=list)
 
@@ -173,7 +199,7 @@ class Roles:
         actors += self.rollout.actors if self.rollout else []
         for group in self.forward.values():
             actors += group.actors
-        return actors
+        return actors + (self.critic.actors if self.critic else [])
 
     def shutdown(self) -> None:
         for actor in self.all_actors() + ([self.log_sink] if self.log_sink is not None else []):
@@ -182,6 +208,43 @@ class Roles:
             except Exception:  # noqa: BLE001 - best effort at shutdown
                 log.debug("actor already gone", exc_info=True)
         release(self.placement_groups)
+
+
+class EngineKind(StrEnum):
+    """How the job's own rollout engines run (`RELAX_ROLLOUT_ENGINE`; default `DEFAULT_ENGINE_KIND`)."""
+
+    # a server speaking SGLang's HTTP protocol, driven through the SGLang client: real SGLang where it
+    # imports and CUDA is present, else the built-in engine's server (runtime.rollout.sglang.server)
+    HTTP = "http"
+    IN_PROCESS = "in-process"  # the built-in torch engine inside the actor, called directly
+
+
+ENGINE_KIND_ENV = "RELAX_ROLLOUT_ENGINE"
+DEFAULT_ENGINE_KIND = EngineKind.HTTP
+
+
+def engine_kind_from_env() -> EngineKind:
+    value = os.environ.get(ENGINE_KIND_ENV, "").strip()
+    try:
+        return EngineKind(value) if value else DEFAULT_ENGINE_KIND
+    except ValueError:
+        raise ValueError(
+            f"{ENGINE_KIND_ENV}={value!r}: use one of {', '.join(k.value for k in EngineKind)}"
+        ) from None
+
+
+_ENGINE_ACTORS: dict[EngineKind, type] = {
+    EngineKind.HTTP: HttpEngineActor,
+    EngineKind.IN_PROCESS: RolloutEngineActor,
+}
+
+
+@dataclass(frozen=True)
+class CriticPlan:
+    """PPO's critic: its initial weights (the policy's initial checkpoint) and its training config."""
+
+    model_path: str
+    config: CriticConfig
 
 
 @dataclass(frozen=True)
@@ -198,6 +261,10 @@ class RolePlan:
     need_ref: bool = False  # the trainer holds the reference model (colocated, or no reference role)
     separate: dict[Role, str] = field(default_factory=dict)  # forward-only role -> its initial weights
     log_probs_temperature: float = 1.0
+    engine_kind: EngineKind = DEFAULT_ENGINE_KIND
+    # `rollout-external-engine-addrs`: drive these running servers instead of starting engines
+    external_engines: tuple[str, ...] = ()
+    critic: CriticPlan | None = None
 
 
 def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | None = None) -> Roles:
@@ -205,64 +272,67 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
     topology = plan_topology(
         plan.resource,
         colocate=plan.colocate,
-        with_rollout=plan.with_rollout,
+        with_rollout=plan.with_rollout and not plan.external_engines,  # external engines take no slot
         with_train=plan.with_train,
         device=device,
         separate_roles=tuple(plan.separate),
+        with_critic=plan.critic is not None,
     )
     pgs = reserve(topology)
     runtime_env = {"env_vars": env_vars} if env_vars else None
+    started: list[ActorHandle] = []
     sink = None
+
+    def start(actor_class: type, role: Role, *args: Any, **kwargs: Any) -> list[ActorHandle]:
+        actors = [
+            ray.remote(actor_class)
+            .options(runtime_env=runtime_env, **slot.ray_options(pgs, device))
+            .remote(*args, **({"engine_index": index} if role is Role.ROLLOUT else {}), **kwargs)
+            for index, slot in enumerate(topology.role_slots(role))
+        ]
+        started.extend(actors)
+        return actors
+
     try:
         sink = start_log_sink()
-        train_actors = [
-            ray.remote(TrainActor)
-            .options(runtime_env=runtime_env, **slot.ray_options(pgs, device))
-            .remote(
-                plan.backend,
-                plan.hf_checkpoint,
-                plan.train_config,
-                need_ref=plan.need_ref,
-                num_threads=1,
-                log_sink=sink,
+        common = {"num_threads": 1, "log_sink": sink}
+        train_actors = start(
+            TrainActor, Role.ACTOR, plan.backend, plan.hf_checkpoint, plan.train_config,
+            need_ref=plan.need_ref, **common,
+        )  # fmt: skip
+        if plan.with_rollout and plan.external_engines:
+            engine_actors = external_engine_actors(plan.external_engines, runtime_env=runtime_env)
+            started.extend(engine_actors)
+        else:
+            engine_actors = start(
+                _ENGINE_ACTORS[plan.engine_kind], Role.ROLLOUT, plan.hf_checkpoint, **common
             )
-            for slot in topology.train_slots
-        ]
-        engine_actors = [
-            ray.remote(RolloutEngineActor)
-            .options(runtime_env=runtime_env, **slot.ray_options(pgs, device))
-            .remote(plan.hf_checkpoint, engine_index=index, num_threads=1, log_sink=sink)
-            for index, slot in enumerate(topology.rollout_slots)
-        ]
+        critic_actors = (
+            start(CriticActor, Role.CRITIC, plan.critic.model_path, plan.critic.config, **common)
+            if plan.critic is not None
+            else []
+        )
         forward = {
             role: ForwardGroup(
                 role,
-                [
-                    ray.remote(ForwardActor)
-                    .options(runtime_env=runtime_env, **slot.ray_options(pgs, device))
-                    .remote(
-                        str(role),
-                        model_path,
-                        temperature=plan.log_probs_temperature,
-                        num_threads=1,
-                        log_sink=sink,
-                    )
-                    for slot in topology.role_slots(role)
-                ],
+                start(ForwardActor, role, str(role), path, temperature=plan.log_probs_temperature, **common),
             )
-            for role, model_path in plan.separate.items()
+            for role, path in plan.separate.items()
         }
-        everyone = train_actors + engine_actors + [a for g in forward.values() for a in g.actors]
-        infos = ray.get([a.ready.remote() for a in everyone])
+        infos = ray.get([a.ready.remote() for a in started])
     except BaseException:
+        for actor in started:
+            ray.kill(actor)
         release(pgs)
         if sink is not None:
             ray.kill(sink)
         raise
     log.info(
-        "roles ready: %d trainer, %d rollout engine(s), %s, colocate=%s, placement groups %s",
+        "roles ready: %d trainer, %d rollout engine(s) (%s), %d critic, %s, colocate=%s, placement groups %s",
         len(train_actors),
         len(engine_actors),
+        f"external {list(plan.external_engines)}" if plan.external_engines else plan.engine_kind.value,
+        len(critic_actors),
         {str(r): len(g.actors) for r, g in forward.items()} or "no forward-only roles",
         topology.colocate,
         dict(topology.groups),
@@ -273,6 +343,7 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
         train=TrainGroup(train_actors) if train_actors else None,
         rollout=RolloutGroup(engine_actors) if engine_actors else None,
         forward=forward,
+        critic=CriticGroup(critic_actors) if critic_actors else None,
         log_sink=sink,
         infos=infos,
     )

@@ -109,9 +109,15 @@ def install_actor_logging(sink: ActorHandle | None, source: str) -> None:
 
 
 def log_exceptions(cls: type[T]) -> type[T]:
-    """Class decorator: every public method logs an exception (with traceback) before re-raising it."""
-    for name, member in list(vars(cls).items()):
-        if name.startswith("_") or not inspect.isfunction(member):
+    """Class decorator: every public method, inherited ones included, logs an exception (with traceback)
+    before re-raising it."""
+    for name in dir(cls):
+        member = getattr(cls, name)
+        if (
+            name.startswith("_")
+            or not inspect.isfunction(member)
+            or getattr(member, "_logs_exceptions", False)
+        ):
             continue
         setattr(cls, name, _logged(cls.__name__, name, member))
     return cls
@@ -128,6 +134,7 @@ def _logged(owner: str, name: str, fn: Callable[..., Any]) -> Callable[..., Any]
             logger.exception("%s.%s failed", owner, name)
             raise
 
+    wrapper._logs_exceptions = True  # type: ignore[attr-defined]
     return wrapper
 
 

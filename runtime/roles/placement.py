@@ -5,7 +5,9 @@ for colocated roles, and what each role's actors ask for.
 (one device = a GPU, or one CPU on CPU pools). The torch backend trains on one device, so `actor` is one
 device; `rollout` starts one engine per device. `reference` and `actor_fwd`, when listed and not
 colocated, are forward-only actors of their own (one device each); colocated, those models live in the
-trainer's process, sharing its device, as Relax swaps them into the actor's GPUs.
+trainer's process, sharing its device, as Relax swaps them into the actor's GPUs. PPO's `critic` trains
+on a device of its own (one), colocated or not; `advantages` (Relax: `[1, 0]`, a CPU-only role) runs in
+the driver and takes no slot.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class Role(StrEnum):
     ROLLOUT = "rollout"  # generation engines
     REFERENCE = "reference"  # forward-only reference model for KL terms
     ACTOR_FWD = "actor_fwd"  # forward-only copy of the policy computing old log-probs
+    CRITIC = "critic"  # PPO's value model and its optimizer
+    ADVANTAGES = "advantages"  # PPO's advantage computation: in the driver here, no slot
 
 
 SUPPORTED_ROLES = frozenset(Role)
@@ -109,12 +113,14 @@ def plan_topology(
     device: Device,
     with_train: bool = True,
     separate_roles: tuple[Role, ...] = (),
+    with_critic: bool = False,
 ) -> Topology:
-    """Slots for the trainer, the engines and the forward-only roles named in `separate_roles` (those the
-    job needs and `resource` lists).
+    """Slots for the trainer, the engines, the forward-only roles named in `separate_roles` (those the
+    job needs and `resource` lists) and PPO's critic.
 
-    Colocated (`colocate` without hybrid): every role shares one placement group, as many bundles as the
-    actor has devices, each role taking half a slot. Otherwise each role has a placement group of its own.
+    Colocated (`colocate` without hybrid): trainer and engines share one placement group, as many bundles
+    as the actor has devices, each role taking half a slot. Otherwise each role has a placement group of
+    its own. The critic always has its own (one device).
     """
     resource = resource or DEFAULT_RESOURCE
     unknown = sorted(set(resource) - SUPPORTED_ROLES)
@@ -129,15 +135,22 @@ def plan_topology(
             raise UnsupportedTopology(
                 f"resource.actor={[replicas, devices]}: the torch train backend trains on one device; use [1, 1]"
             )
-    if colocate and with_train and with_rollout:
-        # Relax: colocated engines span the actor's devices, whatever resource.rollout says
-        slots = {
-            Role.ACTOR: (Slot(COLOCATED_GROUP, 0, COLOCATED_SHARE),),
-            Role.ROLLOUT: (Slot(COLOCATED_GROUP, 0, COLOCATED_SHARE),),
-        }
-        return Topology(device, True, {COLOCATED_GROUP: 1}, slots)
     groups: dict[str, int] = {}
     slots: dict[Role, tuple[Slot, ...]] = {}
+    if with_critic:
+        replicas, devices = _pair(resource, Role.CRITIC) if Role.CRITIC in resource else (1, 1)
+        if replicas != 1 or devices > 1:
+            raise UnsupportedTopology(
+                f"resource.critic={[replicas, devices]}: the torch backend trains the critic on one device; "
+                "use [1, 1]"
+            )
+        groups[str(Role.CRITIC)] = 1
+        slots[Role.CRITIC] = (Slot(str(Role.CRITIC), 0, 1.0),)
+    if colocate and with_train and with_rollout:
+        # Relax: colocated engines span the actor's devices, whatever resource.rollout says
+        slots[Role.ACTOR] = (Slot(COLOCATED_GROUP, 0, COLOCATED_SHARE),)
+        slots[Role.ROLLOUT] = (Slot(COLOCATED_GROUP, 0, COLOCATED_SHARE),)
+        return Topology(device, True, {COLOCATED_GROUP: 1, **groups}, slots)
     if with_train:
         groups[str(Role.ACTOR)] = 1
         slots[Role.ACTOR] = (Slot(str(Role.ACTOR), 0, 1.0),)

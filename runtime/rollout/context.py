@@ -46,7 +46,7 @@ class RolloutContext:
     data: DataSource
     engine: Generator
     tokenizer: Any
-    reward: Any  # RewardScorer: score(samples) -> rewards, filling sample.reward
+    reward: Any  # RewardModel: score(samples, eval_mode=False) -> rewards, filling sample.reward
     limits: LengthLimits
     dynamic_filter: DynamicSamplingFilterFn | None = None
     custom_generate: GenerateFn | None = None

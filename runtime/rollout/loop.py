@@ -204,6 +204,6 @@ def eval_rollout(ctx: RolloutContext, rollout_id: int) -> dict[str, list[Sample]
                     )
                 )
         ctx.generate(samples, rollout_id, dataset=dataset)
-        ctx.reward.score(samples)
+        ctx.reward.score(samples, eval_mode=True)  # eval-reward-key picks the float
         out[dataset.name] = samples
     return out

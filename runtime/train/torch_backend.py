@@ -17,7 +17,8 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from runtime.algos.losses import LOSS_TYPES, LossConfig, LossInputs, token_entropy, token_log_probs
+from runtime.algos.freezing import apply_parameter_selection, select_trainable_parameters
+from runtime.algos.losses import LossConfig, LossInputs, resolve_loss_fn, token_entropy, token_log_probs
 from runtime.devices import Device
 from runtime.train.base import TRAIN_BACKENDS, TrainBackendName
 from runtime.train.checkpoint import (
@@ -60,15 +61,15 @@ class TrainConfig:
     micro_batch_size: int = 1
     max_tokens_per_micro_batch: int | None = None  # `max-tokens-per-gpu` under `use-dynamic-batch-size`
     log_probs_temperature: float = 1.0  # the rollout temperature: log-probs are of softmax(logits / T)
-    use_rollout_logprobs: bool = (
-        False  # `use-rollout-logprobs`: the engine's log-probs are the PPO "old" ones
-    )
     save_optimizer: bool = True  # False = `no-save-optim`
     # `ref-load`: the reference model, and the policy's initial weights (an HF folder or a checkpoint root)
     ref_load: str | None = None
     ref_ckpt_step: int | None = None  # `ref-ckpt-step`: which iteration of a ckpt-root `ref-load`
     # `ref-update-interval`: the reference follows the policy, so checkpoints carry its weights too
     ref_update_interval: int | None = None
+    # `only-train-params-name-list` / `freeze-params-name-list`: regexes over the HF parameter names
+    only_train_params: tuple[str, ...] = ()
+    freeze_params: tuple[str, ...] = ()
 
 
 @dataclass
@@ -120,6 +121,7 @@ class TorchTrainBackend:
         if need_ref:
             self.ref_model = AutoModelForCausalLM.from_pretrained(initial, dtype=torch.float32)
             self.ref_model.to(device.torch_device).eval().requires_grad_(False)
+        self.trainable_parameters = select_policy_parameters(self.model, config)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=config.lr_schedule.lr_at(0),
@@ -159,14 +161,14 @@ class TorchTrainBackend:
 
     def compute_log_probs(self, batch: RolloutBatch, *, old: bool = True, ref: bool = True) -> RolloutBatch:
         """Fill `old_log_probs` (the policy before this update) and, with a reference model, `ref_log_probs`
-        (`old`/`ref` False: another role computes them)."""
+        (`old`/`ref` False: another role computes them).
+
+        `old_log_probs` is always the trainer's own recompute, also under `use-rollout-logprobs` (the loss
+        then takes the engine's as the ratio's pi_old): TIS and the mismatch metrics compare the two, and a
+        copy of the engine's would make every TIS weight 1."""
         self._require_onloaded()
         if old:
-            batch.old_log_probs = (
-                batch.rollout_log_probs.clone()
-                if self.config.use_rollout_logprobs
-                else self._log_probs(self.model, batch)
-            ) * batch.loss_mask
+            batch.old_log_probs = self._log_probs(self.model, batch) * batch.loss_mask
         if ref and self.ref_model is not None:
             batch.ref_log_probs = self._log_probs(self.ref_model, batch) * batch.loss_mask
         return batch
@@ -176,7 +178,9 @@ class TorchTrainBackend:
         """One pass over `batch`: optimizer steps of `global_batch_size` samples, each accumulated over
         micro-batches of `micro_batch_size`. Returns metrics averaged over the optimizer steps."""
         self._require_onloaded()
-        loss_fn = LOSS_TYPES.get(self.config.loss_type)
+        loss_fn = resolve_loss_fn(self.config.loss_type, self.config.loss.custom_loss_function_path)
+        # the entropy bonus needs entropy with its graph; otherwise it is only a metric
+        live_entropy = self.config.loss.entropy_coef != 0
         global_size = self.config.global_batch_size or batch.batch_size
         history: dict[str, list[float]] = defaultdict(list)
         for start in range(0, batch.batch_size, global_size):
@@ -193,11 +197,13 @@ class TorchTrainBackend:
                 temperature = self.config.log_probs_temperature
                 inputs = LossInputs(
                     log_probs=token_log_probs(logits, micro.tokens.to(device), temperature),
-                    entropy=token_entropy(logits.detach(), temperature),
+                    entropy=token_entropy(logits if live_entropy else logits.detach(), temperature),
                     loss_mask=micro.loss_mask.to(device),
                     old_log_probs=_to(micro.old_log_probs, device),
                     ref_log_probs=_to(micro.ref_log_probs, device),
                     advantages=_to(micro.advantages, device),
+                    rollout_log_probs=_to(micro.rollout_log_probs, device),
+                    returns=_to(micro.returns, device),
                 )
                 loss, metrics = loss_fn(inputs, self.config.loss)
                 (loss * weight).backward()
@@ -377,6 +383,31 @@ class TorchTrainBackend:
             self.model.save_pretrained(scratch)
             AutoTokenizer.from_pretrained(self.hf_checkpoint).save_pretrained(scratch)
         return record(Path(out_dir), step, CheckpointFormat.HF)
+
+
+def select_policy_parameters(model: torch.nn.Module, config: TrainConfig) -> tuple[str, ...]:
+    """`only-train-params-name-list` / `freeze-params-name-list` -> `requires_grad` on the model's
+    parameters (before the optimizer is built); warns about patterns that matched nothing, typically
+    Megatron names (`embedding`, `output_layer`) on a Hugging Face model (`embed_tokens`, `lm_head`).
+    Returns the trainable names."""
+    if not config.only_train_params and not config.freeze_params:
+        return tuple(name for name, _ in model.named_parameters())
+    named = list(model.named_parameters())
+    selection = select_trainable_parameters(
+        [name for name, _ in named],
+        only_train=list(config.only_train_params) or None,
+        freeze=list(config.freeze_params) or None,
+    )
+    apply_parameter_selection(named, selection)
+    if selection.unmatched_patterns:
+        log.warning(
+            "parameter name pattern(s) %s matched no parameter of this Hugging Face model (names look "
+            "like %s)",
+            list(selection.unmatched_patterns),
+            ", ".join(name for name, _ in named[:3]),
+        )
+    log.info("%d of %d parameter tensors train", len(selection.trainable), len(named))
+    return selection.trainable
 
 
 def _to(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:

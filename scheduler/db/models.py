@@ -142,6 +142,8 @@ class Job(Base):
     idempotency_key: Mapped[str | None] = mapped_column(sa.String(200))
     attempt: Mapped[int] = mapped_column(default=0)  # increases on each (re)launch
     preemptions: Mapped[int] = mapped_column(default=0)
+    # GPU-seconds of its earlier runs (the current run counts from launched_at): attained service.
+    service_gpu_s: Mapped[float] = mapped_column(sa.Float(precision=53), default=0.0)
     queued_at: Mapped[datetime] = mapped_column(default=utcnow)  # when it last entered QUEUED
     ray_submission_id: Mapped[str | None] = mapped_column(sa.String(100))
     report_seq: Mapped[int] = mapped_column(default=-1)  # last report seq applied for `attempt`

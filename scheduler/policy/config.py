@@ -12,11 +12,14 @@ class PolicyConfig:
     Defaults are the ones measured in docs/adr/0003-scheduling-policy.md.
     """
 
-    # Attained-service thresholds, in GPU-hours, between service tiers. A job that has run less
-    # than the first is "fresh" (tier 0) and goes before, and may preempt, jobs of its class
-    # that have run more (least attained service first, as in Tiresias, NSDI'19): durations are
-    # unknown, and a job that has already run long is the likeliest to run long still.
-    service_tiers_gpu_h: tuple[float, ...] = (32.0,)
+    # Attained-service thresholds between service tiers, in GPU-hours (hours if
+    # `service_counts_gpus` is False). A job that has run less than the first is "fresh" (tier 0)
+    # and goes before, and may preempt, jobs of its class that have run more: least attained
+    # service first, as in Tiresias (NSDI'19). Durations are unknown, and a job that has already
+    # run long is the likeliest to run long still.
+    service_tiers: tuple[float, ...] = (32.0,)
+    # Count service in GPU-hours (a big job ages out of "fresh" sooner), or in hours.
+    service_counts_gpus: bool = True
     # Waiting this long lowers a queued job's tier by one (below 0 too): an overtaken job rises
     # until nothing of its class can pass it, so it cannot starve. Aging never crosses classes.
     aging_step_s: float = 7200.0

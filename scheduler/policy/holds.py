@@ -13,29 +13,29 @@ def can_be_overtaken(job: JobView) -> bool:
 
 
 def hold_for_head(p: PoolPass, job: JobView) -> list[str]:
-    """Hold back, per replica, the node closest to hosting it: most free GPUs, then fewest jobs.
+    """Hold back, per replica (biggest first), the node closest to hosting it: the most free GPUs.
 
     Later jobs of the pass (backfill) cannot use held nodes, so they cannot delay the job. The
     hold is recomputed every pass from the snapshot alone; as nothing new lands on held nodes they
     only drain, and the same nodes stay the closest ones: the choice is stable across passes.
     """
     cap = p.cap
-    jobs_on = p.jobs_on()
-    held: list[str] = []
     selector = job.node_selector
+    ranked = sorted((-free, n) for n, free in cap.free.items() if cap.eligible(n, selector))
+    held: list[str] = []
+    taken: set[str] = set()
     for gang in sorted((g for g in job.demand if g.colocate_with is None), key=lambda g: -g.gpus):
         for _ in range(gang.count):
-            best = None
-            for n, size in cap.size.items():
-                if (gang.one_node and size < gang.gpus) or not cap.eligible(n, selector):
-                    continue
-                rank = (-cap.free[n], len(jobs_on[n]), n)
-                if best is None or rank < best:
-                    best = rank
-            if best is None:
-                return held
-            cap.hide(best[2])
-            held.append(best[2])
+            node = next(
+                (n for _, n in ranked if n not in taken and (not gang.one_node or cap.size[n] >= gang.gpus)),
+                None,
+            )
+            if node is None:
+                break
+            taken.add(node)
+            held.append(node)
+    for n in held:
+        cap.hide(n)
     return held
 
 

@@ -14,8 +14,10 @@ def check(snapshot: Snapshot, decision: Decision) -> list[str]:
     - every admitted job is placed whole: each replica of each gang, on one node when it must be,
       colocated roles on their host's GPUs;
     - quotas hold for queues that admitted: nominal plus borrowing limit, and the pool's borrowing
-      within what its queues lend;
+      within what its queues lend (a queue filling its own nominal quota may take GPUs others
+      borrowed: the guarantee comes first, and they become the ones to reclaim from);
     - only running, preemptible jobs are preempted (any job on a dead node may be requeued);
+    - nodes are nominated only for waiting jobs, within their pool;
     - every queued job not admitted is told why it waits, with a distinct position in its pool.
     """
     out: list[str] = []
@@ -31,6 +33,7 @@ def check(snapshot: Snapshot, decision: Decision) -> list[str]:
                 held[node] = held.get(node, 0) + gpus
             used[j.queue] = used.get(j.queue, 0) + j.total_gpus
 
+    used_before = dict(used)
     admitted: set[str] = set()
     for job_id, placement in decision.admit:
         job = jobs.get(job_id)
@@ -68,7 +71,14 @@ def check(snapshot: Snapshot, decision: Decision) -> list[str]:
             out.append(f"node {name} has {gpus} GPUs allocated of {node.gpus}")
 
     admitting_queues = {jobs[j].queue for j in admitted if j in jobs}
+    # A queue may always fill its own nominal quota, even out of GPUs others had borrowed (they
+    # are then the ones to reclaim from): for what may be lent, count such a queue as it was.
+    lend_view = dict(used)
     for qname in admitting_queues:
+        q = queues.get(qname)
+        if q is not None and used.get(qname, 0) <= q.nominal_gpus:
+            lend_view[qname] = used_before.get(qname, 0)
+    for qname in sorted(admitting_queues):
         q = queues.get(qname)
         if q is None:
             out.append(f"jobs admitted to unknown queue {qname}")
@@ -79,7 +89,7 @@ def check(snapshot: Snapshot, decision: Decision) -> list[str]:
                 f"queue {qname} uses {u} GPUs, above nominal {q.nominal_gpus} + borrowing limit {q.borrowing_limit}"
             )
         if u > q.nominal_gpus:
-            borrowed, lendable = _pool_borrowing(snapshot, q.pool, used)
+            borrowed, lendable = _pool_borrowing(snapshot, q.pool, used, lend_view)
             if borrowed > lendable:
                 out.append(f"pool {q.pool} borrows {borrowed} GPUs but its queues lend only {lendable}")
 
@@ -97,6 +107,16 @@ def check(snapshot: Snapshot, decision: Decision) -> list[str]:
         )
         if not job.preemptible and not on_dead:
             out.append(f"non-preemptible {job_id} preempted")
+
+    for job_id, held in decision.nominate.items():
+        job = jobs.get(job_id)
+        if job is None or job.state != "queued" or job_id in admitted:
+            out.append(f"nodes nominated for {job_id}, which is not a waiting job")
+            continue
+        pool = queues[job.queue].pool if job.queue in queues else None
+        for n in held:
+            if n not in nodes or nodes[n].pool != pool:
+                out.append(f"node {n} nominated for {job_id} is not in its pool {pool}")
 
     positions: dict[tuple[str, int], str] = {}
     for j in snapshot.jobs:
@@ -166,13 +186,15 @@ def whole_placement_errors(job: JobView, placement: Placement) -> list[str]:
     return out
 
 
-def _pool_borrowing(snapshot: Snapshot, pool: str, used: dict[str, int]) -> tuple[int, int]:
+def _pool_borrowing(
+    snapshot: Snapshot, pool: str, used: dict[str, int], lend_view: dict[str, int]
+) -> tuple[int, int]:
     queues = [q for q in snapshot.queues if q.pool == pool]
     capacity = sum(n.gpus for n in snapshot.nodes if n.pool == pool)
     owned = sum(q.nominal_gpus for q in queues)
     borrowed = sum(max(0, used.get(q.name, 0) - q.nominal_gpus) for q in queues)
     lendable = max(0, capacity - owned)
     for q in queues:
-        idle = max(0, q.nominal_gpus - used.get(q.name, 0))
+        idle = max(0, q.nominal_gpus - lend_view.get(q.name, 0))
         lendable += idle if q.lending_limit is None else min(idle, q.lending_limit)
     return borrowed, lendable

@@ -21,15 +21,23 @@ class PoolPass:
     queued: list[JobView] = field(default_factory=list)
     # GPUs per node that jobs already PREEMPTING will free and no queued job has claimed yet.
     incoming: dict[str, int] = field(default_factory=dict)
-    _jobs_on: dict[str, list[str]] | None = None
+    # Queued job -> nodes nominated for it by an earlier pass (held from the start of this one).
+    nominated: dict[str, list[str]] = field(default_factory=dict)
     _by_queue: dict[str, list[JobView]] | None = None
-    _ranks: dict[str, tuple] | None = None
+    _facts: list[tuple[JobView, int, bool]] | None = None
+    _forgotten: bool = False
 
-    def running_ranks(self, rank_of) -> dict[str, tuple]:
-        """Rank of every running job, computed once per pass when a preemption is considered."""
-        if self._ranks is None:
-            self._ranks = {j.id: rank_of(j) for j in self.running.values()}
-        return self._ranks
+    def victim_facts(self, build) -> list[tuple[JobView, int, bool]]:
+        """(job, service tier, settled) of every running job that could ever be a victim, worked
+        out by `build(running jobs)` once per pass, and only when some job considers preempting."""
+        if self._facts is None:
+            self._facts = build(self.running.values())
+        elif self._forgotten:
+            # Victims taken earlier in the pass are no longer candidates.
+            running = self.running
+            self._facts = [f for f in self._facts if f[0].id in running]
+            self._forgotten = False
+        return self._facts
 
     def running_in(self, queue: str) -> list[JobView]:
         """Running (preemptible-candidate) jobs of one queue, grouped on first use."""
@@ -40,22 +48,10 @@ class PoolPass:
             self._by_queue = by
         return [j for j in self._by_queue.get(queue, ()) if j.id in self.running]
 
-    def jobs_on(self) -> dict[str, list[str]]:
-        """Running jobs per node, built only when a pass needs it (preemption, reservation)."""
-        if self._jobs_on is None:
-            on: dict[str, list[str]] = {n: [] for n in self.cap.size}
-            for j in self.running.values():
-                assert j.placement is not None
-                for node, _ in j.placement.node_gpus:
-                    if node in on:
-                        on[node].append(j.id)
-            self._jobs_on = on
-        return self._jobs_on
-
     def forget_running(self, job_id: str) -> None:
         """A job chosen as a victim this pass: no longer a candidate for anything else."""
         del self.running[job_id]
-        self._jobs_on = None
+        self._forgotten = True
 
     def admit(self, job: JobView, placement: Placement, decision: Decision) -> None:
         decision.admit.append((job.id, placement))
@@ -104,8 +100,16 @@ def prepare(snapshot: Snapshot, decision: Decision) -> dict[str, PoolPass]:
     holding: dict[str | None, list[JobView]] = {name: [] for name in names}
     queued[None] = []
     holding[None] = []
-    for job in snapshot.jobs:
-        (queued if job.state == "queued" else holding)[pool_of_queue.get(job.queue)].append(job)
+    if len(names) == 1 and all(q.pool == names[0] for q in snapshot.queues):
+        # One pool (the common case): two list comprehensions instead of a dict lookup per job.
+        jobs = snapshot.jobs
+        known = pool_of_queue.keys()
+        queued[names[0]] = [j for j in jobs if j.state == "queued" and j.queue in known]
+        holding[names[0]] = [j for j in jobs if j.state != "queued" and j.queue in known]
+        queued[None] = [j for j in jobs if j.state == "queued" and j.queue not in known]
+    else:
+        for job in snapshot.jobs:
+            (queued if job.state == "queued" else holding)[pool_of_queue.get(job.queue)].append(job)
     for job in queued.pop(None):
         decision.waiting[job.id] = WaitInfo(0, "unknown_queue", job.demand, job.queue, "?", 0, 0, 0)
     # Jobs holding GPUs for a queue the snapshot lacks: nothing to count them against.
@@ -116,36 +120,61 @@ def prepare(snapshot: Snapshot, decision: Decision) -> dict[str, PoolPass]:
         nodes = nodes_by_pool.get(name, [])
         cap = PoolCapacity(name, nodes)
         dead = {n.name for n in nodes if not n.alive}
-        free = cap.free
-        used: dict[str, int] = {}
-        running: dict[str, JobView] = {}
-        incoming: dict[str, int] = {}
-        for j in holding[name]:
-            placement = j.placement
-            if placement is None:
-                continue
-            lost = None
-            for node, gpus in placement.node_gpus:
-                if node in free:
-                    free[node] -= gpus
-                    if dead and node in dead:
-                        lost = node
-                else:
-                    lost = node
-            used[j.queue] = used.get(j.queue, 0) + j.total_gpus
-            if j.state == "running":
-                if lost is None:
-                    running[j.id] = j
-                else:
-                    # Its processes there are gone: requeue it; it resumes from its latest checkpoint.
-                    decision.preempt.append((j.id, f"node {lost} is down or left pool {name}"))
-            else:
-                for node, gpus in placement.node_gpus:
-                    incoming[node] = incoming.get(node, 0) + gpus
+        used, running, incoming = _count_held(holding[name], cap.free, dead, name, decision)
         cap.index()
         quota = PoolQuota(queues_by_pool.get(name, ()), sum(cap.size.values()), used)
-        pools[name] = PoolPass(name, cap, quota, running, queued[name], incoming)
+        nominated = _nominations(queued[name], cap)
+        pools[name] = PoolPass(name, cap, quota, running, queued[name], incoming, nominated)
     return pools
+
+
+def _nominations(queued: list[JobView], cap) -> dict[str, list[str]]:
+    """Hold every node nominated for a queued job; a node claimed twice goes to the earlier job."""
+    out: dict[str, list[str]] = {}
+    for job in sorted((j for j in queued if j.nominated_nodes), key=lambda j: (j.submit_time, j.id)):
+        nodes = [n for n in sorted(job.nominated_nodes) if cap.schedulable(n) and n not in cap.hidden]
+        if nodes:
+            out[job.id] = nodes
+            for n in nodes:
+                cap.hide(n)
+    return out
+
+
+def _count_held(
+    jobs: list[JobView], free: dict[str, int], dead: set[str], pool: str, decision: Decision
+) -> tuple[dict[str, int], dict[str, JobView], dict[str, int]]:
+    """Subtract held GPUs from `free`; GPUs used per queue, running jobs, GPUs being freed.
+
+    The hot loop of every pass (it visits each running job): plain dict operations only.
+    """
+    used: dict[str, int] = {}
+    running: dict[str, JobView] = {}
+    incoming: dict[str, int] = {}
+    for j in jobs:
+        placement = j.placement
+        if placement is None:
+            continue
+        node_gpus = placement.node_gpus
+        lost = None
+        for node, gpus in node_gpus:
+            if node in free:
+                free[node] -= gpus
+                if node in dead:
+                    lost = node
+            else:
+                lost = node
+        q = j.queue
+        used[q] = used.get(q, 0) + j.total_gpus
+        if j.state == "running":
+            if lost is None:
+                running[j.id] = j
+            else:
+                # Its processes there are gone: requeue it; it resumes from its latest checkpoint.
+                decision.preempt.append((j.id, f"node {lost} is down or left pool {pool}"))
+        else:
+            for node, gpus in node_gpus:
+                incoming[node] = incoming.get(node, 0) + gpus
+    return used, running, incoming
 
 
 def report(snapshot: Snapshot, pools: dict[str, PoolPass], decision: Decision) -> None:

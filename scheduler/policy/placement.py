@@ -140,6 +140,16 @@ class PoolCapacity:
             del self._buckets[free][node]
             self._indexed -= free
 
+    def unhide(self, node: str) -> None:
+        """Offer a held node to placements again."""
+        if node not in self.hidden:
+            return
+        self.hidden.discard(node)
+        free = self.free[node]
+        if free > 0 and node not in self.blocked:
+            self._buckets[free][node] = None
+            self._indexed += free
+
     def _move(self, node: str, new_free: int) -> None:
         old = self.free[node]
         self.free[node] = new_free

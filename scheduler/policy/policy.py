@@ -9,7 +9,7 @@ from scheduler.policy.holds import can_be_overtaken, claim_incoming, hold_for_he
 from scheduler.policy.pass_state import PoolPass, prepare, report
 from scheduler.policy.preemption import plan_victims
 from scheduler.policy.quota import PoolQuota
-from scheduler.policy.ranking import Rank, aging_boost, attained_gpu_s, queued_rank, running_rank
+from scheduler.policy.ranking import aging_boost, attained_gpu_s, tier_function
 from scheduler.policy.types import Decision, JobView, Placement, Snapshot
 
 __all__ = [
@@ -136,7 +136,7 @@ def schedule(snapshot: Snapshot, *, config: PolicyConfig = DEFAULT_CONFIG) -> De
 def admission_order(p: PoolPass, now: float, config: PolicyConfig) -> list[JobView]:
     """Queued jobs of a pool, first to be served first.
 
-    1. rank: priority class, then service tier lowered by aging (`ranking.queued_rank`): among
+    1. rank: priority class, then service tier (`ranking.tier_function`) lowered by aging: among
        equals, jobs that have had the least service go first;
     2. smaller jobs first (fewer GPUs): most jobs are small, a wait hurts a short job most, and a
        big job's GPUs would keep many small ones waiting (aging bounds what big jobs pay);
@@ -150,17 +150,25 @@ def admission_order(p: PoolPass, now: float, config: PolicyConfig) -> list[JobVi
     used = quota.used
     nominal = {name: q.nominal_gpus for name, q in quota.queues.items()}
     size_first = config.size_before_quota
+    tier_of = tier_function(config)
+    step = config.aging_step_s
+    boost_cap = config.max_aging_boost
 
     def key(job: JobView) -> tuple:
         q = job.queue
-        borrows = used[q] + job.total_gpus > nominal[q]
+        since = job.submit_time if job.queued_at is None else job.queued_at
+        tier = tier_of(job, now)
+        if step > 0 and now > since:
+            tier -= min(int((now - since) // step), boost_cap)
         size = job.total_gpus
+        borrows = used[q] + size > nominal[q]
         return (
-            queued_rank(job, now, config),
+            -job.priority,
+            tier,
             size if size_first else borrows,
             borrows if size_first else size,
             shares[q],
-            job.waiting_since,
+            since,
             job.id,
         )
 
@@ -179,16 +187,41 @@ def _schedule_pool(p: PoolPass, now: float, config: PolicyConfig, decision: Deci
     whole_node = cap.largest_node()
     held_for: list[str] = []
     attempts = _Attempts(p)
+    tier_of = tier_function(config)
     # Blocked jobs for which no victims could be found this pass, by what decides eligibility.
     plan_failed: set[tuple] = set()
     # An aged job stopped by its own queue's borrowing limit holds that queue's quota: later jobs
     # of the queue may not take it. Without this, a stream of small jobs keeps a big one's queue
     # just above the line forever.
     held_queues: dict[str, str] = {}
+    tail_note: str | None = None
     for i, job in enumerate(admission_order(p, now, config), start=1):
         holder = held_queues.get(job.queue)
         if holder is not None:
             waiting[job.id] = p.wait(job, i, "quota", f"the queue's quota is held for {holder} ahead")
+            continue
+        nominated = p.nominated.get(job.id)
+        if nominated is not None:
+            # Nodes preemptions freed (or are freeing) for it: its alone, whatever came first.
+            outcome = _use_nomination(p, job, nominated, attempts, decision)
+            if outcome == "admitted":
+                continue
+            if outcome == "waiting":
+                waiting[job.id] = p.wait(
+                    job, i, "preempting", "GPUs being freed by preemptions are held for it"
+                )
+                continue
+        if plans_left == 0 and reservations_left == 0 and cap.free_total() == 0 and not p.incoming:
+            # Nothing is left to place, preempt or hold: the rest of a long queue only learns
+            # why it waits (its own borrowing limit, or capacity).
+            if quota.at_borrowing_limit(job.queue, job.total_gpus):
+                if aging_boost(job, now, config) > 0 and quota.could_ever_admit(job.queue, job.total_gpus):
+                    held_queues[job.queue] = job.id
+                waiting[job.id] = p.wait(job, i, "quota", _quota_note(quota, job))
+            else:
+                if tail_note is None:
+                    tail_note = f"GPUs held back for {', '.join(held_for)} ahead" if held_for else ""
+                waiting[job.id] = p.wait(job, i, "capacity", tail_note)
             continue
         quota_ok = attempts.quota_ok(job)
         if not quota_ok and (
@@ -196,8 +229,10 @@ def _schedule_pool(p: PoolPass, now: float, config: PolicyConfig, decision: Deci
         ):
             # Its queue's limits stop it, or lending limits keep the free GPUs for their owners.
             if plans_left > 0 and config.preempt_for_priority:
-                plans_left -= 1
-                if _preempt_for(p, job, i, now, config, decision, plan_failed):
+                outcome = _preempt_for(p, job, i, now, config, decision, plan_failed, tier_of)
+                if outcome is not None:
+                    plans_left -= 1
+                if outcome:
                     continue
             if aging_boost(job, now, config) > 0 and quota.could_ever_admit(job.queue, job.total_gpus):
                 held_queues[job.queue] = job.id
@@ -223,8 +258,10 @@ def _schedule_pool(p: PoolPass, now: float, config: PolicyConfig, decision: Deci
             waiting[job.id] = p.wait(job, i, "preempting", "GPUs being freed by preemptions are held for it")
             continue
         if plans_left > 0:
-            plans_left -= 1
-            if _preempt_for(p, job, i, now, config, decision, plan_failed):
+            outcome = _preempt_for(p, job, i, now, config, decision, plan_failed, tier_of)
+            if outcome is not None:
+                plans_left -= 1
+            if outcome:
                 continue
         note = f"GPUs held back for {', '.join(held_for)} ahead" if held_for else ""
         if reservations_left > 0 and can_be_overtaken(job):
@@ -244,19 +281,31 @@ def _preempt_for(
     config: PolicyConfig,
     decision: Decision,
     failed: set[tuple],
-) -> bool:
-    """Preempt what the job needs, if it may; the nodes freed are held for it. True if it did."""
-    rank = queued_rank(job, now, config)
+    tier_of,
+) -> bool | None:
+    """Preempt what the job needs, if it may; the nodes freed are held for it.
+
+    True if it did, False if it tried and could not, None if there was nothing to try (no
+    candidates for a job with its rights): only real attempts count against the pass's budget.
+    """
+    tier = tier_of(job, now)
     reclaim = _may_reclaim(p, job, now, config)
-    key = (job.demand, job.node_selector, job.queue, rank, reclaim)
-    if key in failed:
-        return False
-    victims = _victims(p, job, rank, reclaim, now, config)
+    # Who may be taken depends on these alone; whether they suffice also on the demand.
+    rights = (job.queue, job.priority, tier, reclaim)
+    key = (rights, job.demand, job.node_selector)
+    if rights in failed or key in failed:
+        return None
+    victims = _victims(p, job, tier, reclaim, now, config)
+    if victims is None:
+        failed.add(rights)
+        return None
     if not victims:
         failed.add(key)
         return False
-    for node in nodes_after(p, job, [v for v, _ in victims]):
+    nodes = nodes_after(p, job, [v for v, _ in victims])
+    for node in nodes:
         p.cap.hide(node)
+    decision.nominate[job.id] = tuple(nodes)
     for v, why in victims:
         decision.preempt.append((v.id, why))
         p.forget_running(v.id)
@@ -265,6 +314,29 @@ def _preempt_for(
         job, position, "preempting", f"preempting {n} job{'s' if n > 1 else ''} for it"
     )
     return True
+
+
+def _use_nomination(
+    p: PoolPass, job: JobView, nodes: list[str], attempts: _Attempts, decision: Decision
+) -> str:
+    """Place the job on what is free (its nominated nodes included), or keep them for it while
+    preempted jobs there are still stopping ("waiting"); else give them up ("dropped")."""
+    cap = p.cap
+    for n in nodes:
+        cap.unhide(n)
+    if attempts.quota_ok(job):
+        placement = cap.place(job)
+        if placement is not None:
+            p.admit(job, placement, decision)
+            attempts.admitted()
+            return "admitted"
+    if any(p.incoming.get(n, 0) > 0 for n in nodes):
+        for n in nodes:
+            cap.hide(n)
+        decision.nominate[job.id] = tuple(nodes)
+        return "waiting"
+    attempts.freed()  # the nodes are everyone's again: what failed to fit may fit now
+    return "dropped"
 
 
 def _may_reclaim(p: PoolPass, job: JobView, now: float, config: PolicyConfig) -> bool:
@@ -276,64 +348,80 @@ def _may_reclaim(p: PoolPass, job: JobView, now: float, config: PolicyConfig) ->
 
 
 def _victims(
-    p: PoolPass, job: JobView, rank: Rank, reclaim: bool, now: float, config: PolicyConfig
+    p: PoolPass, job: JobView, tier: int, reclaim: bool, now: float, config: PolicyConfig
 ) -> list[tuple[JobView, str]] | None:
     """Victims for a blocked job, each with the reason, or None.
 
     Only preemptible jobs of the job's own queue, or of queues running on borrowed quota, are
     ever taken (a queue within its nominal quota keeps its jobs). Among those, a job may take:
     - jobs of a lower priority class, at once;
-    - jobs of its class with a worse rank (more attained service than its tier after aging);
+    - jobs of its class in a higher service tier than its own (they have run more);
     - to reclaim its queue's nominal quota (after `reclaim_after_s`), jobs of borrowing queues;
-    the last two only from jobs that have run `min_runtime_s` in their current run.
+    the last two only from "settled" jobs: they have checkpointed in their current run (or run
+    `min_runtime_s` without checkpointing), so a run always keeps some progress.
+    Aging orders the queue but never makes a job a victim: waiting jobs of one tier must not take
+    turns preempting each other.
     """
     quota = p.quota
     by_rank = config.preempt_for_priority
-    ranks = p.running_ranks(lambda v: running_rank(v, now, config))
-    settled_before = now - config.min_runtime_s
+    facts = p.victim_facts(lambda running: _victim_facts(running, now, config))
+    prio = job.priority
+    own = job.queue
+    borrowing = {q for q in quota.queues if q != own and quota.borrowing(q) > 0}
+    rules: dict[str, str] = {}
+    for v, v_tier, settled in facts:
+        q = v.queue
+        if q != own and q not in borrowing:
+            continue
+        v_prio = v.priority
+        if by_rank and v_prio < prio:
+            rules[v.id] = "class"
+        elif not settled:
+            continue
+        elif by_rank and v_prio == prio and v_tier > tier:
+            rules[v.id] = "service"
+        elif reclaim and q != own:
+            rules[v.id] = "reclaim"
+    if not rules:
+        return None  # nobody it may take: the same for every job with its rights
+    running = p.running
+    candidates = [running[i] for i in rules]
+    tiers = {v.id: v_tier for v, v_tier, _ in facts if v.id in rules}
 
-    def rule(v: JobView) -> str | None:
-        if not v.preemptible:
-            return None
-        if v.queue != job.queue and quota.borrowing(v.queue) <= 0:
-            return None
-        if by_rank and v.priority < job.priority:
-            return "class"
-        if not _settled(v, settled_before):
-            return None
-        if by_rank and ranks[v.id] > rank:
-            return "service"
-        if reclaim and v.queue != job.queue:
-            return "reclaim"
-        return None
+    def still_eligible(v: JobView) -> bool:
+        # A queue that stops borrowing as victims are taken stops being fair game.
+        return v.queue == own or quota.borrowing(v.queue) > 0
 
-    candidates = [v for v in p.running.values() if rule(v) is not None]
-    if not candidates:
-        return None
-    chosen = plan_victims(
-        p.cap,
-        quota,
-        job,
-        candidates,
-        p.jobs_on(),
-        lambda v: rule(v) is not None,
-        now,
-        config.restart_cost_s,
-        {v.id: ranks[v.id][1] for v in candidates},
-    )
+    chosen = plan_victims(p.cap, quota, job, candidates, still_eligible, now, config.restart_cost_s, tiers)
     if not chosen:
-        return None
-    return [(v, _preempt_reason(rule(v) or "", job, v, now)) for v in chosen]
+        return []
+    return [(v, _preempt_reason(rules[v.id], job, v, now)) for v in chosen]
 
 
-def _settled(v: JobView, settled_before: float) -> bool:
-    """Has the running job saved progress in its current run (or run long enough without)?"""
-    started = v.started_at
-    if started is None:
-        return True
-    if v.last_checkpoint_at is not None and v.last_checkpoint_at >= started:
-        return True
-    return started <= settled_before
+def _victim_facts(running, now: float, config: PolicyConfig) -> list[tuple[JobView, int, bool]]:
+    """(job, service tier, settled) for every preemptible running job. One loop with
+    `ranking.tier_function` inlined: it visits every running job of the pass."""
+    thresholds = tuple(t * 3600.0 for t in config.service_tiers)
+    per_gpu = not config.service_counts_gpus
+    settled_before = now - config.min_runtime_s
+    out = []
+    for v in running:
+        if not v.preemptible:
+            continue
+        started = v.started_at
+        service = v.service_gpu_s
+        if started is not None and now > started:
+            service += v.total_gpus * (now - started)
+        if per_gpu:
+            service /= v.total_gpus or 1
+        tier = 0
+        for t in thresholds:
+            if service >= t:
+                tier += 1
+        ckpt = v.last_checkpoint_at
+        settled = started is None or (ckpt is not None and ckpt >= started) or started <= settled_before
+        out.append((v, tier, settled))
+    return out
 
 
 def _preempt_reason(rule: str, job: JobView, victim: JobView, now: float) -> str:

@@ -72,7 +72,6 @@ def plan_victims(
     quota: PoolQuota,
     job: JobView,
     candidates: list[JobView],
-    jobs_on: dict[str, list[str]],
     can_evict: Callable[[JobView], bool],
     now: float,
     restart_cost_s: float,
@@ -108,7 +107,15 @@ def plan_victims(
             return None
         plan.evict(min(frees, key=lambda v: costs[v.id]))
 
-    # 2. Capacity, replica by replica, on the cheapest node to clear.
+    # 2. Capacity, replica by replica, on the cheapest node to clear. Only nodes where some
+    # candidate runs can be cleared; their candidates are tried cheapest first.
+    on_node: dict[str, list[tuple]] = {}
+    for v in evictable.values():
+        assert v.placement is not None
+        for n, _ in v.placement.node_gpus:
+            on_node.setdefault(n, []).append(costs[v.id])
+    for keys in on_node.values():
+        keys.sort()
     taken: list[tuple[str, int]] = []
     ok = True
     selector = job.node_selector
@@ -117,12 +124,12 @@ def plan_victims(
             node = cap.best_fit(gang.gpus, selector)
             if node is None:
                 best: tuple[tuple, str, list[JobView]] | None = None
-                for n, size in cap.size.items():
-                    if size < gang.gpus or not cap.eligible(n, selector):
+                for n, keys in on_node.items():
+                    if cap.size.get(n, 0) < gang.gpus or not cap.eligible(n, selector):
                         continue
                     free = cap.free[n]
                     picks: list[JobView] = []
-                    for key in sorted(costs[j] for j in jobs_on.get(n, ()) if j in costs):
+                    for key in keys:
                         if free >= gang.gpus:
                             break
                         v = evictable[key[-1]]

@@ -3,12 +3,10 @@ lowered by waiting (aging). The policy orders the queue and picks preemption vic
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from scheduler.policy.config import PolicyConfig
 from scheduler.policy.types import JobView
-
-# A rank is (-priority, tier): smaller is better. Tuples compare the class first, so neither
-# service nor waiting ever lifts a job over a higher priority class.
-Rank = tuple[int, int]
 
 
 def attained_gpu_s(job: JobView, now: float) -> float:
@@ -19,10 +17,31 @@ def attained_gpu_s(job: JobView, now: float) -> float:
     return job.service_gpu_s + current
 
 
-def service_tier(gpu_s: float, tiers_gpu_h: tuple[float, ...]) -> int:
-    """How many service thresholds the job has crossed (0: fresh)."""
-    hours = gpu_s / 3600.0
-    return sum(1 for t in tiers_gpu_h if hours >= t)
+def tier_function(config: PolicyConfig) -> Callable[[JobView, float], int]:
+    """`tier(job, now)`: how many service thresholds the job has crossed (0: fresh).
+
+    Service is GPU-hours run (or hours run, with `service_counts_gpus=False`). Built once per pass:
+    the tier of every queued job is needed to order the queue.
+    """
+    thresholds = tuple(t * 3600.0 for t in config.service_tiers)
+    per_gpu = not config.service_counts_gpus
+
+    def tier(job: JobView, now: float) -> int:
+        service = job.service_gpu_s
+        started = job.started_at
+        if started is not None and now > started and job.state != "queued":
+            service += job.total_gpus * (now - started)
+        if not service:
+            return 0
+        if per_gpu:
+            service /= job.total_gpus or 1
+        n = 0
+        for t in thresholds:
+            if service >= t:
+                n += 1
+        return n
+
+    return tier
 
 
 def aging_boost(job: JobView, now: float, config: PolicyConfig) -> int:
@@ -32,14 +51,3 @@ def aging_boost(job: JobView, now: float, config: PolicyConfig) -> int:
     if step <= 0 or waited <= 0:
         return 0
     return min(int(waited // step), config.max_aging_boost)
-
-
-def queued_rank(job: JobView, now: float, config: PolicyConfig) -> Rank:
-    """A queued job's rank: its service tier, lowered one step per `aging_step_s` waited (it may
-    go below 0: an aged fresh job outranks fresh running jobs, so nothing starves)."""
-    tier = service_tier(job.service_gpu_s, config.service_tiers_gpu_h)
-    return (-job.priority, tier - aging_boost(job, now, config))
-
-
-def running_rank(job: JobView, now: float, config: PolicyConfig) -> Rank:
-    return (-job.priority, service_tier(attained_gpu_s(job, now), config.service_tiers_gpu_h))

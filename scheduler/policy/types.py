@@ -138,6 +138,9 @@ class JobView:
     # GPU-seconds the job ran in its earlier runs (its current run counts from `started_at`):
     # the attained service that ranks it against newer jobs (least attained service first).
     service_gpu_s: float = 0.0
+    # Nodes that preemptions are freeing for this queued job (`Decision.nominate` of the last
+    # pass): no other job may start there before it, even one ahead of it in the queue.
+    nominated_nodes: frozenset[str] = frozenset()
     total_gpus: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -247,6 +250,10 @@ class Decision:
     admit: list[tuple[str, Placement]] = field(default_factory=list)
     # (job id, reason) for jobs to checkpoint and stop (PREEMPTING, then QUEUED).
     preempt: list[tuple[str, str]] = field(default_factory=list)
+    # Queued job -> nodes being freed for it. The caller stores them as the job's
+    # `nominated_nodes` for the next pass (and clears them for every other queued job): a pass
+    # re-issues each nomination it keeps, so a nomination lives only while it is still needed.
+    nominate: dict[str, tuple[str, ...]] = field(default_factory=dict)
     waiting: dict[str, WaitInfo] = field(default_factory=dict)
     queues: dict[str, QueueUsage] = field(default_factory=dict)
     # pool -> node -> GPUs allocated once this decision's admissions are applied.

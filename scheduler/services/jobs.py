@@ -39,7 +39,7 @@ from scheduler.domain.errors import (
     PermissionDenied,
 )
 from scheduler.domain.ids import new_id
-from scheduler.domain.jobs import ALLOWED_TRANSITIONS, FailureReason, JobStatus
+from scheduler.domain.jobs import ALLOWED_TRANSITIONS, ON_CLUSTER, FailureReason, JobStatus
 from scheduler.services.auth import Principal, team_by_name_or_id
 from scheduler.services.paths import resolve_paths
 
@@ -334,6 +334,11 @@ class JobService:
         }
         if failure is not None:
             values["failure_reason"] = failure
+        if src in ON_CLUSTER and not to.holds_slots() and job.launched_at is not None:
+            # The run ends: add it to the job's attained service (the policy ranks by it).
+            values["service_gpu_s"] = (
+                job.service_gpu_s + (now - job.launched_at).total_seconds() * job.total_gpus
+            )
         if to == JobStatus.ADMITTED:
             values["admitted_at"] = now
         elif to == JobStatus.STARTING:

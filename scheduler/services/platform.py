@@ -88,9 +88,9 @@ def list_pools(session: Session, name: str | None = None) -> list[dict]:
     used = {
         (p, n): int(g)
         for p, n, g in session.execute(
-            sa.select(Allocation.pool, Allocation.node, sa.func.sum(Allocation.gpus)).group_by(
-                Allocation.pool, Allocation.node
-            )
+            sa.select(Allocation.pool, Allocation.node, sa.func.sum(Allocation.gpus))
+            .where(sa.not_(Allocation.shared))
+            .group_by(Allocation.pool, Allocation.node)
         )
     }
     running = dict(

@@ -2,34 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from fastapi.testclient import TestClient
 
-from api.app import create_app
-from scheduler.db.engine import Database
-from scheduler.dispatch import TASK_PASS, CeleryDispatcher
+from scheduler.dispatch import TASK_PASS
 from scheduler.services.auth import job_token
-from scheduler.settings import CelerySettings, DatabaseSettings, Settings
-from tests.factories import bootstrap, drain_queue, grpo_spec, make_broker_app
-
-
-@pytest.fixture
-def api(db_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
-    settings = Settings(
-        home=tmp_path,
-        database=DatabaseSettings(url=db_url),
-        celery=CelerySettings(broker_url=f"sqla+sqlite:///{tmp_path / 'broker.db'}"),
-    )
-    db = Database(db_url)
-    key = bootstrap(db, tmp_path)
-    broker = make_broker_app(settings.broker_url, tmp_path)
-    app = create_app(settings, db=db, dispatcher=CeleryDispatcher(broker))
-    with TestClient(app) as client:
-        client.headers["Authorization"] = f"Bearer {key}"
-        yield client, settings, broker
-    db.dispose()
+from tests.factories import drain_queue, grpo_spec
 
 
 def test_requests_without_a_key_are_refused(api) -> None:  # type: ignore[no-untyped-def]
@@ -235,7 +212,9 @@ def test_stream_resumes_from_last_event_id_and_logs_tail(api) -> None:  # type: 
     tail = client.get(f"/v1/jobs/{job['id']}/logs", params={"tail": 2}).json()["data"]
     assert [line["message"] for line in tail] == ["line 3", "line 4"]
     assert client.get(f"/v1/jobs/{job['id']}/predictions").json()["data"][0]["step"] == 2
-    assert [j["id"] for j in client.get("/v1/jobs", params={"name_contains": "eamed-j"}).json()["data"]] == [job["id"]]
+    assert [j["id"] for j in client.get("/v1/jobs", params={"name_contains": "eamed-j"}).json()["data"]] == [
+        job["id"]
+    ]
     client.post(f"/v1/jobs/{job['id']}/cancel")
     with client.app.state.db.session() as s:
         JobService(s, artifact_root=settings.artifacts).transition(
@@ -265,8 +244,8 @@ def test_stream_resumes_from_last_event_id_and_logs_tail(api) -> None:  # type: 
 @pytest.mark.parametrize(
     "override,field",
     [
-        ({"use-tis": True}, "use-tis"),
-        ({"advantage-estimator": "gspo"}, "advantage-estimator"),
+        ({"bf16": True}, "bf16"),
+        ({"optimizer": "sgd"}, "optimizer"),
         ({"train-backend": "megatron"}, "train-backend"),
     ],
 )

@@ -90,7 +90,7 @@ def test_scheduling_pass_admits_within_capacity_and_explains_the_wait(
     result = run_scheduling_pass(db, disp, artifact_root=tmp_path)
     with db.session() as s:
         jobs = {j.id: j for j in s.scalars(sa.select(Job))}
-        used = s.scalar(sa.select(sa.func.sum(Allocation.gpus)))
+        used = s.scalar(sa.select(sa.func.sum(Allocation.gpus)).where(sa.not_(Allocation.shared)))
     per_job = jobs[ids[0]].total_gpus
     fitting = 2 // per_job
     assert len(result.admitted) == fitting
@@ -153,8 +153,22 @@ def test_a_preempted_job_resumes_from_its_checkpoint(db: Database, tmp_path: Pat
         svc.transition(job_id, JobStatus.STARTING, expected_from=JobStatus.ADMITTED, reason="launch")
         job = svc.get(job_id)
         assert "load" not in svc.driver_spec(job) or svc.driver_spec(job)["load"] is None
-        svc.ingest_report(job, Report(attempt=1, seq=0, phase="running", checkpoints=[
-            {"step": 3, "path": job.spec["save"] + "/iter_0000003", "size_bytes": 10, "format": "torch"}]))
+        svc.ingest_report(
+            job,
+            Report(
+                attempt=1,
+                seq=0,
+                phase="running",
+                checkpoints=[
+                    {
+                        "step": 3,
+                        "path": job.spec["save"] + "/iter_0000003",
+                        "size_bytes": 10,
+                        "format": "torch",
+                    }
+                ],
+            ),
+        )
         assert svc.preempt(job_id, "test") == JobStatus.PREEMPTING
         assert svc.ingest_report(job, Report(attempt=1, seq=1)) is True  # checkpoint and exit
         svc.transition(job_id, JobStatus.QUEUED, expected_from=JobStatus.PREEMPTING, reason="driver exited")

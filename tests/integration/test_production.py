@@ -48,8 +48,13 @@ def test_api_role_migrates_and_serves_from_postgres(tmp_path: Path) -> None:
         "RELAX_API_WORKERS": "1",
         "RELAX_BOOTSTRAP_ADMIN_KEY": admin,
     }
-    proc = subprocess.Popen(["sh", str(ENTRYPOINT), "api"], cwd=ROOT, env=env,
-                            stdout=open(tmp_path / "api.log", "wb"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        ["sh", str(ENTRYPOINT), "api"],
+        cwd=ROOT,
+        env=env,
+        stdout=open(tmp_path / "api.log", "wb"),
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.time() + 60
         body = None
@@ -60,7 +65,9 @@ def test_api_role_migrates_and_serves_from_postgres(tmp_path: Path) -> None:
             except OSError:
                 time.sleep(0.5)
         assert body and '"database":"postgresql"' in body, (tmp_path / "api.log").read_text()[-3000:]
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/teams", headers={"Authorization": f"Bearer {admin}"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/teams", headers={"Authorization": f"Bearer {admin}"}
+        )
         assert b'"default"' in urllib.request.urlopen(req, timeout=5).read()
     finally:
         proc.terminate()

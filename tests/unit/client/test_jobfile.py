@@ -34,12 +34,21 @@ def test_a_launch_script_gives_its_flags(tmp_path: Path) -> None:
     f = tmp_path / "run-grpo.sh"
     f.write_text(
         "#!/bin/bash\nMODEL=${MODEL_DIR}/tiny\nROLLOUT_ARGS=(\n  --rollout-batch-size 4\n  --n-samples-per-prompt 4\n)\n"
-        "python3 train.py \\\n  --hf-checkpoint $MODEL \\\n  \"${ROLLOUT_ARGS[@]}\" --colocate \\\n"
+        'python3 train.py \\\n  --hf-checkpoint $MODEL \\\n  "${ROLLOUT_ARGS[@]}" --colocate \\\n'
         "  --resource '{\"actor\": [1, 1]}'\n"
     )
     jf = load_job_file(f, script_env={"MODEL_DIR": "/models"})
     assert jf.name == "run-grpo"
-    assert jf.args == ["--hf-checkpoint", "/models/tiny", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
-                       "--colocate", "--resource", '{"actor": [1, 1]}']
+    assert jf.args == [
+        "--hf-checkpoint",
+        "/models/tiny",
+        "--rollout-batch-size",
+        "4",
+        "--n-samples-per-prompt",
+        "4",
+        "--colocate",
+        "--resource",
+        '{"actor": [1, 1]}',
+    ]
     with pytest.raises(JobFileError, match="MODEL_DIR"):
         load_job_file(f)  # the variable is not given: say which

@@ -63,8 +63,27 @@ def test_placement_groups_per_role() -> None:
         {"rollout": [1, 1]}, colocate=False, with_rollout=True, with_train=False, device=CPU
     )
     assert rollout_only.groups == {"rollout": 1} and not rollout_only.train_slots
+    with pytest.raises(UnsupportedTopology, match="genrm"):
+        plan_topology({"actor": [1, 1], "genrm": [1, 1]}, colocate=False, with_rollout=True, device=CPU)
+    # PPO: trainer and engine share the colocated slot, the critic has a slot of its own, `advantages`
+    # (Relax's CPU-only role) none
+    ppo = plan_topology(
+        {"actor": [1, 1], "critic": [1, 1], "rollout": [1, 2], "advantages": [1, 0]},
+        colocate=True,
+        with_rollout=True,
+        device=CPU,
+        with_critic=True,
+    )
+    assert ppo.groups == {COLOCATED_GROUP: 1, "critic": 1} and ppo.colocate
+    assert [s.group for s in ppo.role_slots(Role.CRITIC)] == ["critic"]
     with pytest.raises(UnsupportedTopology, match="critic"):
-        plan_topology({"actor": [1, 1], "critic": [1, 1]}, colocate=False, with_rollout=True, device=CPU)
+        plan_topology(
+            {"actor": [1, 1], "critic": [1, 2]},
+            colocate=True,
+            with_rollout=True,
+            device=CPU,
+            with_critic=True,
+        )
     with pytest.raises(UnsupportedTopology, match="one device"):
         plan_topology({"actor": [1, 2]}, colocate=False, with_rollout=False, device=CPU)
     assert {str(r) for r in SUPPORTED_ROLES} == RESOURCE_ROLES
@@ -81,9 +100,19 @@ def test_capabilities_name_what_is_refused() -> None:
     }
     assert unsupported_parameters(ok, defaults) == []
     assert unsupported_parameters({"max_staleness": 1}, defaults) == ["max_staleness=1"]
-    assert unsupported_parameters({"resource": {"actor": [1, 1], "critic": [1, 1]}}, defaults) == [
-        "resource={'actor': [1, 1], 'critic': [1, 1]}"
+    assert unsupported_parameters({"resource": {"actor": [1, 1], "genrm": [1, 1]}}, defaults) == [
+        "resource={'actor': [1, 1], 'genrm': [1, 1]}"
     ]
+    assert unsupported_parameters({"resource": {"actor": [1, 1], "critic": [1, 2]}}, defaults) == [
+        "resource={'actor': [1, 1], 'critic': [1, 2]}"
+    ]
+    ppo = {"resource": {"actor": [1, 1], "critic": [1, 1], "rollout": [1, 2], "advantages": [1, 0]}}
+    assert unsupported_parameters({**ppo, "advantage_estimator": "ppo", "use_tis": True}, defaults) == []
+    assert unsupported_parameters({"rm_type": "ifbench"}, defaults) == ["rm_type='ifbench'"]
+    assert unsupported_parameters({"rm_type": "mathh"}, defaults) == ["rm_type='mathh'"]
+    assert unsupported_parameters({"rm_type": "mathh", "rm_type_fallback": "zero"}, defaults) == []
+    assert unsupported_parameters({"rm_type": "boxed_f1", "rm_url": "http://rm"}, defaults) == []
+    assert unsupported_parameters({"rollout_external": True}, defaults) == ["rollout_external=True"]
     assert unsupported_parameters({"debug_train_only": True}, defaults) == ["debug_train_only=True"]
     assert unsupported_parameters({"eval_config": "e.yaml", "loss_type": "sft"}, defaults) == [
         "eval_config='e.yaml'"

@@ -46,17 +46,17 @@ def test_load_spec_normalized_skips_jobspec() -> None:
 
 
 def test_unsupported_parameters_are_named() -> None:
-    defaults = {"lr": 1e-6, "use_tis": False, "tensor_model_parallel_size": 1, "advantage_estimator": "grpo"}
+    defaults = {"lr": 1e-6, "use_opd": False, "tensor_model_parallel_size": 1, "kl_loss_type": "k1"}
     values = {
         "lr": 1e-3,
-        "use_tis": True,
+        "use_opd": True,
         "tensor_model_parallel_size": 1,
-        "advantage_estimator": "gspo",
+        "kl_loss_type": "k5",
         "over_sampling_batch_size": 16,
         "rollout_batch_size": 8,
     }
-    assert unsupported_parameters(values, defaults) == ["advantage_estimator='gspo'", "use_tis"]
-    assert unsupported_parameters({**values, "num_iters_per_train_update": 2}, defaults)[-1] == ("use_tis")
+    assert unsupported_parameters(values, defaults) == ["kl_loss_type='k5'", "use_opd"]
+    assert unsupported_parameters({**values, "num_iters_per_train_update": 2}, defaults)[-1] == ("use_opd")
     assert "num_iters_per_train_update=2" in unsupported_parameters(
         {**values, "num_iters_per_train_update": 2}, defaults
     )

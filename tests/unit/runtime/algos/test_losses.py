@@ -324,7 +324,7 @@ def test_value_loss_matches_naive_reference() -> None:
             v, old, ret = x["values"][b, t].item(), x["old_values"][b, t].item(), x["returns"][b, t].item()
             vc = old + min(max(v - old, -clip), clip)
             assert loss[b, t].item() == pytest.approx(
-                0.5 * max((v - ret) ** 2, (vc - ret) ** 2), rel=1e-5, abs=1e-6
+                max((v - ret) ** 2, (vc - ret) ** 2), rel=1e-5, abs=1e-6
             )
             assert clipped[b, t].item() == float(abs(v - old) > clip)
 
