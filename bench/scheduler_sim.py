@@ -165,6 +165,7 @@ def simulate(
     passes = 0
     pass_time = 0.0
     preemptions = 0
+    by_kind: dict[str, int] = {}
     violations: list[str] = []
 
     def push(t: float, kind: int, i: int, token: int) -> None:
@@ -256,7 +257,9 @@ def simulate(
                 passes += 1
                 if check is not None:
                     violations.extend(check(snap, decision))
-                for job_id, _reason in decision.preempt:
+                for job_id, reason in decision.preempt:
+                    kind = preemption_kind(reason)
+                    by_kind[kind] = by_kind.get(kind, 0) + 1
                     preempt(active[job_id], now)
                 for job_id, placement in decision.admit:
                     start(active[job_id], placement, now)
@@ -316,6 +319,8 @@ def simulate(
 
     metrics, per_tenant = compute_metrics(sim, nodes * gpus_per_node)
     metrics["preemptions"] = float(preemptions)
+    for kind, n in sorted(by_kind.items()):
+        metrics[f"preemptions_{kind}"] = float(n)
     res = SimResult(
         policy_name,
         len(sim),
@@ -332,6 +337,17 @@ def simulate(
     if unfinished:
         res.notes.append(f"{unfinished} jobs never finished")
     return res
+
+
+def preemption_kind(reason: str) -> str:
+    """Which rule preempted a job, from the reason the policy gave (for the breakdown in --json)."""
+    if "reclaims" in reason:
+        return "reclaim"
+    if "held at priority" in reason:
+        return "class"
+    if "goes before it" in reason:
+        return "service"
+    return "other"
 
 
 def jain(values: list[float]) -> float:

@@ -212,7 +212,7 @@ def pools(url: UrlOpt = None, api_key: KeyOpt = None, as_json: JsonOpt = False) 
     if as_json:
         _print_json(data)
         return
-    t = Table("pool", "accelerator", "node", "gpus", "allocated", "state", "ray")
+    t = Table("pool", "accelerator", "node", "gpus", "allocated", "state", "jobs", "ray")
     for p in data:
         for n in p["nodes"]:
             state = "cordoned" if n["cordoned"] or p["cordoned"] else ("up" if n["alive"] else "down")
@@ -223,6 +223,7 @@ def pools(url: UrlOpt = None, api_key: KeyOpt = None, as_json: JsonOpt = False) 
                 str(n["gpus"]),
                 str(n["allocated_gpus"]),
                 state,
+                ", ".join(f"{j['job_id']} ({j['gpus']})" for j in n.get("jobs", [])) or "-",
                 p["ray_address"] or "-",
             )
     out.print(t)
@@ -240,14 +241,16 @@ def queues(url: UrlOpt = None, api_key: KeyOpt = None, as_json: JsonOpt = False)
     if as_json:
         _print_json(data)
         return
-    t = Table("queue", "pool", "team", "used / nominal", "queued jobs", "weight")
+    t = Table("queue", "pool", "team", "used / nominal", "borrowed", "running", "queued (GPUs)", "weight")
     for q in data:
         t.add_row(
             q["name"],
             q["pool"],
             q["team"],
             f"{q['used_gpus']} / {q['nominal_gpus']}",
-            str(q["queued_jobs"]),
+            str(q.get("borrowed_gpus", 0)),
+            str(q.get("running_jobs", 0)),
+            f"{q['queued_jobs']} ({q.get('queued_gpus', 0)})",
             f"{q['weight']:g}",
         )
     out.print(t)

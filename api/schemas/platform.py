@@ -50,10 +50,16 @@ class ApiKeysPage(BaseModel):
     data: list[ApiKeyPublic]
 
 
+class NodeJob(BaseModel):
+    job_id: str
+    gpus: int = Field(description="GPUs the job holds on this node (colocated roles share them).")
+
+
 class NodePublic(BaseModel):
     name: str
     gpus: int
     allocated_gpus: int
+    jobs: list[NodeJob] = Field(description="Jobs holding GPUs on this node.")
     labels: dict[str, Any]
     cordoned: bool
     alive: bool
@@ -83,8 +89,11 @@ class QueuePublic(BaseModel):
     borrowing_limit: int | None
     lending_limit: int | None
     weight: float
-    used_gpus: int
+    used_gpus: int = Field(description="GPUs held by the queue's admitted and running jobs.")
+    borrowed_gpus: int = Field(description="GPUs used above the nominal quota (lent by idle queues).")
+    running_jobs: int
     queued_jobs: int
+    queued_gpus: int = Field(description="GPUs the queue's waiting jobs ask for in all.")
 
 
 class QueuesPage(BaseModel):

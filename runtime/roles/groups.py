@@ -175,6 +175,17 @@ class Roles:
     critic: CriticGroup | None = None
     log_sink: ActorHandle | None = None
     infos: list[dict[str, Any]] = field(default_factory=list)
+    # `colocate` with external engines: the servers hold no slot of ours (the topology is not colocated),
+    # but they share the trainer's devices, so the roles still take turns (offload/onload = release/resume)
+    external_colocated: bool = False
+
+    @property
+    def takes_turns(self) -> bool:
+        return (
+            (self.topology.colocate or self.external_colocated)
+            and self.rollout is not None
+            and self.train is not None
+        )
 
     @property
     def reference(self) -> ForwardGroup | None:
@@ -185,12 +196,14 @@ class Roles:
         return self.forward.get(Role.ACTOR_FWD)
 
     def use_for_rollout(self) -> None:
-        if self.topology.colocate and self.rollout is not None and self.train is not None:
+        if self.takes_turns:
+            assert self.train is not None and self.rollout is not None
             self.train.offload()
             self.rollout.onload()
 
     def use_for_training(self) -> None:
-        if self.topology.colocate and self.rollout is not None and self.train is not None:
+        if self.takes_turns:
+            assert self.train is not None and self.rollout is not None
             self.rollout.offload()
             self.train.onload()
 
@@ -334,7 +347,7 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
         f"external {list(plan.external_engines)}" if plan.external_engines else plan.engine_kind.value,
         len(critic_actors),
         {str(r): len(g.actors) for r, g in forward.items()} or "no forward-only roles",
-        topology.colocate,
+        topology.colocate or (plan.colocate and bool(plan.external_engines)),
         dict(topology.groups),
     )
     return Roles(
@@ -346,4 +359,7 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
         critic=CriticGroup(critic_actors) if critic_actors else None,
         log_sink=sink,
         infos=infos,
+        external_colocated=bool(
+            plan.colocate and plan.with_train and engine_actors and plan.external_engines
+        ),
     )

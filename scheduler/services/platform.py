@@ -93,6 +93,15 @@ def list_pools(session: Session, name: str | None = None) -> list[dict]:
             .group_by(Allocation.pool, Allocation.node)
         )
     }
+    # which jobs hold GPUs on each node, and how many (shared, colocated assignments add none)
+    holders: dict[tuple[str, str], dict[str, int]] = {}
+    for p, n, job_id, g in session.execute(
+        sa.select(Allocation.pool, Allocation.node, Allocation.job_id, sa.func.sum(Allocation.gpus))
+        .where(sa.not_(Allocation.shared))
+        .group_by(Allocation.pool, Allocation.node, Allocation.job_id)
+        .order_by(Allocation.job_id)
+    ):
+        holders.setdefault((p, n), {})[job_id] = int(g)
     running = dict(
         session.execute(
             sa.select(Job.pool, sa.func.count()).where(Job.status.in_(list(HOLDING_SLOTS))).group_by(Job.pool)
@@ -114,6 +123,9 @@ def list_pools(session: Session, name: str | None = None) -> list[dict]:
                 "name": n.name,
                 "gpus": n.gpus,
                 "allocated_gpus": used.get((pool.name, n.name), 0),
+                "jobs": [
+                    {"job_id": j, "gpus": g} for j, g in holders.get((pool.name, n.name), {}).items()
+                ],
                 "labels": n.labels,
                 "cordoned": n.cordoned,
                 "alive": n.alive,
@@ -144,11 +156,19 @@ def list_queues(session: Session) -> list[dict]:
             .group_by(Job.queue)
         ).all()
     )
-    waiting = dict(
+    running = dict(
         session.execute(
-            sa.select(Job.queue, sa.func.count()).where(Job.status == JobStatus.QUEUED).group_by(Job.queue)
+            sa.select(Job.queue, sa.func.count()).where(Job.status.in_(list(HOLDING_SLOTS))).group_by(Job.queue)
         ).all()
     )
+    waiting = {
+        q: (int(n), int(g or 0))
+        for q, n, g in session.execute(
+            sa.select(Job.queue, sa.func.count(), sa.func.sum(Job.total_gpus))
+            .where(Job.status == JobStatus.QUEUED)
+            .group_by(Job.queue)
+        )
+    }
     teams = {t.id: t.name for t in session.scalars(sa.select(Team))}
     return [
         {
@@ -160,7 +180,10 @@ def list_queues(session: Session) -> list[dict]:
             "lending_limit": q.lending_limit,
             "weight": q.weight,
             "used_gpus": int(used.get(q.name) or 0),
-            "queued_jobs": int(waiting.get(q.name) or 0),
+            "borrowed_gpus": max(0, int(used.get(q.name) or 0) - q.nominal_gpus),
+            "running_jobs": int(running.get(q.name) or 0),
+            "queued_jobs": waiting.get(q.name, (0, 0))[0],
+            "queued_gpus": waiting.get(q.name, (0, 0))[1],
         }
         for q in session.scalars(sa.select(Queue).order_by(Queue.name))
     ]

@@ -89,6 +89,12 @@ def test_cordon_drain_and_node_down(admin) -> None:  # type: ignore[no-untyped-d
     jobs = {j: client.get(f"/v1/jobs/{j}").json() for j in (a["id"], b["id"])}
     assert jobs[a["id"]]["status"] == "ADMITTED" and jobs[a["id"]]["allocations"][0]["node"] == "n1"
     assert jobs[b["id"]]["status"] == "QUEUED"  # n2 is cordoned
+    # pools show who holds each node's GPUs; queues show use against quota and what waits
+    h200 = next(p for p in client.get("/v1/pools").json()["data"] if p["name"] == "h200")
+    assert {n["name"]: n["jobs"] for n in h200["nodes"]} == {"n1": [{"job_id": a["id"], "gpus": 8}], "n2": []}
+    q = next(q for q in client.get("/v1/queues").json()["data"] if q["name"] == "math-h200")
+    assert (q["used_gpus"], q["running_jobs"], q["queued_jobs"], q["queued_gpus"]) == (8, 1, 1, 8)
+    assert q["borrowed_gpus"] == max(0, 8 - q["nominal_gpus"])
     client.patch("/v1/pools/h200/nodes/n2", json={"cordoned": False})
     run_scheduling_pass(db, dispatcher, artifact_root=settings.artifacts)
     assert client.get(f"/v1/jobs/{b['id']}").json()["allocations"][0]["node"] == "n2"

@@ -87,7 +87,13 @@ class ServingEngine:
         self._closing = False
         self._released: set[MemoryTag] = set()
         self._weights_backup: dict[str, torch.Tensor] | None = None
-        self.stats = {"requests": 0, "generated_tokens": 0, "cache_flushes": 0, "weight_updates": 0}
+        self.stats = {
+            "requests": 0,
+            "generated_tokens": 0,
+            "cache_flushes": 0,
+            "weight_updates": 0,
+            "memory_releases": 0,  # release_memory_occupation calls that released weights
+        }
         self._thread = threading.Thread(target=self._serve, name="relax-engine", daemon=True)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
@@ -390,6 +396,7 @@ class ServingEngine:
                     param.data = torch.empty(0, dtype=param.dtype, device=param.device)
                 self._weights_backup = backup
                 self.engine.device.empty_cache()
+                self.stats["memory_releases"] += 1
             self._released |= wanted
 
     def resume_memory(self, tags: list[str] | None) -> None:

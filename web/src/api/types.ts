@@ -33,6 +33,8 @@ export interface PoolNode {
   name: string;
   gpus: number;
   allocated_gpus: number;
+  /** Jobs holding GPUs on this node. */
+  jobs: { job_id: string; gpus: number }[];
   labels: Record<string, string>;
   cordoned: boolean;
   alive: boolean;
@@ -60,7 +62,10 @@ export interface Queue {
   lending_limit: number | null;
   weight: number;
   used_gpus: number;
+  borrowed_gpus: number;
+  running_jobs: number;
   queued_jobs: number;
+  queued_gpus: number;
 }
 
 /** One GPU group of a job's resource demand (jobspec.demand.GpuGroup). */

@@ -65,6 +65,7 @@ export function PlatformPage() {
                   <th scope="col" style={{ width: "30%" }}>
                     Usage
                   </th>
+                  <th scope="col">Jobs</th>
                   <th scope="col">Labels</th>
                 </tr>
               </thead>
@@ -82,6 +83,16 @@ export function PlatformPage() {
                       </td>
                       <td>
                         <Bar value={n.allocated_gpus} max={n.gpus} label={`${n.name} usage`} />
+                      </td>
+                      <td className="mono small">
+                        {(n.jobs ?? []).length
+                          ? n.jobs.map((j, i) => (
+                              <span key={j.job_id}>
+                                {i ? ", " : null}
+                                <a href={buildHash(["jobs", j.job_id])}>{j.job_id}</a> ({j.gpus})
+                              </span>
+                            ))
+                          : "—"}
                       </td>
                       <td className="mono small">
                         {Object.entries(n.labels ?? {})
@@ -116,7 +127,8 @@ export function PlatformPage() {
                 <th scope="col" className="num">Borrow limit</th>
                 <th scope="col" className="num">Lend limit</th>
                 <th scope="col" className="num">Weight</th>
-                <th scope="col" className="num">Queued jobs</th>
+                <th scope="col" className="num">Running</th>
+                <th scope="col" className="num">Queued jobs (GPUs)</th>
               </tr>
             </thead>
             <tbody>
@@ -132,13 +144,20 @@ export function PlatformPage() {
                   </td>
                   <td>
                     <Bar value={q.used_gpus} max={q.nominal_gpus} label={`${q.name} quota use`} />
-                    {q.used_gpus > q.nominal_gpus ? <span className="small muted">borrowing {q.used_gpus - q.nominal_gpus}</span> : null}
+                    {q.borrowed_gpus > 0 ? <span className="small muted">borrowing {q.borrowed_gpus}</span> : null}
                   </td>
                   <td className="num">{q.borrowing_limit ?? "none"}</td>
                   <td className="num">{q.lending_limit ?? "none"}</td>
                   <td className="num">{q.weight}</td>
+                  <td className="num">{q.running_jobs}</td>
                   <td className="num">
-                    {q.queued_jobs ? <a href={buildHash(["jobs"], { queue: q.name, status: ["QUEUED"] })}>{q.queued_jobs}</a> : 0}
+                    {q.queued_jobs ? (
+                      <a href={buildHash(["jobs"], { queue: q.name, status: ["QUEUED"] })}>
+                        {q.queued_jobs} ({q.queued_gpus})
+                      </a>
+                    ) : (
+                      0
+                    )}
                   </td>
                 </tr>
               ))}

@@ -926,6 +926,16 @@ export interface components {
             /** Name */
             name: string;
         };
+        /** NodeJob */
+        NodeJob: {
+            /**
+             * Gpus
+             * @description GPUs the job holds on this node (colocated roles share them).
+             */
+            gpus: number;
+            /** Job Id */
+            job_id: string;
+        };
         /** NodePublic */
         NodePublic: {
             /** Alive */
@@ -936,6 +946,11 @@ export interface components {
             cordoned: boolean;
             /** Gpus */
             gpus: number;
+            /**
+             * Jobs
+             * @description Jobs holding GPUs on this node.
+             */
+            jobs: components["schemas"]["NodeJob"][];
             /** Labels */
             labels: {
                 [key: string]: unknown;
@@ -1112,6 +1127,11 @@ export interface components {
         };
         /** QueuePublic */
         QueuePublic: {
+            /**
+             * Borrowed Gpus
+             * @description GPUs used above the nominal quota (lent by idle queues).
+             */
+            borrowed_gpus: number;
             /** Borrowing Limit */
             borrowing_limit: number | null;
             /** Lending Limit */
@@ -1122,11 +1142,21 @@ export interface components {
             nominal_gpus: number;
             /** Pool */
             pool: string;
+            /**
+             * Queued Gpus
+             * @description GPUs the queue's waiting jobs ask for in all.
+             */
+            queued_gpus: number;
             /** Queued Jobs */
             queued_jobs: number;
+            /** Running Jobs */
+            running_jobs: number;
             /** Team */
             team: string;
-            /** Used Gpus */
+            /**
+             * Used Gpus
+             * @description GPUs held by the queue's admitted and running jobs.
+             */
             used_gpus: number;
             /** Weight */
             weight: number;

@@ -1,0 +1,195 @@
+"""Preemption for priority end to end on the real embedded platform (API, Celery worker, local Ray, SQLite),
+with a pool of one slot so that two jobs cannot both fit.
+
+A low-priority SFT job checkpoints while it runs; a high-priority job arrives and needs its slot. The low job
+goes RUNNING -> PREEMPTING -> QUEUED (its driver saves a checkpoint and exits cleanly on the stop request),
+the high job runs to SUCCEEDED, then the low job is readmitted and its second attempt resumes from the
+checkpoint it saved on the way out: its steps continue at k+1, none is trained twice, and it finishes all of
+them. No slot is ever held twice."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.harness import ROOT, RunningPlatform, start_platform, stop_platform
+from client.sdk import RelaxClient
+from runtime.launcher import RayJobLauncher, submission_id
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+STEPS = 30  # of the low job; enough runway after its first checkpoint for the preemption to land
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RELAX_RAY_LOCAL_SLOTS", "1")  # one slot: the low job takes the whole pool
+        mp.setenv("RELAX_SCHEDULER_TICK_SECONDS", "1")  # reconcile (PREEMPTING -> QUEUED) promptly
+        p = start_platform(tmp_path_factory.mktemp("platform") / "home")
+    try:
+        r = p.relaxctl("models", "tiny")
+        assert r.returncode == 0, r.stdout + r.stderr
+        yield p
+    finally:
+        stop_platform(p)
+
+
+def _sft_spec(**overrides: object) -> dict:
+    spec = dict(yaml.safe_load((ROOT / "examples" / "sft-arith.yaml").read_text())["spec"])
+    spec.pop("save-hf")
+    spec.update(
+        {
+            "hf-checkpoint": "artifacts://models/tiny",
+            "rollout-batch-size": 8,
+            "global-batch-size": 8,
+            "max-tokens-per-gpu": 1024,
+        }
+    )
+    spec.update(overrides)
+    return spec
+
+
+class SlotWatch:
+    """Polls GET /v1/pools in the background and records every allocation it sees."""
+
+    def __init__(self, c: RelaxClient) -> None:
+        self.c = c
+        self.samples = 0
+        self.problems: list[str] = []
+        self.holders_seen: list[frozenset[str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> SlotWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                pools = self.c.pools()
+            except Exception:  # noqa: BLE001 - a slow API now and then is not what this watches
+                time.sleep(0.2)
+                continue
+            self.samples += 1
+            for pool in pools:
+                if pool["allocated_gpus"] > pool["total_gpus"]:
+                    self.problems.append(f"pool {pool['name']}: {pool['allocated_gpus']}/{pool['total_gpus']}")
+                holders: set[str] = set()
+                for node in pool["nodes"]:
+                    held = sum(j["gpus"] for j in node["jobs"])
+                    if node["allocated_gpus"] > node["gpus"] or held > node["gpus"]:
+                        self.problems.append(f"node {node['name']}: {node['allocated_gpus']}/{node['gpus']}")
+                    holders |= {j["job_id"] for j in node["jobs"]}
+                if not self.holders_seen or self.holders_seen[-1] != frozenset(holders):
+                    self.holders_seen.append(frozenset(holders))
+            time.sleep(0.2)
+
+
+def _wait(c: RelaxClient, job_id: str, what, timeout: float, platform: RunningPlatform) -> dict:  # type: ignore[no-untyped-def]
+    deadline = time.time() + timeout
+    job = c.get_job(job_id)
+    while time.time() < deadline:
+        job = c.get_job(job_id)
+        if what(job):
+            return job
+        if job["status"] in ("FAILED", "CANCELLED"):
+            break
+        time.sleep(0.25)
+    raise AssertionError(f"{job_id} is {job['status']} ({job['status_reason']})\n{platform.log()}")
+
+
+def test_priority_preemption_checkpoints_requeues_and_resumes(platform: RunningPlatform) -> None:
+    c = RelaxClient(platform.url, platform.key)
+    pool = c.pools()[0]
+    assert pool["total_gpus"] == 1, pool
+
+    with SlotWatch(c) as watch:
+        # 1. A low-priority job takes the only slot and checkpoints as it goes.
+        low = c.submit_job(
+            spec=_sft_spec(**{"num-rollout": STEPS, "save-interval": 2}), name="low-sft", priority_class="low"
+        )
+        assert low["preemptible"] and low["priority"] < 0
+        _wait(c, low["id"], lambda j: j["status"] == "RUNNING", 120, platform)
+        _wait(c, low["id"], lambda j: bool(c.checkpoints(j["id"])), 60, platform)
+
+        # 2. A high-priority job needs that slot.
+        high = c.submit_job(spec=_sft_spec(**{"num-rollout": 4}), name="high-sft", priority_class="high")
+        assert high["priority"] > low["priority"] and not high["preemptible"]
+
+        # 3. The low job is preempted and requeued; the high job runs to the end.
+        requeued = _wait(c, low["id"], lambda j: j["preemptions"] == 1, 60, platform)
+        assert requeued["status"] in ("QUEUED", "ADMITTED", "STARTING", "RUNNING", "SUCCEEDED")
+        high_done = _wait(c, high["id"], lambda j: j["status"] == "SUCCEEDED", 120, platform)
+        assert high_done["attempt"] == 1 and high_done["preemptions"] == 0
+
+        # 4. The low job is readmitted, resumes and finishes every step.
+        done = _wait(c, low["id"], lambda j: j["status"] == "SUCCEEDED", 120, platform)
+
+    # Its transitions, each with a reason.
+    transitions = [e for e in c.events(low["id"]) if e["kind"] == "transition"]
+    assert [e["to_status"] for e in transitions] == [
+        "QUEUED",
+        "ADMITTED",
+        "STARTING",
+        "RUNNING",
+        "PREEMPTING",
+        "QUEUED",
+        "ADMITTED",
+        "STARTING",
+        "RUNNING",
+        "SUCCEEDED",
+    ], transitions
+    assert all(e["reason"] for e in transitions)
+    preempting = transitions[4]
+    assert preempting["from_status"] == "RUNNING"
+    assert high["id"] in preempting["reason"] and "priority" in preempting["reason"], preempting
+    assert transitions[5]["from_status"] == "PREEMPTING" and "preempt" in transitions[5]["reason"], transitions[5]
+    # The high job was admitted only after the low job had left the slot.
+    high_admitted = next(e for e in c.events(high["id"]) if e["to_status"] == "ADMITTED")
+    assert high_admitted["id"] > transitions[5]["id"] or high_admitted["time"] >= transitions[5]["time"]
+    assert done["attempt"] == 2 and done["preemptions"] == 1
+    assert done["progress_step"] == done["total_steps"] == STEPS
+
+    # The first attempt saved a checkpoint on the stop request, then its Ray job ended on its own.
+    events = c.events(low["id"])
+    stop_at = next(e for e in events if e["kind"] == "stop_requested")
+    k = int(stop_at["reason"].split()[-1]) - 1  # "after step <k+1>"
+    assert 0 <= k < STEPS - 1
+    ckpts = c.checkpoints(low["id"])
+    first = [ck for ck in ckpts if ck["attempt"] == 1]
+    assert first and max(ck["step"] for ck in first) == k, ckpts
+    assert any(e["kind"] == "checkpoint_saved" and f"step {k}:" in e["reason"] for e in events if e["id"] > stop_at["id"])
+    ray = RayJobLauncher(c.pools()[0]["ray_address"])
+    first_run = ray.status(submission_id(low["id"], 1))
+    assert first_run is not None and first_run.status == "SUCCEEDED", first_run  # exited cleanly, not killed
+
+    # The second attempt loaded that checkpoint and continued at step k+1.
+    resumed = next(e for e in events if e["kind"] == "resumed")
+    assert resumed["id"] > stop_at["id"] and resumed["reason"].endswith(f"iteration {k}"), resumed
+    logs = c.logs(low["id"], limit=10000)["data"]
+    assert any(
+        line["attempt"] == 2 and f"resumed from {Path(done['spec']['save'])}" in line["message"]
+        and line["message"].endswith(f"at iteration {k}")
+        for line in logs
+    ), [line["message"] for line in logs if line["attempt"] == 2][:20]
+    steps = [p["step"] for p in c.metrics(low["id"], names=["train/loss"])["train/loss"]]
+    assert sorted(steps) == list(range(STEPS)), steps  # every step once: none redone, none skipped
+    assert any(ck["attempt"] == 2 and ck["step"] == STEPS - 1 for ck in ckpts) or any(
+        ck["attempt"] == 2 for ck in c.checkpoints(low["id"])
+    )
+
+    # Never more slots held than the pool has, and never both jobs at once.
+    assert watch.samples > 10 and not watch.problems, watch.problems
+    assert all(len(h) <= 1 for h in watch.holders_seen), watch.holders_seen
+    assert [set(h) for h in watch.holders_seen if h][:3] == [{low["id"]}, {high["id"]}, {low["id"]}]
+    assert c.pools()[0]["allocated_gpus"] == 0
