@@ -165,6 +165,9 @@ def load_snapshot(session: Session, now: datetime) -> P.Snapshot:
                 queued_at=_ts(j.queued_at),
                 preemptions=j.preemptions,
                 service_gpu_s=j.service_gpu_s,
+                nominated_nodes=frozenset(j.nominated_nodes or ())
+                if status == JobStatus.QUEUED
+                else frozenset(),
             )
         )
     return P.Snapshot(
@@ -210,7 +213,7 @@ def run_scheduling_pass(
                 reason=f"admitted on pool {job.pool}: {_describe(placement)}",
             ):
                 continue
-            job.wait_reason, job.queue_position = None, None
+            job.wait_reason, job.queue_position, job.nominated_nodes = None, None, None
             for a in placement.assignments:
                 pool, _, node = a.node.partition("/")
                 session.add(
@@ -234,6 +237,13 @@ def run_scheduling_pass(
             result.waiting[job_id] = reason
             if job.wait_reason != reason or job.queue_position != info.position:
                 job.wait_reason, job.queue_position = reason, info.position
+        # a pass re-issues every nomination it keeps; the rest lapse
+        for job_id, job in jobs.items():
+            if job.status != JobStatus.QUEUED:
+                continue
+            nominated = sorted(decision.nominate.get(job_id, ())) or None
+            if (job.nominated_nodes or None) != nominated:
+                job.nominated_nodes = nominated
     if result.admitted or result.preempted:
         log.info("scheduling pass admitted %s preempted %s", result.admitted, result.preempted)
     return result

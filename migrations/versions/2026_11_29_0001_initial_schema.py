@@ -124,6 +124,7 @@ def upgrade() -> None:
         sa.Column("preemptible", sa.Boolean(), nullable=False),
         sa.Column("queue_position", sa.Integer(), nullable=True),
         sa.Column("wait_reason", sa.Text(), nullable=True),
+        sa.Column("nominated_nodes", sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=True),
         sa.Column("labels", sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=False),
         sa.Column("spec", sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=False),
         sa.Column("submitted", sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=False),

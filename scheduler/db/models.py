@@ -133,6 +133,9 @@ class Job(Base):
     preemptible: Mapped[bool] = mapped_column(default=True)
     queue_position: Mapped[int | None]  # 1-based, among the pool's queued jobs, from the last pass
     wait_reason: Mapped[str | None] = mapped_column(sa.Text)  # why the last pass did not admit it
+    # Nodes ("pool/node") that preemptions are freeing for this queued job: no other job starts there
+    # first. Written by each pass (policy Decision.nominate), cleared when the job is admitted.
+    nominated_nodes: Mapped[list[Any] | None] = mapped_column(JsonType)
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
     spec: Mapped[dict[str, Any]]  # normalized Relax spec, paths resolved
     submitted: Mapped[dict[str, Any]]  # what the user sent: {"spec": {...}} or {"args": [...]}

@@ -144,3 +144,26 @@ def test_lent_capacity_is_taken_back_by_preemption(cluster: Database, tmp_path: 
     with cluster.session(read_only=True) as s:
         statuses = {j: s.get(Job, j).status for j in lenders}
     assert sorted(statuses.values()) == ["PREEMPTING", "PREEMPTING", "RUNNING", "RUNNING"]
+    # the freed nodes are nominated for the owner: the next pass keeps them for it
+    victims = [j for j, st in statuses.items() if st == "PREEMPTING"]
+    with cluster.session(read_only=True) as s:
+        victim_nodes = sorted(
+            {f"h200/{n}" for n in s.scalars(sa.select(Allocation.node).where(Allocation.job_id.in_(victims)))}
+        )
+        assert s.get(Job, owner).nominated_nodes == victim_nodes
+    # the victims stop (their drivers saved and exited): back to the queue, their GPUs free
+    with cluster.session() as s:
+        svc = JobService(s, artifact_root=tmp_path)
+        for j in victims:
+            svc.transition(j, "QUEUED", expected_from="PREEMPTING", reason="test: stopped")
+    r = run_scheduling_pass(cluster, _dispatcher(tmp_path), artifact_root=tmp_path, config=config)
+    assert r.admitted == [owner] and not r.preempted, r
+    with cluster.session(read_only=True) as s:
+        got = s.get(Job, owner)
+        assert got.status == "ADMITTED" and got.nominated_nodes is None
+        nodes = sorted(
+            {f"h200/{n}" for n in s.scalars(sa.select(Allocation.node).where(Allocation.job_id == owner))}
+        )
+        assert nodes == victim_nodes
+        assert all(s.get(Job, j).nominated_nodes is None for j in victims)
+    _booked(cluster)
