@@ -110,7 +110,7 @@ def critic_gpus(v: dict[str, Any]) -> int:
     if v.get("advantage_estimator") != "ppo":
         return 0
     roles = resource_roles(v)
-    return roles["critic"][1] if "critic" in roles else 0
+    return roles["critic"][1] if "critic" in roles else actor_gpus(v)
 
 
 def genrm_gpus(v: dict[str, Any]) -> int:
@@ -220,6 +220,23 @@ def compute_demand(spec: Any) -> ResourceDemand:
         for role, wanted in (("reference", kl), ("teacher", opd_teacher)):
             if wanted and role not in roles:
                 groups.append(actor.model_copy(update={"role": role, "shares_with": "actor"}))
+
+    # Colocated PPO: the rollout engines span the actor's and the critic's GPUs, so the rollout
+    # group is the one that holds GPUs, in model-parallel-sized pieces (each actor or critic replica
+    # fills one), and every colocated role rides on it.
+    rollout_group = next((g for g in groups if g.role == "rollout" and g.shares_with == "actor"), None)
+    actor_group = next((g for g in groups if g.role == "actor"), None)
+    if rollout_group is not None and actor_group is not None and rollout_group.gpus > actor_group.gpus:
+        colocated = {"actor", "critic"} | {g.role for g in groups if g.shares_with == "actor"}
+        host = _group("rollout", rollout_group.gpus, mp, node, None)
+        groups = [
+            host
+            if g is rollout_group
+            else g.model_copy(update={"shares_with": "rollout"})
+            if g.role in colocated
+            else g
+            for g in groups
+        ]
 
     total = sum(g.gpus for g in groups if g.shares_with is None)
     nodes = _pack_nodes(groups, node)

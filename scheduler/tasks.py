@@ -171,14 +171,21 @@ def reconcile_pool(ctx: WorkerContext, pool_name: str) -> None:
             return
         address = pool.ray_address
         jobs = [
-            (j.id, JobStatus(j.status), j.ray_submission_id, j.launched_at, j.status_changed_at)
+            (
+                j.id,
+                JobStatus(j.status),
+                j.ray_submission_id,
+                j.launched_at,
+                j.status_changed_at,
+                j.total_steps is not None and (j.progress_step or 0) >= j.total_steps,
+            )
             for j in s.scalars(sa.select(Job).where(Job.pool == pool_name, Job.status.in_(list(ON_CLUSTER))))
         ]
     launcher = launcher_for(address)
     freed = False
     grace = timedelta(seconds=ctx.settings.scheduler.launch_grace_seconds)
     preempt_grace = timedelta(seconds=ctx.settings.scheduler.preempt_grace_seconds)
-    for job_id, status, sub_id, launched_at, changed_at in jobs:
+    for job_id, status, sub_id, launched_at, changed_at, all_steps_done in jobs:
         info = launcher.status(sub_id) if sub_id else None
         if info is None:
             late = launched_at is None or utcnow() - launched_at > grace
@@ -199,10 +206,12 @@ def reconcile_pool(ctx: WorkerContext, pool_name: str) -> None:
                 launcher.stop(sub_id)
             continue
         if info.status == RAY_SUCCEEDED:
-            target = {JobStatus.CANCELLING: JobStatus.CANCELLED, JobStatus.PREEMPTING: JobStatus.QUEUED}.get(
-                status, JobStatus.SUCCEEDED
-            )
-            freed |= _move(ctx, job_id, status, target, "the driver finished")
+            if status == JobStatus.PREEMPTING and not all_steps_done:
+                reason = "preempted; the driver checkpointed and exited, waiting to resume"
+                freed |= _move(ctx, job_id, status, JobStatus.QUEUED, reason)
+            else:
+                target = JobStatus.CANCELLED if status == JobStatus.CANCELLING else JobStatus.SUCCEEDED
+                freed |= _move(ctx, job_id, status, target, "the driver finished")
         elif info.status == RAY_STOPPED:
             if status == JobStatus.CANCELLING:
                 freed |= _move(ctx, job_id, status, JobStatus.CANCELLED, "the Ray job was stopped")

@@ -182,9 +182,9 @@ class Roles:
     @property
     def takes_turns(self) -> bool:
         return (
-            (self.topology.colocate or self.external_colocated)
-            and self.rollout is not None
+            self.rollout is not None
             and self.train is not None
+            and (self.topology.colocate or self.external_colocated)
         )
 
     @property

@@ -102,8 +102,24 @@ def test_ppo_critic_group() -> None:
         use_rollout_logprobs=True,
         resource={"actor": [1, 4], "critic": [1, 4], "rollout": [1, 8], "advantages": [1, 0]},
     )
-    assert groups(d)["critic"] == (4, 1, True, None) and groups(d)["rollout"] == (8, 1, True, "actor")
+    # the rollout engines span the actor's and the critic's GPUs: rollout holds them, both ride on it
+    assert groups(d)["rollout"] == (8, 1, True, None)
+    assert groups(d)["critic"] == (4, 1, True, "rollout") and groups(d)["actor"] == (4, 1, True, "rollout")
     assert d.total_gpus == 8
+    # model-parallel actor and critic: the rollout's GPUs come in pieces each replica fills whole
+    d = demand(
+        colocate=True,
+        advantage_estimator="ppo",
+        use_rollout_logprobs=True,
+        tensor_model_parallel_size=8,
+        num_gpus_per_node=8,
+        resource={"actor": [1, 8], "critic": [1, 8], "rollout": [1, 16], "advantages": [1, 0]},
+    )
+    assert groups(d)["rollout"] == (2, 8, True, None) and d.total_gpus == 16 and d.nodes_needed == 2
+    assert groups(d)["critic"] == (1, 8, True, "rollout")
+    # without PPO nothing changes: the actor holds the GPUs, the engines ride on it
+    d = demand(colocate=True, resource={"actor": [1, 4], "rollout": [1, 4]})
+    assert groups(d)["actor"] == (4, 1, True, None) and groups(d)["rollout"] == (4, 1, True, "actor")
 
 
 def test_genrm_groups() -> None:
