@@ -452,6 +452,8 @@ def parse_config(text: str) -> PolicyConfig:
         default = getattr(PolicyConfig(), key)
         if isinstance(default, bool):
             changes[key] = value.lower() in ("1", "true", "yes")
+        elif default is None:
+            changes[key] = None if value.lower() in ("", "none") else float(value)
         elif isinstance(default, tuple):
             changes[key] = tuple(float(v) for v in value.split("/") if v)
         else:

@@ -24,11 +24,11 @@ class PoolPass:
     # Queued job -> nodes nominated for it by an earlier pass (held from the start of this one).
     nominated: dict[str, list[str]] = field(default_factory=dict)
     _by_queue: dict[str, list[JobView]] | None = None
-    _facts: list[tuple[JobView, int, bool]] | None = None
+    _facts: list[tuple[JobView, int, float]] | None = None
     _forgotten: bool = False
 
-    def victim_facts(self, build) -> list[tuple[JobView, int, bool]]:
-        """(job, service tier, settled) of every running job that could ever be a victim, worked
+    def victim_facts(self, build) -> list[tuple[JobView, int, float]]:
+        """(job, service tier, loss) of every running job that could ever be a victim, worked
         out by `build(running jobs)` once per pass, and only when some job considers preempting."""
         if self._facts is None:
             self._facts = build(self.running.values())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable
 
 from scheduler.policy.config import DEFAULT_CONFIG, PolicyConfig
@@ -347,18 +348,33 @@ def _may_reclaim(p: PoolPass, job: JobView, now: float, config: PolicyConfig) ->
     )
 
 
+# The loss of a victim that has no checkpoint in its current run but has run `min_runtime_s`:
+# taken whatever `max_victim_loss_s` says.
+_ANY = 0.0
+# Not settled: no checkpoint in its current run and not yet run `min_runtime_s`.
+_NEVER = float("inf")
+
+
 def _victims(
-    p: PoolPass, job: JobView, tier: int, reclaim: bool, now: float, config: PolicyConfig
+    p: PoolPass,
+    job: JobView,
+    tier: int,
+    reclaim: bool,
+    now: float,
+    config: PolicyConfig,
 ) -> list[tuple[JobView, str]] | None:
     """Victims for a blocked job, each with the reason, or None.
 
     Only preemptible jobs of the job's own queue, or of queues running on borrowed quota, are
     ever taken (a queue within its nominal quota keeps its jobs). Among those, a job may take:
     - jobs of a lower priority class, at once;
-    - jobs of its class in a higher service tier than its own (they have run more);
-    - to reclaim its queue's nominal quota (after `reclaim_after_s`), jobs of borrowing queues;
-    the last two only from "settled" jobs: they have checkpointed in their current run (or run
-    `min_runtime_s` without checkpointing), so a run always keeps some progress.
+    - jobs of its class at least `preempt_tier_gap` service tiers above its own (they have run
+      more);
+    - to reclaim its queue's nominal quota (after `reclaim_after_s`), jobs of borrowing queues
+      (with `reclaim_respects_service`, only those in a service tier no lower than its own);
+    the last two only from "settled" jobs: they have checkpointed in their current run, at most
+    `max_victim_loss_s` ago (or run `min_runtime_s` without checkpointing), so a run always keeps
+    some progress and a preemption throws little away.
     Aging orders the queue but never makes a job a victim: waiting jobs of one tier must not take
     turns preempting each other.
     """
@@ -368,40 +384,58 @@ def _victims(
     prio = job.priority
     own = job.queue
     borrowing = {q for q in quota.queues if q != own and quota.borrowing(q) > 0}
+    respect_service = config.reclaim_respects_service
+    service_victim_tier = tier + config.preempt_tier_gap
+    loss_bound = _NEVER if config.max_victim_loss_s is None else config.max_victim_loss_s
     rules: dict[str, str] = {}
-    for v, v_tier, settled in facts:
+    tiers: dict[str, int] = {}
+    for v, v_tier, loss in facts:
         q = v.queue
         if q != own and q not in borrowing:
             continue
         v_prio = v.priority
         if by_rank and v_prio < prio:
             rules[v.id] = "class"
-        elif not settled:
+        elif loss > loss_bound or loss == _NEVER:
             continue
-        elif by_rank and v_prio == prio and v_tier > tier:
+        elif by_rank and v_prio == prio and v_tier >= service_victim_tier:
             rules[v.id] = "service"
-        elif reclaim and q != own:
+        elif reclaim and q != own and (not respect_service or v_tier >= tier):
             rules[v.id] = "reclaim"
+        else:
+            continue
+        tiers[v.id] = v_tier
     if not rules:
         return None  # nobody it may take: the same for every job with its rights
     running = p.running
     candidates = [running[i] for i in rules]
-    tiers = {v.id: v_tier for v, v_tier, _ in facts if v.id in rules}
 
     def still_eligible(v: JobView) -> bool:
         # A queue that stops borrowing as victims are taken stops being fair game.
         return v.queue == own or quota.borrowing(v.queue) > 0
 
-    chosen = plan_victims(p.cap, quota, job, candidates, still_eligible, now, config.restart_cost_s, tiers)
+    chosen = plan_victims(
+        p.cap,
+        quota,
+        job,
+        candidates,
+        still_eligible,
+        now,
+        config.restart_cost_s,
+        tiers,
+        config.victims_smallest_first,
+    )
     if not chosen:
         return []
     return [(v, _preempt_reason(rules[v.id], job, v, now)) for v in chosen]
 
 
-def _victim_facts(running, now: float, config: PolicyConfig) -> list[tuple[JobView, int, bool]]:
-    """(job, service tier, settled) for every preemptible running job. One loop with
-    `ranking.tier_function` inlined: it visits every running job of the pass."""
-    thresholds = tuple(t * 3600.0 for t in config.service_tiers)
+def _victim_facts(running, now: float, config: PolicyConfig) -> list[tuple[JobView, int, float]]:
+    """(job, service tier, loss) for every preemptible running job: loss is its work since its
+    checkpoint in the current run, `_ANY` if it has none but has run `min_runtime_s` (or is not
+    started), `_NEVER` if neither. One loop with `ranking.tier_function` inlined: it visits every
+    running job of the pass."""
+    thresholds = sorted(t * 3600.0 for t in config.service_tiers)
     per_gpu = not config.service_counts_gpus
     settled_before = now - config.min_runtime_s
     out = []
@@ -414,13 +448,15 @@ def _victim_facts(running, now: float, config: PolicyConfig) -> list[tuple[JobVi
             service += v.total_gpus * (now - started)
         if per_gpu:
             service /= v.total_gpus or 1
-        tier = 0
-        for t in thresholds:
-            if service >= t:
-                tier += 1
+        tier = bisect_right(thresholds, service)
         ckpt = v.last_checkpoint_at
-        settled = started is None or (ckpt is not None and ckpt >= started) or started <= settled_before
-        out.append((v, tier, settled))
+        if started is None:
+            loss = _ANY
+        elif ckpt is not None and ckpt >= started:
+            loss = now - ckpt
+        else:
+            loss = _ANY if started <= settled_before else _NEVER
+        out.append((v, tier, loss))
     return out
 
 

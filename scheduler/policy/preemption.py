@@ -24,14 +24,17 @@ def lost_gpu_seconds(job: JobView, now: float, restart_cost_s: float) -> float:
     return job.total_gpus * (max(0.0, now - safe_point) + restart_cost_s)
 
 
-def victim_cost(job: JobView, now: float, quota: PoolQuota, restart_cost_s: float, tier: int = 0) -> tuple:
-    """Sort key of a victim, cheapest first: lowest priority; then the most attained service
-    (highest service tier); then borrowed before owned; then least lost work (the newest and
-    the freshly checkpointed jobs); then the newest; then by id."""
+def victim_cost(
+    job: JobView, now: float, quota: PoolQuota, restart_cost_s: float, tier: int = 0, size_first: bool = False
+) -> tuple:
+    """Sort key of a victim, cheapest first: lowest priority; then (with `size_first`) the fewest
+    GPUs; then the most attained service (highest service tier); then borrowed before owned; then
+    least lost work (the newest and the freshly checkpointed jobs); then the newest; then by id."""
     borrowed = quota.borrowing(job.queue)
     owned = FULLY_BORROWED if borrowed >= job.total_gpus else PARTLY_BORROWED if borrowed > 0 else OWN_QUOTA
     started = job.started_at if job.started_at is not None else now
-    return (job.priority, -tier, owned, lost_gpu_seconds(job, now, restart_cost_s), -started, job.id)
+    size = job.total_gpus if size_first else 0
+    return (job.priority, size, -tier, owned, lost_gpu_seconds(job, now, restart_cost_s), -started, job.id)
 
 
 class _Plan:
@@ -76,6 +79,7 @@ def plan_victims(
     now: float,
     restart_cost_s: float,
     tiers: dict[str, int] | None = None,
+    size_first: bool = False,
 ) -> list[JobView] | None:
     """Cheapest set of `candidates` whose removal lets `job` in (quota and placement), or None.
 
@@ -89,7 +93,10 @@ def plan_victims(
     if not evictable or sum(v.total_gpus for v in evictable.values()) + cap.free_total() < job.total_gpus:
         return None
     tiers = tiers or {}
-    costs = {v.id: victim_cost(v, now, quota, restart_cost_s, tiers.get(v.id, 0)) for v in evictable.values()}
+    costs = {
+        v.id: victim_cost(v, now, quota, restart_cost_s, tiers.get(v.id, 0), size_first)
+        for v in evictable.values()
+    }
     plan = _Plan(cap, quota)
 
     def available(v: JobView) -> bool:
@@ -138,13 +145,15 @@ def plan_victims(
                             free += _gpus_on(v, n)
                     if free < gang.gpus:
                         continue
-                    # A node costs as much as its dearest victim's priority, service tier and
-                    # quota standing, then the work all its victims lose.
+                    # A node costs as much as its dearest victim's priority, then (with
+                    # `size_first`) the GPUs its victims hold, then its dearest victim's service
+                    # tier and quota standing, then the work all its victims lose.
                     node_cost = (
                         max((costs[v.id][0] for v in picks), default=-(2**62)),
-                        max((costs[v.id][1] for v in picks), default=-(2**62)),
-                        max((costs[v.id][2] for v in picks), default=0),
-                        sum(costs[v.id][3] for v in picks),
+                        sum(costs[v.id][1] for v in picks),
+                        max((costs[v.id][2] for v in picks), default=-(2**62)),
+                        max((costs[v.id][3] for v in picks), default=0),
+                        sum(costs[v.id][4] for v in picks),
                         len(picks),
                     )
                     if best is None or node_cost < best[0]:

@@ -3,6 +3,7 @@ lowered by waiting (aging). The policy orders the queue and picks preemption vic
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable
 
 from scheduler.policy.config import PolicyConfig
@@ -23,7 +24,7 @@ def tier_function(config: PolicyConfig) -> Callable[[JobView, float], int]:
     Service is GPU-hours run (or hours run, with `service_counts_gpus=False`). Built once per pass:
     the tier of every queued job is needed to order the queue.
     """
-    thresholds = tuple(t * 3600.0 for t in config.service_tiers)
+    thresholds = sorted(t * 3600.0 for t in config.service_tiers)
     per_gpu = not config.service_counts_gpus
 
     def tier(job: JobView, now: float) -> int:
@@ -35,11 +36,7 @@ def tier_function(config: PolicyConfig) -> Callable[[JobView, float], int]:
             return 0
         if per_gpu:
             service /= job.total_gpus or 1
-        n = 0
-        for t in thresholds:
-            if service >= t:
-                n += 1
-        return n
+        return bisect_right(thresholds, service)
 
     return tier
 

@@ -123,9 +123,7 @@ def list_pools(session: Session, name: str | None = None) -> list[dict]:
                 "name": n.name,
                 "gpus": n.gpus,
                 "allocated_gpus": used.get((pool.name, n.name), 0),
-                "jobs": [
-                    {"job_id": j, "gpus": g} for j, g in holders.get((pool.name, n.name), {}).items()
-                ],
+                "jobs": [{"job_id": j, "gpus": g} for j, g in holders.get((pool.name, n.name), {}).items()],
                 "labels": n.labels,
                 "cordoned": n.cordoned,
                 "alive": n.alive,
@@ -158,7 +156,9 @@ def list_queues(session: Session) -> list[dict]:
     )
     running = dict(
         session.execute(
-            sa.select(Job.queue, sa.func.count()).where(Job.status.in_(list(HOLDING_SLOTS))).group_by(Job.queue)
+            sa.select(Job.queue, sa.func.count())
+            .where(Job.status.in_(list(HOLDING_SLOTS)))
+            .group_by(Job.queue)
         ).all()
     )
     waiting = {

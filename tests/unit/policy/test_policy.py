@@ -170,8 +170,9 @@ def test_fifo_blocks_behind_its_head_and_backfill_does_not():
 
 # -- preemption ---------------------------------------------------------------------------------
 
-# Victim-order tests take grace periods and the checkpoint rule out of the way.
-EAGER = PolicyConfig(reclaim_after_s=0, min_runtime_s=0)
+# Victim-order tests take grace periods, the checkpoint rules and all but one service tier (32 GPU-h)
+# out of the way.
+EAGER = PolicyConfig(reclaim_after_s=0, min_runtime_s=0, max_victim_loss_s=None, service_tiers=(32.0,))
 
 
 def test_a_queue_reclaims_lent_gpus_by_preempting_the_cheapest_borrower():
@@ -216,7 +217,7 @@ def test_a_reclaim_waits_for_its_grace_period_and_a_checkpoint():
         ]
         return snapshot(now, nodes(1), [queue("owner", 4), queue("borrower", 4)], jobs)
 
-    cfg = PolicyConfig(reclaim_after_s=600)
+    cfg = PolicyConfig(reclaim_after_s=600, max_victim_loss_s=None, service_tiers=(32.0,))
     assert preempted(decide(schedule, snap(1_300, 500), config=cfg)) == []  # o1 waited 300 s
     assert preempted(decide(schedule, snap(1_700, 500), config=cfg)) == ["b"]
     # Without a checkpoint in its current run, b keeps running until min_runtime_s has passed.
@@ -225,14 +226,14 @@ def test_a_reclaim_waits_for_its_grace_period_and_a_checkpoint():
 
 
 def test_least_attained_service_goes_first_and_may_preempt():
-    # "long" has run 10 h on 8 GPUs (80 GPU-h, past the 32 GPU-h tier); a fresh job preempts it,
-    # and it is the victim even though "young" is newer.
+    # "long" has run 10 h on 8 GPUs (80 GPU-h: tier 7, past 64 GPU-h); "young" 13.3 GPU-h (tier 4).
+    # A fresh job preempts the one with the most service, though "young" is newer.
     snap = snapshot(
         36_000,
         nodes(2),
         [queue("q", 16)],
         [
-            running("long", "q", {"n0": 8}, started_at=0, last_checkpoint_at=35_000),
+            running("long", "q", {"n0": 8}, started_at=0, last_checkpoint_at=35_800),
             running("young", "q", {"n1": 8}, started_at=30_000, last_checkpoint_at=35_900),
             queued("fresh", "q", 8, submit=35_990),
         ],
@@ -326,7 +327,9 @@ def test_gpus_being_freed_go_to_the_job_they_were_freed_for():
             queued("o2", "owner", 8, submit=9_600),
         ],
     )
-    decision = decide(schedule, snap, config=PolicyConfig(preempt_to_reclaim=False))
+    # (b2, at 11 GPU-h, is below the one service tier here: nothing may preempt it.)
+    config = PolicyConfig(preempt_to_reclaim=False, service_tiers=(32.0,))
+    decision = decide(schedule, snap, config=config)
     assert preempted(decision) == []
     assert decision.waiting["o1"].code == "preempting"
     assert decision.waiting["o2"].code == "capacity"
@@ -362,7 +365,7 @@ def test_a_preemption_nominates_the_nodes_it_frees():
         36_000,
         nodes(1),
         [queue("q", 8)],
-        [running("long", "q", {"n0": 8}, started_at=0, last_checkpoint_at=35_000), queued("fresh", "q", 8)],
+        [running("long", "q", {"n0": 8}, started_at=0, last_checkpoint_at=35_800), queued("fresh", "q", 8)],
     )
     decision = decide(schedule, snap)
     assert preempted(decision) == ["long"]
@@ -424,3 +427,75 @@ def test_a_job_of_an_unknown_queue_is_reported_not_dropped():
     snap = snapshot(0, nodes(1), [queue("q", 8)], [queued("lost", "nope", 1)])
     info = decide(schedule, snap).waiting["lost"]
     assert info.code == "unknown_queue" and "queue nope does not exist" in info.reason
+
+
+def test_a_reclaim_never_takes_a_job_that_has_run_less_than_the_reclaiming_one():
+    # "o1" was preempted after 40 GPU-h (tier 1); the borrower's job has run 4 GPU-h (tier 0).
+    def snap(service_gpu_s: float):
+        jobs = [
+            running("b", "borrower", {"n0": 8}, started_at=8_200, last_checkpoint_at=9_900),
+            queued("o1", "owner", 8, submit=0, queued_at=1_000, service_gpu_s=service_gpu_s),
+        ]
+        return snapshot(10_000, nodes(1), [queue("owner", 8), queue("borrower", 0)], jobs)
+
+    cfg = dataclasses.replace(EAGER, service_tiers=(32.0,), service_counts_gpus=True)
+    assert preempted(decide(schedule, snap(40 * 3600), config=cfg)) == []
+    # A fresh owner job reclaims, and so does any job once the rule is off.
+    assert preempted(decide(schedule, snap(0), config=cfg)) == ["b"]
+    off = dataclasses.replace(cfg, reclaim_respects_service=False)
+    assert preempted(decide(schedule, snap(40 * 3600), config=off)) == ["b"]
+
+
+def test_victims_are_taken_only_soon_after_a_checkpoint():
+    def snap(checkpoint: float | None):
+        jobs = [
+            running("b", "borrower", {"n0": 8}, started_at=0, last_checkpoint_at=checkpoint),
+            queued("o1", "owner", 8, submit=1_000),
+        ]
+        return snapshot(10_000, nodes(1), [queue("owner", 8), queue("borrower", 0)], jobs)
+
+    cfg = dataclasses.replace(EAGER, max_victim_loss_s=600, min_runtime_s=3600)
+    assert preempted(decide(schedule, snap(9_500), config=cfg)) == ["b"]  # loses 500 s
+    assert preempted(decide(schedule, snap(8_200), config=cfg)) == []  # would lose 1,800 s
+    # A job that never checkpoints is still taken once it has run min_runtime_s.
+    assert preempted(decide(schedule, snap(None), config=cfg)) == ["b"]
+    assert preempted(
+        decide(schedule, snap(8_200), config=dataclasses.replace(cfg, max_victim_loss_s=None))
+    ) == ["b"]
+
+
+def test_service_tiers_are_geometric_and_only_a_whole_tier_apart_preempts():
+    # Tiers a factor sqrt(2) apart: 10 and 11 GPU-h share a tier, 15 GPU-h is one tier above and
+    # 40 GPU-h four.
+    def snap(victim_gpu_h: float):
+        jobs = [
+            running("v", "q", {"n0": 8}, started_at=9_000, last_checkpoint_at=9_900, service_gpu_s=0),
+            queued("j", "q", 8, submit=0, queued_at=9_500, service_gpu_s=10 * 3600),
+        ]
+        jobs[0] = dataclasses.replace(jobs[0], service_gpu_s=victim_gpu_h * 3600 - 8 * 1_000)
+        return snapshot(10_000, nodes(1), [queue("q", 8)], jobs)
+
+    cfg = PolicyConfig(service_tiers=tuple(2.0 ** (i / 2) for i in range(27)), preempt_tier_gap=1)
+    assert preempted(decide(schedule, snap(11), config=cfg)) == []
+    assert preempted(decide(schedule, snap(40), config=cfg)) == ["v"]
+    # 15 GPU-h is one tier above 10: enough with a gap of 1, not with the default gap of 2.
+    assert preempted(decide(schedule, snap(15), config=cfg)) == ["v"]
+    assert preempted(decide(schedule, snap(15), config=dataclasses.replace(cfg, preempt_tier_gap=2))) == []
+    assert preempted(decide(schedule, snap(40), config=dataclasses.replace(cfg, preempt_tier_gap=2))) == ["v"]
+    # With a single tier at 64 GPU-h, 10 and 40 GPU-h are both in tier 0: no preemption.
+    assert preempted(decide(schedule, snap(40), config=dataclasses.replace(cfg, service_tiers=(64.0,)))) == []
+
+
+def test_a_victim_holding_fewer_gpus_goes_before_a_gang_with_more_service():
+    snap = snapshot(
+        40_000,
+        nodes(1),
+        [queue("q", 8)],
+        [
+            running("gang", "q", {"n0": 4}, started_at=4_000, last_checkpoint_at=39_900),  # 40 GPU-h
+            running("one", "q", {"n0": 1}, started_at=4_000, last_checkpoint_at=39_900),  # 10 GPU-h
+            queued("fresh", "q", 4, submit=39_990),
+        ],
+    )
+    assert preempted(decide(schedule, snap)) == ["one"]
+    assert preempted(decide(schedule, snap, config=PolicyConfig(victims_smallest_first=False))) == ["gang"]
