@@ -377,3 +377,13 @@ def test_critic_values_are_prefix_values_and_fit_the_returns(
     assert critic_checkpoint_root(tmp_path / "nothing") is None
     assert torch.allclose(restored.compute_values(batch), critic.compute_values(batch))
     assert restored.optimizer_steps == critic.optimizer_steps
+
+
+def test_critic_only_steps_and_critic_train_only_hold_the_policy_back() -> None:
+    ppo = RuntimeSpec(advantage_estimator="ppo", num_critic_only_steps=2)
+    assert [_pipeline(ppo).policy_trains(r) for r in range(4)] == [False, False, True, True]
+    only = dataclasses.replace(ppo, critic_train_only=True)
+    assert not any(_pipeline(only).policy_trains(r) for r in range(10))
+    # without a critic neither applies: GRPO's policy trains from the first step
+    grpo = RuntimeSpec(num_critic_only_steps=2, critic_train_only=True)
+    assert all(_pipeline(grpo).policy_trains(r) for r in range(3))
