@@ -105,6 +105,7 @@ class _SimJob:
     token: int = 0
     queued_since: float = 0.0
     queued_total: float = 0.0
+    longest_wait: float = 0.0  # the longest single stretch queued (first wait or after a preemption)
     last_checkpoint: float | None = None
     preemptions: int = 0
     service_gpu_s: float = 0.0  # GPU-seconds of earlier runs, as the platform would record them
@@ -185,6 +186,7 @@ def simulate(
         j.run_start = now
         j.work_start = now + (RESTART_DELAY_S if j.preemptions else 0.0)
         j.queued_total += now - j.queued_since
+        j.longest_wait = max(j.longest_wait, now - j.queued_since)
         queued -= 1
         j.view = views[j.trace.id] = JobView(
             j.view.id,
@@ -378,6 +380,9 @@ def compute_metrics(sim: list[_SimJob], capacity: int) -> tuple[dict[str, float]
         "avg_jct_h": sum(jct) / n / 3600,
         "avg_beyond_h": sum(beyond) / n / 3600,
         "p95_queueing_h": _percentile([j.queued_total for j in done], 0.95) / 3600,
+        # Starvation check: the most any one job spent queued in all, and its longest single wait.
+        "max_queueing_h": max((j.queued_total for j in done), default=0.0) / 3600,
+        "max_wait_h": max((j.longest_wait for j in done), default=0.0) / 3600,
         "mean_slowdown": sum(slow) / n,
     }
     for name, lo, hi in SIZE_CLASSES:
@@ -401,6 +406,8 @@ _ROWS = (
     ("avg_jct_h", "avg job completion time (h)", "{:.3f}"),
     ("avg_beyond_h", "avg time beyond duration (h)", "{:.3f}"),
     ("p95_queueing_h", "p95 queueing delay (h)", "{:.3f}"),
+    ("max_queueing_h", "max queueing delay (h)", "{:.3f}"),
+    ("max_wait_h", "  longest single wait (h)", "{:.3f}"),
     ("mean_slowdown", "mean slowdown", "{:.3f}"),
     ("slowdown_1", "  slowdown, 1 GPU", "{:.3f}"),
     ("slowdown_2-8", "  slowdown, 2-8 GPUs", "{:.3f}"),

@@ -37,6 +37,16 @@ class PolicyConfig:
     # The blocked job waits for a victim's next checkpoint instead. A job that never checkpoints is
     # still taken after `min_runtime_s`.
     max_victim_loss_s: float | None = 600.0
+    # A blocked job that has waited this long (None: never) preempts for itself instead of only
+    # waiting for nodes to drain: it may take service and reclaim victims whatever their loss
+    # since their checkpoint (cheapest set first; still never an unsettled one), and ...
+    starving_after_s: float | None = None
+    # ... (if True) its preemption rights use its tier lowered by aging, as its queue order does.
+    starving_uses_aging: bool = False
+    # A blocked job holds nodes back (`reservations`) only once it has waited this long. Holding
+    # nodes while they drain idles GPUs; most blocked gangs get in sooner by preemption or as jobs
+    # end. 24 h keeps the reservation as the starvation backstop (0: at once, measured worse).
+    reserve_after_s: float = 86400.0
     # Blocked jobs per pool, in admission order, that hold nodes back so that jobs backfilled
     # after them never take the GPUs they wait for.
     reservations: int = 1

@@ -265,7 +265,11 @@ def _schedule_pool(p: PoolPass, now: float, config: PolicyConfig, decision: Deci
             if outcome:
                 continue
         note = f"GPUs held back for {', '.join(held_for)} ahead" if held_for else ""
-        if reservations_left > 0 and can_be_overtaken(job):
+        if (
+            reservations_left > 0
+            and can_be_overtaken(job)
+            and now - job.waiting_since >= config.reserve_after_s
+        ):
             reservations_left -= 1
             held = hold_for_head(p, job)
             held_for.append(job.id)
@@ -291,12 +295,15 @@ def _preempt_for(
     """
     tier = tier_of(job, now)
     reclaim = _may_reclaim(p, job, now, config)
+    starving = config.starving_after_s is not None and now - job.waiting_since >= config.starving_after_s
+    if starving and config.starving_uses_aging:
+        tier -= aging_boost(job, now, config)
     # Who may be taken depends on these alone; whether they suffice also on the demand.
-    rights = (job.queue, job.priority, tier, reclaim)
+    rights = (job.queue, job.priority, tier, reclaim, starving)
     key = (rights, job.demand, job.node_selector)
     if rights in failed or key in failed:
         return None
-    victims = _victims(p, job, tier, reclaim, now, config)
+    victims = _victims(p, job, tier, reclaim, now, config, starving)
     if victims is None:
         failed.add(rights)
         return None
@@ -362,6 +369,7 @@ def _victims(
     reclaim: bool,
     now: float,
     config: PolicyConfig,
+    starving: bool = False,
 ) -> list[tuple[JobView, str]] | None:
     """Victims for a blocked job, each with the reason, or None.
 
@@ -374,7 +382,8 @@ def _victims(
       (with `reclaim_respects_service`, only those in a service tier no lower than its own);
     the last two only from "settled" jobs: they have checkpointed in their current run, at most
     `max_victim_loss_s` ago (or run `min_runtime_s` without checkpointing), so a run always keeps
-    some progress and a preemption throws little away.
+    some progress and a preemption throws little away. A `starving` job (waited
+    `starving_after_s`) takes settled victims whatever their loss.
     Aging orders the queue but never makes a job a victim: waiting jobs of one tier must not take
     turns preempting each other.
     """
@@ -386,7 +395,7 @@ def _victims(
     borrowing = {q for q in quota.queues if q != own and quota.borrowing(q) > 0}
     respect_service = config.reclaim_respects_service
     service_victim_tier = tier + config.preempt_tier_gap
-    loss_bound = _NEVER if config.max_victim_loss_s is None else config.max_victim_loss_s
+    loss_bound = _NEVER if config.max_victim_loss_s is None or starving else config.max_victim_loss_s
     rules: dict[str, str] = {}
     tiers: dict[str, int] = {}
     for v, v_tier, loss in facts:

@@ -100,8 +100,8 @@ def test_no_job_starves_under_a_stream_of_smaller_jobs(arrivals, runtimes, nomin
     with a nominal quota of 16, its queue's quota) forever; aging plus the node or quota it then
     holds must get it admitted within a bounded time."""
     step_s = 600.0
-    aging_steps, longest = 3, 6
-    cfg = PolicyConfig(aging_step_s=aging_steps * step_s)
+    aging_steps, reserve_steps, longest = 3, 4, 6
+    cfg = PolicyConfig(aging_step_s=aging_steps * step_s, reserve_after_s=reserve_steps * step_s)
     node_list = nodes(2)
     queues = [queue("q", nominal)]
     jobs = {"big": queued("big", "q", 8, 2, submit=0)}
@@ -118,8 +118,9 @@ def test_no_job_starves_under_a_stream_of_smaller_jobs(arrivals, runtimes, nomin
         decision = decide(schedule, snapshot(now, node_list, queues, jobs.values()), config=cfg)
         for job_id, placement in decision.admit:
             if job_id == "big":
-                # Aging puts it ahead of every newer job; then what it waits for drains.
-                assert t <= aging_steps + longest
+                # Aging puts it ahead of every newer job; once it has waited `reserve_after_s` it
+                # holds nodes, and what it waits for drains.
+                assert t <= max(aging_steps, reserve_steps) + longest
                 return
             jobs[job_id] = running(job_id, "q", dict(placement.node_gpus), started_at=now)
             ends[job_id] = t + next(durations, 3)
@@ -144,7 +145,9 @@ def test_backfill_never_uses_the_nodes_held_for_the_head_job():
             queued("eight", "q", 8, submit=20),
         ],
     )
-    cfg = PolicyConfig(aging_step_s=100, preempt_to_reclaim=False, preempt_for_priority=False)
+    cfg = PolicyConfig(
+        aging_step_s=100, preempt_to_reclaim=False, preempt_for_priority=False, reserve_after_s=0
+    )
     decision = decide(schedule, snap, config=cfg)
     placed = admitted(decision)
     assert placed["four"].nodes == ("n2",)
@@ -152,6 +155,70 @@ def test_backfill_never_uses_the_nodes_held_for_the_head_job():
     head = decision.waiting["head"]
     assert head.position == 1 and "holds 2 nodes" in head.reason
     assert "held back for head" in decision.waiting["eight"].reason
+
+
+def test_a_blocked_job_holds_nodes_only_after_waiting_reserve_after_s():
+    def decision_at(now: float):
+        snap = snapshot(
+            now,
+            nodes(2),
+            [queue("q", 16)],
+            [
+                running("r1", "q", {"n1": 2}, started_at=0),
+                queued("head", "q", 8, 2, submit=0),
+                # Has run 100 GPU-h: behind the fresh head job in the order.
+                queued("eight", "q", 8, submit=now - 1, service_gpu_s=100 * 3600),
+            ],
+        )
+        cfg = PolicyConfig(
+            reserve_after_s=3600, preempt_to_reclaim=False, preempt_for_priority=False, aging_step_s=1e9
+        )
+        return decide(schedule, snap, config=cfg)
+
+    # Blocked for less than an hour: no hold, so the 8-GPU job backfills on the empty n0.
+    early = decision_at(1800)
+    assert admitted(early)["eight"].nodes == ("n0",)
+    assert "holds" not in early.waiting["head"].reason
+    # After an hour the head job holds both nodes while n1 drains; nothing backfills there.
+    late = decision_at(7200)
+    assert "eight" not in admitted(late)
+    assert "holds 2 nodes" in late.waiting["head"].reason
+
+
+def test_a_starving_job_takes_victims_past_the_loss_bound_but_never_unsettled_ones():
+    # "long" (80 GPU-h, well above the fresh job's tier) checkpointed 30 min ago: past the 10-min
+    # loss bound, so a fresh job waits for its next checkpoint, until it has waited
+    # `starving_after_s`.
+    def snap(now: float, checkpoint: float | None, started_at: float = 0):
+        jobs = [
+            running("long", "q", {"n0": 8}, started_at=started_at, last_checkpoint_at=checkpoint),
+            queued("fresh", "q", 8, submit=35_000),
+        ]
+        return snapshot(now, nodes(1), [queue("q", 8)], jobs)
+
+    cfg = PolicyConfig(max_victim_loss_s=600, starving_after_s=3600)
+    assert preempted(decide(schedule, snap(36_000, 34_200), config=cfg)) == []  # waited 1,000 s
+    assert preempted(decide(schedule, snap(38_700, 36_900), config=cfg)) == ["long"]  # 3,700 s
+    off = dataclasses.replace(cfg, starving_after_s=None)
+    assert preempted(decide(schedule, snap(38_700, 36_900), config=off)) == []
+    # A victim that has neither checkpointed in its run nor run `min_runtime_s` is never taken.
+    unsettled = snap(38_700, None, started_at=36_000)
+    assert preempted(decide(schedule, unsettled, config=cfg)) == []
+
+
+def test_a_starving_job_may_use_its_aged_tier_to_preempt():
+    # Both have run 16 GPU-h (same tier): only the waiting job's aging can give it the tier gap.
+    def decision(uses_aging: bool):
+        jobs = [
+            running("r", "q", {"n0": 8}, started_at=40_000, last_checkpoint_at=47_000, service_gpu_s=0),
+            queued("w", "q", 8, submit=0, queued_at=0, service_gpu_s=16 * 3600),
+        ]
+        snap = snapshot(47_200, nodes(1), [queue("q", 8)], jobs)
+        cfg = PolicyConfig(aging_step_s=3600, starving_after_s=3600, starving_uses_aging=uses_aging)
+        return decide(schedule, snap, config=cfg)
+
+    assert preempted(decision(False)) == []
+    assert preempted(decision(True)) == ["r"]
 
 
 def test_fifo_blocks_behind_its_head_and_backfill_does_not():

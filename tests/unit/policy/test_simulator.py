@@ -21,6 +21,8 @@ def test_metrics_of_a_two_job_trace():
     assert m["avg_jct_h"] * 3600 == pytest.approx((100 + 140) / 2)
     assert m["avg_beyond_h"] * 3600 == pytest.approx((0 + 90) / 2)
     assert m["p95_queueing_h"] * 3600 == pytest.approx(0.95 * 90)
+    assert m["max_queueing_h"] * 3600 == pytest.approx(90)
+    assert m["max_wait_h"] * 3600 == pytest.approx(90)
     assert m["mean_slowdown"] == pytest.approx((1 + 140 / 50) / 2)
     assert m["slowdown_2-8"] == pytest.approx(m["mean_slowdown"])
     assert m["utilisation"] == pytest.approx(1.0)
@@ -43,6 +45,26 @@ def test_a_preemption_costs_the_work_since_the_checkpoint_plus_the_restart():
     assert m["avg_beyond_h"] * 3600 == pytest.approx((1000 + 200 + 300) / 2)
     assert m["utilisation"] == pytest.approx(1.0)
     assert m["p95_queueing_h"] * 3600 == pytest.approx(0.95 * 1000)
+    # b's only wait is after its preemption (2000 to 3000).
+    assert m["max_queueing_h"] * 3600 == pytest.approx(1000)
+    assert m["max_wait_h"] * 3600 == pytest.approx(1000)
+
+
+def test_max_queueing_adds_up_a_jobs_waits_and_max_wait_is_its_longest():
+    # b borrows the node, is reclaimed by a (waits 2000-3000), then by c (waits 3300-4300).
+    trace = [
+        TraceJob("b", 0, 8, 4000, "borrower"),
+        TraceJob("a", 2000, 8, 1000, "owner"),
+        TraceJob("c", 3300, 8, 1000, "owner"),
+    ]
+    queues = (Queue("borrower", "shared", "t", 0), Queue("owner", "shared", "t", 8))
+    policy = functools.partial(
+        schedule, config=PolicyConfig(reclaim_after_s=0, max_victim_loss_s=None, min_runtime_s=0)
+    )
+    m = simulate(trace, policy, nodes=1, gpus_per_node=8, queues=queues, window_s=0).metrics
+    assert m["preemptions"] == 2
+    assert m["max_queueing_h"] * 3600 == pytest.approx(2000)
+    assert m["max_wait_h"] * 3600 == pytest.approx(1000)
 
 
 def test_the_policy_is_never_shown_a_duration():
