@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from runtime.train.checkpoint import (
     write_latest_iteration,
 )
 from runtime.train.schedule import LRSchedule
-from runtime.train.torch_backend import position_ids_for
+from runtime.train.torch_backend import clip_and_step, micro_batches, position_ids_for, to_device
 from runtime.types import RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -125,7 +124,9 @@ class TorchCriticBackend:
             global_batch = batch.select(slice(start, start + global_size))
             total_tokens = float(global_batch.loss_mask.sum().clamp(min=1.0))
             step: dict[str, float] = defaultdict(float)
-            for micro in self._micro_batches(global_batch):
+            for micro in micro_batches(
+                global_batch, self.config.micro_batch_size, self.config.max_tokens_per_micro_batch
+            ):
                 if self.config.loss.per_token_loss:
                     weight = float(micro.loss_mask.sum()) / total_tokens
                 else:
@@ -138,8 +139,8 @@ class TorchCriticBackend:
                         entropy=unused,
                         loss_mask=micro.loss_mask.to(device),
                         values=values,
-                        old_values=_on(micro.values, device),
-                        returns=_on(micro.returns, device),
+                        old_values=to_device(micro.values, device),
+                        returns=to_device(micro.returns, device),
                     ),
                     self.config.loss,
                 )
@@ -153,19 +154,13 @@ class TorchCriticBackend:
         summary["lr"] = self.optimizer.param_groups[0]["lr"]
         return summary
 
-    def _micro_batches(self, batch: RolloutBatch) -> list[RolloutBatch]:
-        if self.config.max_tokens_per_micro_batch:
-            return batch.token_budget_batches(self.config.max_tokens_per_micro_batch)
-        return batch.micro_batches(self.config.micro_batch_size)
-
     def _clip_and_step(self) -> float:
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        clip = self.config.clip_grad
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip and clip > 0 else math.inf))
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.config.lr_schedule.lr_at(self.optimizer_steps)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm = clip_and_step(
+            self.model,
+            self.optimizer,
+            self.config.clip_grad,
+            self.config.lr_schedule.lr_at(self.optimizer_steps),
+        )
         self.optimizer_steps += 1
         return grad_norm
 
@@ -219,7 +214,3 @@ def critic_save_root(critic_save: str | None, save: str | None) -> str | None:
     if critic_save and (not save or Path(critic_save).resolve() != Path(save).resolve()):
         return critic_save
     return str(Path(save) / CRITIC_SUBDIR) if save else None
-
-
-def _on(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
-    return tensor.to(device) if tensor is not None else None

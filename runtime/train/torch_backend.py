@@ -199,11 +199,11 @@ class TorchTrainBackend:
                     log_probs=token_log_probs(logits, micro.tokens.to(device), temperature),
                     entropy=token_entropy(logits if live_entropy else logits.detach(), temperature),
                     loss_mask=micro.loss_mask.to(device),
-                    old_log_probs=_to(micro.old_log_probs, device),
-                    ref_log_probs=_to(micro.ref_log_probs, device),
-                    advantages=_to(micro.advantages, device),
-                    rollout_log_probs=_to(micro.rollout_log_probs, device),
-                    returns=_to(micro.returns, device),
+                    old_log_probs=to_device(micro.old_log_probs, device),
+                    ref_log_probs=to_device(micro.ref_log_probs, device),
+                    advantages=to_device(micro.advantages, device),
+                    rollout_log_probs=to_device(micro.rollout_log_probs, device),
+                    returns=to_device(micro.returns, device),
                 )
                 loss, metrics = loss_fn(inputs, self.config.loss)
                 (loss * weight).backward()
@@ -220,18 +220,15 @@ class TorchTrainBackend:
         return summary
 
     def _micro_batches(self, batch: RolloutBatch) -> list[RolloutBatch]:
-        if self.config.max_tokens_per_micro_batch:
-            return batch.token_budget_batches(self.config.max_tokens_per_micro_batch)
-        return batch.micro_batches(self.config.micro_batch_size)
+        return micro_batches(batch, self.config.micro_batch_size, self.config.max_tokens_per_micro_batch)
 
     def _clip_and_step(self) -> float:
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        max_norm = self.config.clip_grad if self.config.clip_grad and self.config.clip_grad > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.config.lr_schedule.lr_at(self.optimizer_steps)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm = clip_and_step(
+            self.model,
+            self.optimizer,
+            self.config.clip_grad,
+            self.config.lr_schedule.lr_at(self.optimizer_steps),
+        )
         self.optimizer_steps += 1
         return grad_norm
 
@@ -410,5 +407,28 @@ def select_policy_parameters(model: torch.nn.Module, config: TrainConfig) -> tup
     return selection.trainable
 
 
-def _to(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+def to_device(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
     return tensor.to(device) if tensor is not None else None
+
+
+def micro_batches(batch: RolloutBatch, micro_batch_size: int, max_tokens: int | None) -> list[RolloutBatch]:
+    """A global batch's micro-batches: by token budget (dynamic batch size) when set, else by count."""
+    if max_tokens:
+        return batch.token_budget_batches(max_tokens)
+    return batch.micro_batches(micro_batch_size)
+
+
+def clip_and_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, clip_grad: float | None, lr: float
+) -> float:
+    """Clip the accumulated gradients (`clip-grad`; 0 or None: no clipping), take one optimizer step at
+    `lr`, clear the gradients; returns the gradient norm before clipping."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    grad_norm = float(
+        torch.nn.utils.clip_grad_norm_(params, clip_grad if clip_grad and clip_grad > 0 else math.inf)
+    )
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
