@@ -29,6 +29,7 @@ from runtime.train.critic import CriticConfig, TorchCriticBackend, critic_checkp
 from runtime.train.schedule import LRSchedule
 from runtime.train.torch_backend import TorchTrainBackend, TrainConfig
 from runtime.types import RolloutBatch, Sample
+from tests.unit.runtime.rollouts import sample_groups
 
 DEVICE = Device.detect()
 
@@ -44,23 +45,7 @@ def tok(tiny_model: Path):
 def samples(tiny_model: Path, tok) -> list[Sample]:
     """12 sampled responses (3 prompts x 4) with the engine's log-probs and 0/1 rewards."""
     engine = TorchRolloutEngine(str(tiny_model), device=DEVICE)
-    prompts = [
-        tok(f"What is {a} + {b}?", add_special_tokens=False)["input_ids"] for a, b in [(1, 2), (3, 4), (5, 6)]
-    ]
-    requests = [p for p in prompts for _ in range(4)]
-    results = engine.generate(requests, SamplingParams(max_new_tokens=6, seed=0))
-    return [
-        Sample(
-            index=i,
-            group_index=i // 4,
-            prompt="",
-            tokens=p + r.token_ids,
-            response_length=len(r.token_ids),
-            rollout_log_probs=r.log_probs,
-            reward=float(i % 3 == 0),
-        )
-        for i, (p, r) in enumerate(zip(requests, results, strict=True))
-    ]
+    return sample_groups(engine, tok, [(1, 2), (3, 4), (5, 6)], SamplingParams(max_new_tokens=6, seed=0))
 
 
 def _batch(samples: list[Sample], tok) -> RolloutBatch:

@@ -15,6 +15,7 @@ from runtime.train.checkpoint import LATEST_FILE, iteration_dir, read_latest_ite
 from runtime.train.schedule import LRSchedule
 from runtime.train.torch_backend import TorchTrainBackend, TrainConfig
 from runtime.types import RolloutBatch, Sample
+from tests.unit.runtime.rollouts import sample_groups
 
 DEVICE = Device.detect()
 
@@ -44,26 +45,8 @@ def test_build_is_deterministic(tmp_path: Path, tiny_model: Path) -> None:
 
 
 def _rollout(engine: TorchRolloutEngine, tok, temperature: float = 1.0) -> list[Sample]:
-    prompts = [
-        tok(f"What is {a} + {b}?", add_special_tokens=False)["input_ids"]
-        for a, b in [(1, 2), (10, 3), (7, 7)]
-    ]
-    requests = [p for p in prompts for _ in range(4)]
-    results = engine.generate(
-        requests, SamplingParams(temperature=temperature, top_p=0.95, max_new_tokens=6, seed=0)
-    )
-    return [
-        Sample(
-            index=i,
-            group_index=i // 4,
-            prompt="",
-            tokens=p + r.token_ids,
-            response_length=len(r.token_ids),
-            rollout_log_probs=r.log_probs,
-            reward=float(i % 3 == 0),
-        )
-        for i, (p, r) in enumerate(zip(requests, results, strict=True))
-    ]
+    params = SamplingParams(temperature=temperature, top_p=0.95, max_new_tokens=6, seed=0)
+    return sample_groups(engine, tok, [(1, 2), (10, 3), (7, 7)], params)
 
 
 @pytest.fixture(scope="module")
