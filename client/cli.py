@@ -14,7 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from client.jobfile import JobFileError, load_job_file
+from client.jobfile import JobFile, JobFileError, is_launch_script, load_job_file
+from client.launch_script import DEFAULT_TIMEOUT_S, LaunchScriptError, ResolvedScript
 from client.sdk import ApiError, RelaxClient
 from client.watch import watch_job
 
@@ -40,6 +41,20 @@ KeyOpt = Annotated[
     str | None, typer.Option("--api-key", envvar="RELAX_API_KEY", help="API key.", show_default=False)
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+EnvOpt = Annotated[
+    list[str] | None,
+    typer.Option("--env", "-e", help="KEY=VALUE in a launch script's environment (repeatable)."),
+]
+InheritEnvOpt = Annotated[
+    bool,
+    typer.Option(
+        "--inherit-env",
+        help="Run a launch script with this shell's whole environment (default: only PATH, LANG and --env).",
+    ),
+]
+ScriptTimeoutOpt = Annotated[
+    float, typer.Option("--script-timeout", help="Seconds a launch script may run here before it is stopped.")
+]
 
 
 def _client(url: str | None, key: str | None) -> RelaxClient:
@@ -67,12 +82,15 @@ def submit(
     ctx: typer.Context,
     file: Annotated[
         str | None,
-        typer.Argument(help="Job file (YAML/JSON), a Relax launch script (.sh); or `--` then Relax flags."),
+        typer.Argument(
+            help="Job file (YAML/JSON), or a Relax launch script (.sh) then `--` and its arguments; "
+            "or `--` then Relax flags."
+        ),
     ] = None,
     wait: Annotated[bool, typer.Option("--wait", "-w", help="Follow the job until it ends.")] = False,
-    env: Annotated[
-        list[str] | None, typer.Option("--env", "-e", help="KEY=VALUE for variables a launch script reads.")
-    ] = None,
+    env: EnvOpt = None,
+    inherit_env: InheritEnvOpt = False,
+    script_timeout: ScriptTimeoutOpt = DEFAULT_TIMEOUT_S,
     name: Annotated[str | None, typer.Option(help="Job name (overrides the file's).")] = None,
     queue: Annotated[str | None, typer.Option(help="Queue (overrides the file's).")] = None,
     priority_class: Annotated[
@@ -85,28 +103,22 @@ def submit(
     api_key: KeyOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Submit a job from a file, or from Relax flags after `--`; with --wait, follow it to the end."""
-    args = list(ctx.args)
-    if file and file.startswith("--"):  # `submit -- --flag value ...`: click hands over the first flag
-        args, file = [file, *args], None
-    if file and args:
-        err.print("[red]error[/red] give a job file or Relax flags after `--`, not both")
-        raise typer.Exit(2)
+    """Submit a job from a file, from a launch script (run here by bash to find its training
+    command), or from Relax flags after `--`; with --wait, follow it to the end."""
+    file, args = _file_and_args(ctx, file)
     if not file and not args:
         err.print(
-            "[red]error[/red] nothing to submit: `relaxctl submit FILE` or `relaxctl submit -- --flag value ...`"
+            "[red]error[/red] nothing to submit: `relaxctl submit FILE`, `relaxctl submit SCRIPT.sh [-- script args]` "
+            "or `relaxctl submit -- --flag value ...`"
         )
         raise typer.Exit(2)
     spec: dict | None = None
     jf_name = jf_queue = None
     jf_priority_class, labels = None, {}
     flags: list[str] | str | None = args or None
+    script: ResolvedScript | None = None
     if file:
-        try:
-            jf = load_job_file(Path(file), script_env=_labels(env))
-        except JobFileError as e:
-            err.print(f"[red]error[/red] {e}")
-            raise typer.Exit(2) from None
+        jf = _load(file, args, env, inherit_env, script_timeout)
         spec, flags, jf_name, jf_queue, jf_priority_class, labels = (
             jf.spec,
             jf.args,
@@ -115,6 +127,12 @@ def submit(
             jf.priority_class,
             jf.labels,
         )
+        script = jf.launch_script
+    elif env:
+        err.print("[red]error[/red] --env is for launch scripts (.sh): give the script")
+        raise typer.Exit(2)
+    if script is not None and not as_json:
+        _print_script(script)
     with _client(url, api_key) as c:
         try:
             job = c.submit_job(
@@ -125,6 +143,7 @@ def submit(
                 priority_class=priority_class or jf_priority_class,
                 labels=labels,
                 idempotency_key=idempotency_key,
+                launch_script=script.provenance() if script else None,
             )
         except ApiError as e:
             _fail(e)
@@ -373,33 +392,47 @@ def jobs_logs(
 @spec_app.command("validate", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def spec_validate(
     ctx: typer.Context,
-    file: Annotated[str | None, typer.Argument(help="Job file; or `--` then Relax flags.")] = None,
+    file: Annotated[
+        str | None,
+        typer.Argument(
+            help="Job file, or a launch script (.sh) then `--` and its arguments; or `--` then Relax flags."
+        ),
+    ] = None,
+    env: EnvOpt = None,
+    inherit_env: InheritEnvOpt = False,
+    script_timeout: ScriptTimeoutOpt = DEFAULT_TIMEOUT_S,
     url: UrlOpt = None,
     api_key: KeyOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Dry-run a spec on the platform: normalized values, warnings, errors, resource demand."""
-    args = list(ctx.args) or None
-    if file and file.startswith("--"):
-        args, file = [file, *(args or [])], None
+    """Dry-run a spec on the platform: normalized values, warnings, errors, resource demand. A
+    launch script is run here by bash first (nothing is started) and its training command checked."""
+    file, flags = _file_and_args(ctx, file)
+    args: list[str] | str | None = flags or None
     spec = None
     queue = None
+    script: ResolvedScript | None = None
     if file:
-        try:
-            jf = load_job_file(Path(file))
-        except JobFileError as e:
-            err.print(f"[red]error[/red] {e}")
-            raise typer.Exit(2) from None
-        spec, args, queue = jf.spec, jf.args, jf.queue
+        jf = _load(file, flags, env, inherit_env, script_timeout)
+        spec, args, queue, script = jf.spec, jf.args, jf.queue, jf.launch_script
+    elif env:
+        err.print("[red]error[/red] --env is for launch scripts (.sh): give the script")
+        raise typer.Exit(2)
     with _client(url, api_key) as c:
         try:
-            res = c.validate_spec(spec=spec, args=args, queue=queue)
+            res = c.validate_spec(
+                spec=spec, args=args, queue=queue, launch_script=script.provenance() if script else None
+            )
         except ApiError as e:
+            if script is not None and not as_json:
+                _print_script(script)
             _fail(e)
             return
     if as_json:
-        _print_json(res)
+        _print_json((res | {"launch_script": script.to_dict()}) if script else res)
     else:
+        if script is not None:
+            _print_script(script)
         for w in res.get("warnings", []):
             out.print(f"[yellow]warning[/yellow] {w.get('field', '')}: {w.get('message', '')}")
         for e in res.get("errors", []):
@@ -484,6 +517,97 @@ def admin_create_key(
             _fail(e)
             return
     out.print(k["key"])
+
+
+def _file_and_args(ctx: typer.Context, file: str | None) -> tuple[str | None, list[str]]:
+    """(file, words after it). `cmd -- --flag v`: click hands the first flag over as FILE. After a
+    launch script the words are its arguments; after a job file there must be none."""
+    args = list(ctx.args)
+    if file and file.startswith("--"):
+        return None, [file, *args]
+    if file and args and not is_launch_script(Path(file)):
+        err.print(
+            "[red]error[/red] give a job file or Relax flags after `--`, not both "
+            "(arguments after FILE are only for launch scripts, .sh)"
+        )
+        raise typer.Exit(2)
+    return file, args
+
+
+def _load(
+    file: str, script_args: list[str], env: list[str] | None, inherit_env: bool, script_timeout: float
+) -> JobFile:
+    path = Path(file)
+    if env and not is_launch_script(path):
+        err.print(f"[red]error[/red] --env is for launch scripts (.sh); {escape(file)} is a job file")
+        raise typer.Exit(2)
+    try:
+        return load_job_file(
+            path,
+            script_env=_env_pairs(env),
+            script_args=script_args,
+            inherit_env=inherit_env,
+            script_timeout=script_timeout,
+        )
+    except LaunchScriptError as e:
+        err.print(f"[red]error[/red] {escape(str(e))}", highlight=False)
+        if e.code in ("no_training_command", "exited", "timeout"):
+            err.print(
+                "[dim]nothing was submitted; relaxctl runs the script with bash, see `relaxctl submit --help`[/dim]"
+            )
+        raise typer.Exit(2) from None
+    except JobFileError as e:
+        err.print(f"[red]error[/red] {escape(str(e))}", highlight=False)
+        raise typer.Exit(2) from None
+
+
+def _env_pairs(items: list[str] | None) -> dict[str, str]:
+    pairs = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            err.print(f"[red]error[/red] --env {escape(item)!r}: expected NAME=VALUE")
+            raise typer.Exit(2)
+        pairs[key] = value
+    return pairs
+
+
+def _print_script(s: ResolvedScript) -> None:
+    """Which line of the script is the training command, and what was not run."""
+    base = os.path.dirname(s.path)
+
+    def where(file: str, line: int) -> str:
+        if file == s.path:
+            return f"line {line}"
+        return f"{os.path.relpath(file, base)}:{line}"
+
+    via = f"{s.launcher} → " if s.launcher != "python" else ""
+    out.print(
+        f"launch script [bold]{escape(_rel(s.path))}[/bold]: training command at "
+        f"[bold]{escape(where(s.file, s.line))}[/bold] ({escape(via + s.entrypoint)}, {len(s.argv)} words)",
+        highlight=False,
+    )
+    for n, c in enumerate(s.skipped[:10]):
+        label = "  not run: " if n == 0 else "           "
+        out.print(f"{label}{escape(c.what)} ({escape(where(c.file, c.line))})", highlight=False)
+    if len(s.skipped) > 10:
+        out.print(f"           … and {len(s.skipped) - 10} more (--json lists them)")
+    if s.neutralised:
+        counts: dict[str, int] = {}
+        for c in s.neutralised:
+            counts[c.argv[0]] = counts.get(c.argv[0], 0) + 1
+        summary = ", ".join(f"{k} ×{n}" if n > 1 else k for k, n in counts.items())
+        out.print(f"  [dim]did nothing: {escape(summary)}[/dim]", highlight=False)
+    for note in s.notes:
+        out.print(f"  [yellow]note[/yellow] {escape(note)}", highlight=False)
+
+
+def _rel(path: str) -> str:
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
 
 
 def _labels(items: list[str] | None) -> dict[str, str]:

@@ -1,13 +1,20 @@
-"""Reads job files: YAML/JSON with `name`, `queue`, … and a `spec` object or `args` flags."""
+"""Reads job files: YAML/JSON with `name`, `queue`, … and a `spec` object or `args` flags; a
+launch script (`.sh`) is run by bash on this machine to find its training command
+(client/launch_script.py)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from client.launch_script import DEFAULT_TIMEOUT_S, ResolvedScript, resolve_launch_script
+
+SCRIPT_SUFFIXES = (".sh", ".bash")
 
 _ENVELOPE_KEYS = {"name", "queue", "team", "priority-class", "priority_class", "labels", "spec", "args"}
 
@@ -21,32 +28,37 @@ class JobFile:
     labels: dict[str, str] = field(default_factory=dict)
     spec: dict[str, Any] | None = None
     args: list[str] | str | None = None
+    launch_script: ResolvedScript | None = None
 
 
 class JobFileError(ValueError):
     pass
 
 
-def _from_launch_script(path: Path, text: str, env: dict[str, str] | None) -> JobFile:
-    from jobspec import SpecError, parse_launch_script
-
-    try:
-        argv = parse_launch_script(text, env=env)
-    except SpecError as err:
-        lines = "\n".join(f"  - {i.field or ''}: {i.message} (hint: {i.hint})" for i in err.errors)
-        raise JobFileError(f"{path}: cannot read the Relax flags of this launch script:\n{lines}") from None
-    return JobFile(name=path.stem, args=argv)
+def is_launch_script(path: Path) -> bool:
+    return path.suffix in SCRIPT_SUFFIXES
 
 
-def load_job_file(path: Path, *, script_env: dict[str, str] | None = None) -> JobFile:
+def load_job_file(
+    path: Path,
+    *,
+    script_env: Mapping[str, str] | None = None,
+    script_args: Sequence[str] = (),
+    inherit_env: bool = False,
+    script_timeout: float = DEFAULT_TIMEOUT_S,
+) -> JobFile:
     """A file with `spec:` (or `args:`) is a job envelope; any other mapping is a bare Relax config;
-    a `.sh` file is a Relax launch script, whose flags are read as they are."""
+    a `.sh` file is a Relax launch script: bash runs it here, in a scratch environment, and its
+    training command's flags are the job's `args` (raises LaunchScriptError when it has none)."""
+    if is_launch_script(path):
+        resolved = resolve_launch_script(
+            path, env=script_env, script_args=script_args, timeout_s=script_timeout, inherit_env=inherit_env
+        )
+        return JobFile(name=resolved.job_name, args=resolved.argv, launch_script=resolved)
     try:
         text = path.read_text()
     except OSError as err:
         raise JobFileError(f"cannot read {path}: {err.strerror}") from None
-    if path.suffix in (".sh", ".bash"):
-        return _from_launch_script(path, text, script_env)
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (yaml.YAMLError, json.JSONDecodeError) as err:

@@ -104,7 +104,10 @@ class RelaxClient:
         priority_class: str | None = None,
         labels: dict[str, str] | None = None,
         idempotency_key: str | None = None,
+        launch_script: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
+        """`launch_script` (with `args`): where the flags came from, `ResolvedScript.provenance()`;
+        the job keeps it under `submitted.launch_script`."""
         body: dict[str, Any] = {"labels": labels or {}}
         for k, v in (
             ("spec", spec),
@@ -113,11 +116,32 @@ class RelaxClient:
             ("queue", queue),
             ("team", team),
             ("priority_class", priority_class),
+            ("launch_script", launch_script),
         ):
             if v is not None:
                 body[k] = v
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         return self._request("POST", "/v1/jobs", json=body, headers=headers)
+
+    def submit_script(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        env: dict[str, str] | None = None,
+        script_args: list[str] | None = None,
+        inherit_env: bool = False,
+        script_timeout: float = 30.0,
+        **submit: Any,
+    ) -> dict[str, Any]:
+        """Run a Relax launch script with bash here (client/launch_script.py) and submit its
+        training command; raises LaunchScriptError, before any request, when it has none."""
+        from client.launch_script import resolve_launch_script
+
+        resolved = resolve_launch_script(
+            path, env=env, script_args=script_args or [], timeout_s=script_timeout, inherit_env=inherit_env
+        )
+        submit.setdefault("name", resolved.job_name)
+        return self.submit_job(args=resolved.argv, launch_script=resolved.provenance(), **submit)
 
     def get_job(self, job_id: str) -> dict[str, Any]:
         return self._request("GET", f"/v1/jobs/{job_id}")
@@ -176,10 +200,15 @@ class RelaxClient:
 
     # specs and platform --------------------------------------------------------------------
     def validate_spec(
-        self, *, spec: dict[str, Any] | None = None, args: list[str] | None = None, queue: str | None = None
+        self,
+        *,
+        spec: dict[str, Any] | None = None,
+        args: list[str] | None = None,
+        queue: str | None = None,
+        launch_script: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {}
-        for k, v in (("spec", spec), ("args", args), ("queue", queue)):
+        for k, v in (("spec", spec), ("args", args), ("queue", queue), ("launch_script", launch_script)):
             if v is not None:
                 body[k] = v
         return self._request("POST", "/v1/specs/validate", json=body)

@@ -9,7 +9,6 @@ group (`jobspec.groups`); `jobspec.argv` is the command-line codec; `jobspec.rul
 cross-field rule and derived default; `jobspec.demand` computes the GPU demand.
 """
 
-from jobspec.argv import parse_launch_script, scan_launch_script
 from jobspec.demand import GpuGroup, ResourceDemand
 from jobspec.issues import SpecError, SpecIssue
 from jobspec.normalization import NormalizedSpec, normalize
@@ -27,6 +26,4 @@ __all__ = [
     "path_fields",
     "function_path_fields",
     "megatron_fields",
-    "parse_launch_script",
-    "scan_launch_script",
 ]

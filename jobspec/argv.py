@@ -1,9 +1,11 @@
-"""The argv codec: Relax command-line flags <-> field values, and launch-script flag extraction.
+"""The argv codec: Relax command-line flags <-> field values.
 
-Decoding follows Relax's argparse conventions: ``--key value`` and ``--key=value``; bare ``--flag``
-for store_true flags; ``--x``/``--no-x`` only for the flags Relax declares that way; ``nargs='+'``
-lists take every following token up to the next ``--flag``; JSON flags take one JSON token; the last
-occurrence of a repeated flag wins. Encoding writes only non-default values and is exact: decoding
+Decoding follows the argparse conventions of Relax's and Megatron-LM's parsers: ``--key value`` and
+``--key=value``; value-less switches (store_true ``--x``, store_false ``--no-x`` / ``--disable-x``,
+``--x``/``--no-x`` pairs) exactly where the parsers declare them; lists take every following token up
+to the next ``--flag`` (``nargs`` of ``+``, ``*`` or an exact count); JSON flags take one JSON token;
+``--sglang-*`` and ``--teacher-sglang-*`` pass through untyped; the last occurrence of a repeated flag
+wins. Encoding writes only non-default values and is exact: decoding
 `encode_argv(spec)` gives the same values back.
 """
 
@@ -15,8 +17,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from jobspec.arguments import NOT_AT_PINNED_MEGATRON
 from jobspec.issues import SpecIssue
-from jobspec.launch_script import LaunchScript, parse_launch_script, scan_launch_script
 from jobspec.spec import FIELDS, FieldSpec, field_for_flag
 from jobspec.suggest import suggest_flag
 
@@ -25,12 +27,21 @@ __all__ = [
     "decode_argv",
     "encode_argv",
     "parse_passthrough_scalar",
-    "parse_launch_script",
-    "scan_launch_script",
-    "LaunchScript",
 ]
 
 SGLANG_PREFIX = "sglang-"
+#: flag prefix -> the passthrough field that collects those flags (untyped, without the prefix).
+PASSTHROUGH = {"teacher-sglang-": "teacher_sglang", SGLANG_PREFIX: "sglang"}
+
+
+def passthrough_prefix(flag: str) -> str | None:
+    """The passthrough prefix `flag` starts with (followed by a name), if any."""
+    for prefix in PASSTHROUGH:
+        if flag.startswith(prefix) and len(flag) > len(prefix):
+            return prefix
+    return None
+
+
 _INT_RE = re.compile(r"^[+-]?\d+$")
 _FLOAT_RE = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$")
 _TRUE = {"true", "1", "yes", "y", "on"}
@@ -62,7 +73,7 @@ def parse_passthrough_scalar(token: str) -> Any:
 
 def _convert(spec: FieldSpec, token: str) -> tuple[Any, SpecIssue | None]:
     """Convert one command-line token to the field's Python type."""
-    kind = spec.kind if spec.kind != "list" else spec.item_type
+    kind = spec.kind if spec.kind not in ("list", "append") else spec.item_type
     try:
         if kind == "int":
             return int(token), None
@@ -114,8 +125,8 @@ def _parse_bool_value(spec: FieldSpec, token: str) -> tuple[Any, SpecIssue | Non
 
 
 def _type_hint(spec: FieldSpec) -> str:
-    if spec.kind == "list":
-        return f"give --{spec.flag} one or more {'integers' if spec.item_type == 'int' else 'values'}"
+    if spec.kind in ("list", "append"):
+        return f"give --{spec.flag} {spec.expected()}"
     if spec.kind == "json":
         return f"quote the JSON for the shell, e.g. --{spec.flag} '{{\"key\": 1}}'"
     return f"give --{spec.flag} {spec.expected()}"
@@ -125,7 +136,7 @@ def decode_argv(argv: list[str]) -> DecodedArgv:
     """Decode Relax flags into field values (typed, not yet validated) and issues."""
     out = DecodedArgv()
     seen: set[str] = set()
-    sglang: dict[str, Any] = {}
+    passthrough: dict[str, dict[str, Any]] = {}
     i, n = 0, len(argv)
     while i < n:
         token = argv[i]
@@ -170,16 +181,13 @@ def decode_argv(argv: list[str]) -> DecodedArgv:
             has_inline = False
 
         spec = field_for_flag(body)
-        negated = False
-        if spec is None and body.startswith("no-"):
-            candidate = field_for_flag(body[3:])
-            if candidate is not None and candidate.kind == "negatable":
-                spec, negated = candidate, True
-        if spec is None and body.startswith(SGLANG_PREFIX) and len(body) > len(SGLANG_PREFIX):
-            key = body[len(SGLANG_PREFIX) :].replace("-", "_")
-            if key in sglang:
+        prefix = passthrough_prefix(body) if spec is None else None
+        if prefix is not None:
+            target = passthrough.setdefault(PASSTHROUGH[prefix], {})
+            key = body[len(prefix) :].replace("-", "_")
+            if key in target:
                 out.issues.append(_repeated(body))
-            sglang[key] = (
+            target[key] = (
                 True
                 if not values
                 else parse_passthrough_scalar(values[0])
@@ -190,27 +198,39 @@ def decode_argv(argv: list[str]) -> DecodedArgv:
         if spec is None:
             out.issues.append(unknown_flag_issue(body))
             continue
-        if spec.name in seen:
+        if spec.name in seen and spec.kind != "append":
             out.issues.append(_repeated(body))
         seen.add(spec.name)
 
-        if spec.kind in ("flag", "negatable"):
+        if body in spec.switches:
             if values:
+                others = [f"--{f}" for f in spec.switches if f != body]
                 out.issues.append(
                     SpecIssue(
                         "argv.unexpected_value",
                         spec.flag,
                         f"--{body} is a flag and takes no value, got {' '.join(map(repr, values))}",
-                        f"write --{body} alone"
-                        + (f" (or --no-{spec.flag} to turn it off)" if spec.kind == "negatable" else ""),
+                        f"write --{body} alone" + (f" (or {' / '.join(others)})" if others else ""),
                     )
                 )
                 continue
-            out.values[spec.name] = not negated
+            out.values[spec.name] = spec.switches[body]
             continue
-        if spec.kind == "list":
-            if not values or (has_inline and values == [""]):
-                out.issues.append(_missing_value(spec, body, "one or more values"))
+        if spec.kind in ("list", "append"):
+            if has_inline and values == [""]:
+                values = []
+            count_ok = (
+                len(values) == spec.nargs
+                if isinstance(spec.nargs, int)
+                else bool(values) or spec.nargs == "*"
+            )
+            if not count_ok:
+                what = (
+                    f"exactly {spec.nargs} value{'s' if spec.nargs != 1 else ''}"
+                    if isinstance(spec.nargs, int)
+                    else "one or more values"
+                )
+                out.issues.append(_missing_value(spec, body, what, given=values))
                 continue
             converted, bad = [], False
             for tok in values:
@@ -219,7 +239,11 @@ def decode_argv(argv: list[str]) -> DecodedArgv:
                     out.issues.append(issue)
                     bad = True
                 converted.append(value)
-            if not bad:
+            if bad:
+                continue
+            if spec.kind == "append":
+                out.values.setdefault(spec.name, []).append(converted)
+            else:
                 out.values[spec.name] = converted
             continue
         # scalar kinds: int, float, str, json, bool_value
@@ -234,12 +258,19 @@ def decode_argv(argv: list[str]) -> DecodedArgv:
             if issue.severity == "error":
                 continue
         out.values[spec.name] = value
-    if sglang:
-        out.values["sglang"] = sglang
+    out.values.update(passthrough)
     return out
 
 
 def unknown_flag_issue(flag: str) -> SpecIssue:
+    if flag in NOT_AT_PINNED_MEGATRON:
+        return SpecIssue(
+            "spec.unknown_key",
+            flag,
+            f"unknown parameter --{flag}: {NOT_AT_PINNED_MEGATRON[flag]}, not of Megatron-LM at 3714d81 "
+            "(the commit Relax pins), whose parser Relax uses; Relax would ignore it",
+            f"remove --{flag}",
+        )
     suggestion = suggest_flag(flag)
     hint = (
         f"did you mean --{suggestion}?"
@@ -264,11 +295,12 @@ def _repeated(flag: str) -> SpecIssue:
     )
 
 
-def _missing_value(spec: FieldSpec, body: str, what: str) -> SpecIssue:
+def _missing_value(spec: FieldSpec, body: str, what: str, given: list[str] | None = None) -> SpecIssue:
+    got = f"got {len(given)}: {' '.join(map(repr, given))}" if given else "none was given"
     return SpecIssue(
         "argv.missing_value",
         spec.flag,
-        f"--{body} expects {what} but none was given",
+        f"--{body} expects {what} but {got}",
         _type_hint(spec),
     )
 
@@ -307,8 +339,9 @@ def encode_argv(spec: Any) -> list[str]:
     for f in FIELDS.values():
         value = getattr(spec, f.name)
         if f.kind == "passthrough":
+            prefix = next(p for p, name in PASSTHROUGH.items() if name == f.name)
             for key, item in value.items():
-                flag = SGLANG_PREFIX + key.replace("_", "-")
+                flag = prefix + key.replace("_", "-")
                 if item is True:
                     out.append(f"--{flag}")
                 elif isinstance(item, list):
@@ -318,17 +351,17 @@ def encode_argv(spec: Any) -> list[str]:
             continue
         if value == f.default and type(value) is type(f.default):
             continue
-        if f.kind == "flag":
-            if value:
-                out.append(f"--{f.flag}")
-        elif f.kind == "negatable":
+        if f.kind in ("flag", "flag_off", "negatable"):
             if value is not None:
-                out.append(f"--{f.flag}" if value else f"--no-{f.flag}")
+                out += [f"--{flag}" for flag, stored in f.switches.items() if stored == value][:1]
         elif f.kind == "bool_value":
             out.append(f"--{f.flag}=true" if value else f"--{f.flag}=")
         elif f.kind == "list":
             if value is not None:
                 out += [f"--{f.flag}", *(_scalar_token(x) for x in value)]
+        elif f.kind == "append":
+            for group in value or ():
+                out += [f"--{f.flag}", *(_scalar_token(x) for x in group)]
         elif f.kind == "json":
             if value is not None:
                 out += [f"--{f.flag}", json.dumps(value, separators=(",", ":"), ensure_ascii=False)]

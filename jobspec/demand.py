@@ -7,7 +7,9 @@ that a topology is feasible, and `compute_demand` turns a spec that passed those
 How Relax reads ``--resource '{"role": [replicas, gpus]}'``: the second number is the role's total
 GPU count (Relax's ``_derive_cluster_args_from_resource`` reads it as ``*_total_gpus``); 0 means a
 CPU-only role (``"advantages": [1, 0]``). Without ``--resource`` Relax falls back to its legacy
-defaults: an actor of one node x 8 GPUs.
+per-role flags: an actor of ``--actor-num-nodes`` (1) x ``--actor-num-gpus-per-node`` (8) GPUs, rollout
+engines on ``--rollout-num-gpus`` GPUs, a critic of ``--critic-num-nodes`` x ``--critic-num-gpus-per-node``
+(the actor's layout when unset).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ __all__ = [
     "KNOWN_ROLES",
     "LEGACY_ACTOR_GPUS",
     "actor_gpus",
+    "legacy_actor_note",
     "critic_gpus",
     "rollout_gpus",
     "genrm_gpus",
@@ -44,6 +47,7 @@ KNOWN_ROLES = (
 )
 #: Relax's legacy --actor-num-nodes 1 x --actor-num-gpus-per-node 8, used when --resource is absent.
 LEGACY_ACTOR_GPUS = 8
+_LEGACY_ACTOR_NODES, _LEGACY_ACTOR_GPUS_PER_NODE = 1, 8
 
 
 class GpuGroup(BaseModel):
@@ -79,6 +83,11 @@ class ResourceDemand(BaseModel):
     nodes_needed: int = Field(description="minimum number of nodes of num_gpus_per_node GPUs")
     cpu_roles: list[str] = Field(default_factory=list, description="roles that need no GPU")
     summary: str = ""
+    legacy_layout: bool = Field(
+        default=False,
+        description="no --resource: the actor's GPUs come from Relax's legacy --actor-num-nodes x "
+        "--actor-num-gpus-per-node (8 GPUs unless set)",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,17 +109,58 @@ def model_parallel_size(v: dict[str, Any]) -> int:
     )
 
 
+def _legacy_actor(v: dict[str, Any]) -> tuple[int, int]:
+    """(--actor-num-nodes, --actor-num-gpus-per-node): Relax's legacy actor layout, 1 x 8 unless set."""
+    nodes = v.get("actor_num_nodes")
+    per_node = v.get("actor_num_gpus_per_node")
+    return (
+        int(nodes) if nodes is not None else _LEGACY_ACTOR_NODES,
+        int(per_node) if per_node is not None else _LEGACY_ACTOR_GPUS_PER_NODE,
+    )
+
+
 def actor_gpus(v: dict[str, Any]) -> int:
+    """The actor's GPUs: its --resource entry, else Relax's legacy --actor-num-nodes x --actor-num-gpus-per-node."""
     roles = resource_roles(v)
-    return roles["actor"][1] if "actor" in roles else LEGACY_ACTOR_GPUS
+    if "actor" in roles:
+        return roles["actor"][1]
+    nodes, per_node = _legacy_actor(v)
+    return nodes * per_node
+
+
+def legacy_actor_note(v: dict[str, Any]) -> str | None:
+    """What the demand says when the actor's GPUs come from Relax's legacy flags (None: --resource has one)."""
+    if "actor" in resource_roles(v):
+        return None
+    nodes, per_node = _legacy_actor(v)
+    default = (nodes, per_node) == (_LEGACY_ACTOR_NODES, _LEGACY_ACTOR_GPUS_PER_NODE)
+    which = "Relax's legacy default" if default else "Relax's legacy per-role flags"
+    return (
+        f"--resource has no actor entry, so {which} applies: the actor gets --actor-num-nodes {nodes} x "
+        f"--actor-num-gpus-per-node {per_node} = {nodes * per_node} GPUs"
+    )
 
 
 def critic_gpus(v: dict[str, Any]) -> int:
-    """Critic GPUs: PPO only. Relax's critic defaults to the actor's layout when it has no entry."""
+    """Critic GPUs: PPO only. Its --resource entry, else --critic-num-nodes x --critic-num-gpus-per-node, each
+    defaulting to the actor's (as Relax defaults them)."""
     if v.get("advantage_estimator") != "ppo":
         return 0
     roles = resource_roles(v)
-    return roles["critic"][1] if "critic" in roles else actor_gpus(v)
+    if "critic" in roles:
+        return roles["critic"][1]
+    nodes, per_node = v.get("critic_num_nodes"), v.get("critic_num_gpus_per_node")
+    if nodes is None and per_node is None:
+        return actor_gpus(v)
+    if "actor" in roles:  # Relax derives the actor's per-node flags from its --resource entry
+        total = actor_gpus(v)
+        actor_per_node = min(int(v.get("num_gpus_per_node") or 8), total)
+        actor_nodes = max(1, total // actor_per_node) if actor_per_node else 0
+    else:
+        actor_nodes, actor_per_node = _legacy_actor(v)
+    return int(actor_nodes if nodes is None else nodes) * int(
+        actor_per_node if per_node is None else per_node
+    )
 
 
 def genrm_gpus(v: dict[str, Any]) -> int:
@@ -120,6 +170,13 @@ def genrm_gpus(v: dict[str, Any]) -> int:
     return roles["genrm"][1] if "genrm" in roles else int(v["genrm_num_gpus"])
 
 
+def managed_teacher(v: dict[str, Any]) -> bool:
+    """A Relax-managed OPD teacher: --teacher-hf-checkpoint or --opd-teacher-routes with a 'teacher' role."""
+    return "teacher" in resource_roles(v) and bool(
+        v.get("teacher_hf_checkpoint") or v.get("opd_teacher_routes")
+    )
+
+
 def rollout_gpus(v: dict[str, Any]) -> int | None:
     """GPUs of the rollout engines, as Relax resolves them (None: not determinable)."""
     if v.get("debug_train_only") or v.get("rollout_external"):
@@ -127,11 +184,13 @@ def rollout_gpus(v: dict[str, Any]) -> int | None:
     if v.get("loss_type") == "sft" and v.get("sft_predict_interval") is None:
         return 0  # SFT brings up rollout engines only for generative prediction
     roles = resource_roles(v)
-    if v.get("colocate") and not v.get("hybrid") and not v.get("genrm_model_path"):
+    if v.get("colocate") and not v.get("hybrid") and not v.get("genrm_model_path") and not managed_teacher(v):
         # Relax overrides rollout_num_gpus to span the actor (and critic) GPUs in colocate mode.
         return actor_gpus(v) + critic_gpus(v)
     if "rollout" in roles:
         return roles["rollout"][1]
+    if v.get("rollout_num_gpus") is not None:
+        return int(v["rollout_num_gpus"])  # Relax's legacy flag, used without a 'rollout' entry
     return None
 
 
@@ -249,6 +308,9 @@ def compute_demand(spec: Any) -> ResourceDemand:
         parts.append("CPU-only: " + ", ".join(cpu_roles))
     mode = "colocated" if colocate and not hybrid else "hybrid" if hybrid else "decoupled"
     summary = f"{total} GPU(s) on at least {nodes} node(s) of {node} GPUs, {mode}: " + "; ".join(parts)
+    legacy = None if v["debug_rollout_only"] else legacy_actor_note(v)
+    if legacy:
+        summary = f"{legacy}. {summary}"
     return ResourceDemand(
         groups=groups,
         total_gpus=total,
@@ -257,4 +319,5 @@ def compute_demand(spec: Any) -> ResourceDemand:
         nodes_needed=nodes,
         cpu_roles=cpu_roles,
         summary=summary,
+        legacy_layout=legacy is not None,
     )

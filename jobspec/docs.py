@@ -6,8 +6,12 @@ import json
 import sys
 from typing import Any
 
-from jobspec.rules import INPUT_RULES, RULES
+from jobspec.arguments import FIELD_DEVIATIONS, RELAX_MAIN, SOURCES
+from jobspec.generated.arguments import RELAX_MEGATRON_DEFAULTS
+from jobspec.rules import INPUT_RULES, RETIRED_RULES, RULES, deviations
 from jobspec.spec import FIELDS, GROUPS, FieldSpec
+
+RELAX_DEFAULTS = RELAX_MEGATRON_DEFAULTS[RELAX_MAIN]
 
 __all__ = ["render_parameters_md"]
 
@@ -36,12 +40,14 @@ def _cell(text: str) -> str:
 
 def _flag(f: FieldSpec) -> str:
     if f.kind == "passthrough":
-        return "`--sglang-<name>`"
+        return f"`--{f.flag.replace('*', '<name>')}`"
     names = [f"`--{f.flag}`"]
-    if f.kind == "negatable":
-        names.append(f"`--no-{f.flag}`")
+    names += [f"`--{s}`" for s in f.switches if s != f.flag]
     names += [f"`--{a}`" for a in f.aliases]
-    return " / ".join(names)
+    text = " / ".join(names)
+    if f.name != f.flag.replace("-", "_"):
+        text += f" (`{f.name}`)"
+    return text
 
 
 def _notes(f: FieldSpec) -> str:
@@ -52,9 +58,33 @@ def _notes(f: FieldSpec) -> str:
         notes.append(f"{f.path_kind} path" + (" (odd items)" if f.path_layout else ""))
     if f.function_path:
         notes.append("dotted Python path")
-    if f.origin != "relax":
+    if f.later:
+        notes.append("Megatron-LM after 3714d81 (ignored by the pinned parser)")
+    elif f.source == "megatron":
+        notes.append("Megatron-LM")
+    elif f.origin != "relax":
         notes.append(f.origin)
+    if f.megatron_default is not None or (f.source == "megatron" and f.name in RELAX_DEFAULTS):
+        notes.append(f"Relax's default; Megatron-LM's is {_default_value(f.megatron_default)}")
+    if f.source == "relax":
+        if f.removed_in_main:
+            notes.append(f"Relax {', '.join(f.versions)} only (gone from main {RELAX_MAIN})")
+        elif f.versions == (RELAX_MAIN,):
+            notes.append(f"Relax main {RELAX_MAIN} (not in the reference commit)")
+        if f.changed:
+            was = ", ".join(f"{k} was {_default_value(v)}" for k, v in sorted(f.changed.items()))
+            notes.append(f"changed in main ({was}): main's definition is used")
     return "; ".join(notes)
+
+
+def _default_value(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "`true`" if value else "`false`"
+    if isinstance(value, (dict, list)):
+        return f"`{json.dumps(value)}`"
+    return f"`{value}`"
 
 
 def render_parameters_md() -> str:
@@ -66,9 +96,22 @@ def render_parameters_md() -> str:
         "",
         f"Every parameter of a Relax Platform job spec ({total} fields in {len(GROUPS)} groups). A spec is a",
         "YAML/JSON object whose keys are these names with `-` or `_`, or the same Relax command-line flags.",
-        "Type `flag` is a boolean switch (`--x`; `--no-x` only where listed); `list[...]` takes one or more",
-        "values; `json` takes a JSON object. Notes say where a value is a filesystem path (`input`/`output`),",
-        "a dotted Python path, or a flag defined by Megatron-LM or by Relax Platform rather than Relax.",
+        "Type `flag` is a boolean switch (the flags that set it are listed: `--x`, `--no-x`, `--disable-x`);",
+        "`list[...]` takes one or more values (`*`: zero or more; a number: exactly that many); `json` takes",
+        "a JSON value. Notes say where a value is a filesystem path (`input`/`output`) or a dotted Python path.",
+        "",
+        "Where the parameters come from:",
+        "",
+        "- the sections of the Relax configuration reference (typed from that document);",
+        f"- **Megatron-LM**: every argument of {SOURCES['megatron']} (the commit Relax pins), generated",
+        "  from Megatron-LM's own parser with `python -m tools.arguments.generate`, with the defaults",
+        "  Relax's parser resets (noted per parameter);",
+        f"- **Relax's code**: every flag its argument module defines at {SOURCES['relax']['eb15c45']} (the",
+        f"  reference) and at {RELAX_MAIN} (main), generated the same way. Where the two differ, main is",
+        "  followed and the note says so (see also the list below).",
+        "",
+        "Megatron-LM flags of versions later than the pinned commit are not parameters: Relax's parser",
+        "ignores unknown flags, the spec refuses them by name.",
         "",
         "## Groups",
         "",
@@ -87,6 +130,49 @@ def render_parameters_md() -> str:
                 f"| {_flag(f)} | {f.type_label} | {_cell(_default(f))} | {_cell(_notes(f))} | {_cell(f.help)} |"
             )
         lines.append("")
+    differ = [f for f in FIELDS.values() if f.source == "relax" and (f.changed or f.removed_in_main)]
+    lines += [
+        f"## Where Relax's reference commit and main {RELAX_MAIN} differ",
+        "",
+        "Main's definition is used; a flag that main removed is still accepted with its last definition.",
+        "",
+        "| Flag | Difference |",
+        "|---|---|",
+    ]
+    for f in differ:
+        what = []
+        if f.removed_in_main:
+            what.append(f"defined at {', '.join(f.versions)}, not in main")
+        for key, was in sorted(f.changed.items()):
+            what.append(f"{key}: {_default_value(was)} at the reference commit")
+        lines.append(f"| {_flag(f)} | {_cell('; '.join(what))} |")
+    lines += [
+        "",
+        "Reference parameters that deliberately differ from Relax's code (main):",
+        "",
+        "| Parameter | Deviation |",
+        "|---|---|",
+    ]
+    for name, reason in FIELD_DEVIATIONS.items():
+        lines.append(f"| {_flag(FIELDS[name])} | {_cell(reason)} |")
+    added = sorted(f.flag for f in FIELDS.values() if f.source == "relax" and f.versions == (RELAX_MAIN,))
+    lines += ["", f"Flags new in main ({len(added)}): " + ", ".join(f"`--{x}`" for x in added) + ".", ""]
+    lines += [
+        "## Megatron-LM defaults Relax's parser resets",
+        "",
+        "| Parameter | Relax | Megatron-LM |",
+        "|---|---|---|",
+    ]
+    for name, value in sorted(RELAX_DEFAULTS.items()):
+        f = FIELDS.get(name)
+        if f is not None:
+            lines.append(f"| {_flag(f)} | {_default_value(value)} | {_default_value(f.megatron_default)} |")
+    lines += [
+        "",
+        "Values Relax derives at start-up (always the distributed optimizer, bf16 unless fp16, …) are",
+        "derived-default rules below; `relaxctl spec validate` shows them under `derived`.",
+        "",
+    ]
     lines += [
         "## Cross-field rules and derived defaults",
         "",
@@ -98,6 +184,22 @@ def render_parameters_md() -> str:
     for r in INPUT_RULES + RULES:
         flags = ", ".join(f"`--{x}`" for x in r.fields)
         lines.append(f"| `{r.code}` | {flags} | {_cell(r.summary)} |")
+    lines += [
+        "",
+        "## Deliberate deviations from Relax's code",
+        "",
+        "Where a rule, or the platform, does something Relax's code (main) does not, and why. Reference",
+        "parameters whose definition differs from the code are listed above, under the differences of",
+        "Relax's versions.",
+        "",
+        "| Code | Flags | Reason |",
+        "|---|---|---|",
+    ]
+    for code, flags, reason in deviations():
+        lines.append(f"| `{code}` | {', '.join(f'`--{x}`' for x in flags)} | {_cell(reason)} |")
+    lines += ["", "## Retired rule codes", "", "| Code | Why |", "|---|---|"]
+    for code, why in RETIRED_RULES.items():
+        lines.append(f"| `{code}` | {_cell(why)} |")
     lines.append("")
     return "\n".join(lines)
 

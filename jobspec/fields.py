@@ -65,6 +65,7 @@ def param(
     gt: float | None = None,
     le: float | None = None,
     min_length: int | None = None,
+    nargs: str | None = None,
 ) -> Any:
     """Declare one Relax parameter.
 
@@ -88,6 +89,8 @@ def param(
             extra[key] = val
     if function_path:
         extra["function_path"] = True
+    if nargs is not None:
+        extra["nargs"] = nargs
     if size:
         extra["size"] = True
     if aliases:
@@ -108,7 +111,27 @@ def param(
     return Field(default=default, **kwargs)
 
 
-class ParamGroup(BaseModel):
+class _GroupMeta(type(BaseModel)):  # type: ignore[misc]
+    """Turns class attributes made with `jobspec.arguments.megatron()` / `relax_code()` into fields
+    typed from the generated argument tables, in class-body order."""
+
+    def __new__(mcs, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any) -> Any:
+        from jobspec.arguments import ArgumentRef
+
+        if any(isinstance(v, ArgumentRef) for v in namespace.values()):
+            written = namespace.get("__annotations__", {})
+            ordered: dict[str, Any] = {}
+            for key, value in list(namespace.items()):
+                if isinstance(value, ArgumentRef):
+                    ordered[key], namespace[key] = value.build(key)
+                elif key in written:
+                    ordered[key] = written[key]
+            ordered.update({k: v for k, v in written.items() if k not in ordered})
+            namespace["__annotations__"] = ordered
+        return super().__new__(mcs, name, bases, namespace, **kwargs)
+
+
+class ParamGroup(BaseModel, metaclass=_GroupMeta):
     """Base of every parameter group: one model per section of the Relax configuration reference.
 
     Subclasses set `group` (a stable identifier) and `title` (the reference section); each field

@@ -11,7 +11,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from jobspec.argv import SGLANG_PREFIX, parse_passthrough_scalar, unknown_flag_issue
+from jobspec.argv import (
+    PASSTHROUGH,
+    SGLANG_PREFIX,
+    parse_passthrough_scalar,
+    passthrough_prefix,
+    unknown_flag_issue,
+)
 from jobspec.issues import SpecIssue
 from jobspec.spec import FIELDS, FIELDS_BY_FLAG, FieldSpec, JobSpec
 
@@ -23,6 +29,7 @@ __all__ = [
     "check_representable",
 ]
 
+PASSTHROUGH_FIELDS = frozenset(PASSTHROUGH.values())
 _PASSTHROUGH_KEY = re.compile(r"^[A-Za-z0-9_]+$")
 _FLOAT_TEXT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 # Values whose invalid-choice hint says more than "did you mean".
@@ -43,7 +50,7 @@ def values_from_obj(obj: Any) -> tuple[dict[str, Any], list[SpecIssue]]:
     issues: list[SpecIssue] = []
     values: dict[str, Any] = {}
     origin_key: dict[str, str] = {}
-    sglang: dict[str, Any] = {}
+    passthrough: dict[str, dict[str, Any]] = {}
     if not isinstance(obj, Mapping):
         issues.append(
             SpecIssue(
@@ -67,45 +74,50 @@ def values_from_obj(obj: Any) -> tuple[dict[str, Any], list[SpecIssue]]:
             continue
         name = _key_to_name(raw_key)
         flag = name.replace("_", "-")
-        if name == "sglang":
+        if name in PASSTHROUGH_FIELDS:
             if not isinstance(value, Mapping):
                 issues.append(
                     SpecIssue(
                         "spec.invalid_type",
-                        "sglang-*",
-                        f"'sglang' must map SGLang argument names to values, got {value!r}",
-                        "write sglang: {mem_fraction_static: 0.7}",
+                        FIELDS[name].flag,
+                        f"'{name}' must map SGLang argument names to values, got {value!r}",
+                        f"write {name}: {{mem_fraction_static: 0.7}}",
                     )
                 )
                 continue
+            target_map = passthrough.setdefault(name, {})
+            prefix = next(p for p, n in PASSTHROUGH.items() if n == name).replace("-", "_")
             for k, v in value.items():
                 key = _key_to_name(str(k))
-                if key.startswith("sglang_"):
-                    key = key[len("sglang_") :]
-                if key in sglang:
-                    issues.append(_duplicate(f"{SGLANG_PREFIX}{key.replace('_', '-')}"))
-                sglang[key] = v
+                if key.startswith(prefix):
+                    key = key[len(prefix) :]
+                if key in target_map:
+                    issues.append(_duplicate(f"{prefix.replace('_', '-')}{key.replace('_', '-')}"))
+                target_map[key] = v
             continue
-        target = FIELDS_BY_FLAG.get(flag)
-        if target is None and flag.startswith("no-"):
-            negated = FIELDS_BY_FLAG.get(flag[3:])
-            if negated is not None and FIELDS[negated].kind == "negatable":
-                if value is not True:
-                    issues.append(
-                        SpecIssue(
-                            "spec.invalid_type",
-                            FIELDS[negated].flag,
-                            f"'{raw_key}' only takes true (it turns --{FIELDS[negated].flag} off), got {value!r}",
-                            f"write {FIELDS[negated].name}: false instead",
-                        )
+        target = name if name in FIELDS and FIELDS[name].kind != "passthrough" else FIELDS_BY_FLAG.get(flag)
+        if target is not None and target != name and flag in FIELDS[target].switches:
+            # A value-less flag used as a key (`no-rope-fusion: true`): true gives what the flag
+            # stores, false its opposite.
+            stored = FIELDS[target].switches[flag]
+            if not isinstance(value, bool):
+                issues.append(
+                    SpecIssue(
+                        "spec.invalid_type",
+                        FIELDS[target].flag,
+                        f"'{raw_key}' is a flag and takes true or false, got {value!r}",
+                        f"write {raw_key}: true, or {target}: {str(stored).lower()}",
                     )
-                    continue
-                target, value = negated, False
-        if target is None and flag.startswith(SGLANG_PREFIX) and len(flag) > len(SGLANG_PREFIX):
-            key = name[len("sglang_") :]
-            if key in sglang:
+                )
+                continue
+            value = stored if value else not stored
+        prefix = passthrough_prefix(flag) if target is None else None
+        if prefix is not None:
+            target_map = passthrough.setdefault(PASSTHROUGH[prefix], {})
+            key = flag[len(prefix) :].replace("-", "_")
+            if key in target_map:
                 issues.append(_duplicate(flag))
-            sglang[key] = value
+            target_map[key] = value
             continue
         if target is None:
             issue = unknown_flag_issue(flag)
@@ -122,8 +134,7 @@ def values_from_obj(obj: Any) -> tuple[dict[str, Any], list[SpecIssue]]:
             issues.append(_duplicate(FIELDS[target].flag, (origin_key[target], raw_key)))
         values[target] = _lift(FIELDS[target], value)
         origin_key[target] = raw_key
-    if sglang:
-        values["sglang"] = sglang
+    values.update(passthrough)
     return values, issues
 
 
@@ -171,7 +182,7 @@ def promote_typed_sglang(values: dict[str, Any]) -> list[SpecIssue]:
     return issues
 
 
-def normalize_passthrough(raw: Any) -> tuple[dict[str, Any], list[SpecIssue]]:
+def normalize_passthrough(raw: Any, prefix: str = SGLANG_PREFIX) -> tuple[dict[str, Any], list[SpecIssue]]:
     """Canonical form of the SGLang passthrough, so that `to_argv()` round-trips it exactly.
 
     On the command line these values are untyped words, so the canonical form is what a word
@@ -182,7 +193,7 @@ def normalize_passthrough(raw: Any) -> tuple[dict[str, Any], list[SpecIssue]]:
     issues: list[SpecIssue] = []
     out: dict[str, Any] = {}
     for key, value in raw.items():
-        flag = f"{SGLANG_PREFIX}{str(key).replace('_', '-')}"
+        flag = f"{prefix}{str(key).replace('_', '-')}"
         if not _PASSTHROUGH_KEY.match(str(key)):
             issues.append(
                 SpecIssue(

@@ -49,15 +49,29 @@ class SpecIssue:
         return f"[{self.severity}] {self.code}: {self.message}{hint}"
 
 
+@dataclass(frozen=True)
+class Understood:
+    """What a spec with errors still says (see `SpecError.understood`): every field as understood (values
+    that failed their check at their defaults), their flags as `JobSpec.to_argv()` writes them, what the
+    rules derived, and the resource demand when a layout can be computed."""
+
+    spec: dict[str, Any]
+    argv: list[str]
+    derived: dict[str, Any] = dc_field(default_factory=dict)
+    demand: dict[str, Any] | None = None
+
+
 class SpecError(Exception):
     """Raised by `normalize` when a spec has at least one error.
 
-    `issues` holds every issue found (errors first, then warnings), not just the first one.
+    `issues` holds every issue found (errors first, then warnings), not just the first one, one per
+    mistake; `understood` what the rest of the spec says, when anything of it was understood.
     """
 
-    def __init__(self, issues: list[SpecIssue]):
+    def __init__(self, issues: list[SpecIssue], understood: Understood | None = None):
         ordered = [i for i in issues if i.is_error] + [i for i in issues if not i.is_error]
         self.issues: list[SpecIssue] = ordered
+        self.understood = understood
         errors = [i for i in ordered if i.is_error]
         head = f"{len(errors)} error(s) in job spec"
         super().__init__(head + ":\n" + "\n".join(f"  {i}" for i in errors))
@@ -68,3 +82,28 @@ class SpecError(Exception):
 
     def to_dict(self) -> dict[str, Any]:
         return {"issues": [i.to_dict() for i in self.issues]}
+
+
+def one_per_mistake(issues: list[SpecIssue]) -> list[SpecIssue]:
+    """Drop rule issues that only repeat a mistake already reported about the same parameter.
+
+    A value refused before the rules ran (a bad type or choice, a flag without its value, invalid JSON)
+    leaves the field at its default, and an unknown key such as ``rollout-batch-sise`` leaves the field
+    it misspells unset; a rule that then complains about that field ("--rollout-batch-size is required")
+    reports the same mistake a second time, in a confusing form. Such rule issues are dropped; every
+    other issue is kept, in order.
+    """
+    from jobspec.spec import FIELDS, FIELDS_BY_FLAG
+    from jobspec.suggest import suggest_flag
+
+    refused: set[str] = set()
+    for issue in issues:
+        if not issue.is_error or issue.code.startswith("rule.") or not issue.field:
+            continue
+        refused.add(issue.field)
+        if issue.code == "spec.unknown_key":
+            guess = suggest_flag(issue.field)
+            name = FIELDS_BY_FLAG.get(guess) if guess else None
+            if name is not None:
+                refused.add(FIELDS[name].flag)
+    return [i for i in issues if not (i.code.startswith("rule.") and set(i.fields) & refused)]

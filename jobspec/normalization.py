@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobspec.argv import decode_argv
+from jobspec.argv import PASSTHROUGH, decode_argv
 from jobspec.demand import ResourceDemand, compute_demand
 from jobspec.intake import (
     check_representable,
@@ -14,7 +14,7 @@ from jobspec.intake import (
     validate_values,
     values_from_obj,
 )
-from jobspec.issues import SpecError, SpecIssue
+from jobspec.issues import SpecError, SpecIssue, Understood, one_per_mistake
 from jobspec.rules import run_input_rules, run_rules
 from jobspec.spec import FIELDS, JobSpec
 
@@ -56,17 +56,30 @@ def normalize(
     issues: list[SpecIssue] = []
     if argv is not None:
         if isinstance(argv, str):
-            raise TypeError("normalize(argv=...) takes a list of strings; use parse_launch_script() for text")
+            raise TypeError("normalize(argv=...) takes a list of strings; split text with shlex.split()")
         decoded = decode_argv(list(argv))
         values, issues = decoded.values, list(decoded.issues)
     else:
         values, issues = values_from_obj(obj)
     issues += promote_typed_sglang(values)
     explicit = set(values)
+    issues += [
+        SpecIssue(
+            "spec.later_megatron_flag",
+            FIELDS[name].flag,
+            f"--{FIELDS[name].flag} is a flag of the Megatron-LM lineage Relax main builds with, not of "
+            "Megatron-LM at 3714d81 (the commit Relax pins), whose parser ignores it",
+            "keep it if your Relax build has it; the job spec records it either way",
+            severity="warning",
+        )
+        for name in sorted(explicit)
+        if name in FIELDS and FIELDS[name].later
+    ]
 
-    if "sglang" in values and isinstance(values["sglang"], dict):
-        values["sglang"], passthrough_issues = normalize_passthrough(values["sglang"])
-        issues += passthrough_issues
+    for prefix, name in PASSTHROUGH.items():
+        if isinstance(values.get(name), dict):
+            values[name], passthrough_issues = normalize_passthrough(values[name], prefix)
+            issues += passthrough_issues
     issues += check_representable(values)
 
     input_ctx = run_input_rules(values, explicit)
@@ -81,10 +94,26 @@ def normalize(
     # about it, which would only repeat the type error in a confusing form.
     issues += [i for i in ctx.issues if not (set(i.fields) & bad_flags)]
 
-    errors = [i for i in issues if i.is_error]
-    if errors:
-        raise SpecError(issues)
+    issues = one_per_mistake(issues)
+    if any(i.is_error for i in issues):
+        raise SpecError(issues, understood=_understood(values, ctx.values, derived))
     spec = JobSpec.model_validate(ctx.values, strict=True)
     demand = compute_demand(spec)
     warnings = [i for i in issues if not i.is_error]
     return NormalizedSpec(spec=spec, warnings=warnings, derived=derived, demand=demand)
+
+
+def _understood(given: dict[str, Any], values: dict[str, Any], derived: dict[str, Any]) -> Understood | None:
+    """What a spec with errors still says: values that failed their check stay at their defaults, the
+    rules derived what they could from the rest. None when nothing of the input was understood."""
+    if not given:
+        return None
+    try:
+        spec = JobSpec.model_validate(values, strict=True)
+    except ValueError:  # a rule derived from a value it never sees in a valid spec
+        return None
+    try:
+        demand: dict[str, Any] | None = compute_demand(spec).model_dump(mode="json")
+    except (ValueError, SpecError):  # no layout: no demand
+        demand = None
+    return Understood(spec=spec.to_dict(), argv=spec.to_argv(), derived=dict(derived), demand=demand)

@@ -14,25 +14,40 @@ tests/unit/jobspec/test_rules.py (a test fails for any registered rule without b
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from jobspec.arguments import MEGATRON, RELAX_MAIN
 from jobspec.demand import (
     KNOWN_ROLES,
-    LEGACY_ACTOR_GPUS,
     actor_gpus,
     critic_gpus,
     genrm_gpus,
+    legacy_actor_note,
+    managed_teacher,
     model_parallel_size,
     resource_roles,
     rollout_gpus,
 )
+from jobspec.generated.arguments import RELAX_MEGATRON_DEFAULTS
 from jobspec.issues import SpecIssue
 from jobspec.spec import FIELDS
 
-__all__ = ["Rule", "RuleContext", "RULES", "INPUT_RULES", "run_input_rules", "run_rules", "rule"]
+__all__ = [
+    "Rule",
+    "RuleContext",
+    "RULES",
+    "INPUT_RULES",
+    "PLATFORM_DEVIATIONS",
+    "RETIRED_RULES",
+    "deviations",
+    "run_input_rules",
+    "run_rules",
+    "rule",
+]
 
 
 @dataclass(frozen=True)
@@ -41,6 +56,8 @@ class Rule:
     fields: tuple[str, ...]  # Relax flags (hyphenated)
     summary: str
     fn: Callable[[RuleContext], None]
+    # Why this rule deliberately differs from Relax's code (None: it does what Relax's code does).
+    deviation: str | None = None
 
 
 class RuleContext:
@@ -107,22 +124,70 @@ class RuleContext:
     def is_ppo(self) -> bool:
         return self.values["advantage_estimator"] == "ppo"
 
+    @property
+    def megatron(self) -> bool:
+        """The megatron backend: Relax's `_set_default_megatron_args` applies (relax/backends/megatron)."""
+        return self.values["train_backend"] == "megatron"
+
+    @property
+    def megatron_validates(self) -> bool:
+        """Megatron's `validate_args` runs: the megatron backend, unless --debug-rollout-only (Relax skips it)."""
+        return self.megatron and not self.values["debug_rollout_only"]
+
 
 RULES: list[Rule] = []
 INPUT_RULES: list[Rule] = []
 
 
-def rule(code: str, *flags: str, summary: str, stage: str = "spec") -> Callable[[Callable], Callable]:
-    """Register a rule (in definition order). stage "input" rules see raw values before type checks."""
+def rule(
+    code: str, *flags: str, summary: str, stage: str = "spec", deviation: str | None = None
+) -> Callable[[Callable], Callable]:
+    """Register a rule (in definition order). stage "input" rules see raw values before type checks.
+
+    deviation: why the rule deliberately differs from Relax's code (it refuses what Relax's code accepts,
+    or accepts what it refuses); every deviation is listed in the generated reference (`deviations()`).
+    """
 
     def decorate(fn: Callable[[RuleContext], None]) -> Callable[[RuleContext], None]:
         registry = INPUT_RULES if stage == "input" else RULES
         if any(r.code == code for r in RULES + INPUT_RULES):
             raise ValueError(f"duplicate rule code {code}")
-        registry.append(Rule(code=code, fields=flags, summary=summary, fn=fn))
+        if deviation is not None and not deviation.strip():
+            raise ValueError(f"rule {code}: a deviation needs its reason")
+        registry.append(Rule(code=code, fields=flags, summary=summary, fn=fn, deviation=deviation))
         return fn
 
     return decorate
+
+
+#: Deviations from Relax's code that are not one rule's check: (code, flags, reason).
+PLATFORM_DEVIATIONS: list[tuple[str, tuple[str, ...], str]] = [
+    (
+        "rule.torch_backend_is_platform_extension",
+        ("train-backend",),
+        "--train-backend torch is a Relax Platform backend: Relax's own parser accepts megatron only. It is "
+        "the backend this platform runs; the resolved argv keeps --train-backend torch, so it runs here, not "
+        "under Relax's launcher.",
+    ),
+]
+
+#: Codes that are no longer reported, and why (codes are an API: a retired code is never reused).
+RETIRED_RULES: dict[str, str] = {
+    "rule.ppo_needs_rollout_logprobs": "a limit of the torch backend's PPO (it takes the rollout log-probs "
+    "as the old-policy log-probs), not of Relax: the backend refuses PPO without --use-rollout-logprobs "
+    "(spec.unsupported_by_backend), so the spec of a Relax PPO script stays valid.",
+    "rule.torch_backend_is_platform_extension": "the note is listed among the deviations "
+    "(PLATFORM_DEVIATIONS) instead of being a warning on every job that selects the torch backend.",
+}
+
+
+def deviations() -> list[tuple[str, tuple[str, ...], str]]:
+    """Every deliberate deviation from Relax's code: (code, flags, reason), rules first in registry order.
+
+    `python -m jobspec.docs` lists them in docs/reference/parameters.md.
+    """
+    out = [(r.code, r.fields, r.deviation) for r in INPUT_RULES + RULES if r.deviation]
+    return out + list(PLATFORM_DEVIATIONS)  # type: ignore[return-value]
 
 
 def _run(registry: list[Rule], ctx: RuleContext) -> RuleContext:
@@ -180,7 +245,9 @@ def _loss_type_alias(ctx: RuleContext) -> None:
     "kl-coef",
     "kl-loss-coef",
     "use-opd",
-    summary="--loss-type sft turns off advantages, KL terms and OPD (derived; a warning names any that were set).",
+    "disable-rollout-global-dataset",
+    summary="--loss-type sft turns off advantages, KL terms, OPD and the RL global dataset (derived; a warning "
+    "names any that were set).",
 )
 def _sft_disables_rl(ctx: RuleContext) -> None:
     if not ctx.is_sft:
@@ -200,6 +267,8 @@ def _sft_disables_rl(ctx: RuleContext) -> None:
     ):
         if ctx.values[name] != value:
             ctx.derive(name, value)
+    # SFT owns --prompt-data; Relax turns the RL global dataset off (recorded even when given: it is Relax's).
+    ctx.derive("rollout_global_dataset", False)
 
 
 @rule(
@@ -208,6 +277,8 @@ def _sft_disables_rl(ctx: RuleContext) -> None:
     "colocate",
     "hybrid",
     summary="--fully-async with --colocate means hybrid mode, and --hybrid implies both (derived).",
+    deviation="Relax main refuses --fully-async with --colocate and asks for --hybrid; the platform reads the "
+    "pair as --hybrid (with a warning), and the resolved argv carries --hybrid, which Relax accepts.",
 )
 def _hybrid(ctx: RuleContext) -> None:
     if ctx.fully_async and ctx.colocate and not ctx.hybrid:
@@ -239,6 +310,9 @@ def _load_debug(ctx: RuleContext) -> None:
     "debug-rollout-only",
     "debug-train-only",
     summary="--debug-rollout-only and --debug-train-only cannot both be set.",
+    deviation="Relax checks this before it derives --debug-train-only from --load-debug-rollout-data, so "
+    "it lets --debug-rollout-only --load-debug-rollout-data through, a job that neither generates nor "
+    "trains; the platform refuses that pair too.",
 )
 def _debug_exclusive(ctx: RuleContext) -> None:
     if ctx.debug_rollout_only and ctx.debug_train_only:
@@ -279,6 +353,58 @@ def _debug_rollout_only(ctx: RuleContext) -> None:
         )
 
 
+AGENTIC_ROLLOUT_FUNCTION = "relax.agentic.rollout.generate_rollout"
+
+
+@rule(
+    "rule.agentic_rollout",
+    "use-agentic-rollout",
+    "agent-command",
+    "agent-cwd",
+    "agent-timeout",
+    "agent-env",
+    summary="--use-agentic-rollout sets the rollout and eval functions to Relax's agentic rollout and turns "
+    "--apply-chat-template off (derived); it needs --agent-command and --agent-cwd, a positive "
+    "--agent-timeout and KEY=VALUE --agent-env entries (no RELAX_ keys).",
+)
+def _agentic(ctx: RuleContext) -> None:
+    if not ctx.use_agentic_rollout:
+        return
+    ctx.derive("rollout_function_path", AGENTIC_ROLLOUT_FUNCTION)
+    ctx.derive("eval_function_path", AGENTIC_ROLLOUT_FUNCTION)
+    ctx.derive("apply_chat_template", False)
+    for name in ("agent_command", "agent_cwd"):
+        value = ctx.values[name]
+        if not isinstance(value, str) or not value.strip():
+            ctx.error(
+                f"--use-agentic-rollout needs --{FIELDS[name].flag}",
+                f"set --{FIELDS[name].flag}",
+                fields=(FIELDS[name].flag, "use-agentic-rollout"),
+            )
+    if ctx.agent_timeout is not None and ctx.agent_timeout <= 0:
+        ctx.error(f"--agent-timeout {ctx.agent_timeout} must be > 0", "use a positive timeout in seconds")
+    for item in ctx.agent_env or []:
+        key = str(item).split("=", 1)[0].strip()
+        if "=" not in str(item) or not key:
+            ctx.error(
+                f"--agent-env entry {item!r} is not KEY=VALUE", "write KEY=VALUE", fields=("agent-env",)
+            )
+        elif key.startswith("RELAX_"):
+            ctx.error(
+                f"--agent-env may not set {key!r}: RELAX_ variables are reserved",
+                "rename the variable",
+                fields=("agent-env",),
+            )
+    for name, low in (("agentic_prepare_pool_size", 0), ("agentic_eval_prepare_pool_size", 1)):
+        value = ctx.values[name]
+        if value is not None and value < low:
+            ctx.error(
+                f"--{FIELDS[name].flag} {value} must be >= {low}",
+                f"use a value >= {low}",
+                fields=(FIELDS[name].flag,),
+            )
+
+
 # =============================================================================================
 # PPO (before KL and offload rules, which read what it changes)
 
@@ -290,6 +416,9 @@ def _debug_rollout_only(ctx: RuleContext) -> None:
     "fully-async",
     "resource",
     summary="PPO runs in synchronous colocate mode with 'critic' and 'advantages' entries in --resource.",
+    deviation="Relax main (039ce87) refuses --advantage-estimator ppo outright and eb15c45's code does not "
+    "check its topology; the platform runs the reference's PPO (synchronous, colocated, with a critic role) "
+    "on its torch backend, in that topology only.",
 )
 def _ppo_topology(ctx: RuleContext) -> None:
     if not ctx.is_ppo or ctx.is_sft:
@@ -318,26 +447,13 @@ def _ppo_topology(ctx: RuleContext) -> None:
 
 
 @rule(
-    "rule.ppo_needs_rollout_logprobs",
-    "advantage-estimator",
-    "use-rollout-logprobs",
-    summary="PPO's colocate topology needs --use-rollout-logprobs.",
-)
-def _ppo_logprobs(ctx: RuleContext) -> None:
-    if ctx.is_ppo and not ctx.is_sft and not ctx.use_rollout_logprobs:
-        ctx.error(
-            "--advantage-estimator ppo in the colocate topology needs --use-rollout-logprobs "
-            "(rollout log-probs serve as the old-policy log-probs)",
-            "add --use-rollout-logprobs",
-        )
-
-
-@rule(
     "rule.ppo_disables_kl",
     "advantage-estimator",
     "kl-coef",
     "use-kl-loss",
     summary="Synchronous PPO resets a non-zero --kl-coef to 0 and turns --use-kl-loss off (derived, warned).",
+    deviation="Relax's code does not reset them (main refuses PPO); the reference's synchronous PPO trains "
+    "without KL terms, and the resolved argv says so.",
 )
 def _ppo_kl(ctx: RuleContext) -> None:
     if not ctx.is_ppo or ctx.fully_async:
@@ -380,15 +496,17 @@ def _critic_defaults(ctx: RuleContext) -> None:
     "num-critic-only-steps",
     "critic-train-only",
     "advantage-estimator",
-    summary="--num-critic-only-steps > 0 and --critic-train-only need a critic (--advantage-estimator ppo).",
+    summary="--num-critic-only-steps > 0 and --critic-train-only only apply with a critic (--advantage-estimator "
+    "ppo); without one Relax ignores them (warning).",
 )
 def _critic_need_ppo(ctx: RuleContext) -> None:
     if ctx.is_ppo:
         return
     used = [n for n in ("num_critic_only_steps", "critic_train_only") if ctx.non_default(n)]
     if used:
-        ctx.error(
-            f"{_flags(*used)} train a critic, but --advantage-estimator {ctx.advantage_estimator} has none",
+        ctx.warn(
+            f"{_flags(*used)} train a critic, but --advantage-estimator {ctx.advantage_estimator} has none: "
+            "Relax ignores them",
             "use --advantage-estimator ppo or remove them",
             fields=(*(FIELDS[u].flag for u in used), "advantage-estimator"),
         )
@@ -403,19 +521,20 @@ def _critic_need_ppo(ctx: RuleContext) -> None:
     "offload",
     "offload-train",
     "offload-rollout",
-    summary="--offload means --offload-train and --offload-rollout; an explicit --no-offload-* conflicts.",
+    summary="--offload means --offload-train and --offload-rollout (derived); it overrides an explicit "
+    "--no-offload-* (warning), as Relax does.",
 )
 def _offload(ctx: RuleContext) -> None:
-    if not ctx.offload:
-        return
+    if not ctx.offload or ctx.debug_rollout_only:
+        return  # --debug-rollout-only turns both off after --offload (rule.debug_rollout_only_topology)
     for name in ("offload_train", "offload_rollout"):
         if ctx.values[name] is False:
-            ctx.error(
-                f"--offload turns on --{FIELDS[name].flag}, but --no-{FIELDS[name].flag} is given",
+            ctx.warn(
+                f"--offload turns on --{FIELDS[name].flag}, overriding --no-{FIELDS[name].flag}",
                 f"remove --offload or --no-{FIELDS[name].flag}",
                 fields=("offload", FIELDS[name].flag),
             )
-        elif ctx.values[name] is None:
+        if ctx.values[name] is not True:
             ctx.derive(name, True)
 
 
@@ -467,6 +586,12 @@ def _offload_defaults(ctx: RuleContext) -> None:
 # =============================================================================================
 # Batch sizes
 
+_WHOLE_STEPS = (
+    "The platform splits every rollout into whole optimizer steps of --global-batch-size samples, so the "
+    "rollout's samples must be a multiple of it (slime, which Relax derives from, checks this at start-up; "
+    "Relax's code does not, and a remainder would not be a whole step)."
+)
+
 
 @rule(
     "rule.rollout_batch_size_required",
@@ -475,6 +600,8 @@ def _offload_defaults(ctx: RuleContext) -> None:
     "n-samples-per-prompt",
     summary="--rollout-batch-size is required; Relax derives it as global_batch_size // n_samples_per_prompt "
     "when only --global-batch-size is given.",
+    deviation="When --global-batch-size is not a multiple of --n-samples-per-prompt, Relax floors the "
+    "division; the platform refuses it. " + _WHOLE_STEPS,
 )
 def _rbs_required(ctx: RuleContext) -> None:
     if ctx.rollout_batch_size is not None:
@@ -504,6 +631,8 @@ def _rbs_required(ctx: RuleContext) -> None:
     "n-samples-per-prompt",
     summary="--num-steps-per-rollout derives global_batch_size = rollout_batch_size * n_samples_per_prompt / "
     "num_steps_per_rollout; it must divide, and a different explicit --global-batch-size is an error.",
+    deviation="When --num-steps-per-rollout does not divide the rollout's samples, Relax floors the "
+    "division; the platform refuses it. " + _WHOLE_STEPS,
 )
 def _steps_per_rollout(ctx: RuleContext) -> None:
     steps = ctx.num_steps_per_rollout
@@ -535,6 +664,7 @@ def _steps_per_rollout(ctx: RuleContext) -> None:
     "rollout-batch-size",
     "n-samples-per-prompt",
     summary="--global-batch-size must divide rollout_batch_size * n_samples_per_prompt.",
+    deviation="Relax's code does not check it. " + _WHOLE_STEPS,
 )
 def _gbs_divides(ctx: RuleContext) -> None:
     gbs, rbs = ctx.global_batch_size, ctx.rollout_batch_size
@@ -592,6 +722,21 @@ def _num_rollout(ctx: RuleContext) -> None:
         ctx.warn(
             f"--num-rollout {ctx.num_rollout} and --num-epoch {ctx.num_epoch} are both set; --num-epoch is ignored",
             "remove --num-epoch",
+        )
+
+
+@rule(
+    "rule.num_epoch_needs_rollout_global_dataset",
+    "num-epoch",
+    "disable-rollout-global-dataset",
+    summary="RL with --num-epoch counts epochs of the global dataset: --disable-rollout-global-dataset cannot "
+    "be set with it.",
+)
+def _num_epoch_dataset(ctx: RuleContext) -> None:
+    if ctx.num_epoch is not None and not ctx.is_sft and not ctx.rollout_global_dataset:
+        ctx.error(
+            "--num-epoch counts passes over the global dataset, but --disable-rollout-global-dataset turns it off",
+            "remove --disable-rollout-global-dataset, or use --num-rollout",
         )
 
 
@@ -761,6 +906,8 @@ def _keep(ctx: RuleContext) -> None:
     "rule.hf_checkpoint_required",
     "hf-checkpoint",
     summary="--hf-checkpoint is required: it initialises SGLang and provides the tokenizer.",
+    deviation="Relax's start-up checks do not require it; a job without it fails later, when Relax loads the "
+    "tokenizer or starts SGLang. The platform refuses it at submission instead.",
 )
 def _hf(ctx: RuleContext) -> None:
     if ctx.hf_checkpoint is None:
@@ -855,12 +1002,14 @@ def _kl_ref(ctx: RuleContext) -> None:
     "rule.ref_update_interval_needs_ref_load",
     "ref-update-interval",
     "ref-load",
-    summary="--ref-update-interval updates a reference model, so it needs --ref-load.",
+    summary="--ref-update-interval updates a reference model: without --ref-load it has nothing to update "
+    "(warning; Relax ignores it).",
 )
 def _ref_update(ctx: RuleContext) -> None:
     if ctx.ref_update_interval is not None and ctx.ref_load is None:
-        ctx.error(
-            "--ref-update-interval is set but there is no reference model (--ref-load)", "set --ref-load"
+        ctx.warn(
+            "--ref-update-interval is set but there is no reference model (--ref-load), so it has no effect",
+            "set --ref-load, or remove --ref-update-interval",
         )
 
 
@@ -884,6 +1033,8 @@ def _eps(ctx: RuleContext) -> None:
     "loss-type",
     "custom-loss-function-path",
     summary="--loss-type custom_loss needs --custom-loss-function-path (a path without it is a warning).",
+    deviation="Relax's start-up checks do not look for the path; the job would fail when it first computes "
+    "the loss. The platform refuses it at submission.",
 )
 def _custom_loss(ctx: RuleContext) -> None:
     if ctx.loss_type == "custom_loss" and ctx.custom_loss_function_path is None:
@@ -915,6 +1066,10 @@ def _rpp(ctx: RuleContext) -> None:
 
 
 GRPO_FAMILY = ("grpo", "gspo", "sapo", "cispo")
+_RLOO = (
+    "rloo is a Relax Platform estimator: the zh reference lists it in Relax's registry, but neither eb15c45 "
+    "nor main defines it; this is what the platform's implementation needs."
+)
 GROUP_BASELINE_ESTIMATORS = ("rloo", "reinforce_plus_plus_baseline")
 
 
@@ -943,6 +1098,7 @@ def _kl_coef_grpo(ctx: RuleContext) -> None:
     "n-samples-per-prompt",
     summary="rloo's REINFORCE loss has no importance ratio: each rollout must train in one optimizer step "
     "(global_batch_size == rollout_batch_size * n_samples_per_prompt), and needs groups of >= 2 samples.",
+    deviation=_RLOO,
 )
 def _rloo_steps(ctx: RuleContext) -> None:
     if ctx.is_sft or ctx.advantage_estimator != "rloo" or ctx.rollout_batch_size is None:
@@ -970,6 +1126,7 @@ def _rloo_steps(ctx: RuleContext) -> None:
     "advantage-estimator",
     "normalize-advantages",
     summary="rloo keeps the reward's scale: --normalize-advantages cannot be set with it.",
+    deviation=_RLOO,
 )
 def _rloo_norm(ctx: RuleContext) -> None:
     if not ctx.is_sft and ctx.advantage_estimator == "rloo" and ctx.normalize_advantages:
@@ -986,6 +1143,9 @@ def _rloo_norm(ctx: RuleContext) -> None:
     "disable-rewards-normalization",
     summary="rloo and reinforce_plus_plus_baseline subtract a group baseline, which is their reward "
     "normalization: --disable-rewards-normalization cannot be set with them.",
+    deviation="Relax accepts reinforce_plus_plus_baseline with --disable-rewards-normalization (the group "
+    "mean is then not subtracted); the platform's implementation computes its baseline as that "
+    "normalization and refuses to run without it (rloo: see rule.rloo_one_step_per_rollout).",
 )
 def _group_baseline(ctx: RuleContext) -> None:
     estimator = ctx.advantage_estimator
@@ -1002,6 +1162,8 @@ def _group_baseline(ctx: RuleContext) -> None:
     "advantage-estimator",
     "kl-coef",
     summary="reinforce_plus_plus_baseline takes its KL in the loss: --kl-coef must be 0 (use --use-kl-loss).",
+    deviation="Relax applies --kl-coef to reinforce_plus_plus_baseline's per-token advantages; the platform's "
+    "implementation has no reward-side KL and refuses the setting rather than ignore it.",
 )
 def _rpp_baseline_kl(ctx: RuleContext) -> None:
     if not ctx.is_sft and ctx.advantage_estimator == "reinforce_plus_plus_baseline" and ctx.kl_coef != 0:
@@ -1022,6 +1184,20 @@ def _fa_norm(ctx: RuleContext) -> None:
     if not ctx.is_sft and ctx.fully_async and ctx.normalize_advantages:
         ctx.error(
             "--normalize-advantages is not supported in fully-async mode", "remove --normalize-advantages"
+        )
+
+
+@rule(
+    "rule.fully_async_without_dynamic_global_batch_size",
+    "fully-async",
+    "use-dynamic-global-batch-size",
+    summary="--use-dynamic-global-batch-size is only supported in colocate mode, not with --fully-async.",
+)
+def _fa_dynamic_gbs(ctx: RuleContext) -> None:
+    if not ctx.is_sft and ctx.fully_async and ctx.use_dynamic_global_batch_size:
+        ctx.error(
+            "--use-dynamic-global-batch-size is only supported in colocate mode, but --fully-async is set",
+            "remove --use-dynamic-global-batch-size",
         )
 
 
@@ -1110,11 +1286,17 @@ def _logprobs_tis(ctx: RuleContext) -> None:
         )
 
 
-@rule("rule.tis_clip_range", "tis-clip-low", "tis-clip", summary="--tis-clip-low must not exceed --tis-clip.")
+@rule(
+    "rule.tis_clip_range",
+    "tis-clip-low",
+    "tis-clip",
+    summary="--tis-clip-low above --tis-clip clips every importance ratio to one value (warning; Relax accepts it).",
+)
 def _tis_range(ctx: RuleContext) -> None:
     if ctx.tis_clip_low > ctx.tis_clip:
-        ctx.error(
-            f"--tis-clip-low {ctx.tis_clip_low} > --tis-clip {ctx.tis_clip}", "use tis_clip_low <= tis_clip"
+        ctx.warn(
+            f"--tis-clip-low {ctx.tis_clip_low} > --tis-clip {ctx.tis_clip}: the clipping range is empty",
+            "use tis_clip_low <= tis_clip",
         )
 
 
@@ -1178,12 +1360,75 @@ def _freeze(ctx: RuleContext) -> None:
 # OPD
 
 
+def _opd_on(ctx: RuleContext) -> bool:
+    """Relax's `validate_opd_args` runs: RL (not SFT) with --use-opd."""
+    return ctx.use_opd and not ctx.is_sft
+
+
 @rule("rule.use_opd_needs_opd_type", "use-opd", "opd-type", summary="--use-opd needs --opd-type.")
 def _opd_type(ctx: RuleContext) -> None:
-    if ctx.use_opd and ctx.opd_type is None:
-        ctx.error("--use-opd needs --opd-type", "add --opd-type sglang or --opd-type megatron")
+    if _opd_on(ctx) and ctx.opd_type is None:
+        ctx.error(
+            "--use-opd needs --opd-type (sglang: teacher log-probs from an SGLang teacher; megatron: a teacher "
+            "checkpoint loaded next to the policy)",
+            "add --opd-type sglang",
+        )
     elif not ctx.use_opd and ctx.opd_type is not None and not ctx.is_sft:
         ctx.warn(f"--opd-type {ctx.opd_type} has no effect without --use-opd", "add --use-opd")
+
+
+@rule(
+    "rule.opd_coefficients_exclusive",
+    "opd-kl-coef",
+    "opd-loss-coef",
+    summary="On-policy distillation: exactly one of --opd-kl-coef (advantage mode) and --opd-loss-coef (loss "
+    "mode) is non-zero.",
+)
+def _opd_coefs(ctx: RuleContext) -> None:
+    if not _opd_on(ctx):
+        return
+    kl, loss = ctx.opd_kl_coef or 0.0, ctx.opd_loss_coef or 0.0
+    if (kl != 0) == (loss != 0):
+        ctx.error(
+            f"exactly one of --opd-kl-coef and --opd-loss-coef must be non-zero, got --opd-kl-coef {kl} and "
+            f"--opd-loss-coef {loss}",
+            "advantage mode: --opd-kl-coef X --opd-loss-coef 0; loss mode: --opd-kl-coef 0 --opd-loss-coef X",
+        )
+
+
+@rule(
+    "rule.opd_token_selection_needs_top_k",
+    "opd-token-selection",
+    "opd-log-prob-top-k",
+    summary="--opd-token-selection other than student_sampled needs --opd-log-prob-top-k > 0.",
+)
+def _opd_top_k(ctx: RuleContext) -> None:
+    if _opd_on(ctx) and ctx.opd_token_selection != "student_sampled" and ctx.opd_log_prob_top_k <= 0:
+        ctx.error(
+            f"--opd-token-selection {ctx.opd_token_selection} compares top-k token sets, but "
+            f"--opd-log-prob-top-k is {ctx.opd_log_prob_top_k}",
+            "set --opd-log-prob-top-k > 0 (e.g. 20), or use --opd-token-selection student_sampled",
+        )
+
+
+@rule(
+    "rule.opd_kl_type_for_sampled_tokens",
+    "opd-token-selection",
+    "opd-kl-type",
+    summary="--opd-token-selection student_sampled needs a reverse-KL estimator: --opd-kl-type reverse_kl or "
+    "low_var_kl.",
+)
+def _opd_kl_type(ctx: RuleContext) -> None:
+    if (
+        _opd_on(ctx)
+        and ctx.opd_token_selection == "student_sampled"
+        and ctx.opd_kl_type not in ("reverse_kl", "low_var_kl")
+    ):
+        ctx.error(
+            f"--opd-kl-type {ctx.opd_kl_type} is not a reverse-KL estimator, which the student's sampled tokens "
+            "need",
+            "use --opd-kl-type reverse_kl or low_var_kl, or a top-k --opd-token-selection",
+        )
 
 
 @rule(
@@ -1193,7 +1438,7 @@ def _opd_type(ctx: RuleContext) -> None:
     summary="--opd-type megatron needs --opd-teacher-load.",
 )
 def _opd_megatron(ctx: RuleContext) -> None:
-    if ctx.use_opd and ctx.opd_type == "megatron" and ctx.opd_teacher_load is None:
+    if _opd_on(ctx) and ctx.opd_type == "megatron" and ctx.opd_teacher_load is None:
         ctx.error(
             "--opd-type megatron needs --opd-teacher-load (the teacher checkpoint)", "set --opd-teacher-load"
         )
@@ -1202,24 +1447,79 @@ def _opd_megatron(ctx: RuleContext) -> None:
 @rule(
     "rule.opd_sglang_teacher_source",
     "opd-type",
+    "opd-teacher-url",
+    "teacher-hf-checkpoint",
+    "opd-teacher-routes",
     "opd-teacher-load",
-    "rm-url",
-    summary="--opd-type sglang takes teacher log-probs from --rm-url and must not set --opd-teacher-load.",
+    summary="--opd-type sglang takes teacher log-probs from --opd-teacher-url or from a Relax-managed teacher "
+    "(--teacher-hf-checkpoint or --opd-teacher-routes with a 'teacher' entry in --resource), and must not set "
+    "--opd-teacher-load.",
 )
 def _opd_sglang(ctx: RuleContext) -> None:
-    if not (ctx.use_opd and ctx.opd_type == "sglang"):
+    if not (_opd_on(ctx) and ctx.opd_type == "sglang"):
         return
     if ctx.opd_teacher_load is not None:
         ctx.error(
-            "--opd-teacher-load is set with --opd-type sglang (the teacher is an external SGLang server)",
-            "remove --opd-teacher-load or use --opd-type megatron",
+            "--opd-teacher-load is set with --opd-type sglang (the teacher is an SGLang server, reached by URL)",
+            "remove --opd-teacher-load",
             fields=("opd-type", "opd-teacher-load"),
         )
-    if ctx.rm_url is None:
+    if ctx.opd_teacher_url is not None or managed_teacher(ctx.values) or ctx.opd_teacher_routes is not None:
+        return  # a URL, a managed teacher, or routes (checked by rule.opd_teacher_routes)
+    if ctx.teacher_hf_checkpoint is not None:
         ctx.error(
-            "--opd-type sglang needs --rm-url (the teacher SGLang server, e.g. http://host:30010/generate)",
-            "set --rm-url",
-            fields=("opd-type", "rm-url"),
+            "--teacher-hf-checkpoint starts a Relax-managed teacher only with a 'teacher' entry in --resource",
+            'add "teacher": [1, N] to --resource (the teacher\'s GPUs)',
+            fields=("teacher-hf-checkpoint", "resource"),
+        )
+        return
+    ctx.error(
+        "--opd-type sglang needs a teacher: --opd-teacher-url (an SGLang /generate endpoint), or "
+        "--teacher-hf-checkpoint with a 'teacher' entry in --resource for a Relax-managed one",
+        "set --opd-teacher-url http://host:port/generate",
+        fields=("opd-type", "opd-teacher-url", "teacher-hf-checkpoint"),
+    )
+
+
+@rule(
+    "rule.opd_teacher_routes",
+    "opd-teacher-routes",
+    "teacher-hf-checkpoint",
+    "resource",
+    summary="--opd-teacher-routes (sglang multi-teacher OPD) is a non-empty JSON object of data_source -> HF "
+    "checkpoint, excludes --teacher-hf-checkpoint, and needs a 'teacher' entry in --resource.",
+)
+def _opd_routes(ctx: RuleContext) -> None:
+    routes = ctx.opd_teacher_routes
+    if not (_opd_on(ctx) and ctx.opd_type == "sglang") or routes is None:
+        return
+    try:
+        parsed = json.loads(routes)
+    except ValueError as exc:
+        ctx.error(
+            f"--opd-teacher-routes is not valid JSON: {exc}",
+            'write a JSON object, e.g. \'{"openai/gsm8k": "/models/Qwen3-8B"}\'',
+            fields=("opd-teacher-routes",),
+        )
+        return
+    if not isinstance(parsed, dict) or not parsed:
+        ctx.error(
+            "--opd-teacher-routes must be a non-empty JSON object mapping data_source to a teacher checkpoint",
+            'e.g. \'{"openai/gsm8k": "/models/Qwen3-8B"}\'',
+            fields=("opd-teacher-routes",),
+        )
+        return
+    if ctx.teacher_hf_checkpoint is not None:
+        ctx.error(
+            "--opd-teacher-routes (several teachers) and --teacher-hf-checkpoint (one teacher) are both set",
+            "keep one of them",
+            fields=("opd-teacher-routes", "teacher-hf-checkpoint"),
+        )
+    if "teacher" not in resource_roles(ctx.values):
+        ctx.error(
+            "--opd-teacher-routes needs a 'teacher' entry in --resource: the GPUs its teachers share",
+            'add "teacher": [1, N] to --resource',
+            fields=("opd-teacher-routes", "resource"),
         )
 
 
@@ -1227,22 +1527,26 @@ def _opd_sglang(ctx: RuleContext) -> None:
     "rule.opd_teacher_load_needs_use_opd",
     "opd-teacher-load",
     "use-opd",
-    summary="--opd-teacher-load without --use-opd is an error.",
+    summary="--opd-teacher-load without --use-opd has no effect (warning; Relax ignores it).",
 )
 def _opd_teacher_without(ctx: RuleContext) -> None:
     if not ctx.use_opd and ctx.opd_teacher_load is not None and not ctx.is_sft:
-        ctx.error("--opd-teacher-load is set but --use-opd is not", "add --use-opd")
+        ctx.warn("--opd-teacher-load is set but --use-opd is not, so it has no effect", "add --use-opd")
 
 
 @rule(
     "rule.fully_async_without_opd_megatron",
     "fully-async",
     "opd-type",
-    summary="On-policy distillation with a megatron teacher is not supported with --fully-async.",
+    summary="On-policy distillation with a megatron teacher (--opd-type megatron) is not supported with "
+    "--fully-async.",
 )
 def _fa_opd(ctx: RuleContext) -> None:
-    if ctx.use_opd and ctx.fully_async and ctx.opd_type == "megatron":
-        ctx.error("--opd-type megatron is not supported in fully-async mode", "use --opd-type sglang")
+    if not ctx.is_sft and ctx.fully_async and ctx.opd_type == "megatron":
+        ctx.error(
+            "--opd-type megatron is not supported in fully-async mode",
+            "use --opd-type sglang, or remove --opd-type",
+        )
 
 
 # =============================================================================================
@@ -1275,8 +1579,8 @@ def _prompt_default(ctx: RuleContext) -> None:
     "rollout-max-prompt-len",
     "rollout-max-response-len",
     "rollout-max-context-len",
-    summary="When all three are set explicitly, rollout_max_prompt_len + rollout_max_response_len <= "
-    "rollout_max_context_len.",
+    summary="When all three are set explicitly, rollout_max_prompt_len + rollout_max_response_len should fit in "
+    "rollout_max_context_len (warning: long responses stop at the context length).",
 )
 def _prompt_ctx(ctx: RuleContext) -> None:
     if not all(
@@ -1286,9 +1590,10 @@ def _prompt_ctx(ctx: RuleContext) -> None:
         return
     total = ctx.rollout_max_prompt_len + ctx.rollout_max_response_len
     if total > ctx.rollout_max_context_len:
-        ctx.error(
+        ctx.warn(
             f"rollout_max_prompt_len + rollout_max_response_len = {ctx.rollout_max_prompt_len} + "
-            f"{ctx.rollout_max_response_len} = {total} > rollout_max_context_len {ctx.rollout_max_context_len}",
+            f"{ctx.rollout_max_response_len} = {total} > rollout_max_context_len {ctx.rollout_max_context_len}: "
+            "a long prompt leaves less than --rollout-max-response-len for the response",
             "lower the prompt or response length, or raise --rollout-max-context-len",
         )
 
@@ -1348,6 +1653,21 @@ def _eval_config(ctx: RuleContext) -> None:
 
 
 @rule(
+    "rule.sft_eval_without_eval_config",
+    "loss-type",
+    "eval-config",
+    summary="--loss-type sft evaluates on --eval-prompt-data or --eval-size; --eval-config is not supported.",
+)
+def _sft_eval_config(ctx: RuleContext) -> None:
+    if ctx.is_sft and ctx.eval_config is not None:
+        ctx.error(
+            "--loss-type sft evaluates on --eval-prompt-data or --eval-size; --eval-config is not supported",
+            "replace --eval-config with --eval-prompt-data NAME PATH (or --eval-size 0.05)",
+            fields=("eval-config", "loss-type"),
+        )
+
+
+@rule(
     "rule.eval_interval_needs_eval_data",
     "eval-interval",
     "eval-prompt-data",
@@ -1393,22 +1713,31 @@ def _eval_size_sft(ctx: RuleContext) -> None:
     "rule.eval_size_exclusive_with_eval_prompt_data",
     "eval-size",
     "eval-prompt-data",
-    summary="--eval-size and --eval-prompt-data are mutually exclusive.",
+    summary="--eval-size and --eval-prompt-data are mutually exclusive: an error with --eval-interval (Relax's "
+    "check), a warning otherwise.",
 )
 def _eval_size_excl(ctx: RuleContext) -> None:
-    if ctx.eval_size is not None and ctx.eval_prompt_data:
+    if ctx.eval_size is None or not ctx.eval_prompt_data:
+        return
+    if ctx.eval_interval is not None:
         ctx.error("--eval-size and --eval-prompt-data are both set", "keep one eval source")
+    else:
+        ctx.warn(
+            "--eval-size and --eval-prompt-data are both set; they are alternative eval sources",
+            "keep one eval source",
+        )
 
 
 @rule(
     "rule.eval_size_fraction_or_count",
     "eval-size",
-    summary="--eval-size is a fraction (< 1) or a whole sample count (>= 1).",
+    summary="--eval-size is a fraction (< 1) or a whole sample count (>= 1); a count with a fraction is a "
+    "warning.",
 )
 def _eval_size_value(ctx: RuleContext) -> None:
     size = ctx.eval_size
     if size is not None and size >= 1 and not float(size).is_integer():
-        ctx.error(
+        ctx.warn(
             f"--eval-size {size} is >= 1, so it is a sample count, but it is not a whole number",
             "use a fraction below 1 (e.g. 0.05) or a whole count (e.g. 500)",
         )
@@ -1540,6 +1869,8 @@ def _sft_balance(ctx: RuleContext) -> None:
     summary="--sft-oversize-strategy custom needs --sft-oversize-custom-function-path (a path without it is a warning).",
 )
 def _oversize(ctx: RuleContext) -> None:
+    if not ctx.is_sft:
+        return  # Relax reads these only under SFT (rule.sft_options_need_sft warns)
     if ctx.sft_oversize_strategy == "custom" and ctx.sft_oversize_custom_function_path is None:
         ctx.error(
             "--sft-oversize-strategy custom needs --sft-oversize-custom-function-path",
@@ -1558,8 +1889,8 @@ def _oversize(ctx: RuleContext) -> None:
     "sft-max-in-flight-steps",
     "max-staleness",
     "loss-type",
-    summary="--sft-max-in-flight-steps (SFT only) sets --max-staleness = steps - 1 (derived; a different "
-    "explicit --max-staleness is an error).",
+    summary="--sft-max-in-flight-steps (SFT only) sets --max-staleness = steps - 1 (derived; it overrides a "
+    "different explicit --max-staleness, with a warning).",
 )
 def _in_flight(ctx: RuleContext) -> None:
     steps = ctx.sft_max_in_flight_steps
@@ -1569,12 +1900,12 @@ def _in_flight(ctx: RuleContext) -> None:
         ctx.error("--sft-max-in-flight-steps is only used with --loss-type sft", "use --max-staleness for RL")
         return
     if ctx.given("max_staleness") and ctx.max_staleness != steps - 1:
-        ctx.error(
-            f"--sft-max-in-flight-steps {steps} means --max-staleness {steps - 1}, but --max-staleness "
-            f"{ctx.max_staleness} is given",
+        ctx.warn(
+            f"--sft-max-in-flight-steps {steps} sets --max-staleness {steps - 1}, overriding --max-staleness "
+            f"{ctx.max_staleness}",
             "set only one of them",
         )
-    elif ctx.max_staleness != steps - 1:
+    if ctx.max_staleness != steps - 1:
         ctx.derive("max_staleness", steps - 1)
 
 
@@ -1587,6 +1918,9 @@ def _in_flight(ctx: RuleContext) -> None:
     "context-parallel-size",
     "qkv-format",
     summary="--sft-async-prepack needs SFT, --per-rank-fetch, two in-flight steps, PP=1, CP=1, VPP=1 and thd.",
+    deviation="--sft-async-prepack comes from the reference (its TransferQueue shard section); neither "
+    "eb15c45's nor main's argument code defines it, so these are the reference's stated requirements, not "
+    "checks of Relax's code.",
 )
 def _prepack(ctx: RuleContext) -> None:
     if not ctx.sft_async_prepack:
@@ -1646,14 +1980,56 @@ def _sft_only(ctx: RuleContext) -> None:
     "rule.max_staleness_colocate",
     "max-staleness",
     "colocate",
-    summary="Synchronous colocate mode is on-policy: --max-staleness must be 0 (hybrid mode may be stale).",
+    summary="RL in synchronous colocate mode alternates rollout and training on the same GPUs: --max-staleness "
+    "> 0 is accepted (as by Relax) but gives no stale rollouts (warning; SFT's in-flight steps are fine).",
 )
 def _staleness(ctx: RuleContext) -> None:
-    if ctx.colocate and not ctx.hybrid and ctx.max_staleness != 0:
+    if ctx.is_sft or not ctx.colocate or ctx.hybrid or ctx.max_staleness == 0:
+        return
+    ctx.warn(
+        f"--max-staleness {ctx.max_staleness} with --colocate: rollout and training take turns on the same "
+        "GPUs, so rollouts do not run ahead of training",
+        "use --hybrid (or --fully-async) for stale rollouts, or remove --max-staleness",
+    )
+
+
+@rule(
+    "rule.enable_mtp_training_needs_mtp_num_layers",
+    "enable-mtp-training",
+    "mtp-num-layers",
+    summary="--enable-mtp-training needs --mtp-num-layers.",
+)
+def _mtp(ctx: RuleContext) -> None:
+    if ctx.enable_mtp_training and not ctx.mtp_num_layers:
+        ctx.error("--enable-mtp-training needs --mtp-num-layers", "set --mtp-num-layers (e.g. 1)")
+
+
+@rule(
+    "rule.sft_chunked_logits_compatibility",
+    "sft-chunked-logits",
+    "untie-embeddings-and-output-weights",
+    "enable-mtp-training",
+    "overlap-moe-expert-parallel-comm",
+    summary="--sft-chunked-logits needs untied embeddings (--untie-embeddings-and-output-weights) and cannot be "
+    "combined with --enable-mtp-training or --overlap-moe-expert-parallel-comm.",
+)
+def _chunked_logits(ctx: RuleContext) -> None:
+    if not ctx.sft_chunked_logits:
+        return
+    if not ctx.untie_embeddings_and_output_weights:
         ctx.error(
-            f"--max-staleness {ctx.max_staleness} with --colocate: colocated training is synchronous (on-policy)",
-            "set --max-staleness 0, or use --hybrid / --fully-async for stale rollouts",
+            "--sft-chunked-logits needs an output layer of its own, but the embeddings are tied "
+            "(--untie-embeddings-and-output-weights is not set)",
+            "remove --sft-chunked-logits (its memory gain is small on tied-weight models)",
+            fields=("sft-chunked-logits", "untie-embeddings-and-output-weights"),
         )
+    for name in ("enable_mtp_training", "overlap_moe_expert_parallel_comm"):
+        if ctx.values[name]:
+            ctx.error(
+                f"--sft-chunked-logits cannot be combined with --{FIELDS[name].flag}",
+                "remove one of the two",
+                fields=("sft-chunked-logits", FIELDS[name].flag),
+            )
 
 
 # =============================================================================================
@@ -1667,6 +2043,8 @@ def _staleness(ctx: RuleContext) -> None:
     "load-debug-rollout-data",
     summary="RL training reads prompts from --prompt-data (unless a custom data source / rollout function, "
     "--debug-train-only or --load-debug-rollout-data supplies samples).",
+    deviation="Relax's start-up checks do not require --prompt-data for RL; the default data source fails "
+    "when it opens it. The platform refuses it at submission.",
 )
 def _prompt_data(ctx: RuleContext) -> None:
     if ctx.is_sft or ctx.prompt_data is not None or ctx.debug_train_only:
@@ -1714,7 +2092,14 @@ def _prefetch(ctx: RuleContext) -> None:
         )
 
 
-@rule("rule.remote_rm_needs_rm_url", "rm-type", "rm-url", summary="--rm-type remote_rm needs --rm-url.")
+@rule(
+    "rule.remote_rm_needs_rm_url",
+    "rm-type",
+    "rm-url",
+    summary="--rm-type remote_rm needs --rm-url.",
+    deviation="Relax's start-up checks do not look for --rm-url; the job would fail at its first reward. "
+    "The platform refuses it at submission.",
+)
 def _remote_rm(ctx: RuleContext) -> None:
     if ctx.rm_type == "remote_rm" and ctx.rm_url is None:
         ctx.error("--rm-type remote_rm needs --rm-url", "set --rm-url http://host:port/path")
@@ -1723,17 +2108,24 @@ def _remote_rm(ctx: RuleContext) -> None:
 @rule(
     "rule.genrm_sampling_config_keys",
     "genrm-sampling-config",
-    summary="--genrm-sampling-config accepts temperature, top_p, top_k and max_response_len.",
+    summary="--genrm-sampling-config keys Relax reads: temperature, top_p, top_k, max_response_len and "
+    "chat_template_kwargs; other keys are ignored (warning).",
 )
 def _genrm_keys(ctx: RuleContext) -> None:
-    allowed = ("temperature", "top_p", "top_k", "max_response_len")
-    cfg = ctx.genrm_sampling_config or {}
-    unknown = sorted(k for k in cfg if k not in allowed)
+    cfg = ctx.genrm_sampling_config
+    if not isinstance(cfg, dict):
+        return
+    unknown = sorted(k for k in cfg if k not in GENRM_SAMPLING_KEYS)
     if unknown:
-        ctx.error(
-            f"--genrm-sampling-config has unknown key(s) {', '.join(unknown)}",
-            f"use only {', '.join(allowed)}",
+        ctx.warn(
+            f"--genrm-sampling-config key(s) {', '.join(map(str, unknown))} are not read by Relax's GenRM and "
+            "have no effect",
+            f"use {', '.join(GENRM_SAMPLING_KEYS)}",
         )
+
+
+#: The keys Relax's GenRM service reads from --genrm-sampling-config (relax/components/genrm.py, main).
+GENRM_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_response_len", "chat_template_kwargs")
 
 
 @rule(
@@ -1772,6 +2164,8 @@ def _genrm_opts(ctx: RuleContext) -> None:
     "rollout-external",
     "rollout-external-engine-addrs",
     summary="--rollout-external needs --rollout-external-engine-addrs (addresses alone are a warning).",
+    deviation="Relax's start-up checks do not look for the addresses; the job would fail when it connects "
+    "to the external engines. The platform refuses it at submission.",
 )
 def _external(ctx: RuleContext) -> None:
     if ctx.rollout_external and not ctx.rollout_external_engine_addrs:
@@ -1786,11 +2180,11 @@ def _external(ctx: RuleContext) -> None:
     "rule.sticky_routing_needs_slime_router",
     "slime-router-sticky",
     "use-slime-router",
-    summary="--slime-router-sticky needs --use-slime-router.",
+    summary="--slime-router-sticky has no effect without --use-slime-router (warning, as Relax's help says).",
 )
 def _sticky(ctx: RuleContext) -> None:
     if ctx.slime_router_sticky and not ctx.use_slime_router:
-        ctx.error("--slime-router-sticky needs --use-slime-router", "add --use-slime-router")
+        ctx.warn("--slime-router-sticky has no effect without --use-slime-router", "add --use-slime-router")
 
 
 @rule(
@@ -1870,19 +2264,6 @@ def _custom_config(ctx: RuleContext) -> None:
             f"--custom-config-path {ctx.custom_config_path!r} overrides parameters when the job starts; those "
             "values are not validated here",
             "put the parameters in the spec itself to have them validated",
-        )
-
-
-@rule(
-    "rule.torch_backend_is_platform_extension",
-    "train-backend",
-    summary="--train-backend torch is a Relax Platform extension the original Relax launcher refuses (warning).",
-)
-def _torch_backend(ctx: RuleContext) -> None:
-    if ctx.train_backend == "torch":
-        ctx.warn(
-            "--train-backend torch runs on Relax Platform only; the original Relax launcher accepts megatron only",
-            "use --train-backend megatron to run the same flags under Relax",
         )
 
 
@@ -1992,67 +2373,127 @@ def _snapshot(ctx: RuleContext) -> None:
 
 
 # =============================================================================================
-# Precision and optimizer flags
-
-
-@rule("rule.fp16_and_bf16_exclusive", "fp16", "bf16", summary="--fp16 and --bf16 are mutually exclusive.")
-def _fp16_bf16(ctx: RuleContext) -> None:
-    if ctx.fp16 and ctx.bf16:
-        ctx.error("--fp16 and --bf16 are both set", "keep one precision")
+# The megatron backend: Relax's own defaults (`_set_default_megatron_args` in
+# relax/backends/megatron/arguments.py, run for every job of that backend)
 
 
 @rule(
-    "rule.fp16_compat_fallbacks",
-    "fp16",
-    "loss-scale",
-    "initial-loss-scale",
-    "min-loss-scale",
-    "use-precision-aware-optimizer",
-    "store-param-remainders",
-    summary="Under --fp16 Relax fills unset options with FP16 compatibility values (dynamic scaling: "
-    "initial 32768, min 1; always: precision-aware optimizer on, param remainders off) and warns (derived).",
+    "rule.relax_resets_megatron_defaults",
+    "distributed-timeout-minutes",
+    "lr",
+    "micro-batch-size",
+    "mtp-loss-scaling-factor",
+    summary="Relax's parser resets some Megatron defaults (--distributed-timeout-minutes 30 instead of 10, "
+    "--lr 1e-6, --micro-batch-size 1, ...); on the megatron backend the ones left unset are shown as derived.",
 )
-def _fp16_fallbacks(ctx: RuleContext) -> None:
-    if not ctx.fp16:
+def _relax_resets(ctx: RuleContext) -> None:
+    if not ctx.megatron:
         return
-    fallbacks: dict[str, Any] = {"use_precision_aware_optimizer": True, "store_param_remainders": False}
-    if ctx.loss_scale is None:
-        fallbacks = {"initial_loss_scale": 32768.0, "min_loss_scale": 1.0, **fallbacks}
-    applied = []
-    for name, value in fallbacks.items():
-        if ctx.values[name] is None:
-            ctx.derive(name, value)
-            shown = ("on" if value else "off") if isinstance(value, bool) else _fmt(value)
-            applied.append(f"--{FIELDS[name].flag} {shown}")
-    if applied and ctx.loss_scale is None:
+    for name, value in RELAX_MEGATRON_DEFAULTS[RELAX_MAIN].items():
+        if name in FIELDS and not ctx.given(name) and ctx.values[name] == value:
+            if MEGATRON[name]["default"] != value:
+                ctx.derive(name, value)
+
+
+@rule(
+    "rule.megatron_backend_defaults",
+    "use-distributed-optimizer",
+    "dist-ckpt-save-pre-mcore-014",
+    summary="The megatron backend always uses Megatron's distributed optimizer and saves checkpoints in the "
+    "pre-mcore-0.14 layout (derived, as Relax does).",
+)
+def _megatron_defaults(ctx: RuleContext) -> None:
+    if not ctx.megatron:
+        return
+    for name in ("use_distributed_optimizer", "dist_ckpt_save_pre_mcore_014"):
+        if not ctx.values[name]:
+            ctx.derive(name, True)
+
+
+@rule(
+    "rule.fp16_and_bf16_exclusive",
+    "fp16",
+    "bf16",
+    summary="Relax trains in bf16 unless --fp16 (bf16 = not fp16; derived on the megatron backend); --bf16 "
+    "given with --fp16 is turned off (warning).",
+)
+def _fp16_bf16(ctx: RuleContext) -> None:
+    if ctx.fp16 and ctx.bf16:
         ctx.warn(
-            "FP16 dynamic loss scaling uses Relax's compatibility fallbacks: " + ", ".join(applied),
-            "pass these options explicitly to silence this warning",
+            "--fp16 and --bf16 are both set: Relax trains in fp16 and turns --bf16 off (bf16 = not fp16)",
+            "keep one precision",
         )
+        ctx.derive("bf16", False)
+    elif ctx.megatron and not ctx.fp16 and not ctx.bf16:
+        ctx.derive("bf16", True)
 
 
 def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(x)
 
 
+#: Relax's FP16 compatibility values (`_resolve_optimizer_precision_args`), applied to options left unset.
+FP16_FALLBACKS: dict[str, Any] = {
+    "initial_loss_scale": 32768.0,
+    "min_loss_scale": 1.0,
+    "use_precision_aware_optimizer": True,
+    "store_param_remainders": False,
+}
+
+
+@rule(
+    "rule.fp16_compat_fallbacks",
+    "fp16",
+    "store-param-remainders",
+    "initial-loss-scale",
+    "min-loss-scale",
+    "use-precision-aware-optimizer",
+    summary="On the megatron backend with --fp16, Relax fills FP16 optimizer options left unset with "
+    "compatibility values and warns (derived). With Megatron 3714d81's defaults only --store-param-remainders "
+    "can be unset (off under FP16); the loss scales and --use-precision-aware-optimizer keep Megatron's "
+    "defaults (2**32, 1.0, off), and a static --loss-scale skips the scales.",
+)
+def _fp16_fallbacks(ctx: RuleContext) -> None:
+    if not ctx.megatron or not ctx.fp16:
+        return
+    applied = []
+    for name, value in FP16_FALLBACKS.items():
+        if ctx.loss_scale is not None and name in ("initial_loss_scale", "min_loss_scale"):
+            continue
+        if ctx.values[name] is None:
+            ctx.derive(name, value)
+            shown = f"--{FIELDS[name].flag}" if value is True else f"--no-{FIELDS[name].flag}"
+            applied.append(shown if isinstance(value, bool) else f"--{FIELDS[name].flag} {_fmt(value)}")
+    if applied:
+        ctx.warn(
+            "FP16 optimizer options were not set; Relax uses its compatibility fallbacks: "
+            + ", ".join(applied),
+            f"pass {', '.join(applied)} explicitly to silence this warning",
+            fields=("fp16", *(FIELDS[n].flag for n in FP16_FALLBACKS if n in ctx.derived)),
+        )
+
+
 @rule(
     "rule.fp16_dynamic_loss_scale_valid",
     "initial-loss-scale",
     "min-loss-scale",
-    summary="Dynamic FP16 loss scaling: both scales finite and > 0, and --min-loss-scale <= --initial-loss-scale.",
+    summary="Dynamic FP16 loss scaling (--fp16 without --loss-scale): both scales finite and > 0, and "
+    "--min-loss-scale <= --initial-loss-scale.",
 )
 def _fp16_scales(ctx: RuleContext) -> None:
     if not ctx.fp16 or ctx.loss_scale is not None:
         return
     init, low = ctx.initial_loss_scale, ctx.min_loss_scale
+    bad = False
     for name, value in (("initial_loss_scale", init), ("min_loss_scale", low)):
-        if value is not None and (not math.isfinite(value) or value <= 0):
+        if not math.isfinite(value) or value <= 0:
+            bad = True
             ctx.error(
-                f"--{FIELDS[name].flag} {value} must be a finite number > 0",
+                f"--{FIELDS[name].flag} {value} must be a finite number > 0 for dynamic loss scaling",
                 "use a positive scale",
                 fields=(FIELDS[name].flag,),
             )
-    if init is not None and low is not None and init > 0 and low > 0 and low > init:
+    if not bad and low > init:
         ctx.error(
             f"--min-loss-scale {_fmt(low)} > --initial-loss-scale {_fmt(init)}",
             "use min_loss_scale <= initial_loss_scale",
@@ -2065,7 +2506,8 @@ def _fp16_scales(ctx: RuleContext) -> None:
     "loss-scale",
     "initial-loss-scale",
     "min-loss-scale",
-    summary="Loss-scale options only apply with --fp16, and the dynamic scales not with a static --loss-scale (warning).",
+    summary="Loss-scale options only apply with --fp16, and the dynamic scales not with a static --loss-scale "
+    "(warning).",
 )
 def _loss_scale_opts(ctx: RuleContext) -> None:
     names = ("loss_scale", "initial_loss_scale", "min_loss_scale", "loss_scale_window", "hysteresis")
@@ -2078,7 +2520,7 @@ def _loss_scale_opts(ctx: RuleContext) -> None:
                 fields=("fp16", *(FIELDS[n].flag for n in used)),
             )
     elif ctx.loss_scale is not None:
-        used = [n for n in ("initial_loss_scale", "min_loss_scale") if ctx.values[n] is not None]
+        used = [n for n in ("initial_loss_scale", "min_loss_scale") if ctx.non_default(n)]
         if used:
             ctx.warn(
                 f"{_flags(*used)} are not used with a static --loss-scale",
@@ -2088,18 +2530,338 @@ def _loss_scale_opts(ctx: RuleContext) -> None:
 
 
 @rule(
+    "rule.megatron_sequence_length_placeholders",
+    "seq-length",
+    "max-position-embeddings",
+    summary="On the megatron backend an unset --seq-length is 4096 and --max-position-embeddings is set to "
+    "--seq-length (Relax's placeholders: samples have variable length; derived).",
+)
+def _seq_placeholders(ctx: RuleContext) -> None:
+    if not ctx.megatron:
+        return
+    if ctx.seq_length is None:
+        ctx.derive("seq_length", 4096)
+    if ctx.max_position_embeddings != ctx.seq_length:
+        ctx.derive("max_position_embeddings", ctx.seq_length)
+
+
+@rule(
+    "rule.megatron_rope_type",
+    "rope-type",
+    "multi-latent-attention",
+    summary="On the megatron backend an unset --rope-type is yarn with --multi-latent-attention, else rope "
+    "(derived).",
+)
+def _rope_type(ctx: RuleContext) -> None:
+    if ctx.megatron and ctx.rope_type is None:
+        ctx.derive("rope_type", "yarn" if ctx.multi_latent_attention else "rope")
+
+
+@rule(
+    "rule.megatron_padded_vocab_size",
+    "vocab-size",
+    "padded-vocab-size",
+    "make-vocab-size-divisible-by",
+    "tensor-model-parallel-size",
+    summary="On the megatron backend --vocab-size without --padded-vocab-size is padded up to a multiple of "
+    "make_vocab_size_divisible_by x TP (derived, as Megatron pads it).",
+)
+def _padded_vocab(ctx: RuleContext) -> None:
+    if not ctx.megatron or not ctx.vocab_size or ctx.padded_vocab_size:
+        return
+    multiple = ctx.make_vocab_size_divisible_by * ctx.tensor_model_parallel_size
+    if multiple > 0:
+        ctx.derive("padded_vocab_size", -(-ctx.vocab_size // multiple) * multiple)
+
+
+@rule(
+    "rule.megatron_tokenizer_from_hf_checkpoint",
+    "tokenizer-model",
+    "tokenizer-type",
+    "hf-checkpoint",
+    summary="On the megatron backend, with neither --tokenizer-model nor --tokenizer-type, the tokenizer is "
+    "--hf-checkpoint's (HuggingFaceTokenizer; derived).",
+)
+def _tokenizer(ctx: RuleContext) -> None:
+    if not ctx.megatron or ctx.tokenizer_model or ctx.tokenizer_type or ctx.hf_checkpoint is None:
+        return
+    ctx.derive("tokenizer_model", ctx.hf_checkpoint)
+    ctx.derive("tokenizer_type", "HuggingFaceTokenizer")
+
+
+# =============================================================================================
+# The megatron backend: Megatron-LM's `validate_args` (3714d81) and Relax's additions to it. Relax
+# skips them with --debug-rollout-only; the torch backend refuses these parameters by name.
+
+
+@rule(
+    "rule.megatron_expert_tensor_parallel_default",
+    "expert-tensor-parallel-size",
+    "tensor-model-parallel-size",
+    summary="An unset --expert-tensor-parallel-size is --tensor-model-parallel-size (derived, Megatron).",
+)
+def _etp(ctx: RuleContext) -> None:
+    if ctx.megatron_validates and ctx.expert_tensor_parallel_size is None:
+        ctx.derive("expert_tensor_parallel_size", ctx.tensor_model_parallel_size)
+
+
+@rule(
+    "rule.megatron_recompute_activations",
+    "recompute-activations",
+    "recompute-granularity",
+    summary="--recompute-activations means --recompute-granularity selective (derived, Megatron; a different "
+    "granularity is overridden with a warning).",
+)
+def _recompute_activations(ctx: RuleContext) -> None:
+    if not ctx.megatron_validates or not ctx.recompute_activations:
+        return
+    if ctx.recompute_granularity == "full":
+        ctx.warn(
+            "--recompute-activations sets --recompute-granularity selective, overriding full",
+            "remove --recompute-activations to recompute full layers",
+            fields=("recompute-activations", "recompute-granularity"),
+        )
+    if ctx.recompute_granularity != "selective":
+        ctx.derive("recompute_granularity", "selective")
+
+
+@rule(
+    "rule.megatron_rotary_position_embeddings",
+    "use-rotary-position-embeddings",
+    "position-embedding-type",
+    summary="--use-rotary-position-embeddings means --position-embedding-type rope (derived, Megatron).",
+)
+def _rotary(ctx: RuleContext) -> None:
+    if (
+        ctx.megatron_validates
+        and ctx.use_rotary_position_embeddings
+        and ctx.position_embedding_type != "rope"
+    ):
+        ctx.derive("position_embedding_type", "rope")
+
+
+@rule(
+    "rule.moe_token_dispatcher_alltoall",
+    "moe-token-dispatcher-type",
+    summary="Relax trains on variable-length sequences, which the allgather MoE dispatcher does not support: "
+    "allgather (Megatron's default) becomes alltoall (derived; a warning when allgather was given).",
+)
+def _dispatcher(ctx: RuleContext) -> None:
+    if not ctx.megatron_validates or ctx.moe_token_dispatcher_type != "allgather":
+        return
+    if ctx.given("moe_token_dispatcher_type"):
+        ctx.warn(
+            "--moe-token-dispatcher-type allgather does not support variable sequence lengths; Relax uses alltoall",
+            "write --moe-token-dispatcher-type alltoall (or flex)",
+        )
+    ctx.derive("moe_token_dispatcher_type", "alltoall")
+
+
+@rule(
+    "rule.sequence_parallel_needs_tp",
+    "sequence-parallel",
+    "tensor-model-parallel-size",
+    summary="--sequence-parallel needs --tensor-model-parallel-size > 1; Megatron turns it off otherwise "
+    "(derived, with a warning).",
+)
+def _sp(ctx: RuleContext) -> None:
+    if ctx.sequence_parallel and ctx.tensor_model_parallel_size == 1:
+        ctx.warn(
+            "--sequence-parallel has no effect with --tensor-model-parallel-size 1 (Megatron disables it)",
+            "remove --sequence-parallel or raise TP",
+        )
+        if ctx.megatron_validates:
+            ctx.derive("sequence_parallel", False)
+
+
+@rule(
+    "rule.recompute_options",
+    "recompute-granularity",
+    "recompute-method",
+    "recompute-num-layers",
+    summary="Megatron's recompute settings: full needs --recompute-method and --recompute-num-layers, "
+    "selective takes neither; without a granularity they are ignored (warning).",
+)
+def _recompute(ctx: RuleContext) -> None:
+    granularity, method, layers = ctx.recompute_granularity, ctx.recompute_method, ctx.recompute_num_layers
+    if granularity is None:
+        used = [n for n in ("recompute_method", "recompute_num_layers") if ctx.values[n] is not None]
+        if used:
+            ctx.warn(
+                f"{_flags(*used)} have no effect without --recompute-granularity",
+                "add --recompute-granularity full",
+                fields=("recompute-granularity", *(FIELDS[n].flag for n in used)),
+            )
+        return
+    if granularity == "full":
+        missing = [
+            n for n, v in (("recompute_method", method), ("recompute_num_layers", layers)) if v is None
+        ]
+        if missing:
+            ctx.error(
+                f"--recompute-granularity full needs {_flags(*missing)}",
+                "e.g. --recompute-method uniform --recompute-num-layers 1",
+                fields=("recompute-granularity", *(FIELDS[n].flag for n in missing)),
+            )
+        return
+    used = [n for n in ("recompute_method", "recompute_num_layers") if ctx.values[n] is not None]
+    if used:
+        why = " (--recompute-activations selects it)" if ctx.recompute_activations else ""
+        ctx.error(
+            f"--recompute-granularity selective{why} takes no {_flags(*used)}",
+            f"remove {_flags(*used)}, or use --recompute-granularity full",
+            fields=("recompute-granularity", *(FIELDS[n].flag for n in used)),
+        )
+
+
+@rule(
+    "rule.attention_heads_shape",
+    "num-attention-heads",
+    "num-query-groups",
+    "group-query-attention",
+    "tensor-model-parallel-size",
+    summary="Model shape vs TP: heads (and, with --group-query-attention, query groups) divisible by TP; "
+    "--num-query-groups only applies with --group-query-attention (warnings).",
+)
+def _heads(ctx: RuleContext) -> None:
+    tp = ctx.tensor_model_parallel_size
+    if ctx.num_attention_heads is not None and ctx.num_attention_heads % tp:
+        ctx.error(
+            f"--num-attention-heads {ctx.num_attention_heads} is not divisible by "
+            f"--tensor-model-parallel-size {tp}",
+            "choose a TP size that divides the head count",
+            fields=("num-attention-heads", "tensor-model-parallel-size"),
+        )
+    if not ctx.group_query_attention:
+        if ctx.given("num_query_groups") and ctx.non_default("num_query_groups"):
+            ctx.warn(
+                f"--num-query-groups {ctx.num_query_groups} is ignored without --group-query-attention",
+                "add --group-query-attention",
+                fields=("num-query-groups", "group-query-attention"),
+            )
+        return
+    if not ctx.given("num_query_groups"):
+        ctx.warn(
+            "--group-query-attention without --num-query-groups uses Megatron's default of 1 group "
+            "(multi-query attention)",
+            "set --num-query-groups to the model's number of key/value heads",
+            fields=("group-query-attention", "num-query-groups"),
+        )
+    if ctx.num_query_groups % tp:
+        ctx.error(
+            f"--num-query-groups {ctx.num_query_groups} is not divisible by --tensor-model-parallel-size {tp}",
+            "choose a TP size that divides the query groups",
+            fields=("num-query-groups", "tensor-model-parallel-size"),
+        )
+
+
+@rule(
+    "rule.experts_divisible_by_expert_parallel",
+    "num-experts",
+    "expert-model-parallel-size",
+    summary="--expert-model-parallel-size > 1 needs --num-experts, divisible by it (Megatron).",
+)
+def _experts(ctx: RuleContext) -> None:
+    ep = ctx.expert_model_parallel_size
+    if ctx.num_experts is not None and ctx.num_experts % ep:
+        ctx.error(
+            f"--num-experts {ctx.num_experts} is not divisible by --expert-model-parallel-size {ep}",
+            "choose an EP size that divides the expert count",
+        )
+    elif not ctx.num_experts and ep > 1:
+        ctx.error(
+            f"--expert-model-parallel-size {ep} needs --num-experts (expert parallelism splits a MoE model's "
+            "experts)",
+            "set --num-experts, or use --expert-model-parallel-size 1 for a dense model",
+        )
+
+
+@rule(
+    "rule.megatron_uneven_pipeline_needs_pp",
+    "decoder-first-pipeline-num-layers",
+    "decoder-last-pipeline-num-layers",
+    "pipeline-model-parallel-size",
+    summary="--decoder-first/last-pipeline-num-layers need --pipeline-model-parallel-size > 1 (Relax).",
+)
+def _uneven_pp(ctx: RuleContext) -> None:
+    if not ctx.megatron_validates or ctx.pipeline_model_parallel_size != 1:
+        return
+    used = [
+        n
+        for n in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
+        if ctx.values[n] is not None
+    ]
+    if used:
+        ctx.error(
+            f"{_flags(*used)} shape the first/last pipeline stage, but --pipeline-model-parallel-size is 1",
+            f"remove {_flags(*used)}, or raise --pipeline-model-parallel-size",
+            fields=(*(FIELDS[n].flag for n in used), "pipeline-model-parallel-size"),
+        )
+
+
+@rule(
+    "rule.context_parallel_needs_per_token_loss",
+    "context-parallel-size",
+    "calculate-per-token-loss",
+    summary="--context-parallel-size > 1 needs --calculate-per-token-loss (Relax, for Megatron-Bridge).",
+)
+def _cp_loss(ctx: RuleContext) -> None:
+    if ctx.megatron_validates and ctx.context_parallel_size > 1 and not ctx.calculate_per_token_loss:
+        ctx.error(
+            f"--context-parallel-size {ctx.context_parallel_size} needs --calculate-per-token-loss",
+            "add --calculate-per-token-loss",
+        )
+
+
+@rule(
+    "rule.megatron_save_needs_save_interval",
+    "save",
+    "save-interval",
+    summary="On the megatron backend --save needs --save-interval (Megatron's check).",
+)
+def _save_needs_interval(ctx: RuleContext) -> None:
+    if ctx.megatron_validates and ctx.save is not None and ctx.save_interval is None:
+        ctx.error(
+            "--save is set without --save-interval, which Megatron requires with it",
+            "add --save-interval N (rollouts between checkpoints)",
+        )
+
+
+@rule(
+    "rule.megatron_min_lr_within_lr",
+    "min-lr",
+    "lr",
+    summary="--min-lr must not exceed --lr (Megatron).",
+)
+def _min_lr(ctx: RuleContext) -> None:
+    if ctx.megatron_validates and ctx.lr is not None and ctx.min_lr > ctx.lr:
+        ctx.error(f"--min-lr {ctx.min_lr} > --lr {ctx.lr}", "use min_lr <= lr")
+
+
+@rule(
+    "rule.optimizer_cpu_offload_needs_precision_aware_optimizer",
+    "optimizer-cpu-offload",
+    "use-precision-aware-optimizer",
+    summary="--optimizer-cpu-offload needs --use-precision-aware-optimizer (Megatron).",
+)
+def _cpu_offload_precision(ctx: RuleContext) -> None:
+    if ctx.megatron_validates and ctx.optimizer_cpu_offload and not ctx.use_precision_aware_optimizer:
+        ctx.error(
+            "--optimizer-cpu-offload needs --use-precision-aware-optimizer (its hybrid optimizer reuses that path)",
+            "add --use-precision-aware-optimizer",
+        )
+
+
+@rule(
     "rule.overlap_param_gather_needs_overlap_grad_reduce",
     "overlap-param-gather",
     "overlap-grad-reduce",
-    "use-distributed-optimizer",
-    summary="--overlap-param-gather needs --overlap-grad-reduce and --use-distributed-optimizer (Megatron).",
+    summary="--overlap-param-gather needs --overlap-grad-reduce (Megatron); the distributed optimizer it also "
+    "needs is always on under Relax.",
 )
 def _overlap(ctx: RuleContext) -> None:
-    if not ctx.overlap_param_gather:
-        return
-    missing = [n for n in ("overlap_grad_reduce", "use_distributed_optimizer") if not ctx.values[n]]
-    if missing:
-        ctx.error(f"--overlap-param-gather needs {_flags(*missing)}", f"add {_flags(*missing)}")
+    if ctx.overlap_param_gather and not ctx.overlap_grad_reduce:
+        ctx.error("--overlap-param-gather needs --overlap-grad-reduce", "add --overlap-grad-reduce")
 
 
 @rule(
@@ -2110,8 +2872,9 @@ def _overlap(ctx: RuleContext) -> None:
     "expert-model-parallel-size",
     "multimodal-keys",
     "context-parallel-size",
-    summary="Reference compatibility table: --overlap-grad-reduce / --overlap-param-gather are not supported for "
-    "MoE models, nor for vision-language models with CP > 1.",
+    summary="The reference's compatibility table marks --overlap-grad-reduce / --overlap-param-gather as "
+    "unsupported for MoE models and for vision-language models with CP > 1; Relax's code accepts them "
+    "(warning).",
 )
 def _overlap_table(ctx: RuleContext) -> None:
     used = [n for n in ("overlap_grad_reduce", "overlap_param_gather") if ctx.values[n]]
@@ -2119,15 +2882,15 @@ def _overlap_table(ctx: RuleContext) -> None:
         return
     moe = ctx.num_experts is not None or ctx.expert_model_parallel_size > 1
     if moe:
-        ctx.error(
-            f"{_flags(*used)} are not supported for MoE models (--num-experts / --expert-model-parallel-size)",
-            "remove them; --use-distributed-optimizer is fine",
+        ctx.warn(
+            f"{_flags(*used)} are marked unsupported for MoE models in the reference's compatibility table",
+            "remove them if training stalls or diverges; --use-distributed-optimizer is fine",
             fields=(*(FIELDS[n].flag for n in used), "num-experts", "expert-model-parallel-size"),
         )
     if ctx.multimodal_keys and ctx.context_parallel_size > 1:
-        ctx.error(
-            f"{_flags(*used)} are not supported for vision-language models with --context-parallel-size "
-            f"{ctx.context_parallel_size} > 1",
+        ctx.warn(
+            f"{_flags(*used)} are marked unsupported for vision-language models with --context-parallel-size "
+            f"{ctx.context_parallel_size} > 1 in the reference's compatibility table",
             "remove them, or use CP = 1",
             fields=(*(FIELDS[n].flag for n in used), "multimodal-keys", "context-parallel-size"),
         )
@@ -2147,94 +2910,6 @@ def _cpu_opt(ctx: RuleContext) -> None:
         )
 
 
-@rule(
-    "rule.sequence_parallel_needs_tp",
-    "sequence-parallel",
-    "tensor-model-parallel-size",
-    summary="--sequence-parallel needs --tensor-model-parallel-size > 1; Megatron turns it off otherwise (warning).",
-)
-def _sp(ctx: RuleContext) -> None:
-    if ctx.sequence_parallel and ctx.tensor_model_parallel_size == 1:
-        ctx.warn(
-            "--sequence-parallel has no effect with --tensor-model-parallel-size 1 (Megatron disables it)",
-            "remove --sequence-parallel or raise TP",
-        )
-
-
-@rule(
-    "rule.recompute_options",
-    "recompute-granularity",
-    "recompute-method",
-    "recompute-num-layers",
-    summary="--recompute-method needs --recompute-granularity full, and --recompute-num-layers needs a method.",
-)
-def _recompute(ctx: RuleContext) -> None:
-    if ctx.recompute_method is not None and ctx.recompute_granularity != "full":
-        ctx.error(
-            f"--recompute-method {ctx.recompute_method} needs --recompute-granularity full",
-            "add --recompute-granularity full",
-            fields=("recompute-method", "recompute-granularity"),
-        )
-    if ctx.recompute_num_layers is not None and ctx.recompute_method is None:
-        ctx.error(
-            "--recompute-num-layers needs --recompute-method (uniform or block)",
-            "add --recompute-method uniform",
-            fields=("recompute-num-layers", "recompute-method"),
-        )
-
-
-@rule(
-    "rule.attention_heads_shape",
-    "num-attention-heads",
-    "num-query-groups",
-    "group-query-attention",
-    "tensor-model-parallel-size",
-    summary="Model shape vs TP: heads and query groups divisible by TP; --group-query-attention needs "
-    "--num-query-groups.",
-)
-def _heads(ctx: RuleContext) -> None:
-    tp = ctx.tensor_model_parallel_size
-    if ctx.group_query_attention and ctx.num_query_groups is None:
-        ctx.error(
-            "--group-query-attention needs --num-query-groups",
-            "set --num-query-groups",
-            fields=("group-query-attention", "num-query-groups"),
-        )
-    if ctx.num_attention_heads is not None and ctx.num_attention_heads % tp:
-        ctx.error(
-            f"--num-attention-heads {ctx.num_attention_heads} is not divisible by "
-            f"--tensor-model-parallel-size {tp}",
-            "choose a TP size that divides the head count",
-            fields=("num-attention-heads", "tensor-model-parallel-size"),
-        )
-    if ctx.group_query_attention and ctx.num_query_groups is not None and ctx.num_query_groups % tp:
-        ctx.error(
-            f"--num-query-groups {ctx.num_query_groups} is not divisible by --tensor-model-parallel-size {tp}",
-            "choose a TP size that divides the query groups",
-            fields=("num-query-groups", "tensor-model-parallel-size"),
-        )
-
-
-@rule(
-    "rule.experts_divisible_by_expert_parallel",
-    "num-experts",
-    "expert-model-parallel-size",
-    summary="--num-experts must be divisible by --expert-model-parallel-size; EP > 1 without experts is a warning.",
-)
-def _experts(ctx: RuleContext) -> None:
-    ep = ctx.expert_model_parallel_size
-    if ctx.num_experts is not None and ctx.num_experts % ep:
-        ctx.error(
-            f"--num-experts {ctx.num_experts} is not divisible by --expert-model-parallel-size {ep}",
-            "choose an EP size that divides the expert count",
-        )
-    elif ctx.num_experts is None and ep > 1:
-        ctx.warn(
-            f"--expert-model-parallel-size {ep} is set but --num-experts is not (dense model?)",
-            "set --num-experts for MoE models",
-        )
-
-
 # =============================================================================================
 # Topology (GPU layout); `jobspec.demand` turns a layout that passes these into a ResourceDemand
 
@@ -2246,6 +2921,8 @@ def _experts(ctx: RuleContext) -> None:
     "genrm-num-gpus-per-engine",
     summary="With the pool's node size known (max_gpus_per_node): an unset --num-gpus-per-node takes it "
     "(derived); an explicit larger one, or an engine that cannot sit on such nodes, is an error.",
+    deviation="Relax knows no pools: it takes --num-gpus-per-node as given. The platform sizes the job for "
+    "the nodes of the pool it will run in, and refuses a layout those nodes cannot hold.",
 )
 def _pool(ctx: RuleContext) -> None:
     limit = ctx.max_gpus_per_node
@@ -2298,13 +2975,15 @@ def _resource_roles(ctx: RuleContext) -> None:
     "debug-train-only",
     "debug-rollout-only",
     summary="--resource needs an 'actor' entry (unless rollout-only) and, without --colocate, a 'rollout' entry "
-    "(unless train-only or external engines); without --resource Relax assumes one node of 8 actor GPUs (warning).",
+    "or --rollout-num-gpus (unless train-only or external engines); without --resource Relax's legacy default "
+    "applies: an actor of --actor-num-nodes 1 x --actor-num-gpus-per-node 8 = 8 GPUs (warning).",
 )
 def _resource_roles_present(ctx: RuleContext) -> None:
     roles = resource_roles(ctx.values)
     if ctx.resource is None:
+        note = legacy_actor_note(ctx.values) if not ctx.debug_rollout_only else None
         ctx.warn(
-            f"--resource is not set: assuming Relax's legacy default of {LEGACY_ACTOR_GPUS} actor GPUs on one node",
+            f"--resource is not set: {note}" if note else "--resource is not set",
             'set --resource \'{"actor": [1, N], "rollout": [1, M]}\' to size the job',
         )
     elif "actor" not in roles and not ctx.debug_rollout_only:
@@ -2314,7 +2993,8 @@ def _resource_roles_present(ctx: RuleContext) -> None:
         )
     if rollout_gpus(ctx.values) is None:
         ctx.error(
-            "the rollout engines have no GPUs: without --colocate, --resource needs a 'rollout' entry",
+            "the rollout engines have no GPUs: without --colocate, --resource needs a 'rollout' entry (or "
+            "--rollout-num-gpus)",
             'add "rollout": [1, M] to --resource, or --colocate',
         )
 
@@ -2353,7 +3033,9 @@ def _ep_fits(ctx: RuleContext) -> None:
     if ctx.debug_rollout_only:
         return
     per_stage = actor_gpus(ctx.values) // ctx.pipeline_model_parallel_size
-    group = ctx.expert_model_parallel_size * ctx.expert_tensor_parallel_size
+    group = ctx.expert_model_parallel_size * (
+        ctx.expert_tensor_parallel_size or ctx.tensor_model_parallel_size
+    )
     if group > 1 and per_stage % group:
         ctx.error(
             f"{per_stage} actor GPUs per pipeline stage are not divisible by EP x ETP = "
@@ -2367,6 +3049,8 @@ def _ep_fits(ctx: RuleContext) -> None:
     "resource",
     "num-gpus-per-node",
     summary="An actor (or critic) larger than a node must use whole nodes (Relax derives nodes by integer division).",
+    deviation="Relax derives --actor-num-nodes by integer division, so an actor of 12 GPUs on nodes of 8 "
+    "would train on 8; the platform refuses GPUs the job would be given and not use.",
 )
 def _whole_nodes(ctx: RuleContext) -> None:
     node = ctx.num_gpus_per_node
@@ -2400,6 +3084,8 @@ def _tp_node(ctx: RuleContext) -> None:
     "num-gpus-per-node",
     summary="Rollout GPUs must be a multiple of --rollout-num-gpus-per-engine, and an engine larger than a node "
     "must span whole nodes.",
+    deviation="Relax starts rollout_num_gpus // rollout_num_gpus_per_engine engines and leaves the remainder "
+    "idle; the platform refuses GPUs the job would be given and not use.",
 )
 def _engines(ctx: RuleContext) -> None:
     total = rollout_gpus(ctx.values)
@@ -2427,7 +3113,13 @@ def _engines(ctx: RuleContext) -> None:
 )
 def _colocate_rollout(ctx: RuleContext) -> None:
     roles = resource_roles(ctx.values)
-    if not ctx.colocate or ctx.hybrid or ctx.genrm_model_path or "rollout" not in roles:
+    if (
+        not ctx.colocate
+        or ctx.hybrid
+        or ctx.genrm_model_path
+        or managed_teacher(ctx.values)
+        or "rollout" not in roles
+    ):
         return
     expected = actor_gpus(ctx.values) + critic_gpus(ctx.values)
     if roles["rollout"][1] != expected:
@@ -2468,6 +3160,32 @@ def _genrm(ctx: RuleContext) -> None:
                 f"rollout == genrm == actor ({actor})",
                 f'e.g. "rollout": [1, {actor - genrm}] with --genrm-num-gpus {genrm}',
             )
+
+
+@rule(
+    "rule.opd_managed_teacher_colocate_layout",
+    "resource",
+    "colocate",
+    "teacher-hf-checkpoint",
+    "opd-teacher-routes",
+    summary="A Relax-managed OPD teacher in colocate mode lives inside the actor's GPUs after the rollout engines: "
+    "rollout GPUs + the 'teacher' entry's GPUs must equal the actor's (and critic's) GPUs.",
+)
+def _managed_teacher_layout(ctx: RuleContext) -> None:
+    if not ctx.colocate or ctx.hybrid or not managed_teacher(ctx.values):
+        return
+    roles = resource_roles(ctx.values)
+    rollout = rollout_gpus(ctx.values)
+    if rollout is None:
+        return  # reported by rule.resource_needs_actor_and_rollout
+    actor = actor_gpus(ctx.values) + critic_gpus(ctx.values)
+    teacher = roles["teacher"][1]
+    if rollout + teacher != actor:
+        ctx.error(
+            f"a managed OPD teacher in colocate mode splits the actor's GPUs with rollout: rollout + teacher must "
+            f"be {actor}, got {rollout} + {teacher}",
+            f'e.g. "rollout": [1, {max(actor - teacher, 0)}] with "teacher": [1, {teacher}]',
+        )
 
 
 @rule(

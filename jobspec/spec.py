@@ -33,7 +33,9 @@ Kind = Literal[
     "int",
     "float",
     "str",
-    "list",  # nargs='+'
+    "flag_off",  # store_false: a bare --no-x / --disable-x means false; true is the absence of the flag
+    "list",  # nargs='+' ('*' and a fixed count too: see FieldSpec.nargs)
+    "append",  # action='append': each occurrence adds one list of values
     "json",  # type=json.loads
     "passthrough",  # the --sglang-* mapping
 ]
@@ -63,16 +65,40 @@ class FieldSpec:
     ge: float | None
     gt: float | None
     le: float | None
+    # Flags that take no value and the value each stores (store_true/store_false/--x/--no-x).
+    switches: dict[str, Any]
+    # Arity of list and append flags: "+", "*" or an exact count (argparse nargs).
+    nargs: str | int | None
+    # Values Megatron reads with a custom type: "layers" (an int or a list expression such as
+    # "([0]*3+[1]*58)"), "int_tuple" ("128,0").
+    pattern: str | None
+    # Where the parameter is defined: "reference" (the Relax configuration document, typed here by hand
+    # from it), "megatron" or "relax" (generated from that project's own argument parser).
+    source: str
+    # Relax code flags: the Relax versions that define it; what changed between them; gone in main.
+    versions: tuple[str, ...]
+    changed: dict[str, Any]
+    removed_in_main: bool
+    # Megatron's own default where Relax's parser resets it (the field's default is Relax's).
+    megatron_default: Any
+    # A flag of the later Megatron-LM lineage Relax main uses, not of the pinned commit (its parser
+    # would ignore it there).
+    later: bool
 
     @property
     def type_label(self) -> str:
         """The type as the reference writes it (int, float, str, flag, bool, json, list of ...)."""
-        if self.kind in ("flag", "negatable"):
+        if self.kind in ("flag", "negatable", "flag_off"):
             return "flag"
         if self.kind == "bool_value":
             return "bool"
         if self.kind == "list":
-            return f"list[{self.item_type}]"
+            arity = "" if self.nargs in (None, "+") else f", {self.nargs}"
+            return f"list[{self.item_type}{arity}]"
+        if self.kind == "append":
+            return "repeatable list"
+        if self.pattern == "layers":
+            return "int or layer pattern"
         if self.kind == "passthrough":
             return "mapping"
         return self.kind
@@ -86,18 +112,32 @@ class FieldSpec:
             "int": "an integer",
             "float": "a number",
             "str": "a string",
-            "json": "a JSON object",
+            "flag_off": "a boolean (true/false)",
+            "append": "a list of value lists",
+            "json": "a JSON value",
             "passthrough": "a mapping of SGLang argument names to values",
         }.get(self.kind)
         if self.kind == "list":
-            base = f"a non-empty list of {'integers' if self.item_type == 'int' else 'strings'}"
+            items = {"int": "integers", "float": "numbers"}.get(self.item_type or "", "strings")
+            count = (
+                f"a list of exactly {self.nargs}"
+                if isinstance(self.nargs, int)
+                else "a list of"
+                if self.nargs == "*"
+                else "a non-empty list of"
+            )
+            base = f"{count} {items}"
+        if self.pattern == "layers":
+            base = "an integer or a layer pattern such as ([0]*3+[1]*58)"
+        elif self.pattern == "int_tuple":
+            base = "integers separated by commas, e.g. 128,0"
         if self.choices:
             base = (
                 f"one of {', '.join(self.choices)}"
                 if self.kind != "list"
                 else (f"a non-empty list of values from {', '.join(self.choices)}")
             )
-        if self.optional and self.kind != "negatable":
+        if self.optional and self.kind not in ("negatable", "flag", "flag_off"):
             base = f"{base} (or null)"
         bounds = []
         if self.ge is not None:
@@ -153,6 +193,8 @@ def _unwrap(annotation: Any) -> tuple[Any, bool]:
 
 
 def _literal_choices(tp: Any) -> tuple[str, ...] | None:
+    if typing.get_origin(tp) is typing.Annotated:
+        tp = typing.get_args(tp)[0]
     if typing.get_origin(tp) is Literal:
         return tuple(str(a) for a in typing.get_args(tp))
     return None
@@ -174,6 +216,10 @@ def _field_spec(name: str, info: FieldInfo) -> FieldSpec:
     kind: str
     if extra.get("kind"):
         kind = str(extra["kind"])
+        if kind == "list":
+            (item,) = typing.get_args(inner)
+            choices = _literal_choices(item)
+            item_type = str(extra.get("item_type") or ("int" if item is int else "str"))
     elif inner is bool:
         kind = "flag"
     elif inner is int:
@@ -192,6 +238,14 @@ def _field_spec(name: str, info: FieldInfo) -> FieldSpec:
     else:  # pragma: no cover - a new annotation shape must be taught to the codec
         raise TypeError(f"jobspec: no codec kind for field {name!r} of type {info.annotation!r}")
     default = info.get_default(call_default_factory=True)
+    if extra.get("choices") is not None:
+        choices = tuple(str(c) for c in extra["choices"])  # type: ignore[union-attr]
+    switches = dict(extra.get("switches") or {})  # type: ignore[arg-type]
+    if not switches and kind == "flag":
+        switches = {str(extra["flag"]): True}
+    elif not switches and kind == "negatable":
+        switches = {str(extra["flag"]): True, f"no-{extra['flag']}": False}
+    nargs = extra.get("nargs", "+" if kind == "list" else None)
     return FieldSpec(
         name=name,
         flag=str(extra["flag"]),
@@ -213,6 +267,15 @@ def _field_spec(name: str, info: FieldInfo) -> FieldSpec:
         ge=_bound(info, "ge"),
         gt=_bound(info, "gt"),
         le=_bound(info, "le"),
+        switches=switches,
+        nargs=nargs,  # type: ignore[arg-type]
+        pattern=extra.get("pattern"),  # type: ignore[arg-type]
+        source=str(extra.get("source", "reference")),
+        versions=tuple(extra.get("versions", ())),  # type: ignore[arg-type]
+        changed=dict(extra.get("changed") or {}),  # type: ignore[arg-type]
+        removed_in_main=bool(extra.get("removed_in_main", False)),
+        megatron_default=extra.get("megatron_default"),
+        later=bool(extra.get("later", False)),
     )
 
 
@@ -236,13 +299,14 @@ GROUPS: dict[str, tuple[ParamGroup, list[str]]] = {
     model.group: (model, [n for n, f in FIELDS.items() if f.group == model.group]) for model in GROUP_MODELS
 }
 
-#: every flag Relax accepts for a field (aliases included) -> field name. `--no-x` is resolved separately.
+#: every flag Relax accepts for a field (aliases and value-less switches such as --no-x included) -> field.
 FIELDS_BY_FLAG: dict[str, str] = {}
 for _spec in FIELDS.values():
     if _spec.kind == "passthrough":
         continue
-    for _flag in (_spec.flag, *_spec.aliases):
-        FIELDS_BY_FLAG[_flag] = _spec.name
+    for _flag in (_spec.flag, *_spec.aliases, *_spec.switches):
+        if FIELDS_BY_FLAG.setdefault(_flag, _spec.name) != _spec.name:  # pragma: no cover
+            raise RuntimeError(f"jobspec: --{_flag} is claimed by {FIELDS_BY_FLAG[_flag]} and {_spec.name}")
 
 
 def field_for_flag(flag: str) -> FieldSpec | None:

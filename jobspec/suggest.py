@@ -16,8 +16,7 @@ def _candidates() -> tuple[str, ...]:
             continue
         names.append(f.flag)
         names.extend(f.aliases)
-        if f.kind == "negatable":
-            names.append(f"no-{f.flag}")
+        names.extend(flag for flag in f.switches if flag != f.flag)
     return tuple(names)
 
 

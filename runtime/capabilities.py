@@ -56,6 +56,7 @@ TORCH_BACKEND_PARAMETERS: frozenset[str] = RuntimeSpec.field_names() | {
     "eval_reward_key",
     "reward_max_concurrency",
     "reward_num_workers",  # Relax's sync-reward actors; rewards run in the rollout's process here
+    "rollout_global_dataset",  # restricted below: Relax turns it off for SFT, which reads --prompt-data itself
 }
 
 
@@ -105,6 +106,8 @@ RESTRICTIONS: dict[str, Callable[[Any, Mapping[str, Any]], bool]] = {
     # the built-in engine's server and SGLang itself, over SGLang's HTTP API; `rollout-external` only
     # with the servers' addresses
     "rollout_external": lambda value, values: not value or bool(values.get("rollout_external_engine_addrs")),
+    # this backend's PPO takes the rollout log-probs as the old-policy log-probs
+    "advantage_estimator": lambda value, values: value != "ppo" or bool(values.get("use_rollout_logprobs")),
     "num_iters_per_train_update": _one_of(1),
     "max_staleness": lambda value, values: not value or bool(values.get("fully_async")),
     "eval_config": lambda value, values: value is None or values.get("loss_type") not in ("sft", "sft_loss"),
@@ -113,6 +116,17 @@ RESTRICTIONS: dict[str, Callable[[Any, Mapping[str, Any]], bool]] = {
     "train_memory_margin_bytes": lambda value, values: (
         value in (None, 1 << 30) or bool(values.get("debug_rollout_only"))
     ),
+    # on; off only where Relax turns it off itself (SFT)
+    "rollout_global_dataset": lambda value, values: (
+        value is not False or values.get("loss_type") in ("sft", "sft_loss")
+    ),
+}
+
+
+#: What a refused value needs instead, where "use a value the backend implements" would not say it.
+RESTRICTION_HINTS: dict[str, str] = {
+    "advantage_estimator": "the torch backend's PPO takes the rollout log-probs as the old-policy log-probs: "
+    "add --use-rollout-logprobs",
 }
 
 
@@ -165,6 +179,7 @@ def render_markdown() -> str:
 # How each restricted parameter is restricted, for the table.
 RESTRICTION_DOCS: dict[str, str] = {
     "train_backend": "torch",
+    "advantage_estimator": "every estimator; ppo with --use-rollout-logprobs",
     "rollout_num_gpus_per_engine": "1",
     "optimizer": "adam",
     "loss_type": "policy_loss, custom_loss, sft",
@@ -180,6 +195,7 @@ RESTRICTION_DOCS: dict[str, str] = {
     "eval_config": "RL jobs (SFT takes --eval-prompt-data or --eval-size)",
     "debug_train_only": "with --load-debug-rollout-data",
     "train_memory_margin_bytes": "the default, or 0 as --debug-rollout-only derives it",
+    "rollout_global_dataset": "on; off under --loss-type sft (Relax turns it off there)",
 }
 
 

@@ -68,6 +68,7 @@ def submit_job(
             spec=body.spec,
             args=body.args,
             idempotency_key=idempotency_key,
+            launch_script=body.launch_script.model_dump() if body.launch_script else None,
         ),
     )
     if created:

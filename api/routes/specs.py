@@ -17,6 +17,13 @@ def validate_spec(body: SpecValidate, svc: JobServiceDep, principal: PrincipalDe
     """Dry run: the normalized spec, derived defaults, warnings, errors, resource demand and the
     queue and pool the job would wait in. Always 200; `valid` says whether a submit would pass."""
     result = svc.dry_run(
-        principal, Submission(spec=body.spec, args=body.args, queue=body.queue, team=body.team)
+        principal,
+        Submission(
+            spec=body.spec,
+            args=body.args,
+            queue=body.queue,
+            team=body.team,
+            launch_script=body.launch_script.model_dump() if body.launch_script else None,
+        ),
     )
     return SpecValidation(**result)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 JobStatusName = Literal[
     "QUEUED",
@@ -19,6 +20,62 @@ JobStatusName = Literal[
     "CANCELLED",
 ]
 FailureReasonName = Literal["setup", "user_code", "no_resource", "controller", "lost"]
+
+
+LAUNCH_SCRIPT_TEXT_MAX = 256 * 1024  # bytes of UTF-8
+_LAUNCH_SCRIPT_JSON_MAX = 64 * 1024  # bytes of the JSON of env, script_args, runtime_env
+_Path = Annotated[str, Field(max_length=4096)]
+
+
+class LaunchScriptIn(BaseModel):
+    """Where a job's `args` came from when `relaxctl` resolved a Relax launch script on the client
+    (docs/adr/0004). Provenance only: the server never runs it; the job keeps it under
+    `submitted.launch_script`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: _Path = Field(description="The script's absolute path on the submitting machine.")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the script file as read.")
+    text: str = Field(
+        "", description="The script's text (secret-looking assignments redacted), at most 256 KiB."
+    )
+    text_truncated: bool = False
+    env: dict[Annotated[str, Field(max_length=256)], str] = Field(
+        default_factory=dict, description="The --env pairs given, secret-looking values replaced by ***."
+    )
+    script_args: list[str] = Field(default_factory=list, max_length=1000)
+    file: _Path | None = Field(
+        None, description="The file (the script or one it sources) of the training command."
+    )
+    line: int | None = Field(None, ge=1, description="Its line.")
+    entrypoint: str | None = Field(
+        None, max_length=4096, description="e.g. `python3 -m relax.entrypoints.train`."
+    )
+    launcher: Literal["python", "torchrun", "ray job submit"] | None = None
+    runtime_env: dict[str, Any] | None = Field(
+        None, description="`ray job submit --runtime-env-json`, parsed."
+    )
+    working_dir: _Path | None = Field(None, description="`ray job submit --working-dir`.")
+    submission_id: str | None = Field(None, max_length=200, description="`ray job submit --submission-id`.")
+
+    @field_validator("text")
+    @classmethod
+    def _text_size(cls, v: str) -> str:
+        if len(v.encode()) > LAUNCH_SCRIPT_TEXT_MAX:
+            raise ValueError(f"at most {LAUNCH_SCRIPT_TEXT_MAX} bytes (the client truncates longer scripts)")
+        return v
+
+    @field_validator("env", "script_args", "runtime_env")
+    @classmethod
+    def _json_size(cls, v: Any) -> Any:
+        if v is not None and len(json.dumps(v)) > _LAUNCH_SCRIPT_JSON_MAX:
+            raise ValueError(f"at most {_LAUNCH_SCRIPT_JSON_MAX} bytes as JSON")
+        return v
+
+
+def _check_launch_script(model: Any) -> None:
+    if model.launch_script is not None and (model.args is None or model.spec is not None):
+        raise ValueError("launch_script comes with `args` (the flags resolved from it), not with `spec`")
 
 
 class JobCreate(BaseModel):
@@ -48,6 +105,14 @@ class JobCreate(BaseModel):
         None,
         description="Relax CLI flags, as a list or one shell-quoted string: ['--rollout-batch-size', '8', ...].",
     )
+    launch_script: LaunchScriptIn | None = Field(
+        None, description="With `args`: the launch script they were resolved from on the client (provenance)."
+    )
+
+    @model_validator(mode="after")
+    def _launch_script_with_args(self) -> JobCreate:
+        _check_launch_script(self)
+        return self
 
 
 class JobPublic(BaseModel):
@@ -190,16 +255,34 @@ class SpecValidate(BaseModel):
     args: list[str] | str | None = None
     queue: str | None = None
     team: str | None = None
+    launch_script: LaunchScriptIn | None = Field(
+        None, description="With `args`: the launch script they were resolved from on the client (provenance)."
+    )
+
+    @model_validator(mode="after")
+    def _launch_script_with_args(self) -> SpecValidate:
+        _check_launch_script(self)
+        return self
 
 
 class SpecValidation(BaseModel):
-    valid: bool
-    spec: dict[str, Any] | None = None
-    argv: list[str] | None = None
-    derived: dict[str, Any] = Field(default_factory=dict)
-    warnings: list[dict[str, Any]] = Field(default_factory=list)
-    errors: list[dict[str, Any]] = Field(default_factory=list)
-    demand: dict[str, Any] | None = None
+    """The dry run's answer. Every key is present whatever the outcome; with errors, `spec`, `argv`,
+    `derived` and `demand` describe what was understood (null when not even that is known)."""
+
+    valid: bool = Field(description="Whether a submit of the same request would be accepted.")
+    spec: dict[str, Any] | None = Field(None, description="The normalized spec: every field, paths resolved.")
+    argv: list[str] | None = Field(None, description="The resolved Relax argv (non-default values).")
+    derived: dict[str, Any] = Field(
+        default_factory=dict, description="Values Relax derives (its rules, its Megatron defaults)."
+    )
+    warnings: list[dict[str, Any]] = Field(default_factory=list, description="Issues of severity warning.")
+    errors: list[dict[str, Any]] = Field(default_factory=list, description="Issues of severity error.")
+    demand: dict[str, Any] | None = Field(None, description="GPU groups per role, total GPUs, nodes needed.")
+    capacity: dict[str, Any] | None = Field(
+        None,
+        description="Whether the demand could ever be placed: in the job's pool (`pool.fits`), in the largest "
+        "pool, and in some pool (`fits_some_pool`); `fits` is null for a pool with no nodes yet.",
+    )
     queue: str | None = None
     pool: str | None = None
 

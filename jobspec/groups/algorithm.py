@@ -180,11 +180,11 @@ class FreezingParams(ParamGroup):
         None,
         "Regexes of parameter names to train; everything else is frozen. Exclusive with "
         "--freeze-params-name-list. Example: --only-train-params-name-list experts.",
-        min_length=1,
+        nargs="*",
     )
     freeze_params_name_list: list[str] | None = param(
         None,
         "Regexes of parameter names to freeze; everything else stays trainable. Example: "
         "--freeze-params-name-list embedding output_layer.",
-        min_length=1,
+        nargs="*",
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from jobspec.arguments import megatron
 from jobspec.fields import ParamGroup, param
 
 __all__ = ["EvalParams", "RewardParams", "GenRMParams", "OpdParams"]
@@ -13,7 +14,7 @@ class EvalParams(ParamGroup):
     group = "eval"
     title = "Evaluation"
 
-    eval_interval: int | None = param(None, "Evaluate every N rollout rounds.", ge=1)
+    eval_interval = megatron(help="Evaluate every N rollout rounds.", ge=1)
     eval_prompt_data: list[str] | None = param(
         None,
         "Evaluation datasets as name/path pairs: --eval-prompt-data aime /data/aime.jsonl gsm8k "
@@ -115,6 +116,14 @@ class OpdParams(ParamGroup):
     title = "On-policy distillation (OPD)"
 
     use_opd: bool = param(False, "Enable on-policy distillation; needs --opd-type.")
+    teacher_sglang: dict[str, Any] = param(
+        {},
+        "SGLang server arguments of a Relax-managed OPD teacher, passed through as --teacher-sglang-<name> "
+        "(stored without the prefix, untyped like --sglang-*). Example: --teacher-sglang-mem-fraction-static "
+        "0.5.",
+        kind="passthrough",
+        flag="teacher-sglang-*",
+    )
     opd_type: Literal["sglang", "megatron"] | None = param(
         None,
         "OPD teacher source. sglang: teacher log-probs come from an external SGLang server (--rm-url); "

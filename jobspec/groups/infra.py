@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from jobspec.arguments import megatron
 from jobspec.fields import ParamGroup, param
 
 __all__ = ["ClusterParams", "TransferQueueParams", "BackendParams", "CheckpointParams"]
@@ -50,10 +51,8 @@ class ClusterParams(ParamGroup):
         kind="negatable",
         unset="true with --colocate or --offload, else false",
     )
-    distributed_backend: str = param("nccl", "Distributed backend (Megatron).", origin="megatron")
-    distributed_timeout_minutes: int = param(
-        10, "Distributed timeout in minutes (Megatron).", origin="megatron", ge=1
-    )
+    distributed_backend = megatron(help="Distributed backend (Megatron).")
+    distributed_timeout_minutes = megatron(help="Distributed timeout in minutes (Megatron).", ge=1)
 
 
 class TransferQueueParams(ParamGroup):
@@ -132,22 +131,20 @@ class CheckpointParams(ParamGroup):
         path_kind="input",
     )
     ref_ckpt_step: int | None = param(None, "Step of the reference model checkpoint to load.", ge=0)
-    load: str | None = param(
-        None, "Actor checkpoint path to load; point it at the save directory to resume.", path_kind="input"
+    load = megatron(
+        help="Actor checkpoint path to load; point it at the save directory to resume.", path_kind="input"
     )
-    save: str | None = param(None, "Directory the model is saved to during training.", path_kind="output")
-    save_interval: int | None = param(None, "Save interval in steps.", ge=1)
+    save = megatron(help="Directory the model is saved to during training.", path_kind="output")
+    save_interval = megatron(help="Save interval in steps.", ge=1)
     save_hf: str | None = param(
         None,
         "Path to save a Hugging Face format model (Megatron backend). May contain a {rollout_id} placeholder.",
         path_kind="output",
     )
-    async_save: bool = param(False, "Save checkpoints asynchronously.")
-    no_save_optim: bool = param(
-        False,
-        "Do not save optimizer state in checkpoints: smaller checkpoints, but training cannot resume "
-        "from them.",
-        origin="megatron",
+    async_save = megatron(help="Save checkpoints asynchronously.")
+    no_save_optim = megatron(
+        help="Do not save optimizer state in checkpoints: smaller checkpoints, but training cannot resume "
+        "from them."
     )
     rotate_ckpt: bool = param(False, "Rotate checkpoints. Needs --save, --save-interval and --async-save.")
     max_actor_ckpt_to_keep: int | None = param(None, "Maximum number of actor checkpoints to keep.", ge=1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from jobspec.arguments import megatron
 from jobspec.fields import ByteSize, ParamGroup, param
 
 __all__ = [
@@ -76,13 +77,19 @@ class LoggingParams(ParamGroup):
     group = "logging"
     title = "Logging and monitoring"
 
-    use_tensorboard: bool = param(False, "Log to TensorBoard.")
+    use_tensorboard: bool = param(
+        True, "Log to TensorBoard (on unless --no-use-tensorboard).", kind="negatable"
+    )
     tb_project_name: str | None = param(
         None, "TensorBoard log directory.", path_kind="output", unset="$TENSORBOARD_DIR"
     )
     tb_experiment_name: str | None = param(None, "TensorBoard experiment name.")
     use_clearml: bool = param(False, "Log to ClearML.")
-    use_metrics_service: bool = param(False, "Enable the central metrics collection and reporting service.")
+    use_metrics_service: bool = param(
+        True,
+        "Enable the central metrics collection and reporting service (on unless --no-use-metrics-service).",
+        kind="negatable",
+    )
     timeline_dump_dir: str | None = param(
         None,
         "Directory for timeline trace events (Chrome trace format); unset disables timeline tracing.",
@@ -204,25 +211,19 @@ class ProfilingParams(ParamGroup):
     group = "profiling"
     title = "Profiling (training and GPU memory)"
 
-    use_pytorch_profiler: bool = param(
-        False,
-        "Record CUDA kernels, CPU ops and communication of training steps with the PyTorch profiler "
-        "(Megatron). Traces go to traces/<tb_experiment_name>/train_trace/.",
-        origin="megatron",
+    use_pytorch_profiler = megatron(
+        help="Record CUDA kernels, CPU ops and communication of training steps with the PyTorch profiler "
+        "(Megatron). Traces go to traces/<tb_experiment_name>/train_trace/."
     )
-    profile_step_start: int = param(
-        10,
-        "First profiled step (inclusive), counted from this launch (not an absolute rollout id; restarts "
+    profile_step_start = megatron(
+        help="First profiled step (inclusive), counted from this launch (not an absolute rollout id; restarts "
         "at 0 when resuming) (Megatron).",
         ge=0,
-        origin="megatron",
     )
-    profile_step_end: int = param(
-        12,
-        "Last profiled step (inclusive), counted like --profile-step-start; start=10, end=12 captures "
+    profile_step_end = megatron(
+        help="Last profiled step (inclusive), counted like --profile-step-start; start=10, end=12 captures "
         "steps 10, 11 and 12 (Megatron).",
         ge=0,
-        origin="megatron",
     )
     profile_target: list[Literal["train_overall", "train_actor", "train_log_probs"]] = param(
         ["train_overall"], "What to profile.", min_length=1
@@ -230,15 +231,11 @@ class ProfilingParams(ParamGroup):
     profile_with_stack: bool = param(False, "Record call stacks in the profiler trace.")
     profile_with_memory: bool = param(False, "Record memory in the profiler trace.")
     profile_with_flops: bool = param(False, "Estimate FLOPs in the profiler trace.")
-    record_memory_history: bool = param(
-        False,
-        "Record CUDA allocation history (stacks and tensors of every alloc/free) and dump a snapshot on "
-        "OOM (Megatron).",
-        origin="megatron",
+    record_memory_history = megatron(
+        help="Record CUDA allocation history (stacks and tensors of every alloc/free) and dump a snapshot on "
+        "OOM (Megatron)."
     )
-    memory_snapshot_path: str = param(
-        "snapshot.pickle", "File name of the memory snapshot (Megatron).", origin="megatron"
-    )
+    memory_snapshot_path = megatron(help="File name of the memory snapshot (Megatron).")
     memory_snapshot_dir: str | None = param(
         None,
         "Directory for memory snapshots.",

@@ -51,7 +51,10 @@ class InvalidRequest(DomainError):
 
 
 class InvalidSpec(DomainError):
-    """The job spec (or a reference inside it) is wrong; details lists every issue."""
+    """The job spec (or a reference inside it) is wrong; details lists every issue. `understood` carries
+    what the rest of the spec says (`jobspec.SpecError.understood`) for the dry run; it is not part of
+    the error body."""
 
     code = "spec.invalid"
     status_code = 422
+    understood: Any = None

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import jobspec
-from runtime.capabilities import unsupported_parameters
+from runtime.capabilities import RESTRICTION_HINTS, unsupported_parameters
 from scheduler.db.models import (
     Allocation,
     Checkpoint,
@@ -40,6 +40,8 @@ from scheduler.domain.errors import (
 )
 from scheduler.domain.ids import new_id
 from scheduler.domain.jobs import ALLOWED_TRANSITIONS, ON_CLUSTER, FailureReason, JobStatus
+from scheduler.policy.placement import PoolCapacity, place_demand
+from scheduler.policy.types import Node as PolicyNode
 from scheduler.services.auth import Principal, team_by_name_or_id
 from scheduler.services.paths import resolve_paths
 
@@ -65,6 +67,8 @@ class Submission:
     spec: dict[str, Any] | None = None
     args: Sequence[str] | str | None = None
     idempotency_key: str | None = None
+    # Where `args` came from when the client resolved a launch script (provenance; never run here).
+    launch_script: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -199,17 +203,53 @@ class JobService:
 
     def dry_run(self, principal: Principal, sub: Submission) -> dict[str, Any]:
         """What submitting would do, without storing anything: the normalized spec, derived values,
-        warnings, errors, the resource demand and the queue and pool it would wait in."""
+        the resolved argv, warnings, errors, the resource demand, whether the pool can ever hold it,
+        and the queue and pool it would wait in.
+
+        Every key is present whatever the outcome. With spec errors, `spec`, `argv`, `derived` and
+        `demand` describe what was understood (values that failed are left at their defaults), so a
+        user sees which of their flags were read; errors are only under `errors`, warnings only under
+        `warnings`."""
         team = self._submitting_team(principal, sub.team)
         queue = self._queue_for(team, sub.queue)
         pool = self.session.get(Pool, queue.pool)
         assert pool is not None
-        out: dict[str, Any] = {"valid": False, "queue": queue.name, "pool": pool.name}
+        out: dict[str, Any] = {
+            "valid": False,
+            "queue": queue.name,
+            "pool": pool.name,
+            "spec": None,
+            "argv": None,
+            "derived": {},
+            "demand": None,
+            "capacity": None,
+            "warnings": [],
+            "errors": [],
+        }
         try:
-            normalized, _ = self._normalize(sub, pool)
+            normalized, _ = self._normalize_spec(sub, pool)
         except InvalidSpec as err:
-            out["errors"] = (err.details or {}).get("issues", [])
+            issues = (err.details or {}).get("issues", [])
+            errors = [i for i in issues if _is_error(i)]
+            out.update(errors=errors, warnings=[i for i in issues if not _is_error(i)])
+            known = err.understood
+            if known is not None:  # what the rest of the spec says
+                out.update(
+                    spec=known.spec, argv=known.argv, derived=_jsonable(known.derived), demand=known.demand
+                )
+                if known.demand is not None:
+                    out["capacity"] = self._capacity(pool, known.demand)
+                # What the platform cannot run is known without a valid spec; the backend is the one
+                # refusal worth reporting now (the rest would repeat whatever the errors are about).
+                named = {f for e in errors for f in e.get("fields") or [e.get("field")]}
+                if "train-backend" not in named:
+                    out["errors"] += [
+                        i for i in backend_refusals(known.spec) if i["field"] == "train-backend"
+                    ]
             return out
+        demand = normalized.demand.model_dump(mode="json")
+        capacity = self._capacity(pool, demand)
+        refused = backend_refusals(normalized.spec.to_dict()) + _unschedulable(capacity, demand)
         resolution = resolve_paths(
             self.session,
             normalized.spec.to_dict(),
@@ -218,42 +258,110 @@ class JobService:
             job_dir=self.artifact_root / "jobs" / "<job-id>",
             team_id=team.id,
         )
+        errors = refused + [i.to_dict() for i in resolution.issues]
         out.update(
-            valid=not resolution.issues,
+            valid=not errors,
             spec=resolution.spec,
             argv=normalized.spec.to_argv(),
             derived=_jsonable(normalized.derived),
             warnings=[w.to_dict() for w in normalized.warnings],
-            errors=[i.to_dict() for i in resolution.issues],
-            demand=normalized.demand.model_dump(mode="json"),
+            errors=errors,
+            demand=demand,
+            capacity=capacity,
         )
         return out
 
     def _normalize(self, sub: Submission, pool: Pool) -> tuple[jobspec.NormalizedSpec, dict[str, Any]]:
+        """The normalized spec, or InvalidSpec: for spec errors, for parameters this platform does not
+        run (`spec.unsupported_by_backend`), and for a job no node layout of its pool can ever hold
+        (`job.unschedulable`), which would otherwise wait QUEUED forever."""
+        normalized, submitted = self._normalize_spec(sub, pool)
+        demand = normalized.demand.model_dump(mode="json")
+        refused = backend_refusals(normalized.spec.to_dict()) + _unschedulable(
+            self._capacity(pool, demand), demand
+        )
+        if refused:
+            code = "job.unschedulable" if all(i["code"] == "job.unschedulable" for i in refused) else None
+            issues = refused + [w.to_dict() for w in normalized.warnings]
+            raise InvalidSpec(_summary(refused), code=code, details={"issues": issues})
+        return normalized, submitted
+
+    def _normalize_spec(self, sub: Submission, pool: Pool) -> tuple[jobspec.NormalizedSpec, dict[str, Any]]:
+        """Normalize the submitted spec or flags; InvalidSpec lists its issues, one per mistake."""
         if (sub.spec is None) == (sub.args is None):
             raise InvalidSpec(
                 "give exactly one of 'spec' (an object) or 'args' (Relax CLI flags)",
                 details={
-                    "issues": [{"code": "job.spec_or_args", "field": "spec", "message": "", "hint": ""}]
+                    "issues": [
+                        {
+                            "code": "job.spec_or_args",
+                            "field": "spec",
+                            "fields": ["spec"],
+                            "message": "give exactly one of 'spec' (an object) or 'args' (Relax CLI flags)",
+                            "hint": "",
+                            "severity": "error",
+                        }
+                    ]
                 },
             )
-        max_node = self.session.scalar(sa.select(sa.func.max(Node.gpus)).where(Node.pool == pool.name))
+        max_node = self._max_node(pool)
         try:
             if sub.spec is not None:
                 normalized = jobspec.normalize(obj=sub.spec, max_gpus_per_node=max_node)
                 submitted: dict[str, Any] = {"spec": sub.spec}
             else:
-                argv = shlex.split(sub.args) if isinstance(sub.args, str) else list(sub.args or [])
+                argv = _split_args(sub.args)
                 normalized = jobspec.normalize(argv=argv, max_gpus_per_node=max_node)
                 submitted = {"args": argv}
+                if sub.launch_script is not None:
+                    submitted["launch_script"] = dict(sub.launch_script)
         except jobspec.SpecError as err:
             issues = [i.to_dict() for i in err.issues]
-            raise InvalidSpec(_summary(issues), details={"issues": issues}) from None
-        refused = backend_refusals(normalized.spec.to_dict())
-        if refused:
-            issues = refused + [w.to_dict() for w in normalized.warnings]
-            raise InvalidSpec(_summary(issues), details={"issues": issues})
+            invalid = InvalidSpec(_summary(issues), details={"issues": issues})
+            invalid.understood = err.understood  # for the dry run; not part of the error body
+            raise invalid from None
         return normalized, submitted
+
+    def _max_node(self, pool: Pool) -> int | None:
+        return self.session.scalar(sa.select(sa.func.max(Node.gpus)).where(Node.pool == pool.name))
+
+    def _capacity(self, pool: Pool, demand: dict[str, Any]) -> dict[str, Any]:
+        """Whether a job's demand could ever be placed: in its own pool and in the largest pool, each
+        taken empty with every node it has (cordoned and down nodes too: they may come back)."""
+        from scheduler.scheduling import gangs_of
+
+        nodes: dict[str, list[tuple[str, int]]] = {}
+        for pool_name, node, gpus in self.session.execute(sa.select(Node.pool, Node.name, Node.gpus)):
+            nodes.setdefault(pool_name, []).append((node, int(gpus)))
+        gangs = gangs_of(demand)
+
+        def describe(name: str) -> dict[str, Any]:
+            members = nodes.get(name, [])
+            fits: bool | None = None
+            if members:
+                cap = PoolCapacity(name, [PolicyNode(name=n, pool=name, gpus=g) for n, g in members])
+                cap.index()
+                fits = place_demand(cap, gangs, frozenset()) is not None
+            return {
+                "name": name,
+                "gpus": sum(g for _, g in members),
+                "nodes": len(members),
+                "largest_node": max((g for _, g in members), default=0),
+                "fits": fits,
+            }
+
+        own = describe(pool.name)
+        largest = (
+            describe(max(nodes, key=lambda p: (sum(g for _, g in nodes[p]), max(g for _, g in nodes[p]))))
+            if nodes
+            else own
+        )
+        return {
+            "needs_gpus": int(demand.get("total_gpus", 0)),
+            "pool": own,
+            "largest_pool": largest,
+            "fits_some_pool": any(describe(name)["fits"] for name in nodes),
+        }
 
     def _submitting_team(self, principal: Principal, team_ref: str | None) -> Team:
         if team_ref is None:
@@ -594,19 +702,32 @@ class JobService:
 
 def backend_refusals(values: dict[str, Any]) -> list[dict[str, Any]]:
     """Issues for parameters the job's training backend does not implement (the runtime declares
-    what each backend honours): refused at submission, before any GPU is spent, never ignored."""
+    what each backend honours): refused at submission, before any GPU is spent, never ignored.
+
+    An unavailable backend is the one mistake: its issue comes alone, not with every parameter that
+    backend would have read."""
     defaults = {name: getattr(f, "default", None) for name, f in jobspec.FIELDS.items()}
     backend = values.get("train_backend")
     issues = []
-    for item in unsupported_parameters(values, defaults):
+    problems = unsupported_parameters(values, defaults)
+    if any(p.startswith("train_backend=") for p in problems):
+        problems = [p for p in problems if p.startswith("train_backend=")]
+    for item in problems:
         name, _, value = item.partition("=")
         flag = name.replace("_", "-")
         if name == "train_backend":
-            message = f"--train-backend {value.strip(chr(39))} is not available on this platform yet"
-            hint = "use --train-backend torch (the megatron backend is its own issue)"
+            message = (
+                f"--train-backend {value.strip(chr(39))} is not available on this platform: it runs the "
+                "torch backend"
+            )
+            hint = "use --train-backend torch (docs/reference/capabilities.md lists the parameters it implements)"
         elif value:
             message = f"--{flag} {value} is not implemented by the {backend} backend"
-            hint = f"use a value the {backend} backend implements (docs/reference/capabilities.md)"
+            hint = RESTRICTION_HINTS.get(
+                name, f"use a value the {backend} backend implements (docs/reference/capabilities.md)"
+            )
+            if name in RESTRICTION_HINTS:
+                message += " with these settings"
         else:
             message = f"--{flag} is set, but the {backend} backend does not implement it"
             hint = (
@@ -623,6 +744,69 @@ def backend_refusals(values: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     return issues
+
+
+def _unschedulable(capacity: dict[str, Any], demand: dict[str, Any]) -> list[dict[str, Any]]:
+    """`job.unschedulable` when no node layout of the job's pool can ever hold its demand (a pool with no
+    nodes registered yet is not judged)."""
+    own, largest = capacity["pool"], capacity["largest_pool"]
+    if own["fits"] is not False:
+        return []
+    message = (
+        f"pool {own['name']!r} can never hold this job: it needs {capacity['needs_gpus']} GPU(s) "
+        f"({demand.get('summary', '')}), and the pool has {own['gpus']} GPU(s) on {own['nodes']} node(s) of "
+        f"at most {own['largest_node']}"
+    )
+    if largest["name"] != own["name"]:
+        message += (
+            f"; the largest pool, {largest['name']!r}, has {largest['gpus']} GPU(s) on nodes of at most "
+            f"{largest['largest_node']}"
+            + (" and could hold it" if largest["fits"] else ", not enough either")
+        )
+    else:
+        message += " (the largest pool)"
+    if demand.get("legacy_layout"):
+        hint = (
+            "set --resource to size the job, e.g. --resource "
+            f'\'{{"actor": [1, {max(own["largest_node"], 1)}], "rollout": [1, {max(own["largest_node"], 1)}]}}\' '
+            "with --colocate"
+        )
+    else:
+        hint = "make --resource (and the parallel sizes) fit the pool's nodes"
+    if largest["name"] != own["name"] and largest["fits"]:
+        hint += f", or submit to a queue on pool {largest['name']!r}"
+    return [
+        {
+            "code": "job.unschedulable",
+            "field": "resource",
+            "fields": ["resource", "num-gpus-per-node"],
+            "message": message,
+            "hint": hint,
+            "severity": "error",
+        }
+    ]
+
+
+def _is_error(issue: dict[str, Any]) -> bool:
+    return issue.get("severity", "error") == "error"
+
+
+def _split_args(args: Sequence[str] | str | None) -> list[str]:
+    """Relax flags as a list; one string is split as a shell would (a quote left open is an error)."""
+    if not isinstance(args, str):
+        return list(args or [])
+    try:
+        return shlex.split(args)
+    except ValueError as exc:
+        issue = {
+            "code": "argv.unparsable",
+            "field": None,
+            "fields": [],
+            "message": f"the flags cannot be split as a shell would: {exc}",
+            "hint": "close the quote, or send 'args' as a list of strings",
+            "severity": "error",
+        }
+        raise InvalidSpec(f"invalid job spec: {issue['message']}", details={"issues": [issue]}) from None
 
 
 def _summary(issues: list[dict[str, Any]]) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from scheduler.dispatch import TASK_PASS
@@ -50,6 +52,95 @@ def test_submit_as_object_and_as_flags(api) -> None:  # type: ignore[no-untyped-
     assert [t for t, _ in drain_queue(broker, "scheduler")] == [TASK_PASS, TASK_PASS]
     listed = client.get("/v1/jobs").json()["data"]
     assert [j["name"] for j in listed] == ["as-flags", "as-object"]
+
+
+def test_launch_script_provenance_is_kept_with_the_job(api) -> None:  # type: ignore[no-untyped-def]
+    """relaxctl resolves a launch script on the client and sends its flags plus where they came
+    from; the server stores that under `submitted.launch_script` and never runs it."""
+    client, _, _ = api
+    args = [
+        "--train-backend",
+        "torch",
+        "--hf-checkpoint",
+        "/models/tiny",
+        "--prompt-data",
+        "/data/train.jsonl",
+    ]
+    args += ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--global-batch-size", "16"]
+    args += ["--colocate", "--resource", '{"actor": [1, 1], "rollout": [1, 1]}', "--num-rollout", "2"]
+    script = {
+        "path": "/home/me/relax/scripts/run-tiny.sh",
+        "sha256": "a" * 64,
+        "text": "#!/bin/bash\nexport WANDB_API_KEY=***\npython3 -m relax.entrypoints.train ...\n",
+        "env": {"MODEL_DIR": "/models", "HF_TOKEN": "***"},
+        "script_args": ["--num-rollout", "2"],
+        "file": "/home/me/relax/scripts/run-tiny.sh",
+        "line": 3,
+        "entrypoint": "python3 -m relax.entrypoints.train",
+        "launcher": "ray job submit",
+        "runtime_env": {"env_vars": {"PYTHONPATH": "/root/Megatron-LM"}},
+        "working_dir": None,
+        "submission_id": "tiny-1",
+    }
+    dry = client.post("/v1/specs/validate", json={"args": args, "launch_script": script})
+    assert dry.status_code == 200 and dry.json()["valid"], dry.text
+    r = client.post("/v1/jobs", json={"name": "from-script", "args": args, "launch_script": script})
+    assert r.status_code == 201, r.text
+    kept = client.get(f"/v1/jobs/{r.json()['id']}").json()["submitted"]
+    assert kept["args"] == args and kept["launch_script"] == script | {"text_truncated": False}
+    # a launch script comes with the flags resolved from it; its size and keys are bounded
+    for bad in (
+        {"spec": grpo_spec(), "launch_script": script},
+        {"args": args, "launch_script": script | {"text": "#" * (256 * 1024 + 1)}},
+        {"args": args, "launch_script": script | {"shell": "rm -rf /"}},
+        {"args": args, "launch_script": script | {"sha256": "not-a-digest"}},
+    ):
+        assert client.post("/v1/jobs", json=bad).status_code == 422
+    assert [j["name"] for j in client.get("/v1/jobs").json()["data"]] == ["from-script"]
+
+
+def test_relaxctl_submits_a_launch_script(api, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`relaxctl submit SCRIPT.sh --env … -- args` through the SDK to the real app."""
+    from typer.testing import CliRunner
+
+    import client.cli as cli
+    from client.sdk import RelaxClient
+
+    client, _, _ = api
+    script = tmp_path / "run-tiny-grpo.sh"
+    script.write_text(
+        "#!/bin/bash\nset -euo pipefail\n"
+        "pkill -9 python || true\n"
+        "ROLLOUT_ARGS=(--rollout-batch-size 4 --n-samples-per-prompt 4 --global-batch-size 16)\n"
+        'ray job submit --runtime-env-json=\'{"env_vars": {"HF_TOKEN": "secret"}}\' -- '
+        "python3 -m relax.entrypoints.train --train-backend torch \\\n"
+        '  --hf-checkpoint "${MODEL_DIR}/tiny" --prompt-data /data/train.jsonl "${ROLLOUT_ARGS[@]}" \\\n'
+        '  --colocate --resource \'{"actor": [1, 1], "rollout": [1, 1]}\' "$@"\n'
+    )
+
+    def sdk(url, key):  # type: ignore[no-untyped-def]
+        c = RelaxClient("http://testserver", "unused")
+        c._http = client
+        c.close = lambda: None  # type: ignore[method-assign]  # the fixture closes the test client
+        return c
+
+    monkeypatch.setattr(cli, "_client", sdk)
+    r = CliRunner().invoke(
+        cli.app, ["submit", str(script), "--env", "MODEL_DIR=/models", "--json", "--", "--num-rollout", "2"]
+    )
+    assert r.exit_code == 0, r.output
+    job = client.get(f"/v1/jobs/{json.loads(r.output)['id']}").json()
+    assert job["name"] == "run-tiny-grpo" and job["spec"]["num_rollout"] == 2
+    kept = job["submitted"]["launch_script"]
+    assert (kept["line"], kept["launcher"], kept["script_args"]) == (
+        5,
+        "ray job submit",
+        ["--num-rollout", "2"],
+    )
+    assert kept["env"] == {"MODEL_DIR": "/models"} and kept["runtime_env"] == {
+        "env_vars": {"HF_TOKEN": "***"}
+    }
+    assert job["submitted"]["args"][:4] == ["--train-backend", "torch", "--hf-checkpoint", "/models/tiny"]
 
 
 @pytest.mark.parametrize(
@@ -259,3 +350,202 @@ def test_parameters_the_backend_does_not_implement_are_refused_by_name(api, over
     assert client.get("/v1/jobs").json()["data"] == []
     dry = client.post("/v1/specs/validate", json={"spec": grpo_spec(**override)}).json()
     assert not dry["valid"] and any(e["field"] == field for e in dry["errors"])
+
+
+def test_a_relax_ppo_spec_is_valid_but_the_torch_backend_needs_rollout_logprobs(api) -> None:  # type: ignore[no-untyped-def]
+    """Relax's PPO does not need --use-rollout-logprobs; this platform's torch backend does, and says so."""
+    client, _, _ = api
+    ppo = grpo_spec(
+        **{
+            "advantage-estimator": "ppo",
+            "resource": {"actor": [1, 1], "critic": [1, 1], "rollout": [1, 1], "advantages": [1, 0]},
+        }
+    )
+    dry = client.post("/v1/specs/validate", json={"spec": ppo}).json()
+    (error,) = dry["errors"]
+    assert error["code"] == "spec.unsupported_by_backend" and error["field"] == "advantage-estimator"
+    assert "--use-rollout-logprobs" in error["hint"]
+    ok = client.post("/v1/specs/validate", json={"spec": {**ppo, "use-rollout-logprobs": True}}).json()
+    assert not any(e["field"] == "advantage-estimator" for e in ok["errors"]), ok["errors"]
+
+
+VALIDATION_KEYS = {
+    "valid",
+    "spec",
+    "argv",
+    "derived",
+    "demand",
+    "capacity",
+    "warnings",
+    "errors",
+    "queue",
+    "pool",
+}
+
+
+def _severities(answer: dict) -> tuple[set, set]:
+    return {i.get("severity") for i in answer["errors"]}, {i.get("severity") for i in answer["warnings"]}
+
+
+def test_validate_answer_has_every_key_and_keeps_warnings_apart(api) -> None:  # type: ignore[no-untyped-def]
+    client, _, _ = api
+    ok = client.post("/v1/specs/validate", json={"spec": grpo_spec(**{"max-actor-ckpt-to-keep": 3})}).json()
+    assert set(ok) == VALIDATION_KEYS and ok["valid"]
+    assert ok["spec"] and ok["argv"] and ok["demand"] and ok["capacity"]["pool"]["fits"] is True
+    assert [w["code"] for w in ok["warnings"]] == ["rule.max_actor_ckpt_to_keep_needs_save"]
+    # An error and a warning: each under its own key, and what was understood is still shown.
+    bad = grpo_spec(**{"max-actor-ckpt-to-keep": 3, "global-batch-size": 12})
+    r = client.post("/v1/specs/validate", json={"spec": bad}).json()
+    assert set(r) == VALIDATION_KEYS and not r["valid"]
+    assert _severities(r) == ({"error"}, {"warning"})
+    assert [e["code"] for e in r["errors"]] == ["rule.global_batch_size_divides_rollout"]
+    assert [w["code"] for w in r["warnings"]] == ["rule.max_actor_ckpt_to_keep_needs_save"]
+    assert r["spec"]["global_batch_size"] == 12 and "--global-batch-size" in r["argv"]
+    assert r["demand"]["total_gpus"] == 1
+    # Refused by the backend: the refusal is an error, the spec's warnings stay warnings.
+    refused = client.post(
+        "/v1/specs/validate", json={"spec": grpo_spec(**{"optimizer": "sgd", "max-actor-ckpt-to-keep": 3})}
+    ).json()
+    assert set(refused) == VALIDATION_KEYS and not refused["valid"]
+    assert _severities(refused) == ({"error"}, {"warning"})
+    assert [e["field"] for e in refused["errors"]] == ["optimizer"]
+    # Flags with a value that cannot be read: the flags that were understood come back as argv.
+    args = ["--train-backend", "torch", "--hf-checkpoint", "/models/tiny", "--rollout-batch-size", "eight"]
+    flags = client.post("/v1/specs/validate", json={"args": args}).json()
+    assert set(flags) == VALIDATION_KEYS and not flags["valid"]
+    assert "--hf-checkpoint" in flags["argv"] and "eight" not in flags["argv"]
+    assert flags["spec"]["hf_checkpoint"] == "/models/tiny"
+    # Not even a spec: every key is still there.
+    neither = client.post("/v1/specs/validate", json={}).json()
+    assert set(neither) == VALIDATION_KEYS and not neither["valid"] and neither["errors"]
+    assert neither["spec"] is None and neither["argv"] is None and neither["warnings"] == []
+
+
+@pytest.mark.parametrize(
+    "request_body,field",
+    [
+        ({"spec": grpo_spec(**{"rollout-batch-size": "eight"})}, "rollout-batch-size"),
+        (
+            {"spec": {**grpo_spec(**{"rollout-batch-size": None}), "rollout-batch-sise": 4}},
+            "rollout-batch-sise",
+        ),
+        ({"spec": grpo_spec(**{"num-rollout": "many"})}, "num-rollout"),
+        ({"spec": grpo_spec(**{"resource": "{not json"})}, "resource"),
+        (
+            {
+                "args": [
+                    "--train-backend",
+                    "torch",
+                    "--hf-checkpoint",
+                    "/models/tiny",
+                    "--prompt-data",
+                    "/data/train.jsonl",
+                    "--num-rollout",
+                    "2",
+                    "--colocate",
+                    "--resource",
+                    '{"actor": [1, 1], "rollout": [1, 1]}',
+                    "--rollout-batch-size",
+                    "eight",
+                ]
+            },
+            "rollout-batch-size",
+        ),
+    ],
+)
+def test_one_mistake_gives_one_error(api, request_body, field) -> None:  # type: ignore[no-untyped-def]
+    """A bad value is not also reported as missing, nor a misspelt key's field as required."""
+    client, _, _ = api
+    if "spec" in request_body:
+        request_body = {"spec": {k: v for k, v in request_body["spec"].items() if v is not None}}
+    answer = client.post("/v1/specs/validate", json=request_body).json()
+    assert [e["field"] for e in answer["errors"]] == [field], answer["errors"]
+    assert not any(w["field"] == field for w in answer["warnings"]), answer["warnings"]
+    r = client.post("/v1/jobs", json=request_body)
+    assert r.status_code == 422
+    assert [i["field"] for i in r.json()["error"]["details"]["issues"] if i["severity"] == "error"] == [field]
+
+
+def test_an_unavailable_backend_is_one_error_and_no_hint_points_to_it(api) -> None:  # type: ignore[no-untyped-def]
+    client, _, _ = api
+    spec = {
+        k: v
+        for k, v in grpo_spec(**{"sequence-parallel": True, "bf16": True}).items()
+        if k != "train-backend"
+    }
+    answer = client.post("/v1/specs/validate", json={"spec": spec}).json()
+    assert [e["field"] for e in answer["errors"]] == ["train-backend"], answer["errors"]
+    assert "torch" in answer["errors"][0]["hint"]
+    # The megatron backend's own derived values are still shown.
+    assert answer["derived"]["use_distributed_optimizer"] is True
+    # Even with spec errors, an unavailable backend is reported (once).
+    broken = {**spec, "global-batch-size": 12}
+    answer = client.post("/v1/specs/validate", json={"spec": broken}).json()
+    assert sorted(e["field"] for e in answer["errors"]) == ["global-batch-size", "train-backend"]
+    hints = [
+        i["hint"]
+        for body in (spec, broken, grpo_spec(**{"qkv-format": "bshd"}), grpo_spec(**{"use-opd": True}))
+        for i in (lambda a: a["errors"] + a["warnings"])(
+            client.post("/v1/specs/validate", json={"spec": body}).json()
+        )
+    ]
+    assert hints and not any("--train-backend megatron" in h or "--opd-type megatron" in h for h in hints), (
+        hints
+    )
+
+
+def test_the_torch_backend_is_not_a_warning_on_every_job(api) -> None:  # type: ignore[no-untyped-def]
+    client, _, _ = api
+    answer = client.post("/v1/specs/validate", json={"spec": grpo_spec()}).json()
+    assert answer["valid"] and answer["warnings"] == []
+
+
+def test_a_job_no_pool_can_ever_hold_is_refused_not_queued(api) -> None:  # type: ignore[no-untyped-def]
+    """Without --resource Relax's legacy actor of 8 GPUs applies; the local pool has one node of 2."""
+    client, _, _ = api
+    spec = {k: v for k, v in grpo_spec().items() if k != "resource"}
+    dry = client.post("/v1/specs/validate", json={"spec": spec}).json()
+    assert not dry["valid"]
+    assert dry["demand"]["legacy_layout"] and "legacy default" in dry["demand"]["summary"]
+    assert "8 GPUs" in dry["demand"]["summary"]
+    assert dry["capacity"]["pool"] == {
+        "name": "local",
+        "gpus": 2,
+        "nodes": 1,
+        "largest_node": 2,
+        "fits": False,
+    }
+    assert dry["capacity"]["fits_some_pool"] is False
+    (error,) = [e for e in dry["errors"] if e["code"] == "job.unschedulable"]
+    assert "legacy default" in error["message"] and "'local'" in error["message"] and error["hint"]
+    r = client.post("/v1/jobs", json={"spec": spec})
+    assert r.status_code == 422, r.text
+    body = r.json()["error"]
+    assert body["code"] == "job.unschedulable" and "8 GPU" in body["message"]
+    assert [i["code"] for i in body["details"]["issues"] if i["severity"] == "error"] == ["job.unschedulable"]
+    assert client.get("/v1/jobs").json()["data"] == []
+
+
+def test_an_unschedulable_job_names_the_largest_pool(api) -> None:  # type: ignore[no-untyped-def]
+    from scheduler.db.models import Node, Pool
+
+    client, _, _ = api
+    with client.app.state.db.session() as s:
+        s.add(Pool(name="big", accelerator="h200"))
+        s.flush()
+        s.add(Node(pool="big", name="gpu-0", gpus=8))
+    spec = {k: v for k, v in grpo_spec().items() if k != "resource"}
+    dry = client.post("/v1/specs/validate", json={"spec": spec}).json()
+    assert dry["capacity"]["largest_pool"]["name"] == "big" and dry["capacity"]["largest_pool"]["fits"]
+    assert dry["capacity"]["fits_some_pool"] is True and dry["capacity"]["pool"]["fits"] is False
+    (error,) = [e for e in dry["errors"] if e["code"] == "job.unschedulable"]
+    assert "'big'" in error["message"] and "could hold it" in error["message"] and "'big'" in error["hint"]
+
+
+def test_flags_a_shell_cannot_split_are_an_error_not_a_crash(api) -> None:  # type: ignore[no-untyped-def]
+    client, _, _ = api
+    r = client.post("/v1/jobs", json={"args": "--hf-checkpoint '/models/tiny"})
+    assert r.status_code == 422
+    assert r.json()["error"]["details"]["issues"][0]["code"] == "argv.unparsable"
+    dry = client.post("/v1/specs/validate", json={"args": "--hf-checkpoint '/models/tiny"}).json()
+    assert set(dry) == VALIDATION_KEYS and [e["code"] for e in dry["errors"]] == ["argv.unparsable"]

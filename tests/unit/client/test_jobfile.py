@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from client.jobfile import JobFileError, load_job_file
+from client.launch_script import LaunchScriptError
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -31,13 +32,15 @@ def test_unknown_envelope_keys_are_named(tmp_path: Path) -> None:
 
 
 def test_a_launch_script_gives_its_flags(tmp_path: Path) -> None:
+    """bash runs the script here; its training command's flags are the job's args."""
     f = tmp_path / "run-grpo.sh"
     f.write_text(
-        "#!/bin/bash\nMODEL=${MODEL_DIR}/tiny\nROLLOUT_ARGS=(\n  --rollout-batch-size 4\n  --n-samples-per-prompt 4\n)\n"
+        "#!/bin/bash\nset -u\nMODEL=${MODEL_DIR}/tiny\nROLLOUT_ARGS=(\n  --rollout-batch-size 4  # per round\n"
+        "  --n-samples-per-prompt 4\n)\n"
         'python3 train.py \\\n  --hf-checkpoint $MODEL \\\n  "${ROLLOUT_ARGS[@]}" --colocate \\\n'
-        "  --resource '{\"actor\": [1, 1]}'\n"
+        '  --resource \'{"actor": [1, 1]}\' "$@"\n'
     )
-    jf = load_job_file(f, script_env={"MODEL_DIR": "/models"})
+    jf = load_job_file(f, script_env={"MODEL_DIR": "/models"}, script_args=["--seed", "3"])
     assert jf.name == "run-grpo"
     assert jf.args == [
         "--hf-checkpoint",
@@ -49,6 +52,10 @@ def test_a_launch_script_gives_its_flags(tmp_path: Path) -> None:
         "--colocate",
         "--resource",
         '{"actor": [1, 1]}',
+        "--seed",
+        "3",
     ]
-    with pytest.raises(JobFileError, match="MODEL_DIR"):
-        load_job_file(f)  # the variable is not given: say which
+    assert jf.launch_script is not None and jf.launch_script.line == 8
+    assert jf.launch_script.provenance()["env"] == {"MODEL_DIR": "/models"}
+    with pytest.raises(LaunchScriptError, match="MODEL_DIR: unbound variable"):
+        load_job_file(f)  # the variable is not given: bash says which

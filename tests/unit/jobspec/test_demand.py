@@ -200,3 +200,34 @@ def test_reference_and_megatron_teacher_share_the_actor() -> None:
     )
     assert groups(d)["reference"] == (2, 2, True, "actor") and groups(d)["teacher"] == (2, 2, True, "actor")
     assert d.total_gpus == 4
+
+
+def test_missing_resource_says_plainly_that_relax_legacy_default_applies() -> None:
+    res = normalize(obj={**BASE, "colocate": True})
+    assert res.demand.legacy_layout
+    assert res.demand.summary.startswith(
+        "--resource has no actor entry, so Relax's legacy default applies: the actor gets --actor-num-nodes 1 x "
+        "--actor-num-gpus-per-node 8 = 8 GPUs."
+    )
+    (warning,) = [w for w in res.warnings if w.code == "rule.resource_needs_actor_and_rollout"]
+    assert "legacy default" in warning.message and "8 GPUs" in warning.message
+    assert not normalize(obj={**BASE, "colocate": True, "resource": {"actor": [1, 8]}}).demand.legacy_layout
+
+
+def test_relax_legacy_per_role_flags_size_the_job_without_resource() -> None:
+    d = demand(colocate=True, actor_num_nodes=2, actor_num_gpus_per_node=4)
+    assert d.total_gpus == 8 and d.legacy_layout and "per-role flags" in d.summary
+    d = demand(actor_num_gpus_per_node=2, rollout_num_gpus=2)
+    assert groups(d)["rollout"] == (2, 1, True, None) and d.total_gpus == 4
+
+
+def test_a_managed_opd_teacher_keeps_its_own_rollout_gpus_in_colocate_mode() -> None:
+    spec = {
+        "colocate": True,
+        "use_opd": True,
+        "opd_type": "sglang",
+        "teacher_hf_checkpoint": "/models/teacher",
+        "resource": {"actor": [1, 4], "rollout": [1, 2], "teacher": [1, 2]},
+    }
+    d = demand(**spec)
+    assert groups(d)["rollout"][0] * groups(d)["rollout"][1] == 2 and d.total_gpus == 4

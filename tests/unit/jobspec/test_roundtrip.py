@@ -63,10 +63,14 @@ def _strategy(f: FieldSpec) -> st.SearchStrategy[Any]:
         return st.dictionaries(
             st.from_regex(r"[a-z][a-z0-9_]{0,10}", fullmatch=True), _passthrough_value, max_size=4
         )
-    if f.kind in ("flag", "bool_value"):
+    if f.kind in ("flag", "bool_value", "flag_off", "negatable"):
         base: st.SearchStrategy[Any] = st.booleans()
-    elif f.kind == "negatable":
-        base = st.booleans()
+    elif f.pattern == "layers":
+        base = st.one_of(st.integers(1, 8).map(str), st.integers(1, 48).map(lambda n: f"[1]*{n}"))
+    elif f.pattern == "int_tuple":
+        base = st.tuples(st.integers(-1, 4096), st.integers(0, 4096)).map(lambda t: f"{t[0]},{t[1]}")
+    elif f.choices and f.kind == "int":
+        base = st.sampled_from([int(c) for c in f.choices])
     elif f.choices and f.kind == "str":
         base = st.sampled_from(f.choices)
     elif f.kind == "int":
@@ -84,15 +88,20 @@ def _strategy(f: FieldSpec) -> st.SearchStrategy[Any]:
         )
     elif f.kind == "str":
         base = _text
-    elif f.kind == "list":
+    elif f.kind in ("list", "append"):
         item = (
-            st.sampled_from(f.choices)
+            st.sampled_from([int(c) for c in f.choices] if f.item_type == "int" else f.choices)
             if f.choices
             else st.integers(-5, 10**6)
             if f.item_type == "int"
+            else st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False)
+            if f.item_type == "float"
             else _word
         )
-        base = st.lists(item, min_size=1, max_size=4)
+        low, high = (f.nargs, f.nargs) if isinstance(f.nargs, int) else (0 if f.nargs == "*" else 1, 4)
+        base = st.lists(item, min_size=low, max_size=high)
+        if f.kind == "append":
+            base = st.lists(base, min_size=1, max_size=3)
     elif f.name == "resource":
         base = st.dictionaries(
             st.sampled_from(KNOWN_ROLES),
@@ -102,6 +111,8 @@ def _strategy(f: FieldSpec) -> st.SearchStrategy[Any]:
     elif f.kind == "json":
         values = _text if f.name in ("conversation_key_map", "multimodal_keys", "train_env_vars") else _json
         base = st.dictionaries(_text, values, max_size=3)
+        if f.source != "reference":  # a generated type=json.loads flag takes any JSON value
+            base = st.one_of(base, st.lists(_json_scalar.filter(lambda v: v is not None), max_size=3))
     else:  # pragma: no cover
         raise AssertionError(f.kind)
     return st.one_of(st.none(), base) if f.optional else base
@@ -139,7 +150,7 @@ def _repair(values: dict[str, Any]) -> Any:
     max_examples=60,
     deadline=None,
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
 )
 @given(WHOLE_SCHEMA)
 def test_round_trip_over_the_whole_schema(values: dict[str, Any]) -> None:
@@ -154,7 +165,16 @@ def test_repair_keeps_most_random_values() -> None:
     with well over a hundred non-default fields."""
     kept: list[int] = []
 
-    @settings(max_examples=5, deadline=None, database=None)
+    @settings(
+        max_examples=5,
+        deadline=None,
+        database=None,
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.large_base_example,
+        ],
+    )
     @given(WHOLE_SCHEMA)
     def draw(values: dict[str, Any]) -> None:
         spec = _repair(values)

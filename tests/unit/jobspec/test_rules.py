@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from jobspec import SpecError, normalize
-from jobspec.rules import INPUT_RULES, RULES
+from jobspec.rules import INPUT_RULES, RETIRED_RULES, RULES, deviations, rule
 
 DROP = object()
 
@@ -39,7 +39,14 @@ GENRM = {
     "genrm-model-path": "/models/genrm",
     "resource": {"actor": [1, 2], "rollout": [1, 2], "genrm": [1, 2]},
 }
-OPD_SGLANG = {"use-opd": True, "opd-type": "sglang", "rm-url": "http://teacher:30010/generate"}
+OPD_SGLANG = {"use-opd": True, "opd-type": "sglang", "opd-teacher-url": "http://teacher:30010/generate"}
+OPD_MANAGED = {
+    "use-opd": True,
+    "opd-type": "sglang",
+    "teacher-hf-checkpoint": "/models/teacher",
+    "resource": {"actor": [1, 4], "rollout": [1, 2], "teacher": [1, 2]},
+}
+TORCH = {"train-backend": "torch"}
 OPD_MEGATRON = {"use-opd": True, "opd-type": "megatron", "opd-teacher-load": "/ckpt/teacher"}
 EVAL = {"eval-prompt-data": ["aime", "/data/aime.jsonl"]}
 MAX = "__max_gpus_per_node"
@@ -110,17 +117,22 @@ CASES: list[tuple[str, dict, Any, dict]] = [
     ("rule.debug_rollout_only_topology", {"debug-rollout-only": True}, ("derived", "colocate", False), {}),
     ("rule.ppo_topology", {"advantage-estimator": "ppo", "use-rollout-logprobs": True}, "error", PPO),
     ("rule.ppo_topology", merge(PPO, {"colocate": DROP}), "error", PPO),
-    ("rule.ppo_needs_rollout_logprobs", merge(PPO, {"use-rollout-logprobs": False}), "error", PPO),
     ("rule.ppo_disables_kl", merge(PPO, {"kl-coef": 0.1}), "warning", PPO),
     ("rule.ppo_disables_kl", merge(PPO, {"kl-coef": 0.1}), ("derived", "kl_coef", 0.0), PPO),
     ("rule.critic_defaults", merge(PPO, {"lr": 2e-6}), ("derived", "critic_lr", 2e-6), {}),
     (
         "rule.critic_options_need_ppo",
         {"num-critic-only-steps": 2},
-        "error",
+        "warning",
         merge(PPO, {"num-critic-only-steps": 2}),
     ),
-    ("rule.offload_implies_both", {"offload": True, "offload-train": False}, "error", {"offload": True}),
+    ("rule.offload_implies_both", {"offload": True, "offload-train": False}, "warning", {"offload": True}),
+    (
+        "rule.offload_implies_both",
+        {"offload": True, "offload-train": False},
+        ("derived", "offload_train", True),
+        {"offload-train": False, "colocate": DROP},
+    ),
     (
         "rule.offload_implies_both",
         {"offload": True, "colocate": DROP},
@@ -203,6 +215,12 @@ CASES: list[tuple[str, dict, Any, dict]] = [
     ),
     ("rule.num_rollout_or_num_epoch", {"num-rollout": DROP}, "error", {"num-rollout": DROP, "num-epoch": 2}),
     ("rule.num_rollout_or_num_epoch", {"num-epoch": 2}, "warning", {"num-rollout": DROP, "num-epoch": 2}),
+    (
+        "rule.num_epoch_needs_rollout_global_dataset",
+        {"num-rollout": DROP, "num-epoch": 2, "disable-rollout-global-dataset": True},
+        "error",
+        {"num-rollout": DROP, "num-epoch": 2},
+    ),
     ("rule.dynamic_batch_needs_max_tokens_per_gpu", {"use-dynamic-batch-size": True}, "error", DYN),
     (
         "rule.log_probs_max_tokens_per_gpu_default",
@@ -252,7 +270,7 @@ CASES: list[tuple[str, dict, Any, dict]] = [
         "rule.max_actor_ckpt_to_keep_needs_save",
         {"max-actor-ckpt-to-keep": 3},
         "warning",
-        {"max-actor-ckpt-to-keep": 3, "save": "/out"},
+        {"max-actor-ckpt-to-keep": 3, "save": "/out", "save-interval": 5},
     ),
     ("rule.hf_checkpoint_required", {"hf-checkpoint": DROP}, "error", {}),
     (
@@ -289,7 +307,7 @@ CASES: list[tuple[str, dict, Any, dict]] = [
     (
         "rule.ref_update_interval_needs_ref_load",
         {"ref-load": DROP, "ref-update-interval": 10},
-        "error",
+        "warning",
         {"ref-update-interval": 10},
     ),
     (
@@ -381,6 +399,12 @@ CASES: list[tuple[str, dict, Any, dict]] = [
         {"hybrid": True},
     ),
     (
+        "rule.fully_async_without_dynamic_global_batch_size",
+        {"hybrid": True, "use-dynamic-global-batch-size": True},
+        "error",
+        {"use-dynamic-global-batch-size": True},
+    ),
+    (
         "rule.single_sample_disables_grpo_std",
         {"n-samples-per-prompt": 1},
         ("derived", "disable_grpo_std_normalization", True),
@@ -427,7 +451,7 @@ CASES: list[tuple[str, dict, Any, dict]] = [
         "error",
         {"use-tis": True},
     ),
-    ("rule.tis_clip_range", {"tis-clip-low": 3.0}, "error", {"tis-clip-low": 0.5}),
+    ("rule.tis_clip_range", {"tis-clip-low": 3.0}, "warning", {"tis-clip-low": 0.5}),
     (
         "rule.rollout_routing_replay_implies_routing_replay",
         {"use-rollout-routing-replay": True},
@@ -455,6 +479,33 @@ CASES: list[tuple[str, dict, Any, dict]] = [
     ("rule.use_opd_needs_opd_type", {"use-opd": True}, "error", OPD_SGLANG),
     ("rule.use_opd_needs_opd_type", {"opd-type": "sglang"}, "warning", OPD_SGLANG),
     (
+        "rule.opd_coefficients_exclusive",
+        merge(OPD_SGLANG, {"opd-loss-coef": 0.5}),
+        "error",
+        merge(OPD_SGLANG, {"opd-kl-coef": 0.0, "opd-loss-coef": 0.5}),
+    ),
+    (
+        "rule.opd_coefficients_exclusive",
+        merge(OPD_SGLANG, {"opd-kl-coef": 0.0}),
+        "error",
+        OPD_SGLANG,
+    ),
+    (
+        "rule.opd_token_selection_needs_top_k",
+        merge(OPD_SGLANG, {"opd-token-selection": "teacher_topk", "opd-kl-type": "forward_kl"}),
+        "error",
+        merge(
+            OPD_SGLANG,
+            {"opd-token-selection": "teacher_topk", "opd-kl-type": "forward_kl", "opd-log-prob-top-k": 20},
+        ),
+    ),
+    (
+        "rule.opd_kl_type_for_sampled_tokens",
+        merge(OPD_SGLANG, {"opd-kl-type": "jsd"}),
+        "error",
+        merge(OPD_SGLANG, {"opd-kl-type": "low_var_kl"}),
+    ),
+    (
         "rule.opd_megatron_needs_teacher_load",
         {"use-opd": True, "opd-type": "megatron"},
         "error",
@@ -462,9 +513,48 @@ CASES: list[tuple[str, dict, Any, dict]] = [
     ),
     ("rule.opd_sglang_teacher_source", {"use-opd": True, "opd-type": "sglang"}, "error", OPD_SGLANG),
     ("rule.opd_sglang_teacher_source", merge(OPD_SGLANG, {"opd-teacher-load": "/t"}), "error", OPD_SGLANG),
-    ("rule.opd_teacher_load_needs_use_opd", {"opd-teacher-load": "/ckpt/teacher"}, "error", OPD_MEGATRON),
+    (
+        "rule.opd_sglang_teacher_source",
+        merge(OPD_MANAGED, {"resource": {"actor": [1, 4], "rollout": [1, 4]}}),
+        "error",
+        OPD_MANAGED,
+    ),
+    (
+        "rule.opd_teacher_routes",
+        merge(OPD_MANAGED, {"teacher-hf-checkpoint": DROP, "opd-teacher-routes": "[]"}),
+        "error",
+        merge(OPD_MANAGED, {"teacher-hf-checkpoint": DROP, "opd-teacher-routes": '{"gsm8k": "/models/t"}'}),
+    ),
+    (
+        "rule.opd_teacher_routes",
+        merge(OPD_MANAGED, {"opd-teacher-routes": '{"gsm8k": "/models/t"}'}),
+        "error",
+        merge(OPD_MANAGED, {"teacher-hf-checkpoint": DROP, "opd-teacher-routes": '{"gsm8k": "/models/t"}'}),
+    ),
+    (
+        "rule.opd_teacher_routes",
+        merge(
+            OPD_SGLANG,
+            {"opd-teacher-routes": '{"gsm8k": "/models/t"}', "opd-teacher-url": DROP},
+        ),
+        "error",
+        merge(OPD_MANAGED, {"teacher-hf-checkpoint": DROP, "opd-teacher-routes": '{"gsm8k": "/models/t"}'}),
+    ),
+    ("rule.opd_teacher_load_needs_use_opd", {"opd-teacher-load": "/ckpt/teacher"}, "warning", OPD_MEGATRON),
     ("rule.fully_async_without_opd_megatron", merge(OPD_MEGATRON, {"hybrid": True}), "error", OPD_MEGATRON),
-    ("rule.max_staleness_colocate", {"max-staleness": 1}, "error", {"hybrid": True, "max-staleness": 1}),
+    (
+        "rule.fully_async_without_opd_megatron",
+        {"hybrid": True, "opd-type": "megatron"},
+        "error",
+        {"hybrid": True},
+    ),
+    (
+        "rule.max_staleness_colocate",
+        {"max-staleness": 1},
+        "warning",
+        merge(SFT, {"sft-max-in-flight-steps": 2, "colocate": True}),
+    ),
+    ("rule.max_staleness_colocate", {"max-staleness": 1}, "warning", {"hybrid": True, "max-staleness": 1}),
     (
         "rule.rollout_max_prompt_len_default",
         {"rollout-max-context-len": 4096, "rollout-max-prompt-len": 4096},
@@ -480,7 +570,7 @@ CASES: list[tuple[str, dict, Any, dict]] = [
     (
         "rule.prompt_len_within_context",
         {"rollout-max-context-len": 4096, "rollout-max-prompt-len": 1024, "rollout-max-response-len": 4000},
-        "error",
+        "warning",
         {"rollout-max-context-len": 4096, "rollout-max-prompt-len": 1024, "rollout-max-response-len": 3072},
     ),
     (
@@ -503,6 +593,12 @@ CASES: list[tuple[str, dict, Any, dict]] = [
         "warning",
         {"eval-config": "/eval.yaml"},
     ),
+    (
+        "rule.sft_eval_without_eval_config",
+        merge(SFT, {"eval-config": "/eval.yaml"}),
+        "error",
+        merge(SFT, {"eval-prompt-data": ["val", "/v.jsonl"]}),
+    ),
     ("rule.eval_interval_needs_eval_data", {"eval-interval": 5}, "error", merge(EVAL, {"eval-interval": 5})),
     (
         "rule.eval_interval_needs_eval_data",
@@ -513,14 +609,20 @@ CASES: list[tuple[str, dict, Any, dict]] = [
     ("rule.eval_size_only_for_sft", {"eval-size": 0.05}, "error", merge(SFT, {"eval-size": 0.05})),
     (
         "rule.eval_size_exclusive_with_eval_prompt_data",
-        merge(SFT, EVAL, {"eval-size": 0.05}),
+        merge(SFT, EVAL, {"eval-size": 0.05, "eval-interval": 5}),
         "error",
+        merge(SFT, {"eval-size": 0.05, "eval-interval": 5}),
+    ),
+    (
+        "rule.eval_size_exclusive_with_eval_prompt_data",
+        merge(SFT, EVAL, {"eval-size": 0.05}),
+        "warning",
         merge(SFT, {"eval-size": 0.05}),
     ),
     (
         "rule.eval_size_fraction_or_count",
         merge(SFT, {"eval-size": 2.5}),
-        "error",
+        "warning",
         merge(SFT, {"eval-size": 200.0}),
     ),
     (
@@ -532,6 +634,7 @@ CASES: list[tuple[str, dict, Any, dict]] = [
             {
                 "sft-predict-interval": 10,
                 "save": "/out",
+                "save-interval": 10,
                 "eval-size": 0.05,
                 "resource": {"actor": [1, 2], "rollout": [1, 1], "sft": [1, 0]},
             },
@@ -546,6 +649,7 @@ CASES: list[tuple[str, dict, Any, dict]] = [
             {
                 "sft-predict-interval": 10,
                 "save": "/out",
+                "save-interval": 10,
                 "eval-prompt-data": ["val", "/v.jsonl"],
                 "resource": {"actor": [1, 2], "rollout": [1, 1], "sft": [1, 0]},
             },
@@ -599,7 +703,7 @@ CASES: list[tuple[str, dict, Any, dict]] = [
     (
         "rule.sft_max_in_flight_steps",
         merge(SFT, {"sft-max-in-flight-steps": 3, "max-staleness": 0}),
-        "error",
+        "warning",
         merge(SFT, {"sft-max-in-flight-steps": 3, "max-staleness": 2}),
     ),
     (
@@ -647,8 +751,16 @@ CASES: list[tuple[str, dict, Any, dict]] = [
     (
         "rule.genrm_sampling_config_keys",
         merge(GENRM, {"genrm-sampling-config": {"temp": 0.1}}),
-        "error",
-        merge(GENRM, {"genrm-sampling-config": {"temperature": 0.1}}),
+        "warning",
+        merge(
+            GENRM,
+            {
+                "genrm-sampling-config": {
+                    "temperature": 0.1,
+                    "chat_template_kwargs": {"enable_thinking": False},
+                }
+            },
+        ),
     ),
     ("rule.genrm_options_need_model", {"genrm-num-gpus": 2}, "warning", GENRM),
     (
@@ -672,7 +784,7 @@ CASES: list[tuple[str, dict, Any, dict]] = [
     (
         "rule.sticky_routing_needs_slime_router",
         {"slime-router-sticky": True},
-        "error",
+        "warning",
         {"slime-router-sticky": True, "use-slime-router": True},
     ),
     (
@@ -706,7 +818,6 @@ CASES: list[tuple[str, dict, Any, dict]] = [
         {"dump-details": "/dump"},
     ),
     ("rule.custom_config_applied_at_launch", {"custom-config-path": "/cfg.yaml"}, "warning", {}),
-    ("rule.torch_backend_is_platform_extension", {"train-backend": "torch"}, "warning", {}),
     (
         "rule.sglang_profile_steps",
         {"sglang-profile": True, "sglang-profile-step-start": 5, "sglang-profile-step-end": 2},
@@ -737,35 +848,32 @@ CASES: list[tuple[str, dict, Any, dict]] = [
         "warning",
         {"memory-snapshot-num-steps": 3, "record-memory-history": True},
     ),
-    ("rule.fp16_and_bf16_exclusive", {"fp16": True, "bf16": True}, "error", {"bf16": True}),
+    ("rule.relax_resets_megatron_defaults", {}, ("derived", "distributed_timeout_minutes", 30), TORCH),
+    (
+        "rule.megatron_backend_defaults",
+        {},
+        ("derived", "use_distributed_optimizer", True),
+        {"use-distributed-optimizer": True, "dist-ckpt-save-pre-mcore-014": True},
+    ),
+    ("rule.fp16_and_bf16_exclusive", {"fp16": True, "bf16": True}, "warning", {"bf16": True}),
+    (
+        "rule.fp16_and_bf16_exclusive",
+        {"fp16": True, "bf16": True},
+        ("derived", "bf16", False),
+        {"fp16": True},
+    ),
+    ("rule.fp16_and_bf16_exclusive", {}, ("derived", "bf16", True), {"bf16": True}),
     (
         "rule.fp16_compat_fallbacks",
         {"fp16": True},
         "warning",
-        {
-            "fp16": True,
-            "initial-loss-scale": 65536.0,
-            "min-loss-scale": 2.0,
-            "no-use-precision-aware-optimizer": True,
-            "store-param-remainders": True,
-        },
+        {"fp16": True, "no-store-param-remainders": True},
     ),
     (
         "rule.fp16_compat_fallbacks",
         {"fp16": True},
-        ("derived", "initial_loss_scale", 32768.0),
-        {"fp16": True, "loss-scale": 1024.0},
-    ),
-    (
-        "rule.fp16_compat_fallbacks",
-        {"fp16": True, "loss-scale": 1024.0},
-        ("derived", "use_precision_aware_optimizer", True),
-        {
-            "fp16": True,
-            "loss-scale": 1024.0,
-            "use-precision-aware-optimizer": False,
-            "store-param-remainders": False,
-        },
+        ("derived", "store_param_remainders", False),
+        merge(TORCH, {"fp16": True}),
     ),
     (
         "rule.fp16_dynamic_loss_scale_valid",
@@ -791,29 +899,95 @@ CASES: list[tuple[str, dict, Any, dict]] = [
         "warning",
         {"fp16": True, "loss-scale": 128.0},
     ),
+    ("rule.megatron_sequence_length_placeholders", {}, ("derived", "seq_length", 4096), {"seq-length": 4096}),
+    (
+        "rule.megatron_sequence_length_placeholders",
+        {"seq-length": 8192, "max-position-embeddings": 32768},
+        ("derived", "max_position_embeddings", 8192),
+        {"seq-length": 8192, "max-position-embeddings": 8192},
+    ),
+    ("rule.megatron_rope_type", {}, ("derived", "rope_type", "rope"), TORCH),
+    (
+        "rule.megatron_rope_type",
+        {"multi-latent-attention": True},
+        ("derived", "rope_type", "yarn"),
+        {"multi-latent-attention": True, "rope-type": "yarn"},
+    ),
+    (
+        "rule.megatron_padded_vocab_size",
+        {"vocab-size": 151643, "tensor-model-parallel-size": 2},
+        ("derived", "padded_vocab_size", 151808),
+        {"vocab-size": 151643, "padded-vocab-size": 151936},
+    ),
+    (
+        "rule.megatron_tokenizer_from_hf_checkpoint",
+        {},
+        ("derived", "tokenizer_model", "/models/qwen"),
+        {"tokenizer-type": "HuggingFaceTokenizer", "tokenizer-model": "/models/tok"},
+    ),
+    (
+        "rule.megatron_expert_tensor_parallel_default",
+        {"tensor-model-parallel-size": 2},
+        ("derived", "expert_tensor_parallel_size", 2),
+        {"tensor-model-parallel-size": 2, "expert-tensor-parallel-size": 1},
+    ),
+    (
+        "rule.megatron_recompute_activations",
+        {"recompute-activations": True},
+        ("derived", "recompute_granularity", "selective"),
+        {"recompute-granularity": "selective"},
+    ),
+    (
+        "rule.megatron_recompute_activations",
+        {"recompute-activations": True, "recompute-granularity": "full"},
+        "warning",
+        {"recompute-activations": True},
+    ),
+    (
+        "rule.megatron_rotary_position_embeddings",
+        {"use-rotary-position-embeddings": True},
+        ("derived", "position_embedding_type", "rope"),
+        {"position-embedding-type": "rope"},
+    ),
+    (
+        "rule.moe_token_dispatcher_alltoall",
+        {},
+        ("derived", "moe_token_dispatcher_type", "alltoall"),
+        {"moe-token-dispatcher-type": "alltoall"},
+    ),
+    (
+        "rule.moe_token_dispatcher_alltoall",
+        {"moe-token-dispatcher-type": "allgather"},
+        "warning",
+        {"moe-token-dispatcher-type": "flex"},
+    ),
     (
         "rule.overlap_param_gather_needs_overlap_grad_reduce",
         {"overlap-param-gather": True},
         "error",
-        {"overlap-param-gather": True, "overlap-grad-reduce": True, "use-distributed-optimizer": True},
+        {"overlap-param-gather": True, "overlap-grad-reduce": True},
     ),
     (
         "rule.optimizer_overlap_compatibility",
         {"overlap-grad-reduce": True, "num-experts": 8},
-        "error",
+        "warning",
         {"use-distributed-optimizer": True, "num-experts": 8},
     ),
     (
         "rule.optimizer_overlap_compatibility",
         {"overlap-grad-reduce": True, "multimodal-keys": {"image": "images"}, "context-parallel-size": 2},
-        "error",
+        "warning",
         {"overlap-grad-reduce": True, "multimodal-keys": {"image": "images"}},
     ),
     (
         "rule.cpu_optimizer_overlap_needs_offload",
         {"overlap-cpu-optimizer-d2h-h2d": True},
         "warning",
-        {"overlap-cpu-optimizer-d2h-h2d": True, "optimizer-cpu-offload": True},
+        {
+            "overlap-cpu-optimizer-d2h-h2d": True,
+            "optimizer-cpu-offload": True,
+            "use-precision-aware-optimizer": True,
+        },
     ),
     (
         "rule.sequence_parallel_needs_tp",
@@ -822,12 +996,30 @@ CASES: list[tuple[str, dict, Any, dict]] = [
         {"sequence-parallel": True, "tensor-model-parallel-size": 2},
     ),
     (
+        "rule.sequence_parallel_needs_tp",
+        {"sequence-parallel": True},
+        ("derived", "sequence_parallel", False),
+        {"sequence-parallel": True, "tensor-model-parallel-size": 2},
+    ),
+    (
         "rule.recompute_options",
-        {"recompute-method": "uniform"},
+        {"recompute-granularity": "full", "recompute-method": "uniform"},
         "error",
         {"recompute-granularity": "full", "recompute-method": "uniform", "recompute-num-layers": 1},
     ),
-    ("rule.recompute_options", {"recompute-num-layers": 2}, "error", {"recompute-granularity": "selective"}),
+    (
+        "rule.recompute_options",
+        {"recompute-granularity": "selective", "recompute-num-layers": 2},
+        "error",
+        {"recompute-granularity": "selective"},
+    ),
+    (
+        "rule.recompute_options",
+        {"recompute-activations": True, "recompute-method": "block"},
+        "error",
+        {"recompute-activations": True},
+    ),
+    ("rule.recompute_options", {"recompute-method": "uniform"}, "warning", {}),
     (
         "rule.attention_heads_shape",
         {"num-attention-heads": 5, "tensor-model-parallel-size": 2},
@@ -836,10 +1028,17 @@ CASES: list[tuple[str, dict, Any, dict]] = [
     ),
     (
         "rule.attention_heads_shape",
-        {"group-query-attention": True},
+        {"group-query-attention": True, "num-query-groups": 3, "tensor-model-parallel-size": 2},
         "error",
+        {"group-query-attention": True, "num-query-groups": 2, "tensor-model-parallel-size": 2},
+    ),
+    (
+        "rule.attention_heads_shape",
+        {"group-query-attention": True},
+        "warning",
         {"group-query-attention": True, "num-query-groups": 2},
     ),
+    ("rule.attention_heads_shape", {"num-query-groups": 4}, "warning", {}),
     (
         "rule.experts_divisible_by_expert_parallel",
         {"num-experts": 3, "expert-model-parallel-size": 2},
@@ -849,8 +1048,90 @@ CASES: list[tuple[str, dict, Any, dict]] = [
     (
         "rule.experts_divisible_by_expert_parallel",
         {"expert-model-parallel-size": 2},
-        "warning",
+        "error",
         {"num-experts": 4, "expert-model-parallel-size": 2},
+    ),
+    (
+        "rule.megatron_uneven_pipeline_needs_pp",
+        {"decoder-first-pipeline-num-layers": 2},
+        "error",
+        {
+            "decoder-first-pipeline-num-layers": 2,
+            "pipeline-model-parallel-size": 2,
+            "num-layers": 4,
+        },
+    ),
+    (
+        "rule.context_parallel_needs_per_token_loss",
+        {"context-parallel-size": 2},
+        "error",
+        {"context-parallel-size": 2, "calculate-per-token-loss": True},
+    ),
+    (
+        "rule.megatron_save_needs_save_interval",
+        {"save": "/out"},
+        "error",
+        merge(TORCH, {"save": "/out"}),
+    ),
+    ("rule.megatron_min_lr_within_lr", {"lr": 1e-6, "min-lr": 1e-5}, "error", {"lr": 1e-5, "min-lr": 1e-6}),
+    (
+        "rule.optimizer_cpu_offload_needs_precision_aware_optimizer",
+        {"optimizer-cpu-offload": True},
+        "error",
+        {"optimizer-cpu-offload": True, "use-precision-aware-optimizer": True},
+    ),
+    (
+        "rule.enable_mtp_training_needs_mtp_num_layers",
+        {"enable-mtp-training": True},
+        "error",
+        {"enable-mtp-training": True, "mtp-num-layers": 1},
+    ),
+    (
+        "rule.sft_chunked_logits_compatibility",
+        merge(SFT, {"sft-chunked-logits": True}),
+        "error",
+        merge(SFT, {"sft-chunked-logits": True, "untie-embeddings-and-output-weights": True}),
+    ),
+    (
+        "rule.sft_chunked_logits_compatibility",
+        merge(
+            SFT,
+            {
+                "sft-chunked-logits": True,
+                "untie-embeddings-and-output-weights": True,
+                "enable-mtp-training": True,
+            },
+        ),
+        "error",
+        merge(SFT, {"sft-chunked-logits": True, "untie-embeddings-and-output-weights": True}),
+    ),
+    (
+        "rule.agentic_rollout",
+        {"use-agentic-rollout": True, "agent-cwd": "/work"},
+        "error",
+        {"use-agentic-rollout": True, "agent-command": "python agent.py", "agent-cwd": "/work"},
+    ),
+    (
+        "rule.agentic_rollout",
+        {
+            "use-agentic-rollout": True,
+            "agent-command": "python agent.py",
+            "agent-cwd": "/work",
+            "agent-env": ["RELAX_TOKEN=1"],
+        },
+        "error",
+        {
+            "use-agentic-rollout": True,
+            "agent-command": "python agent.py",
+            "agent-cwd": "/work",
+            "agent-env": ["TOKEN=1"],
+        },
+    ),
+    (
+        "rule.agentic_rollout",
+        {"use-agentic-rollout": True, "agent-command": "python agent.py", "agent-cwd": "/work"},
+        ("derived", "rollout_function_path", "relax.agentic.rollout.generate_rollout"),
+        {},
     ),
     ("rule.pool_node_size", {MAX: 4, "num-gpus-per-node": 8}, "error", {MAX: 8, "num-gpus-per-node": 8}),
     ("rule.pool_node_size", {MAX: 4}, ("derived", "num_gpus_per_node", 4), {MAX: 8}),
@@ -966,6 +1247,12 @@ CASES: list[tuple[str, dict, Any, dict]] = [
         merge(GENRM, {"genrm-num-gpus-per-engine": 2}),
     ),
     (
+        "rule.opd_managed_teacher_colocate_layout",
+        merge(OPD_MANAGED, {"resource": {"actor": [1, 4], "rollout": [1, 4], "teacher": [1, 2]}}),
+        "error",
+        OPD_MANAGED,
+    ),
+    (
         "rule.global_batch_size_divisible_by_micro_batches",
         {"global-batch-size": 32, "micro-batch-size": 3},
         "error",
@@ -1031,10 +1318,20 @@ def test_base_spec_is_valid_and_quiet() -> None:
 
 def test_errors_are_all_collected() -> None:
     _, issues = run(
-        {"save-interval": 5, "kl-coef": 0.1, "use-kl-loss": True, "kl-loss-coef": 0.1, "tis-clip-low": 9.0}
+        {
+            "save-interval": 5,
+            "kl-coef": 0.1,
+            "use-kl-loss": True,
+            "kl-loss-coef": 0.1,
+            "context-parallel-size": 2,
+        }
     )
     codes = {i.code for i in issues if i.is_error}
-    assert {"rule.save_interval_needs_save", "rule.kl_coef_and_kl_loss_coef", "rule.tis_clip_range"} <= codes
+    assert {
+        "rule.save_interval_needs_save",
+        "rule.kl_coef_and_kl_loss_coef",
+        "rule.context_parallel_needs_per_token_loss",
+    } <= codes
 
 
 def test_rule_issue_names_all_fields() -> None:
@@ -1042,3 +1339,72 @@ def test_rule_issue_names_all_fields() -> None:
     issue = next(i for i in issues if i.code == "rule.kl_coef_and_kl_loss_coef")
     assert issue.field == "kl-coef" and issue.fields == ["kl-coef", "kl-loss-coef"]
     assert "0.1" in issue.message
+
+
+def test_every_deviation_has_a_reason() -> None:
+    listed = deviations()
+    assert listed, "the deviations from Relax's code are listed"
+    codes = [code for code, _, _ in listed]
+    assert len(codes) == len(set(codes))
+    registered = {r.code for r in INPUT_RULES + RULES}
+    for code, flags, reason in listed:
+        assert code.startswith("rule."), code
+        assert flags and all(isinstance(f, str) and not f.startswith("-") for f in flags), code
+        assert isinstance(reason, str) and len(reason.split()) >= 8, f"{code}: {reason!r}"
+        assert code in registered or code in RETIRED_RULES, code
+    for r in INPUT_RULES + RULES:
+        assert r.deviation is None or r.deviation.strip(), r.code
+
+
+def test_a_deviation_without_a_reason_is_refused() -> None:
+    with pytest.raises(ValueError, match="reason"):
+        rule("rule.example_without_reason", "lr", summary="an example", deviation=" ")(lambda ctx: None)
+
+
+def test_retired_codes_are_not_registered() -> None:
+    registered = {r.code for r in INPUT_RULES + RULES}
+    assert not set(RETIRED_RULES) & registered
+    assert all(reason.strip() for reason in RETIRED_RULES.values())
+
+
+def test_torch_backend_is_not_a_warning_on_every_job() -> None:
+    res, issues = run(TORCH)
+    assert res is not None and not issues, [str(i) for i in issues]
+
+
+def test_no_hint_points_to_the_megatron_backend() -> None:
+    """The platform runs the torch backend only: no rule's hint sends a user to --train-backend megatron
+    (or to a Megatron-run OPD teacher)."""
+    cases = [broken for _, broken, _, _ in CASES] + [satisfied for _, _, _, satisfied in CASES]
+    for overrides in cases:
+        _, issues = run(merge(overrides, TORCH) if "train-backend" not in overrides else overrides)
+        for issue in issues:
+            assert "--train-backend megatron" not in issue.hint, str(issue)
+            assert "--opd-type megatron" not in issue.hint, str(issue)
+
+
+def test_megatron_backend_derivations_are_shown_and_stable() -> None:
+    res, issues = run({})
+    assert res is not None and not issues, [str(i) for i in issues]
+    derived = res.derived
+    assert derived["use_distributed_optimizer"] is True and derived["bf16"] is True
+    assert derived["moe_token_dispatcher_type"] == "alltoall"
+    assert derived["distributed_timeout_minutes"] == 30
+    assert derived["seq_length"] == derived["max_position_embeddings"] == 4096
+    assert derived["tokenizer_type"] == "HuggingFaceTokenizer"
+    again = normalize(argv=res.spec.to_argv())
+    assert again.spec == res.spec
+    assert "--use-distributed-optimizer" in res.spec.to_argv()
+
+
+def test_torch_backend_gets_no_megatron_derivations() -> None:
+    res, _ = run(TORCH)
+    assert res is not None
+    for name in (
+        "use_distributed_optimizer",
+        "bf16",
+        "moe_token_dispatcher_type",
+        "seq_length",
+        "tokenizer_model",
+    ):
+        assert name not in res.derived, name

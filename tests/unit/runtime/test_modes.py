@@ -107,6 +107,10 @@ def test_capabilities_name_what_is_refused() -> None:
         "resource={'actor': [1, 1], 'critic': [1, 2]}"
     ]
     ppo = {"resource": {"actor": [1, 1], "critic": [1, 1], "rollout": [1, 2], "advantages": [1, 0]}}
+    assert unsupported_parameters({**ppo, "advantage_estimator": "ppo", "use_tis": True}, defaults) == [
+        "advantage_estimator='ppo'"
+    ]
+    ppo["use_rollout_logprobs"] = True
     assert unsupported_parameters({**ppo, "advantage_estimator": "ppo", "use_tis": True}, defaults) == []
     assert unsupported_parameters({"rm_type": "ifbench"}, defaults) == ["rm_type='ifbench'"]
     assert unsupported_parameters({"rm_type": "mathh"}, defaults) == ["rm_type='mathh'"]

@@ -48,7 +48,7 @@ function newIdempotencyKey(): string {
 
 function ValidationView({ result }: { result: SpecValidation }) {
   const derived = Object.entries(result.derived ?? {});
-  // An invalid spec reports its warnings among the errors; show each kind in its place.
+  // Errors and warnings arrive apart; sort by severity anyway, so a list is never shown under the wrong head.
   const all = [...(result.errors ?? []), ...(result.warnings ?? [])] as unknown as FieldIssue[];
   const errors = all.filter((i) => i.severity !== "warning");
   const warnings = all.filter((i) => i.severity === "warning");

@@ -644,6 +644,8 @@ export interface components {
             labels?: {
                 [key: string]: string;
             };
+            /** @description With `args`: the launch script they were resolved from on the client (provenance). */
+            launch_script?: components["schemas"]["LaunchScriptIn"] | null;
             /**
              * Name
              * @description Job name; other jobs refer to its outputs as job://<name>/<path>.
@@ -871,6 +873,78 @@ export interface components {
              * @description Pass as `after` for the next page.
              */
             next_cursor?: string | null;
+        };
+        /**
+         * LaunchScriptIn
+         * @description Where a job's `args` came from when `relaxctl` resolved a Relax launch script on the client
+         *     (docs/adr/0004). Provenance only: the server never runs it; the job keeps it under
+         *     `submitted.launch_script`.
+         */
+        LaunchScriptIn: {
+            /**
+             * Entrypoint
+             * @description e.g. `python3 -m relax.entrypoints.train`.
+             */
+            entrypoint?: string | null;
+            /**
+             * Env
+             * @description The --env pairs given, secret-looking values replaced by ***.
+             */
+            env?: {
+                [key: string]: string;
+            };
+            /**
+             * File
+             * @description The file (the script or one it sources) of the training command.
+             */
+            file?: string | null;
+            /** Launcher */
+            launcher?: ("python" | "torchrun" | "ray job submit") | null;
+            /**
+             * Line
+             * @description Its line.
+             */
+            line?: number | null;
+            /**
+             * Path
+             * @description The script's absolute path on the submitting machine.
+             */
+            path: string;
+            /**
+             * Runtime Env
+             * @description `ray job submit --runtime-env-json`, parsed.
+             */
+            runtime_env?: {
+                [key: string]: unknown;
+            } | null;
+            /** Script Args */
+            script_args?: string[];
+            /**
+             * Sha256
+             * @description SHA-256 of the script file as read.
+             */
+            sha256: string;
+            /**
+             * Submission Id
+             * @description `ray job submit --submission-id`.
+             */
+            submission_id?: string | null;
+            /**
+             * Text
+             * @description The script's text (secret-looking assignments redacted), at most 256 KiB.
+             * @default
+             */
+            text: string;
+            /**
+             * Text Truncated
+             * @default false
+             */
+            text_truncated: boolean;
+            /**
+             * Working Dir
+             * @description `ray job submit --working-dir`.
+             */
+            working_dir?: string | null;
         };
         /** LogLinePublic */
         LogLinePublic: {
@@ -1251,6 +1325,8 @@ export interface components {
         SpecValidate: {
             /** Args */
             args?: string[] | string | null;
+            /** @description With `args`: the launch script they were resolved from on the client (provenance). */
+            launch_script?: components["schemas"]["LaunchScriptIn"] | null;
             /** Queue */
             queue?: string | null;
             /** Spec */
@@ -1260,19 +1336,42 @@ export interface components {
             /** Team */
             team?: string | null;
         };
-        /** SpecValidation */
+        /**
+         * SpecValidation
+         * @description The dry run's answer. Every key is present whatever the outcome; with errors, `spec`, `argv`,
+         *     `derived` and `demand` describe what was understood (null when not even that is known).
+         */
         SpecValidation: {
-            /** Argv */
+            /**
+             * Argv
+             * @description The resolved Relax argv (non-default values).
+             */
             argv?: string[] | null;
-            /** Demand */
+            /**
+             * Capacity
+             * @description Whether the demand could ever be placed: in the job's pool (`pool.fits`), in the largest pool, and in some pool (`fits_some_pool`); `fits` is null for a pool with no nodes yet.
+             */
+            capacity?: {
+                [key: string]: unknown;
+            } | null;
+            /**
+             * Demand
+             * @description GPU groups per role, total GPUs, nodes needed.
+             */
             demand?: {
                 [key: string]: unknown;
             } | null;
-            /** Derived */
+            /**
+             * Derived
+             * @description Values Relax derives (its rules, its Megatron defaults).
+             */
             derived?: {
                 [key: string]: unknown;
             };
-            /** Errors */
+            /**
+             * Errors
+             * @description Issues of severity error.
+             */
             errors?: {
                 [key: string]: unknown;
             }[];
@@ -1280,13 +1379,22 @@ export interface components {
             pool?: string | null;
             /** Queue */
             queue?: string | null;
-            /** Spec */
+            /**
+             * Spec
+             * @description The normalized spec: every field, paths resolved.
+             */
             spec?: {
                 [key: string]: unknown;
             } | null;
-            /** Valid */
+            /**
+             * Valid
+             * @description Whether a submit of the same request would be accepted.
+             */
             valid: boolean;
-            /** Warnings */
+            /**
+             * Warnings
+             * @description Issues of severity warning.
+             */
             warnings?: {
                 [key: string]: unknown;
             }[];
