@@ -47,6 +47,46 @@ class Team(Base):
     id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
     name: Mapped[str] = mapped_column(sa.String(100), unique=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Priority classes the team may submit at, granted by an admin; None: every preemptible class
+    # (a non-preemptible class only by grant).
+    allowed_priority_classes: Mapped[list[Any] | None] = mapped_column(JsonType)
+    # Queues (of other teams) the team may submit to besides its own, granted by an admin.
+    allowed_queues: Mapped[list[Any] | None] = mapped_column(JsonType)
+
+
+class PathGrant(Base):
+    """A filesystem location outside the team's own area that an admin lets a team read (ro) or read and
+    write (rw), in one pool or (pool None) every pool."""
+
+    __tablename__ = "path_grants"
+    __table_args__ = (sa.UniqueConstraint("team_id", "pool", "path", name="uq_path_grants_team_pool_path"),)
+
+    id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
+    team_id: Mapped[str] = mapped_column(sa.ForeignKey("teams.id", ondelete="CASCADE"), index=True)
+    pool: Mapped[str | None] = mapped_column(sa.ForeignKey("pools.name", ondelete="CASCADE"))
+    path: Mapped[str] = mapped_column(sa.Text)  # absolute, normalized, no symlinks
+    mode: Mapped[str] = mapped_column(sa.String(2))  # ro | rw
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    created_by: Mapped[str | None] = mapped_column(sa.String(40))  # API key id
+
+
+class AuditEvent(Base):
+    """One mutating API call: who, what, on what, and how it ended. Readable by admins only."""
+
+    __tablename__ = "audit_events"
+    __table_args__ = (sa.Index("ix_audit_events_time", "time"),)
+
+    id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True)
+    time: Mapped[datetime] = mapped_column(default=utcnow)
+    request_id: Mapped[str | None] = mapped_column(sa.String(64))
+    key_id: Mapped[str | None] = mapped_column(sa.String(40))  # None: the call was not authenticated
+    role: Mapped[str | None] = mapped_column(sa.String(20))
+    team_id: Mapped[str | None] = mapped_column(sa.String(40))
+    method: Mapped[str] = mapped_column(sa.String(10))
+    path: Mapped[str] = mapped_column(sa.Text)  # the route template, e.g. /v1/jobs/{job_id}/cancel
+    target: Mapped[str | None] = mapped_column(sa.Text)  # the resource id the call named, if any
+    status_code: Mapped[int]
+    details: Mapped[dict[str, Any]] = mapped_column(default=dict)  # never secrets
 
 
 class ApiKey(Base):
@@ -55,11 +95,13 @@ class ApiKey(Base):
     id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
     name: Mapped[str] = mapped_column(sa.String(100))
     team_id: Mapped[str | None] = mapped_column(sa.ForeignKey("teams.id"))
-    role: Mapped[str] = mapped_column(sa.String(20))  # admin | member
+    role: Mapped[str] = mapped_column(sa.String(20))  # admin | team_admin | member | viewer
     key_hash: Mapped[str] = mapped_column(sa.String(64), unique=True)
     prefix: Mapped[str] = mapped_column(sa.String(16))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None]
+    expires_at: Mapped[datetime | None]  # None: until revoked
+    created_by: Mapped[str | None] = mapped_column(sa.String(40))  # the key that created it
 
 
 class Pool(Base):
@@ -150,6 +192,9 @@ class Job(Base):
     queued_at: Mapped[datetime] = mapped_column(default=utcnow)  # when it last entered QUEUED
     ray_submission_id: Mapped[str | None] = mapped_column(sa.String(100))
     report_seq: Mapped[int] = mapped_column(default=-1)  # last report seq applied for `attempt`
+    # The attempt whose driver has exchanged its one-time bootstrap secret for the attempt's token
+    # (a second exchange for the same attempt is refused).
+    token_claimed_attempt: Mapped[int | None]
     progress_step: Mapped[int | None]
     total_steps: Mapped[int | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
