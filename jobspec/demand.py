@@ -198,6 +198,10 @@ def rollout_gpus(v: dict[str, Any]) -> int | None:
 # Demand
 
 
+#: Beyond this a layout is not computed (packing enumerates replicas).
+MAX_DEMAND_GPUS = 100_000
+
+
 def _pack_nodes(groups: list[GpuGroup], node: int) -> int:
     """Minimum nodes (first-fit decreasing) holding every non-shared replica."""
     full_nodes = 0
@@ -298,6 +302,8 @@ def compute_demand(spec: Any) -> ResourceDemand:
         ]
 
     total = sum(g.gpus for g in groups if g.shares_with is None)
+    if total > MAX_DEMAND_GPUS:  # only reachable for a spec with errors (SpecError.understood)
+        raise ValueError(f"a demand of {total} GPUs is beyond any cluster")
     nodes = _pack_nodes(groups, node)
     parts = []
     for g in groups:

@@ -98,7 +98,16 @@ def normalize(
     if any(i.is_error for i in issues):
         raise SpecError(issues, understood=_understood(values, ctx.values, derived))
     spec = JobSpec.model_validate(ctx.values, strict=True)
-    demand = compute_demand(spec)
+    try:
+        demand = compute_demand(spec)
+    except ValueError as exc:
+        issue = SpecIssue(
+            "demand.too_large",
+            "resource",
+            f"the job asks for more GPUs than any cluster has: {exc}",
+            "check --resource and the legacy --actor-num-gpus-per-node / --rollout-num-gpus values",
+        )
+        raise SpecError([issue, *issues]) from None
     warnings = [i for i in issues if not i.is_error]
     return NormalizedSpec(spec=spec, warnings=warnings, derived=derived, demand=demand)
 

@@ -231,3 +231,14 @@ def test_a_managed_opd_teacher_keeps_its_own_rollout_gpus_in_colocate_mode() -> 
     }
     d = demand(**spec)
     assert groups(d)["rollout"][0] * groups(d)["rollout"][1] == 2 and d.total_gpus == 4
+
+
+def test_an_absurd_demand_is_refused_not_computed() -> None:
+    from jobspec import SpecError, normalize
+
+    argv = ["--hf-checkpoint", "/m", "--prompt-data", "/d", "--rollout-batch-size", "8", "--num-rollout", "1"]
+    argv += ["--colocate", "--resource", '{"actor": [1, 200000], "rollout": [1, 200000]}']
+    argv += ["--num-gpus-per-node", "200000"]
+    with pytest.raises(SpecError) as err:
+        normalize(argv=argv)
+    assert [i.code for i in err.value.errors] == ["demand.too_large"]
