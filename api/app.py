@@ -10,8 +10,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
+from api.audit import install_audit
 from api.errors import install_error_handlers
-from api.routes import health, internal, jobs, platform, specs
+from api.routes import grants, health, internal, jobs, platform, sessions, specs
+from runtime.redaction import install_log_redaction
 from scheduler.celery_app import make_celery
 from scheduler.db.engine import Database
 from scheduler.dispatch import CeleryDispatcher, Dispatcher
@@ -27,6 +29,7 @@ def create_app(
     db: Database | None = None,
     dispatcher: Dispatcher | None = None,
 ) -> FastAPI:
+    install_log_redaction()  # no key or token in this process's logs, uvicorn's access log included
     settings = settings or get_settings()
     app = FastAPI(
         title="Relax Platform",
@@ -46,7 +49,8 @@ def create_app(
         return response
 
     install_error_handlers(app)
-    for module in (health, jobs, specs, platform, internal):
+    install_audit(app)
+    for module in (health, jobs, specs, platform, grants, sessions, internal):
         app.include_router(module.router)
 
     if (WEB_DIST / "index.html").exists():

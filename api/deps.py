@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Header, Request, Response
 from sqlalchemy.orm import Session
 
+from api.audit import audit_entry, record_with_change
 from scheduler.db.engine import Database
 from scheduler.dispatch import Dispatcher
-from scheduler.services.auth import Principal, authenticate
+from scheduler.domain.roles import Action
+from scheduler.services.audit import AuditEntry
+from scheduler.services.auth import Principal, authenticate, find_api_key, principal_for_key
 from scheduler.services.jobs import JobService
 from scheduler.settings import Settings
 
@@ -32,11 +36,13 @@ DatabaseDep = Annotated[Database, Depends(get_db)]
 DispatcherDep = Annotated[Dispatcher, Depends(get_dispatcher)]
 
 
-def get_session(db: DatabaseDep, request: Request) -> Iterator[Session]:
+def get_session(db: DatabaseDep, request: Request, response: Response) -> Iterator[Session]:
     """The request's unit of work: committed when the route returns, before the response is sent.
-    GET requests read only."""
+    GET requests read only. A mutating call's audit row is written in it (api/audit.py)."""
     with db.session(read_only=request.method in ("GET", "HEAD")) as session:
         yield session
+        record_with_change(request, session, response.status_code)
+    request.state.audit_written = audit_entry(request) is not None
 
 
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
@@ -51,15 +57,40 @@ def bearer(authorization: Annotated[str | None, Header()] = None) -> str | None:
 BearerDep = Annotated[str | None, Depends(bearer)]
 
 
-def get_principal(session: SessionDep, token: BearerDep) -> Principal:
-    return authenticate(session, token)
+def get_principal(request: Request, session: SessionDep, token: BearerDep) -> Principal:
+    key = find_api_key(session, token)
+    entry = audit_entry(request)
+    if key is not None and entry is not None:  # who called, even when the key is refused below
+        entry.caller(key.id, key.role, key.team_id)
+    return principal_for_key(key, presented=bool(token))
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
 
 
+def get_audit(request: Request) -> AuditEntry:
+    """The audit entry of this call, for the route to name its target and note safe details (a read
+    gets a throwaway entry)."""
+    return audit_entry(request) or AuditEntry(method=request.method, path=request.url.path)
+
+
+AuditDep = Annotated[AuditEntry, Depends(get_audit)]
+
+
+def require_metrics_reader(settings: SettingsDep, db: DatabaseDep, token: BearerDep) -> None:
+    """/metrics: the scrapers' RELAX_METRICS_TOKEN, or a key whose role may read metrics (admin)."""
+    expected = settings.api.metrics_token
+    if expected and token and hmac.compare_digest(token.encode(), expected.encode()):
+        return
+    with db.session(read_only=True) as session:
+        authenticate(session, token).require(Action.METRICS_READ)
+
+
+MetricsReaderDep = Annotated[None, Depends(require_metrics_reader)]
+
+
 def get_job_service(session: SessionDep, settings: SettingsDep) -> JobService:
-    return JobService(session, artifact_root=settings.artifacts)
+    return JobService(session, artifact_root=settings.artifacts, home=settings.home)
 
 
 JobServiceDep = Annotated[JobService, Depends(get_job_service)]

@@ -22,9 +22,11 @@ from pathlib import Path
 
 import uvicorn
 
+from runtime.redaction import install_log_redaction
 from scheduler.db.engine import Database
 from scheduler.db.migrate import upgrade
 from scheduler.dispatch import SCHEDULER_QUEUE, pool_queue
+from scheduler.secret_files import ensure_private_dir
 from scheduler.services.platform import LocalPool, ensure_admin_key, ensure_local_pool, ensure_team
 from scheduler.settings import Settings, get_settings
 
@@ -93,8 +95,49 @@ class Children:
                 pass
 
 
-def start_ray(children: Children, settings: Settings) -> str:
-    """A local Ray head; returns its Jobs API address."""
+def ray_temp_dir(settings: Settings) -> Path:
+    """Ray's `--temp-dir`: `$RELAX_HOME/ray`, or a folder of the system's temp dir named after the home
+    when that path is too long (Unix socket paths under it must stay short: 107 bytes with Ray's session
+    suffixes)."""
+    temp = settings.home / "ray"
+    if len(str(temp)) > 40:
+        temp = (
+            Path(tempfile.gettempdir())
+            / f"relax-ray-{hashlib.sha1(str(settings.home).encode()).hexdigest()[:10]}"
+        )
+    return temp
+
+
+def ray_environment(token_path: Path) -> dict[str, str]:
+    """The environment of the embedded `ray start`: token auth on, loopback only, no metrics servers.
+
+    - `RAY_AUTH_MODE=token` with `RAY_AUTH_TOKEN_PATH`: every gRPC and HTTP endpoint of Ray (GCS, raylet,
+      dashboard and its Jobs API, dashboard agent, runtime-env agent, client server) wants the token;
+      Ray's processes (workers, job drivers) inherit the path and read the file. The token itself is
+      never in an environment or on a command line.
+    - `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`: Ray's single-machine mode (its default on macOS/Windows):
+      the node's address is 127.0.0.1 and every listener Ray opens binds it; no other node can join.
+    - `RAY_enable_metrics_collection=0` and `DASHBOARD_METRIC_PORT=-1`: no Prometheus servers, which
+      answer without credentials (the dashboard's own metrics server fails to bind, logged once in
+      dashboard.log; Ray has no switch for it). `--no-monitor` in the argv drops the autoscaler's.
+    """
+    env = os.environ.copy()
+    env.pop("RAY_AUTH_TOKEN", None)  # it would override the file
+    env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")  # stop at once on SIGTERM
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    env |= {
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(token_path),
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_enable_metrics_collection": "0",
+        "DASHBOARD_METRIC_PORT": "-1",
+    }
+    return env
+
+
+def start_ray(children: Children, settings: Settings, pool: str = LOCAL_POOL) -> str:
+    """A local Ray head, listening on 127.0.0.1 only, with token auth on (the token: the pool's file
+    under `settings.ray_token_path`, created 0600 here); returns its Jobs API address."""
     # Every port Ray would otherwise take at a fixed default (GCS 6379 is Redis's, the agent's 52365
     # and the client server's 10001 collide with any other Ray on the machine) is chosen free.
     ports = {
@@ -112,23 +155,18 @@ def start_ray(children: Children, settings: Settings) -> str:
         )
     }
     dash = ports["--dashboard-port"]
-    # Unix socket paths under the temp dir must stay short (107 bytes with Ray's session suffixes).
-    temp = settings.home / "ray"
-    if len(str(temp)) > 40:
-        temp = (
-            Path(tempfile.gettempdir())
-            / f"relax-ray-{hashlib.sha1(str(settings.home).encode()).hexdigest()[:10]}"
-        )
-    env = os.environ.copy()
-    env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")  # stop at once on SIGTERM
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    env.setdefault("RAY_AUTH_MODE", "disabled")  # bound to this machine; see docs/adr/0001
+    temp = ensure_private_dir(ray_temp_dir(settings))  # Ray's sockets, session and job logs: this user only
+    token_path = settings.ensure_ray_token(pool)
+    token = settings.ray_token(pool)
+    env = ray_environment(token_path)
     num_cpus = settings.ray.num_cpus or max(8, 2 * (os.cpu_count() or 2))
     argv = [
         _bin("ray"),
         "start",
         "--head",
         "--block",
+        "--node-ip-address",
+        "127.0.0.1",
         "--dashboard-host",
         "127.0.0.1",
         "--num-cpus",
@@ -138,15 +176,17 @@ def start_ray(children: Children, settings: Settings) -> str:
         "--include-dashboard",
         "true",
         "--disable-usage-stats",
+        "--no-monitor",  # no autoscaling on one machine; its metrics server would answer anyone
     ]
     for flag, port in ports.items():
         argv += [flag, str(port)]
     children.start("ray", argv, env=env)
     address = f"http://127.0.0.1:{dash}"
+    probe = urllib.request.Request(f"{address}/api/version", headers={"Authorization": f"Bearer {token}"})
     deadline = time.time() + 120
     while time.time() < deadline:
         try:
-            urllib.request.urlopen(f"{address}/api/version", timeout=2).read()
+            urllib.request.urlopen(probe, timeout=2).read()
             return address
         except OSError:
             time.sleep(0.5)
@@ -181,8 +221,9 @@ def bootstrap(settings: Settings, ray_address: str | None) -> tuple[str, int]:
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install_log_redaction()
     settings = get_settings()
-    settings.home.mkdir(parents=True, exist_ok=True)
+    ensure_private_dir(settings.home)  # 0700: the database, keys, logs and Ray's session live here
     settings.artifacts.mkdir(parents=True, exist_ok=True)
     settings.signing_key()  # create it before the children race to
     children = Children(settings.home / "logs")

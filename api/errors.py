@@ -11,13 +11,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from runtime.redaction import redact, redact_value
 from scheduler.domain.errors import DomainError
 
 log = logging.getLogger(__name__)
 
 
 def envelope(request: Request, status: int, code: str, message: str, details: Any = None) -> JSONResponse:
-    request_id = getattr(request.state, "request_id", None)
+    """The error body. Its message and details never echo a secret that came with the request (an API key,
+    a job token or bootstrap secret, an Authorization value): they pass through the log redaction."""
+    request_id = redact_value(getattr(request.state, "request_id", None))  # a client-chosen X-Request-ID
+    message, details = redact(message), redact_value(details)
+    request.state.error_code = code  # for the audit row of a refused call (api/audit.py)
     return JSONResponse(
         status_code=status,
         content={"error": {"code": code, "message": message, "details": details, "request_id": request_id}},

@@ -31,6 +31,11 @@ class RunningPlatform:
     def key(self) -> str:
         return (self.home / "admin.key").read_text().strip()
 
+    @property
+    def ray_token(self) -> str:
+        """The auth token of pool `local`'s Ray (the Jobs API refuses calls without it)."""
+        return (self.home / "ray_tokens" / "local").read_text().strip()
+
     def env(self) -> dict[str, str]:
         return os.environ | {"RELAX_URL": self.url, "RELAX_HOME": str(self.home), "RELAX_API_KEY": self.key}
 
@@ -54,7 +59,7 @@ class RunningPlatform:
 
 def start_platform(home: Path, *, timeout: float = 180) -> RunningPlatform:
     port = _free_port()
-    env = os.environ | {"RELAX_HOME": str(home), "RELAX_PORT": str(port), "RAY_AUTH_MODE": "disabled"}
+    env = os.environ | {"RELAX_HOME": str(home), "RELAX_PORT": str(port)}
     home.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(
         [sys.executable, "-m", "api.embedded"],

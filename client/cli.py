@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,7 +28,11 @@ app = typer.Typer(
 jobs_app = typer.Typer(help="List, inspect and cancel jobs.", no_args_is_help=True)
 spec_app = typer.Typer(help="Validate job specs and print their schema.", no_args_is_help=True)
 models_app = typer.Typer(help="Build models and datasets locally (no hub needed).", no_args_is_help=True)
-admin_app = typer.Typer(help="Teams and API keys (admin key).", no_args_is_help=True)
+admin_app = typer.Typer(
+    help="Teams and their grants, API keys, pools, queues, the audit log (admin key; a team admin's key "
+    "manages its team's keys).",
+    no_args_is_help=True,
+)
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(spec_app, name="spec")
 app.add_typer(models_app, name="models")
@@ -175,12 +180,19 @@ def dashboard(
     api_key: KeyOpt = None,
     no_browser: Annotated[bool, typer.Option("--no-browser", help="Only print the link.")] = False,
 ) -> None:
-    """Open the web dashboard, signed in with your API key (the key travels in the URL fragment,
-    which browsers never send to the server)."""
+    """Open the web dashboard, signed in as your API key. The key itself never leaves this process: the
+    link carries a one-time login code (good for one sign-in within two minutes), in the URL fragment,
+    which browsers never send to a server; the dashboard exchanges it and removes it from the address."""
     import webbrowser
 
-    c = _client(url, api_key)
-    link = f"{c.url}/#key={c.api_key}" if c.api_key else f"{c.url}/"
+    with _client(url, api_key) as c:
+        link = f"{c.url}/"
+        if c.api_key:
+            try:
+                link = f"{c.url}/#code={c.login_code()['code']}"
+            except ApiError as e:
+                _fail(e)
+                return
     out.print(link, highlight=False)
     if not no_browser:
         webbrowser.open(link)
@@ -242,7 +254,11 @@ def pools(url: UrlOpt = None, api_key: KeyOpt = None, as_json: JsonOpt = False) 
                 str(n["gpus"]),
                 str(n["allocated_gpus"]),
                 state,
-                ", ".join(f"{j['job_id']} ({j['gpus']})" for j in n.get("jobs", [])) or "-",
+                ", ".join(
+                    [f"{j['job_id']} ({j['gpus']})" for j in n.get("jobs", [])]
+                    + ([f"other teams ({n['other_gpus']})"] if n.get("other_gpus") else [])
+                )
+                or "-",
                 p["ray_address"] or "-",
             )
     out.print(t)
@@ -462,16 +478,33 @@ def spec_schema() -> None:
 @models_app.command("tiny")
 def models_tiny(
     out_dir: Annotated[
-        Path | None, typer.Option("--out", help="Artifact root (default: $RELAX_HOME/artifacts).")
+        Path | None,
+        typer.Option(
+            "--out",
+            help="The folder artifacts:// names (default: your team's area, asked of the platform).",
+        ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Initialisation seed.")] = 0,
+    team: Annotated[str | None, typer.Option(help="Admins: the team whose area gets them.")] = None,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
 ) -> None:
     """Build the tiny Qwen2-style model + tokenizer (artifacts://models/tiny) and the arithmetic
-    datasets (artifacts://datasets/arith/…) offline."""
+    datasets (artifacts://datasets/arith/…) offline, in your team's area (the platform says where it is;
+    this machine must see it, as it does the embedded platform's)."""
     from runtime.data.arith import write_datasets
     from runtime.models.tiny import build_tiny_model
 
-    root = out_dir or Path(os.environ.get("RELAX_HOME", ".relax")).expanduser() / "artifacts"
+    if out_dir is None:
+        with _client(url, api_key) as c:
+            try:
+                area = c.storage(team=team)["area"]
+            except ApiError as e:
+                if e.code == "unreachable":
+                    err.print("[dim]start the platform first (`make run`), or give --out DIR[/dim]")
+                _fail(e)
+                return
+    root = out_dir or Path(area)
     t0 = time.time()
     model = build_tiny_model(root / "models" / "tiny", seed=seed)
     files = write_datasets(root / "datasets" / "arith")
@@ -482,41 +515,201 @@ def models_tiny(
 
 
 # admin --------------------------------------------------------------------------------------
-@admin_app.command("teams")
+teams_app = typer.Typer(help="Teams and the priority classes and queues each may use.")
+admin_app.add_typer(teams_app, name="teams")
+
+
+@teams_app.callback(invoke_without_command=True)
 def admin_teams(
+    ctx: typer.Context,
     create: Annotated[str | None, typer.Option(help="Create a team.")] = None,
     url: UrlOpt = None,
     api_key: KeyOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """List teams, or create one."""
+    """List teams with what each may use, or create one; `teams set TEAM …` changes its grants."""
+    if ctx.invoked_subcommand is not None:
+        return
     with _client(url, api_key) as c:
-        try:
-            if create:
-                c.create_team(create)
-            data = c.teams()
-        except ApiError as e:
-            _fail(e)
-            return
-    for t in data:
-        out.print(f"{t['id']}  {t['name']}")
+        if create:
+            _admin(lambda: c.create_team(create))
+        data = _admin(c.teams)
+    if as_json:
+        _print_json(data)
+        return
+    t = Table("id", "team", "priority classes", "queues")
+    for team in data:
+        t.add_row(
+            team["id"],
+            team["name"],
+            _granted(team.get("priority_classes", []), team.get("allowed_priority_classes"), "preemptible"),
+            _granted(team.get("queues", []), team.get("allowed_queues"), "own"),
+        )
+    out.print(t)
+
+
+@teams_app.command("set")
+def admin_teams_set(
+    team: Annotated[str, typer.Argument(help="Team name or id.")],
+    priority_classes: Annotated[
+        str | None,
+        typer.Option(
+            "--priority-classes",
+            help="Comma-separated classes the team may submit at (e.g. low,normal,high); "
+            "`default`: every preemptible class.",
+        ),
+    ] = None,
+    queues: Annotated[
+        str | None,
+        typer.Option(
+            "--queues", help="Comma-separated queues of other teams it may use too; `default`: none."
+        ),
+    ] = None,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Set which priority classes and (other teams') queues a team may use (admin key). A class that is
+    never preempted, like `high`, is only usable when named here."""
+    changes: dict[str, Any] = {}
+    if priority_classes is not None:
+        changes["allowed_priority_classes"] = _names(priority_classes)
+    if queues is not None:
+        changes["allowed_queues"] = _names(queues)
+    if not changes:
+        err.print("[red]error[/red] nothing to set: give --priority-classes and/or --queues")
+        raise typer.Exit(2)
+    with _client(url, api_key) as c:
+        t = _admin(lambda: c.update_team(team, **changes))
+    out.print(
+        f"team {t['name']}: priority classes {', '.join(t['priority_classes']) or 'none'}; "
+        f"queues {', '.join(t['queues']) or 'none'}"
+    )
+
+
+def _names(text: str) -> list[str] | None:
+    """`a,b` -> [a, b]; `default` -> None (the default grant)."""
+    if text.strip() == "default":
+        return None
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
+def _granted(effective: list[str], grant: list[str] | None, default: str) -> str:
+    return ", ".join(effective) + ("" if grant is not None else f"  [dim](default: {default})[/dim]")
+
+
+def _duration(text: str) -> timedelta:
+    """`30d`, `12h`, `2w`, `45m` (a bare number is days)."""
+    units = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+    value, unit = (text[:-1], text[-1]) if text[-1:] in units else (text, "d")
+    try:
+        amount = float(value)
+    except ValueError:
+        err.print(f"[red]error[/red] {escape(text)!r}: expected a duration such as 30d, 12h or 2w")
+        raise typer.Exit(2) from None
+    return timedelta(seconds=amount * units[unit])
+
+
+def _since(text: str) -> str:
+    """An ISO time, or a duration back from now (`1h`, `7d`)."""
+    try:
+        return datetime.fromisoformat(text).isoformat()
+    except ValueError:
+        return (datetime.now(UTC) - _duration(text)).isoformat()
 
 
 @admin_app.command("create-key")
 def admin_create_key(
     name: str,
-    team: Annotated[str | None, typer.Option()] = None,
-    role: Annotated[str, typer.Option()] = "member",
+    team: Annotated[str | None, typer.Option(help="Team name or id (a team admin's key: its own).")] = None,
+    role: Annotated[str, typer.Option(help="admin, team_admin, member or viewer.")] = "member",
+    expires_in: Annotated[
+        str | None, typer.Option("--expires-in", help="Lifetime, e.g. 30d, 12h, 2w (default: until revoked).")
+    ] = None,
     url: UrlOpt = None,
     api_key: KeyOpt = None,
 ) -> None:
     """Create an API key (the secret is printed once)."""
+    expires_at = (datetime.now(UTC) + _duration(expires_in)).isoformat() if expires_in else None
     with _client(url, api_key) as c:
-        try:
-            k = c.create_api_key(name, role=role, team=team)
-        except ApiError as e:
-            _fail(e)
-            return
-    out.print(k["key"])
+        k = _admin(lambda: c.create_api_key(name, role=role, team=team, expires_at=expires_at))
+    out.print(k["key"], highlight=False)
+    if k.get("expires_at"):
+        err.print(
+            f"[dim]{k['id']} ({k['role']}) expires at {k['expires_at'][:19].replace('T', ' ')} UTC[/dim]"
+        )
+
+
+@admin_app.command("keys")
+def admin_keys(
+    team: Annotated[str | None, typer.Option(help="Only this team's keys.")] = None,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """API keys without their secrets (an admin: all; a team admin: the team's; others: their own)."""
+    with _client(url, api_key) as c:
+        data = _admin(lambda: c.api_keys(team=team))
+    if as_json:
+        _print_json(data)
+        return
+    t = Table("id", "name", "role", "team", "prefix", "created", "expires", "revoked")
+    for k in data:
+        t.add_row(
+            k["id"],
+            k["name"],
+            k["role"],
+            k["team_id"] or "-",
+            k["prefix"] + "…",
+            k["created_at"][:19].replace("T", " "),
+            (k.get("expires_at") or "-")[:19].replace("T", " "),
+            (k["revoked_at"] or "-")[:19].replace("T", " "),
+        )
+    out.print(t)
+
+
+@admin_app.command("revoke-key")
+def admin_revoke_key(key_id: str, url: UrlOpt = None, api_key: KeyOpt = None) -> None:
+    """Revoke an API key at once (an admin: any; a team admin: the team's; anyone: their own)."""
+    with _client(url, api_key) as c:
+        k = _admin(lambda: c.revoke_api_key(key_id))
+    out.print(f"{k['id']} ({k['name']}): revoked")
+
+
+@admin_app.command("audit")
+def admin_audit(
+    since: Annotated[str | None, typer.Option(help="From this time (ISO) or this long ago (1h, 7d).")] = None,
+    key: Annotated[str | None, typer.Option(help="Calls made with this key id.")] = None,
+    team: Annotated[str | None, typer.Option(help="Calls made by keys of this team.")] = None,
+    path: Annotated[
+        str | None, typer.Option(help="Route template or its start, e.g. /v1/jobs or /v1/api-keys.")
+    ] = None,
+    limit: Annotated[int, typer.Option(help="Rows to show (newest first).")] = 50,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The audit log (admin key): every mutating call, refused ones too — who, what, on what, status."""
+    with _client(url, api_key) as c:
+        page = _admin(
+            lambda: c.audit(
+                since=_since(since) if since else None, key=key, team=team, path=path, limit=limit
+            )
+        )
+    if as_json:
+        _print_json(page)
+        return
+    t = Table("time", "key", "role", "call", "target", "status", "details")
+    for e in page["data"]:
+        t.add_row(
+            e["time"][:19].replace("T", " "),
+            e["key_id"] or "-",
+            e["role"] or "-",
+            f"{e['method']} {e['path']}",
+            e["target"] or "-",
+            str(e["status_code"]),
+            escape(", ".join(f"{k}={v}" for k, v in e["details"].items())),
+        )
+    out.print(t)
 
 
 def _file_and_args(ctx: typer.Context, file: str | None) -> tuple[str | None, list[str]]:
@@ -757,6 +950,60 @@ def admin_priority_classes(
     for p in data:
         t.add_row(p["name"], str(p["value"]), "yes" if p["preemptible"] else "no", p["description"] or "")
     out.print(t)
+
+
+# admin grants -------------------------------------------------------------------------------
+grants_app = typer.Typer(
+    help="Paths outside a team's area that its jobs may read (ro) or read and write (rw).",
+    no_args_is_help=True,
+)
+admin_app.add_typer(grants_app, name="grants")
+
+
+@grants_app.command("list")
+def admin_grants_list(
+    team: Annotated[str | None, typer.Option(help="Only this team's grants.")] = None,
+    json_out: JsonOpt = False,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """List path grants."""
+    with _client(url, api_key) as c:
+        data = _admin(lambda: c.path_grants(team))
+    if json_out:
+        _print_json(data)
+        return
+    t = Table("id", "team", "pool", "mode", "path")
+    for g in data:
+        t.add_row(g["id"], g["team_id"], g["pool"] or "(every pool)", g["mode"], g["path"])
+    out.print(t)
+
+
+@grants_app.command("add")
+def admin_grants_add(
+    team: Annotated[str, typer.Argument(help="The team (name or id).")],
+    path: Annotated[
+        str, typer.Argument(help="An absolute path outside the platform's home and artifact store.")
+    ],
+    mode: Annotated[str, typer.Option(help="ro (read) or rw (read and write).")] = "ro",
+    pool: Annotated[str | None, typer.Option(help="Only jobs in this pool (default: every pool).")] = None,
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
+    """Let a team's jobs read (ro) or read and write (rw) PATH."""
+    with _client(url, api_key) as c:
+        g = _admin(lambda: c.add_path_grant(team, path, mode=mode, pool=pool))
+    where = f"pool {g['pool']}" if g["pool"] else "every pool"
+    verb = "read and write" if g["mode"] == "rw" else "read"
+    out.print(f"{g['id']}  team {g['team_id']} may {verb} {g['path']} in {where}")
+
+
+@grants_app.command("remove")
+def admin_grants_remove(grant_id: str, url: UrlOpt = None, api_key: KeyOpt = None) -> None:
+    """Remove a path grant (jobs already queued lose it when they next start)."""
+    with _client(url, api_key) as c:
+        g = _admin(lambda: c.remove_path_grant(grant_id))
+    out.print(f"removed {g['id']} ({g['mode']} {g['path']})")
 
 
 def main() -> None:

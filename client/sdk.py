@@ -225,8 +225,39 @@ class RelaxClient:
     def create_team(self, name: str) -> dict[str, Any]:
         return self._request("POST", "/v1/teams", json={"name": name})
 
-    def create_api_key(self, name: str, role: str = "member", team: str | None = None) -> dict[str, Any]:
-        return self._request("POST", "/v1/api-keys", json={"name": name, "role": role, "team": team})
+    def team(self, team: str) -> dict[str, Any]:
+        return self._request("GET", f"/v1/teams/{team}")
+
+    def update_team(self, team: str, **changes: Any) -> dict[str, Any]:
+        """Set `allowed_priority_classes` / `allowed_queues` (a list, or None for the default)."""
+        return self._request("PATCH", f"/v1/teams/{team}", json=changes)
+
+    def create_api_key(
+        self,
+        name: str,
+        role: str = "member",
+        team: str | None = None,
+        *,
+        expires_in_days: int | None = None,
+        expires_at: str | None = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"name": name, "role": role, "team": team}
+        if expires_in_days is not None:
+            body["expires_in_days"] = expires_in_days
+        if expires_at is not None:
+            body["expires_at"] = expires_at
+        return self._request("POST", "/v1/api-keys", json=body)
+
+    def api_keys(self, team: str | None = None) -> list[dict[str, Any]]:
+        return self._request("GET", "/v1/api-keys", params={"team": team} if team else None)["data"]
+
+    def revoke_api_key(self, key_id: str) -> dict[str, Any]:
+        return self._request("DELETE", f"/v1/api-keys/{key_id}")
+
+    def audit(self, **filters: Any) -> dict[str, Any]:
+        """A page of the audit log (admin): filters since, key, team, path, after, limit."""
+        params = {k: v for k, v in filters.items() if v is not None}
+        return self._request("GET", "/v1/admin/audit", params=params)
 
     def create_pool(
         self,
@@ -304,6 +335,29 @@ class RelaxClient:
             "/v1/priority-classes",
             json={"name": name, "value": value, "preemptible": preemptible, "description": description},
         )
+
+    # storage: the team's area and path grants ----------------------------------------------
+    def storage(self, team: str | None = None, pool: str | None = None) -> dict[str, Any]:
+        """Where your team's jobs may read and write: `area` (what artifacts:// names), `jobs`, `grants`."""
+        params = {k: v for k, v in (("team", team), ("pool", pool)) if v is not None}
+        return self._request("GET", "/v1/storage", params=params or None)
+
+    def path_grants(self, team: str | None = None) -> list[dict[str, Any]]:
+        return self._request("GET", "/v1/admin/path-grants", params={"team": team} if team else None)["data"]
+
+    def add_path_grant(
+        self, team: str, path: str, mode: str = "ro", pool: str | None = None
+    ) -> dict[str, Any]:
+        body = {"team": team, "path": path, "mode": mode, "pool": pool}
+        return self._request("POST", "/v1/admin/path-grants", json=body)
+
+    def remove_path_grant(self, grant_id: str) -> dict[str, Any]:
+        return self._request("DELETE", f"/v1/admin/path-grants/{grant_id}")
+
+    def login_code(self) -> dict[str, Any]:
+        """A one-time code (`code`, `expires_in` s) that signs a browser in to the dashboard as this key:
+        `<url>/#code=<code>` (what `relaxctl dashboard` opens)."""
+        return self._request("POST", "/v1/auth/login-codes")
 
     def health(self) -> dict[str, Any]:
         return self._request("GET", "/readyz")

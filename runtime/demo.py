@@ -108,7 +108,9 @@ def _tree_pss_mb(pid: int) -> float:
 
 
 def run_job(name: str, spec_file: Path) -> JobRun:
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    # The driver's private Ray, on this machine's loopback only (Ray's single-machine mode).
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    env["PYTHONUNBUFFERED"] = "1"
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "runtime.driver", "--spec-file", str(spec_file)], env=env)
     peak = [0.0]

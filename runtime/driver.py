@@ -14,10 +14,12 @@ from typing import Any
 import httpx
 import ray
 
+from runtime.bootstrap import CredentialError, JobCredential, exchange, take_bootstrap_secret
 from runtime.capabilities import unsupported_parameters
 from runtime.devices import Device
 from runtime.observability import Stage, StepTimer, configure_logging
 from runtime.pipeline import Pipeline, build_pipeline, resume, role_plan
+from runtime.redaction import install_log_redaction
 from runtime.reporter import EventKind, HttpReporter, LocalReporter, Reporter
 from runtime.roles.placement import plan_topology
 from runtime.spec import RuntimeSpec, load_spec, parameter_defaults, read_spec_file
@@ -174,7 +176,10 @@ def init_ray(address: str | None, spec: RuntimeSpec) -> bool:
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, credential: JobCredential | None = None) -> int:
+    """`credential`: the attempt's token, already exchanged by runtime.bootstrap (the Ray job's entrypoint);
+    without it, platform mode exchanges the bootstrap secret of the environment here."""
+    install_log_redaction()
     args = parse_args(argv)
     standalone = args.spec_file is not None
     raw: dict[str, Any] = {}
@@ -188,9 +193,13 @@ def main(argv: list[str] | None = None) -> int:
         reporter: Reporter = LocalReporter(report_dir)
         job = name or args.spec_file.stem
     else:
-        token = os.environ.get("RELAX_JOB_TOKEN", "")
-        attempt = int(os.environ.get("RELAX_JOB_ATTEMPT", "0"))
-        reporter = HttpReporter(args.api_url, args.job_id, token, attempt=attempt)
+        if credential is None:  # started as `python -m runtime.driver`, not through runtime.bootstrap
+            try:
+                credential = exchange(args.api_url, args.job_id, take_bootstrap_secret())
+            except CredentialError as exc:
+                log.error("job %s: %s", args.job_id, exc)
+                return 1
+        reporter = HttpReporter(args.api_url, args.job_id, credential.token, attempt=credential.attempt)
         job = args.job_id
     configure_logging(reporter, job=job)
     signal.signal(signal.SIGTERM, lambda *_: reporter.request_stop())
@@ -199,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     code = 0
     try:
         if not standalone:
-            raw = fetch_spec(args.api_url, args.job_id, os.environ.get("RELAX_JOB_TOKEN", ""))
+            assert credential is not None
+            raw = fetch_spec(args.api_url, args.job_id, credential.token)
         spec = load_spec(raw, name=name, normalized=not standalone)
         check_capabilities(spec)
         log.info(

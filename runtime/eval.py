@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from runtime.access import PathPolicy
 from runtime.data.prompts import (
     DatasetConfig,
     PromptFormatter,
@@ -105,6 +106,9 @@ def load_eval_datasets(spec: RuntimeSpec, tokenizer: Any) -> list[EvalDataset]:
     `eval-prompt-data` name/path pairs."""
     if spec.eval_config:
         entries, defaults = read_eval_config(spec.eval_config)
+        policy = PathPolicy.of(spec)
+        if policy is not None:  # the platform checked the file, not what it names now
+            policy.check_eval_datasets(entries)
     else:
         pairs = list(spec.eval_prompt_data or [])
         if len(pairs) % 2:

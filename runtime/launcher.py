@@ -26,8 +26,9 @@ class RayJobInfo:
 
 
 def driver_entrypoint(python: str, job_id: str, api_url: str) -> str:
-    """The shell command of a job's driver on the cluster."""
-    return f"{python} -m runtime.driver --job-id {job_id} --api-url {api_url}"
+    """The shell command of a job's driver on the cluster. No credential on it: the driver exchanges the
+    bootstrap secret of its environment for its token first thing (runtime/bootstrap.py)."""
+    return f"{python} -m runtime.bootstrap --job-id {job_id} --api-url {api_url}"
 
 
 def submission_id(job_id: str, attempt: int) -> str:
@@ -37,13 +38,18 @@ def submission_id(job_id: str, attempt: int) -> str:
 
 
 class RayJobLauncher:
-    """Ray Jobs API client of one cluster (its dashboard address, e.g. http://127.0.0.1:8265)."""
+    """Ray Jobs API client of one cluster (its dashboard address, e.g. http://127.0.0.1:8265).
 
-    def __init__(self, address: str) -> None:
+    `token`: the cluster's Ray auth token (`RAY_AUTH_MODE=token`), sent as `Authorization: Bearer` on
+    every call of this client only, whatever this process's own `RAY_AUTH_MODE` says (one worker talks
+    to several pools, each with its token). None: no header (a cluster without auth)."""
+
+    def __init__(self, address: str, token: str | None = None) -> None:
         from ray.job_submission import JobSubmissionClient
 
         self.address = address
-        self._client = JobSubmissionClient(address)
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        self._client = JobSubmissionClient(address, headers=headers)
 
     def submit(
         self,
@@ -104,5 +110,6 @@ class RayJobLauncher:
 
 
 @lru_cache(maxsize=32)
-def launcher_for(address: str) -> RayJobLauncher:
-    return RayJobLauncher(address)
+def launcher_for(address: str, token: str | None = None) -> RayJobLauncher:
+    """One client per (cluster, token): a token put in place or rotated gets a new client."""
+    return RayJobLauncher(address, token)

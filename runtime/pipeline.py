@@ -19,6 +19,7 @@ import torch
 import transformers
 from transformers import AutoTokenizer
 
+from runtime.access import check_paths, owner_of
 from runtime.algos.advantages import AdvantageConfig, AdvantageInputs, compute_advantages_and_returns
 from runtime.algos.losses import LossConfig
 from runtime.data.prompts import (
@@ -486,6 +487,7 @@ def train_config_from(spec: RuntimeSpec, total_rollouts: int) -> TrainConfig:
         ref_update_interval=spec.ref_update_interval,
         only_train_params=tuple(spec.only_train_params_name_list or ()),
         freeze_params=tuple(spec.freeze_params_name_list or ()),
+        owner=owner_of(spec),
     )
 
 
@@ -556,6 +558,7 @@ def critic_plan(spec: RuntimeSpec, total_rollouts: int, initial_weights: str) ->
             global_batch_size=policy.global_batch_size,
             micro_batch_size=policy.micro_batch_size,
             max_tokens_per_micro_batch=policy.max_tokens_per_micro_batch,
+            owner=policy.owner,
         ),
     )
 
@@ -650,6 +653,7 @@ def build_pipeline(
 ) -> Pipeline:
     """Read the data, start the roles, and report the job as running."""
     validate(spec)
+    check_paths(spec)  # a platform job opens only the paths the platform resolved (runtime.access)
     torch.manual_seed(spec.seed)
     device = device or Device.detect()
     tokenizer = AutoTokenizer.from_pretrained(spec.hf_checkpoint)

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 import httpx
 
+from runtime.redaction import redact
 from runtime.train.checkpoint import CheckpointRecord
 
 # The reporter's own trouble goes to stderr only: forwarding it through the reporter would loop.
@@ -113,7 +114,7 @@ class Reporter(ABC):
         )
 
     def log(self, level: str, message: str, *, source: str = "driver", when: float | None = None) -> None:
-        item = {"time": when or time.time(), "level": level, "source": source, "message": message}
+        item = {"time": when or time.time(), "level": level, "source": source, "message": redact(message)}
         self._add("logs", [item])
 
     def checkpoint(self, record: CheckpointRecord) -> None:
@@ -129,7 +130,7 @@ class Reporter(ABC):
         self._add("predictions", [item])
 
     def event(self, kind: EventKind, message: str = "") -> None:
-        self._add("events", [{"time": time.time(), "kind": str(kind), "message": message}])
+        self._add("events", [{"time": time.time(), "kind": str(kind), "message": redact(message)}])
 
     def set_phase(self, phase: Phase) -> None:
         with self._cond:
@@ -252,7 +253,8 @@ class Reporter(ABC):
 
 
 class HttpReporter(Reporter):
-    """Reports to `POST {api_url}/v1/internal/jobs/{job_id}/report` with the job-scoped bearer token."""
+    """Reports to `POST {api_url}/v1/internal/jobs/{job_id}/report` with the attempt's bearer token (kept
+    in the HTTP client's headers only; httpx leaves it out of their repr)."""
 
     def __init__(
         self, api_url: str, job_id: str, token: str, *, attempt: int = 0, timeout: float = 10.0, **kwargs: Any

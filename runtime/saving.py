@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.access import owner_of
 from runtime.reporter import EventKind, Reporter
 from runtime.roles.groups import TrainGroup
 from runtime.spec import RuntimeSpec
@@ -80,6 +81,6 @@ class CheckpointManager:
 
     def _prune(self) -> None:
         if self.spec.save:
-            for folder in prune_checkpoints(self.spec.save, self.policy):
+            for folder in prune_checkpoints(self.spec.save, self.policy, owner=owner_of(self.spec)):
                 self.reporter.event(EventKind.CHECKPOINT_REMOVED, str(folder))
                 log.info("removed checkpoint %s (retention)", folder)

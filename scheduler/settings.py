@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from functools import lru_cache
 from pathlib import Path
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# A pool name as a file name: no "/", no leading ".".
+_POOL_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 def _home() -> Path:
@@ -26,6 +30,11 @@ class ApiSettings(BaseSettings):
         None,
         description="URL at which job drivers on the Ray clusters reach the API "
         "(default: http://<host>:<port>).",
+    )
+    metrics_token: str | None = Field(
+        None,
+        description="Bearer token that Prometheus scrapers send to /metrics (RELAX_METRICS_TOKEN); "
+        "admin API keys work too. Unset: admin keys only.",
     )
 
 
@@ -91,6 +100,14 @@ class RaySettings(BaseSettings):
         description="Slots of pool `local` on a machine without GPUs (one slot stands for one GPU). "
         "Default: the number of CPU cores, at least 2.",
     )
+    token_dir: Path | None = Field(
+        None,
+        description="Directory of the pools' Ray auth tokens, one file per pool named after it (mode "
+        "0600), sent as `Authorization: Bearer` to the pool's Ray Jobs API. The embedded platform "
+        "creates the file of pool `local` and starts its Ray head with it; for a pool on an external "
+        "Ray cluster, put that cluster's token (`RAY_AUTH_TOKEN_PATH` of its `ray start`) there. "
+        "Default: $RELAX_HOME/ray_tokens.",
+    )
 
 
 class Settings(BaseSettings):
@@ -104,6 +121,7 @@ class Settings(BaseSettings):
     )
     secret_key: str | None = Field(
         None,
+        repr=False,
         description="Signs job tokens. Default: a random key kept in $RELAX_HOME/secret.key.",
     )
     environment: str = Field("dev", description="dev or production; production refuses defaults.")
@@ -148,21 +166,50 @@ class Settings(BaseSettings):
         return self.api.public_url or f"http://{self.api.host}:{self.api.port}"
 
     def signing_key(self) -> bytes:
-        """The job-token signing key; created once in $RELAX_HOME when not configured."""
+        """The job-token signing key; created once in $RELAX_HOME (0600, atomically) when not configured.
+        Registered with the log redaction, so that it never appears in this process's logs."""
+        from runtime.redaction import register_secret
+        from scheduler.secret_files import create_secret_file, read_secret_file
+
         if self.secret_key:
+            register_secret(self.secret_key)
             return self.secret_key.encode()
         path = self.home / "secret.key"
         if not path.exists():
-            self.home.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(secrets.token_hex(32))
-            tmp.chmod(0o600)
-            try:
-                os.link(tmp, path)  # atomic: the first process to create it wins
-            except FileExistsError:
-                pass
-            tmp.unlink(missing_ok=True)
-        return path.read_text().strip().encode()
+            create_secret_file(path, secrets.token_hex(32))  # the first process to create it wins
+        key = read_secret_file(path)
+        register_secret(key)
+        return key.encode()
+
+    # Ray auth tokens, one per pool ---------------------------------------------------------------
+    def ray_token_path(self, pool: str) -> Path:
+        """Where the Ray auth token of `pool` lives (the file need not exist)."""
+        if not _POOL_FILE_NAME.fullmatch(pool):
+            raise ValueError(f"{pool!r} is not a pool name")
+        return (self.ray.token_dir or self.home / "ray_tokens") / pool
+
+    def ray_token(self, pool: str) -> str | None:
+        """The Ray auth token of `pool`, or None when it has none (its Ray then runs without auth and
+        refuses nothing, or refuses the platform's calls with 401 until an admin puts the token there).
+        Registered with the log redaction: it never appears in this process's logs."""
+        from runtime.redaction import register_secret
+        from scheduler.secret_files import read_secret_file
+
+        path = self.ray_token_path(pool)
+        if not path.exists():
+            return None
+        token = read_secret_file(path) or None
+        register_secret(token)
+        return token
+
+    def ensure_ray_token(self, pool: str) -> Path:
+        """The token file of `pool`, created (0600, atomically, 256 random bits) if missing."""
+        from scheduler.secret_files import create_secret_file
+
+        path = self.ray_token_path(pool)
+        if not path.exists():
+            create_secret_file(path, secrets.token_hex(32))  # the first process to create it wins
+        return path
 
 
 @lru_cache

@@ -24,6 +24,7 @@ from runtime.launcher import (
     launcher_for,
     submission_id,
 )
+from runtime.redaction import redact
 from scheduler.db.engine import Database
 from scheduler.db.models import Job, Pool, utcnow
 from scheduler.dispatch import (
@@ -36,7 +37,7 @@ from scheduler.dispatch import (
 )
 from scheduler.domain.jobs import ON_CLUSTER, FailureReason, JobStatus
 from scheduler.scheduling import run_scheduling_pass
-from scheduler.services.auth import job_token
+from scheduler.services.job_tokens import bootstrap_secret
 from scheduler.services.jobs import JobService
 from scheduler.settings import Settings
 
@@ -90,7 +91,7 @@ def register_tasks(app: Celery, settings: Settings) -> WorkerContext:
             pool = s.get(Pool, job.pool)
             address, sub_id = pool.ray_address if pool else None, job.ray_submission_id
         if address:
-            launcher_for(address).stop(sub_id)
+            launcher_for(address, ctx.settings.ray_token(job.pool)).stop(sub_id)
         ctx.dispatcher.reconcile(job.pool)
 
     @app.task(name=TASK_RECONCILE)
@@ -129,11 +130,14 @@ def launch_job(ctx: WorkerContext, job_id: str) -> None:
     try:
         if not address:
             raise RuntimeError(f"pool {job.pool} has no Ray address")
-        token = job_token(ctx.settings.signing_key(), job_id, attempt)
-        submitted = launcher_for(address).submit(
+        # Ray's Jobs API shows a job's environment to anyone who can reach the dashboard: it carries only
+        # the attempt's one-time bootstrap secret, which the driver exchanges for the attempt's token as
+        # its first call (scheduler/services/job_tokens.py); a copy read later is refused.
+        bootstrap = bootstrap_secret(ctx.settings.signing_key(), job_id, attempt)
+        submitted = launcher_for(address, ctx.settings.ray_token(job.pool)).submit(
             sub_id,
             driver_entrypoint(python, job_id, ctx.settings.public_url),
-            env={"RELAX_JOB_ID": job_id, "RELAX_JOB_TOKEN": token, "RELAX_JOB_ATTEMPT": str(attempt)},
+            env={"RELAX_JOB_ID": job_id, "RELAX_JOB_BOOTSTRAP": bootstrap, "RELAX_JOB_ATTEMPT": str(attempt)},
             metadata={"relax_job_id": job_id, "attempt": str(attempt)},
         )
         log.info(
@@ -151,7 +155,7 @@ def launch_job(ctx: WorkerContext, job_id: str) -> None:
                 job_id,
                 JobStatus.FAILED,
                 expected_from=JobStatus.STARTING,
-                reason=f"could not submit to Ray at {address}: {err}",
+                reason=redact(f"could not submit to Ray at {address}: {err}"),
                 failure=FailureReason.SETUP,
             )
             svc.transition(
@@ -181,7 +185,7 @@ def reconcile_pool(ctx: WorkerContext, pool_name: str) -> None:
             )
             for j in s.scalars(sa.select(Job).where(Job.pool == pool_name, Job.status.in_(list(ON_CLUSTER))))
         ]
-    launcher = launcher_for(address)
+    launcher = launcher_for(address, ctx.settings.ray_token(pool_name))
     freed = False
     grace = timedelta(seconds=ctx.settings.scheduler.launch_grace_seconds)
     preempt_grace = timedelta(seconds=ctx.settings.scheduler.preempt_grace_seconds)
@@ -257,7 +261,7 @@ def failure_summary(ray_message: str | None, log_tail: list[str]) -> str:
     cause = next((ln.strip() for ln in reversed(log_tail) if _EXCEPTION_LINE.match(ln.strip())), "")
     if not cause:
         cause = next((ln.strip() for ln in reversed(log_tail) if ln.strip()), "")
-    return f"{head}: {cause[:500]}" if cause else head
+    return redact(f"{head}: {cause[:500]}" if cause else head)
 
 
 def _move(

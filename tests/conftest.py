@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import secrets
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,8 +16,18 @@ import sqlalchemy as sa
 PG_URL = os.environ.get("RELAX_TEST_POSTGRES_URL", "postgresql+psycopg://root@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("RELAX_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 
-# Ray must not turn on token auth or phone home from tests.
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Every Ray a test starts (`ray.init(address="local")`, drivers run standalone) binds 127.0.0.1 only (Ray's
+# single-machine mode) and runs with token auth, as the embedded platform's does (api/embedded.py), with a
+# token of this session: never ~/.ray/auth_token, never one in the environment. Nor does it phone home.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+if "RAY_AUTH_MODE" not in os.environ:
+    _ray_token_dir, _owner = tempfile.mkdtemp(prefix="relax-test-ray-"), os.getpid()  # 0700
+    atexit.register(lambda: os.getpid() == _owner and shutil.rmtree(_ray_token_dir, ignore_errors=True))
+    _fd = os.open(os.path.join(_ray_token_dir, "auth_token"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(_fd, "w") as _fh:
+        _fh.write(secrets.token_hex(32))
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN_PATH"] = os.path.join(_ray_token_dir, "auth_token")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 

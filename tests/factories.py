@@ -6,15 +6,27 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.db.engine import Database
+from scheduler.services.paths import team_area
 from scheduler.services.platform import LocalPool, ensure_admin_key, ensure_local_pool, ensure_team
+
+
+def seed_area(artifact_root: Path, team_id: str) -> Path:
+    """What `grpo_spec()` reads, in the team's area (`artifacts://`): a model folder and a prompt file."""
+    area = team_area(artifact_root, team_id)
+    (area / "models" / "tiny").mkdir(parents=True, exist_ok=True)
+    (area / "data").mkdir(parents=True, exist_ok=True)
+    (area / "data" / "train.jsonl").write_text('{"prompt": "1+1", "label": "2"}\n')
+    return area
 
 
 def bootstrap(
     db: Database, home: Path, *, slots: int = 2, ray_address: str | None = "http://127.0.0.1:9"
 ) -> str:
-    """Default team, pool `local` with one node of `slots`, default queue; returns the admin key."""
+    """Default team, pool `local` with one node of `slots`, default queue; returns the admin key. The
+    default team's area (under `home`/artifacts, the default artifact root) holds `grpo_spec()`'s inputs."""
     with db.session() as s:
         team = ensure_team(s, "default")
+        seed_area(home / "artifacts", team.id)
         ensure_local_pool(
             s,
             LocalPool(
@@ -34,8 +46,8 @@ def grpo_spec(**overrides: Any) -> dict[str, Any]:
     """A small valid Relax GRPO config (hyphenated keys, as users write them)."""
     spec: dict[str, Any] = {
         "train-backend": "torch",
-        "hf-checkpoint": "/models/tiny",
-        "prompt-data": "/data/arith/train.jsonl",
+        "hf-checkpoint": "artifacts://models/tiny",  # the submitting team's area (seed_area)
+        "prompt-data": "artifacts://data/train.jsonl",
         "input-key": "prompt",
         "label-key": "label",
         "rm-type": "math",
@@ -138,7 +150,7 @@ def make_job(
                 submitted={},
                 demand={"groups": groups, "total_gpus": replicas * gpus_per_replica},
                 total_gpus=replicas * gpus_per_replica,
-                output_dir=str(artifact_root / "jobs" / job_id),
+                output_dir=str(team_area(artifact_root, q.team_id) / "jobs" / job_id),
             )
         )
         s.flush()

@@ -6,7 +6,7 @@ import sqlalchemy as sa
 from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
-from api.deps import DatabaseDep
+from api.deps import DatabaseDep, MetricsReaderDep
 from scheduler.db.models import Allocation, Job, Node
 
 router = APIRouter(tags=["health"])
@@ -25,7 +25,8 @@ def readyz(db: DatabaseDep) -> dict[str, str]:
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
-def prometheus(db: DatabaseDep) -> str:
+def prometheus(db: DatabaseDep, _reader: MetricsReaderDep) -> str:
+    """Prometheus text format; needs an admin key or RELAX_METRICS_TOKEN (other teams' usage)."""
     with db.session(read_only=True) as s:
         by_status = s.execute(
             sa.select(Job.pool, Job.status, sa.func.count()).group_by(Job.pool, Job.status)

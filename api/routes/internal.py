@@ -1,32 +1,74 @@
-"""Routes for job drivers on the clusters: fetch the spec, send reports (job-scoped tokens)."""
+"""Routes for job drivers on the clusters: exchange the bootstrap secret for the attempt's token, fetch
+the spec, send reports. Design: scheduler/services/job_tokens.py.
+
+The credential is checked in a dependency, before the request body is read and before anything about
+the job is answered: every bad credential gets the same 401, whether the job exists or not."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel
 
-from api.deps import BearerDep, JobServiceDep, SettingsDep
+from api.deps import BearerDep, JobServiceDep, SessionDep, SettingsDep
+from api.errors import envelope
 from api.schemas import ERROR_RESPONSES
 from api.schemas.jobs import ReportAck, ReportCreate
 from scheduler.db.models import Job
-from scheduler.domain.errors import Unauthenticated
-from scheduler.services.auth import verify_job_token
+from scheduler.services.audit import AuditEntry
+from scheduler.services.audit import record as record_audit
+from scheduler.services.job_tokens import authorize_job_token, claim_job_token
 from scheduler.services.jobs import Report
 
 router = APIRouter(prefix="/v1/internal/jobs", tags=["internal"], responses=ERROR_RESPONSES)
 
 
-def _authorized_job(svc, settings, job_id: str, token: str | None) -> Job:  # type: ignore[no-untyped-def]
-    job = svc.get(job_id)
-    if not verify_job_token(settings.signing_key(), job.id, job.attempt, token):
-        raise Unauthenticated("invalid job token for this job and attempt", code="job.bad_token")
-    return job
+def job_of_token(job_id: str, session: SessionDep, settings: SettingsDep, token: BearerDep) -> Job:
+    """The job whose live attempt the bearer token belongs to (401 otherwise, always the same)."""
+    return authorize_job_token(session, settings.signing_key(), job_id, token)
+
+
+TokenJob = Annotated[Job, Depends(job_of_token)]
+
+
+class JobTokenGrant(BaseModel):
+    """The attempt's bearer token: valid while the attempt is live; keep it in memory only."""
+
+    token: str
+    attempt: int
+
+
+@router.post("/{job_id}/token", response_model=JobTokenGrant)
+def claim_token(
+    job_id: str, request: Request, session: SessionDep, settings: SettingsDep, bootstrap: BearerDep
+) -> Any:
+    """Once per attempt: the bootstrap secret of the driver's environment (as bearer) for the attempt's
+    token. A second exchange is refused with 409 `job.bootstrap_reused` and recorded in the job's events."""
+    job, token = claim_job_token(session, settings.signing_key(), job_id, bootstrap)
+    if token is None:  # answered without raising, so that the records of the reuse commit
+        # for the platform's admins too: a bootstrap secret leaked
+        entry = AuditEntry(
+            method="POST",
+            path="/v1/internal/jobs/{job_id}/token",
+            request_id=getattr(request.state, "request_id", None),
+            team_id=job.team_id,
+            target=job.id,
+            details={"error": "job.bootstrap_reused", "attempt": job.attempt},
+        )
+        record_audit(session, entry, 409)
+        return envelope(
+            request,
+            409,
+            "job.bootstrap_reused",
+            "this attempt's bootstrap secret was already exchanged",
+            {"hint": "a driver exchanges it once, at start; a second exchange means it leaked"},
+        )
+    return JobTokenGrant(token=token, attempt=job.attempt)
 
 
 @router.get("/{job_id}/spec")
-def driver_spec(job_id: str, svc: JobServiceDep, settings: SettingsDep, token: BearerDep) -> dict[str, Any]:
-    job = _authorized_job(svc, settings, job_id, token)
+def driver_spec(job: TokenJob, svc: JobServiceDep) -> dict[str, Any]:
     return {
         "job_id": job.id,
         "name": job.name,
@@ -37,9 +79,6 @@ def driver_spec(job_id: str, svc: JobServiceDep, settings: SettingsDep, token: B
 
 
 @router.post("/{job_id}/report", response_model=ReportAck)
-def driver_report(
-    job_id: str, body: ReportCreate, svc: JobServiceDep, settings: SettingsDep, token: BearerDep
-) -> ReportAck:
-    job = _authorized_job(svc, settings, job_id, token)
+def driver_report(job: TokenJob, body: ReportCreate, svc: JobServiceDep) -> ReportAck:
     stop = svc.ingest_report(job, Report(**body.model_dump()))
     return ReportAck(stop_requested=stop)

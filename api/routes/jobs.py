@@ -12,7 +12,15 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import DatabaseDep, DispatcherDep, JobServiceDep, PrincipalDep, SettingsDep
+from api.deps import (
+    AuditDep,
+    BearerDep,
+    DatabaseDep,
+    DispatcherDep,
+    JobServiceDep,
+    PrincipalDep,
+    SettingsDep,
+)
 from api.schemas import ERROR_RESPONSES
 from api.schemas.jobs import (
     CheckpointPublic,
@@ -32,8 +40,9 @@ from api.schemas.jobs import (
     RolloutPublic,
     RolloutsPage,
 )
-from scheduler.domain.errors import NotFound
+from scheduler.domain.errors import DomainError, NotFound
 from scheduler.domain.jobs import JobStatus
+from scheduler.services.auth import authenticate
 from scheduler.services.jobs import JobService, Submission
 from scheduler.transactions import after_commit
 
@@ -55,8 +64,12 @@ def submit_job(
     principal: PrincipalDep,
     dispatcher: DispatcherDep,
     response: Response,
+    audit: AuditDep,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> JobDetail:
+    """Submit a job (the key's team, or `team` for an admin) to one of the team's queues at a priority
+    class the team was granted."""
+    audit.note(name=body.name, team=body.team, queue=body.queue, priority_class=body.priority_class)
     job, created = svc.submit(
         principal,
         Submission(
@@ -70,6 +83,9 @@ def submit_job(
             idempotency_key=idempotency_key,
             launch_script=body.launch_script.model_dump() if body.launch_script else None,
         ),
+    )
+    audit.note(
+        target=job.id, name=job.name, queue=job.queue, priority_class=job.priority_class, created=created
     )
     if created:
         after_commit(svc.session, dispatcher.request_pass)
@@ -189,6 +205,7 @@ async def stream_job(
     db: DatabaseDep,
     settings: SettingsDep,
     principal: PrincipalDep,
+    token: BearerDep,
     last_event_id: Annotated[str | None, Header()] = None,
     after: Annotated[
         str | None, Query(description="Resume from an event id seen before (as Last-Event-ID).")
@@ -196,13 +213,15 @@ async def stream_job(
 ) -> StreamingResponse:
     """Server-sent events: `status` on every change, then `event`, `metric`, `log`, `checkpoint`,
     `rollout` and `prediction` as they arrive; `end` after the job reaches a terminal status. Every
-    message carries an `id:`; reconnect with `Last-Event-ID` (or `?after=`) to resume without replay."""
+    message carries an `id:`; reconnect with `Last-Event-ID` (or `?after=`) to resume without replay.
+    The key is checked on every poll: a key revoked or expired meanwhile ends the stream (a reconnect
+    gets the 401)."""
     cursor = _parse_cursor(after or last_event_id)
 
     def poll(cur: dict[str, int]) -> tuple[list[tuple[str, dict]], bool]:
         with db.session(read_only=True) as s:
             svc = JobService(s, artifact_root=settings.artifacts)
-            job = svc.get(job_id, principal)
+            job = svc.get(job_id, authenticate(s, token))
             out: list[tuple[str, dict]] = []
             status_key = hash((job.status, job.progress_step, job.updated_at))
             if status_key != cur.get("status"):
@@ -237,7 +256,10 @@ async def stream_job(
     async def gen() -> AsyncIterator[bytes]:
         quiet = 0
         while True:
-            items, done = await run_in_threadpool(poll, cursor)
+            try:
+                items, done = await run_in_threadpool(poll, cursor)
+            except DomainError:  # the key was revoked or expired, or the job went away
+                return
             for kind, data in items:
                 yield f"id: {_format_cursor(cursor)}\nevent: {kind}\ndata: {json.dumps(data)}\n\n".encode()
             if done:

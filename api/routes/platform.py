@@ -1,17 +1,23 @@
-"""Routes for pools, queues, teams and API keys."""
+"""Routes for pools, queues, teams and their grants, API keys, and the audit log. Who may do what is
+decided by the services (scheduler/domain/roles.py); routes parse, call and note what the audit log
+records."""
 
 from __future__ import annotations
 
-import sqlalchemy as sa
-from fastapi import APIRouter
+from datetime import datetime, timedelta
+from typing import Annotated
 
-from api.deps import DispatcherDep, JobServiceDep, PrincipalDep, SessionDep
+from fastapi import APIRouter, Query
+
+from api.deps import AuditDep, DispatcherDep, JobServiceDep, PrincipalDep, SessionDep
 from api.schemas import ERROR_RESPONSES
 from api.schemas.platform import (
     ApiKeyCreate,
     ApiKeyCreated,
     ApiKeyPublic,
     ApiKeysPage,
+    AuditEventPublic,
+    AuditEventsPage,
     DrainResult,
     NodeCreate,
     NodeUpdate,
@@ -29,12 +35,13 @@ from api.schemas.platform import (
     TeamCreate,
     TeamPublic,
     TeamsPage,
+    TeamUpdate,
 )
-from scheduler.db.models import ApiKey, Team
+from scheduler.db.models import utcnow
 from scheduler.domain.errors import InvalidRequest
 from scheduler.domain.jobs import JobStatus
-from scheduler.services import platform
-from scheduler.services.auth import create_api_key, revoke_api_key, team_by_name_or_id
+from scheduler.services import audit, platform
+from scheduler.services.auth import issue_api_key, list_api_keys, revoke_api_key
 from scheduler.services.nodes import drain_node, mark_node_down
 from scheduler.transactions import after_commit
 
@@ -43,58 +50,117 @@ router = APIRouter(prefix="/v1", tags=["platform"], responses=ERROR_RESPONSES)
 
 @router.get("/pools", response_model=PoolsPage)
 def list_pools(session: SessionDep, principal: PrincipalDep) -> PoolsPage:
-    return PoolsPage(data=platform.list_pools(session))
+    """Pools and nodes with capacity. For a team key: no Ray address, and only its own team's jobs on
+    the nodes (other teams' GPUs count in `other_gpus`)."""
+    return PoolsPage(data=platform.list_pools(session, principal))
 
 
 @router.get("/queues", response_model=QueuesPage)
 def list_queues(session: SessionDep, principal: PrincipalDep) -> QueuesPage:
-    return QueuesPage(data=platform.list_queues(session))
+    """Queues with quota and usage: every queue for an admin; a team key's own and granted queues."""
+    return QueuesPage(data=platform.list_queues(session, principal))
 
 
 @router.get("/teams", response_model=TeamsPage)
 def list_teams(session: SessionDep, principal: PrincipalDep) -> TeamsPage:
-    q = sa.select(Team).order_by(Team.name)
-    if not principal.is_admin:
-        q = q.where(Team.id == principal.team_id)
-    return TeamsPage(data=[TeamPublic.model_validate(t) for t in session.scalars(q)])
+    return TeamsPage(data=[TeamPublic(**t) for t in platform.list_teams(session, principal)])
 
 
 @router.post("/teams", status_code=201, response_model=TeamPublic)
-def create_team(body: TeamCreate, session: SessionDep, principal: PrincipalDep) -> TeamPublic:
-    principal.require_admin()
-    return TeamPublic.model_validate(platform.create_team(session, body.name))
+def create_team(
+    body: TeamCreate, session: SessionDep, principal: PrincipalDep, audit: AuditDep
+) -> TeamPublic:
+    audit.note(name=body.name)
+    team = platform.create_team(session, principal, body.name)
+    audit.note(target=team.id)
+    return TeamPublic(**platform.team_view(session, team))
+
+
+@router.get("/teams/{team}", response_model=TeamPublic)
+def get_team(team: str, session: SessionDep, principal: PrincipalDep) -> TeamPublic:
+    """A team (name or id) with the priority classes and queues it may use."""
+    return TeamPublic(**platform.get_team(session, principal, team))
+
+
+@router.patch("/teams/{team}", response_model=TeamPublic)
+def update_team(
+    team: str, body: TeamUpdate, session: SessionDep, principal: PrincipalDep, audit: AuditDep
+) -> TeamPublic:
+    """Set the priority classes and extra queues a team may use (admin). Null resets a grant to its
+    default: every preemptible class, only the team's own queues."""
+    changes = body.model_dump(exclude_unset=True)
+    audit.note(**changes)
+    row = platform.update_team(session, principal, team, changes)
+    return TeamPublic(**platform.team_view(session, row))
 
 
 @router.get("/api-keys", response_model=ApiKeysPage)
-def list_api_keys(session: SessionDep, principal: PrincipalDep) -> ApiKeysPage:
-    q = sa.select(ApiKey).order_by(ApiKey.created_at)
-    if not principal.is_admin:
-        q = q.where(ApiKey.id == principal.key_id)
-    return ApiKeysPage(data=[ApiKeyPublic.model_validate(k) for k in session.scalars(q)])
+def list_keys(
+    session: SessionDep,
+    principal: PrincipalDep,
+    team: Annotated[str | None, Query(description="Only this team's keys (name or id).")] = None,
+) -> ApiKeysPage:
+    """Keys without secrets: every key for an admin, the team's for a team admin, one's own otherwise."""
+    return ApiKeysPage(
+        data=[ApiKeyPublic.model_validate(k) for k in list_api_keys(session, principal, team_ref=team)]
+    )
 
 
 @router.post("/api-keys", status_code=201, response_model=ApiKeyCreated)
-def create_key(body: ApiKeyCreate, session: SessionDep, principal: PrincipalDep) -> ApiKeyCreated:
-    principal.require_admin()
-    team_id = team_by_name_or_id(session, body.team).id if body.team else None
-    key, raw = create_api_key(session, name=body.name, role=body.role, team_id=team_id)
+def create_key(
+    body: ApiKeyCreate, session: SessionDep, principal: PrincipalDep, audit: AuditDep
+) -> ApiKeyCreated:
+    """A new key (the secret is in this answer only). Admins make any key; team admins make keys of
+    their own team with the roles team_admin, member or viewer."""
+    expires_at = body.expires_at
+    if body.expires_in_days is not None:
+        expires_at = utcnow() + timedelta(days=body.expires_in_days)
+    audit.note(name=body.name, role=body.role, team=body.team, expires_at=_iso(expires_at))
+    key, raw = issue_api_key(
+        session, principal, name=body.name, role=body.role, team_ref=body.team, expires_at=expires_at
+    )
+    audit.note(target=key.id, prefix=key.prefix)
     return ApiKeyCreated(**ApiKeyPublic.model_validate(key).model_dump(), key=raw)
 
 
 @router.delete("/api-keys/{key_id}", response_model=ApiKeyPublic)
 def revoke_key(key_id: str, session: SessionDep, principal: PrincipalDep) -> ApiKeyPublic:
-    principal.require_admin()
-    return ApiKeyPublic.model_validate(revoke_api_key(session, key_id))
+    """Revoke a key: any for an admin, the team's non-admin keys for a team admin, one's own for anyone."""
+    return ApiKeyPublic.model_validate(revoke_api_key(session, principal, key_id))
+
+
+@router.get("/admin/audit", response_model=AuditEventsPage)
+def list_audit_events(
+    session: SessionDep,
+    principal: PrincipalDep,
+    since: datetime | None = None,
+    key: Annotated[str | None, Query(description="Key id of the caller.")] = None,
+    team: Annotated[str | None, Query(description="The caller's team (name or id).")] = None,
+    path: Annotated[str | None, Query(description="Route template, or its start (/v1/jobs).")] = None,
+    after: Annotated[int | None, Query(description="Id of the last row of the previous page.")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> AuditEventsPage:
+    """The audit log, newest first (admin): every POST, PUT, PATCH and DELETE under /v1 except the
+    drivers' internal routes, refused ones included."""
+    rows, cursor = audit.list_events(
+        session, principal, since=since, key=key, team=team, path=path, after=after, limit=limit
+    )
+    return AuditEventsPage(data=[AuditEventPublic.model_validate(r) for r in rows], next_cursor=cursor)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat(timespec="seconds") if value else None
 
 
 # Admin: pools, nodes, queues, priority classes ----------------------------------------------------
 @router.post("/pools", status_code=201, response_model=PoolPublic)
 def create_pool(
-    body: PoolCreate, session: SessionDep, principal: PrincipalDep, dispatcher: DispatcherDep
+    body: PoolCreate, session: SessionDep, principal: PrincipalDep, dispatcher: DispatcherDep, audit: AuditDep
 ) -> PoolPublic:
-    principal.require_admin()
+    audit.note(target=body.name, accelerator=body.accelerator, nodes=[n.name for n in body.nodes])
     platform.create_pool(
         session,
+        principal,
         name=body.name,
         accelerator=body.accelerator,
         ray_address=body.ray_address,
@@ -102,17 +168,16 @@ def create_pool(
         nodes=[n.model_dump() for n in body.nodes],
     )
     after_commit(session, dispatcher.request_pass)
-    return PoolPublic(**platform.pool_view(session, body.name))
+    return PoolPublic(**platform.pool_view(session, principal, body.name))
 
 
 @router.patch("/pools/{name}", response_model=PoolPublic)
 def update_pool(
     name: str, body: PoolUpdate, session: SessionDep, principal: PrincipalDep, dispatcher: DispatcherDep
 ) -> PoolPublic:
-    principal.require_admin()
-    platform.update_pool(session, name, body.model_dump(exclude_unset=True))
+    platform.update_pool(session, principal, name, body.model_dump(exclude_unset=True))
     after_commit(session, dispatcher.request_pass)
-    return PoolPublic(**platform.pool_view(session, name))
+    return PoolPublic(**platform.pool_view(session, principal, name))
 
 
 @router.put("/pools/{name}/nodes/{node}", response_model=PoolPublic)
@@ -125,7 +190,7 @@ def put_node(
     dispatcher: DispatcherDep,
 ) -> PoolPublic:
     """Add a node to a pool, or replace its GPU count and labels."""
-    principal.require_admin()
+    principal.require_admin()  # before the body is judged: a refused key learns nothing
     if body.name != node:
         raise InvalidRequest(
             "the node's name in the body differs from the path",
@@ -140,9 +205,9 @@ def put_node(
                 ]
             },
         )
-    platform.upsert_node(session, name, node, gpus=body.gpus, labels=body.labels)
+    platform.upsert_node(session, principal, name, node, gpus=body.gpus, labels=body.labels)
     after_commit(session, dispatcher.request_pass)
-    return PoolPublic(**platform.pool_view(session, name))
+    return PoolPublic(**platform.pool_view(session, principal, name))
 
 
 @router.patch("/pools/{name}/nodes/{node}", response_model=DrainResult)
@@ -157,17 +222,16 @@ def update_node(
 ) -> DrainResult:
     """Change a node. `alive: false` marks it down: its jobs are requeued at once (they resume from
     their latest checkpoint); `cordoned: true` keeps new jobs off it."""
-    principal.require_admin()
     changes = body.model_dump(exclude_unset=True)
     requeued: dict = {}
     if changes.pop("alive", None) is False:
-        requeued = mark_node_down(session, svc, name, node)
+        requeued = mark_node_down(session, principal, svc, name, node)
         for job_id, status in requeued.items():
             if status == JobStatus.PREEMPTING:  # its driver is gone with the node: stop the Ray job now
                 after_commit(session, lambda j=job_id: dispatcher.stop(j, name))
     elif body.alive is True:
         changes["alive"] = True
-    platform.update_node(session, name, node, changes)
+    platform.update_node(session, principal, name, node, changes)
     after_commit(session, dispatcher.request_pass)
     return DrainResult(pool=name, node=node, requeued={k: str(v) for k, v in requeued.items()})
 
@@ -183,39 +247,43 @@ def drain(
 ) -> DrainResult:
     """Cordon the node and requeue its jobs: each is asked to checkpoint and exit, then runs again
     elsewhere from that checkpoint."""
-    principal.require_admin()
-    requeued = drain_node(session, svc, name, node)
+    requeued = drain_node(session, principal, svc, name, node)
     after_commit(session, dispatcher.request_pass)
     return DrainResult(pool=name, node=node, requeued={k: str(v) for k, v in requeued.items()})
 
 
 @router.post("/queues", status_code=201, response_model=QueuePublic)
-def create_queue(body: QueueCreate, session: SessionDep, principal: PrincipalDep) -> QueuePublic:
-    principal.require_admin()
-    platform.create_queue(session, **body.model_dump())
-    return next(QueuePublic(**q) for q in platform.list_queues(session) if q["name"] == body.name)
+def create_queue(
+    body: QueueCreate, session: SessionDep, principal: PrincipalDep, audit: AuditDep
+) -> QueuePublic:
+    audit.note(target=body.name, pool=body.pool, team=body.team)
+    platform.create_queue(session, principal, **body.model_dump())
+    return next(QueuePublic(**q) for q in platform.list_queues(session, principal) if q["name"] == body.name)
 
 
 @router.patch("/queues/{name}", response_model=QueuePublic)
 def update_queue(
     name: str, body: QueueUpdate, session: SessionDep, principal: PrincipalDep, dispatcher: DispatcherDep
 ) -> QueuePublic:
-    principal.require_admin()
-    platform.update_queue(session, name, body.model_dump(exclude_unset=True))
+    platform.update_queue(session, principal, name, body.model_dump(exclude_unset=True))
     after_commit(session, dispatcher.request_pass)
-    return next(QueuePublic(**q) for q in platform.list_queues(session) if q["name"] == name)
+    return next(QueuePublic(**q) for q in platform.list_queues(session, principal) if q["name"] == name)
 
 
 @router.get("/priority-classes", response_model=PriorityClassesPage)
 def list_priority_classes(session: SessionDep, principal: PrincipalDep) -> PriorityClassesPage:
     return PriorityClassesPage(
-        data=[PriorityClassPublic.model_validate(p) for p in platform.list_priority_classes(session)]
+        data=[
+            PriorityClassPublic.model_validate(p) for p in platform.list_priority_classes(session, principal)
+        ]
     )
 
 
 @router.post("/priority-classes", status_code=201, response_model=PriorityClassPublic)
 def create_priority_class(
-    body: PriorityClassCreate, session: SessionDep, principal: PrincipalDep
+    body: PriorityClassCreate, session: SessionDep, principal: PrincipalDep, audit: AuditDep
 ) -> PriorityClassPublic:
-    principal.require_admin()
-    return PriorityClassPublic.model_validate(platform.create_priority_class(session, **body.model_dump()))
+    audit.note(target=body.name, value=body.value, preemptible=body.preemptible)
+    return PriorityClassPublic.model_validate(
+        platform.create_priority_class(session, principal, **body.model_dump())
+    )

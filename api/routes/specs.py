@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.deps import JobServiceDep, PrincipalDep
+from api.deps import AuditDep, JobServiceDep, PrincipalDep
 from api.schemas import ERROR_RESPONSES
 from api.schemas.jobs import SpecValidate, SpecValidation
 from scheduler.services.jobs import Submission
@@ -13,9 +13,12 @@ router = APIRouter(prefix="/v1/specs", tags=["specs"], responses=ERROR_RESPONSES
 
 
 @router.post("/validate", response_model=SpecValidation)
-def validate_spec(body: SpecValidate, svc: JobServiceDep, principal: PrincipalDep) -> SpecValidation:
+def validate_spec(
+    body: SpecValidate, svc: JobServiceDep, principal: PrincipalDep, audit: AuditDep
+) -> SpecValidation:
     """Dry run: the normalized spec, derived defaults, warnings, errors, resource demand and the
-    queue and pool the job would wait in. Always 200; `valid` says whether a submit would pass."""
+    queue and pool the job would wait in. 200 for any spec; `valid` says whether a submit would pass."""
+    audit.note(team=body.team, queue=body.queue)
     result = svc.dry_run(
         principal,
         Submission(

@@ -1,11 +1,11 @@
-"""Schemas of pools, queues, teams and API keys."""
+"""Schemas of pools, queues, teams, API keys and the audit log."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class TeamCreate(BaseModel):
@@ -14,10 +14,32 @@ class TeamCreate(BaseModel):
 
 
 class TeamPublic(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
     id: str
     name: str
     created_at: datetime
+    allowed_priority_classes: list[str] | None = Field(
+        description="Priority classes an admin granted the team; null: every preemptible class."
+    )
+    allowed_queues: list[str] | None = Field(
+        description="Queues of other teams an admin granted the team (its own are always allowed)."
+    )
+    priority_classes: list[str] = Field(description="The classes the team may submit at now.")
+    queues: list[str] = Field(description="The queues the team may submit to now (its own first).")
+
+
+class TeamUpdate(BaseModel):
+    """An admin sets what a team may use. A field left out is unchanged; null resets it to the default."""
+
+    model_config = ConfigDict(extra="forbid")
+    allowed_priority_classes: list[str] | None = Field(
+        None,
+        description="Classes the team may submit at; null: every preemptible class (a class that is never "
+        "preempted, like `high`, only by naming it here).",
+        examples=[["low", "normal"]],
+    )
+    allowed_queues: list[str] | None = Field(
+        None, description="Queues of other teams the team may submit to besides its own.", examples=[[]]
+    )
 
 
 class TeamsPage(BaseModel):
@@ -27,11 +49,31 @@ class TeamsPage(BaseModel):
 class ApiKeyCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(max_length=100)
-    role: str = Field("member", pattern="^(admin|member)$")
-    team: str | None = Field(None, description="Team name or id; required for member keys.")
+    role: str = Field(
+        "member",
+        pattern="^(admin|team_admin|member|viewer)$",
+        description="admin (every team; admins only), team_admin, member or viewer.",
+    )
+    team: str | None = Field(
+        None,
+        description="Team name or id; required for the team roles when an admin creates the key (a team "
+        "admin's keys are for their own team).",
+    )
+    expires_in_days: int | None = Field(None, ge=1, le=3650, description="The key stops working after this.")
+    expires_at: datetime | None = Field(None, description="Or the time it stops working (with a timezone).")
+
+    @model_validator(mode="after")
+    def _one_expiry(self) -> ApiKeyCreate:
+        if self.expires_in_days is not None and self.expires_at is not None:
+            raise ValueError("give expires_in_days or expires_at, not both")
+        if self.expires_at is not None and self.expires_at.tzinfo is None:
+            raise ValueError("expires_at needs a timezone, e.g. 2027-01-31T00:00:00Z")
+        return self
 
 
 class ApiKeyPublic(BaseModel):
+    """A key without its secret: `prefix` is its first characters, enough to recognise it."""
+
     model_config = ConfigDict(from_attributes=True)
     id: str
     name: str
@@ -40,6 +82,8 @@ class ApiKeyPublic(BaseModel):
     prefix: str
     created_at: datetime
     revoked_at: datetime | None
+    expires_at: datetime | None = Field(description="null: until revoked.")
+    created_by: str | None = Field(description="Id of the key that created it.")
 
 
 class ApiKeyCreated(ApiKeyPublic):
@@ -59,7 +103,10 @@ class NodePublic(BaseModel):
     name: str
     gpus: int
     allocated_gpus: int
-    jobs: list[NodeJob] = Field(description="Jobs holding GPUs on this node.")
+    jobs: list[NodeJob] = Field(description="Jobs holding GPUs on this node (for a team key: the team's).")
+    other_gpus: int = Field(
+        0, description="GPUs held here by jobs not listed in `jobs`: other teams' jobs, for a team key."
+    )
     labels: dict[str, Any]
     cordoned: bool
     alive: bool
@@ -68,7 +115,7 @@ class NodePublic(BaseModel):
 class PoolPublic(BaseModel):
     name: str
     accelerator: str
-    ray_address: str | None
+    ray_address: str | None = Field(description="The cluster's Ray Jobs API address; null unless admin.")
     cordoned: bool
     total_gpus: int
     allocated_gpus: int
@@ -175,6 +222,28 @@ class PriorityClassPublic(BaseModel):
 
 class PriorityClassesPage(BaseModel):
     data: list[PriorityClassPublic]
+
+
+class AuditEventPublic(BaseModel):
+    """One mutating API call: who made it, which route, on what, and its status code."""
+
+    model_config = ConfigDict(from_attributes=True)
+    id: int
+    time: datetime
+    request_id: str | None
+    key_id: str | None = Field(description="null: no key, or one that was not found.")
+    role: str | None
+    team_id: str | None = Field(description="The calling key's team (null for admin keys).")
+    method: str
+    path: str = Field(description="The route template, e.g. /v1/jobs/{job_id}/cancel.")
+    target: str | None = Field(description="The object the call named or created, e.g. a job id.")
+    status_code: int
+    details: dict[str, Any] = Field(description="Safe details (job name, queue, role…); never secrets.")
+
+
+class AuditEventsPage(BaseModel):
+    data: list[AuditEventPublic]
+    next_cursor: int | None = Field(description="Pass as `after` for the next (older) page.")
 
 
 class DrainResult(BaseModel):

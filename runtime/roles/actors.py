@@ -171,7 +171,8 @@ class RolloutEngineActor:
 @log_exceptions
 class HttpEngineActor(SGLangEngineActor):
     """The `rollout` role as a server speaking SGLang's HTTP protocol (SGLang itself where it runs, else
-    the built-in engine's server), driven through the SGLang client: same methods as `RolloutEngineActor`."""
+    the built-in engine's server), driven through the SGLang client: same methods as `RolloutEngineActor`.
+    `api_key`: the job's engine secret (`groups.start_roles`), required by the server on every route."""
 
     def __init__(
         self,
@@ -181,11 +182,16 @@ class HttpEngineActor(SGLangEngineActor):
         num_threads: int = 1,
         max_batch_size: int = 256,
         log_sink: ActorHandle | None = None,
+        api_key: str | None = None,
     ) -> None:
         _setup_process(num_threads, log_sink, f"actor:rollout{engine_index}")
         started = time.perf_counter()
         super().__init__(
-            hf_checkpoint, engine_index=engine_index, num_threads=num_threads, max_batch_size=max_batch_size
+            hf_checkpoint,
+            engine_index=engine_index,
+            num_threads=num_threads,
+            max_batch_size=max_batch_size,
+            api_key=api_key,
         )
         log.info(
             "rollout engine %d (%s server at %s) ready in %.1fs (pid %d)",

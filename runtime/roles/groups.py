@@ -18,7 +18,7 @@ from runtime.roles.actors import CriticActor, ForwardActor, HttpEngineActor, Rol
 from runtime.roles.logs import start_log_sink
 from runtime.roles.placement import Role, Topology, plan_topology, release, reserve
 from runtime.rollout.engine import GenerationResult, SamplingParams
-from runtime.rollout.sglang.engine_actor import external_engine_actors
+from runtime.rollout.sglang.engine_actor import engine_secret, external_engine_actors
 from runtime.train.checkpoint import CheckpointRecord
 from runtime.train.critic import CriticConfig
 from runtime.train.torch_backend import TrainConfig
@@ -317,8 +317,11 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
             engine_actors = external_engine_actors(plan.external_engines, runtime_env=runtime_env)
             started.extend(engine_actors)
         else:
+            # The job's engine secret: new at every driver start (so per attempt), handed to the engine
+            # actors as an argument (through Ray, which wants its own token), never put in an environment.
+            secret = {"api_key": engine_secret()} if plan.engine_kind is EngineKind.HTTP else {}
             engine_actors = start(
-                _ENGINE_ACTORS[plan.engine_kind], Role.ROLLOUT, plan.hf_checkpoint, **common
+                _ENGINE_ACTORS[plan.engine_kind], Role.ROLLOUT, plan.hf_checkpoint, **common, **secret
             )
         critic_actors = (
             start(CriticActor, Role.CRITIC, plan.critic.model_path, plan.critic.config, **common)

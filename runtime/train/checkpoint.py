@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from runtime.access import LOCAL_OWNER, OWNER_FILE
+
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 ROLLOUT_ID_PLACEHOLDER = "{rollout_id}"  # allowed in `save-hf`: one HF folder per export
 
@@ -61,16 +63,52 @@ def directory_size(path: str | Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
-@contextmanager
-def atomic_directory(final: str | Path) -> Iterator[Path]:
-    """Yield a scratch folder next to `final`; on success it replaces `final` in one rename, so a crash
-    mid-write never leaves a half-written checkpoint under the final name."""
+class NotOwnedError(PermissionError):
+    """A folder this job did not write is in the way: it is never replaced nor deleted."""
+
+
+def folder_owner(folder: str | Path) -> str | None:
+    """The job that wrote `folder` (its `OWNER_FILE`), or None: not a folder an export or checkpoint made."""
+    marker = Path(folder) / OWNER_FILE
+    if marker.is_symlink() or not marker.is_file():
+        return None
+    return marker.read_text(encoding="utf-8", errors="replace").strip() or None
+
+
+def check_replaceable(final: str | Path, owner: str) -> None:
+    """Refuse (NotOwnedError) when `final` is a symbolic link, or exists and is not a folder `owner` wrote."""
     final = Path(final)
+    if final.is_symlink():
+        raise NotOwnedError(f"{final} is a symbolic link: an export never follows nor replaces one")
+    if not final.exists():
+        return
+    found = folder_owner(final) if final.is_dir() else None
+    if found != owner:
+        whose = f"job {found}" if found else "no job of this platform"
+        raise NotOwnedError(
+            f"{final} already exists and was written by {whose}, not by this job ({owner}): refusing to "
+            "replace it; write the export elsewhere (a relative path lands in the job's own folder) or "
+            "remove the old one first"
+        )
+
+
+@contextmanager
+def atomic_directory(final: str | Path, *, owner: str = LOCAL_OWNER) -> Iterator[Path]:
+    """Yield a scratch folder next to `final`; on success it replaces `final` in one rename, so a crash
+    mid-write never leaves a half-written checkpoint under the final name.
+
+    The folder is marked as `owner`'s (`OWNER_FILE`), and an existing `final` is replaced only when `owner`
+    wrote it: anything else in the way (another job's export, a folder no job made, a symbolic link) fails
+    with NotOwnedError, before and again right before the swap."""
+    final = Path(final)
+    check_replaceable(final, owner)
     final.parent.mkdir(parents=True, exist_ok=True)
     scratch = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
     scratch.mkdir()
     try:
         yield scratch
+        (scratch / OWNER_FILE).write_text(owner + "\n", encoding="utf-8")
+        check_replaceable(final, owner)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
@@ -169,11 +207,14 @@ class RetentionPolicy:
         return sorted(delete)
 
 
-def prune_checkpoints(root: str | Path, policy: RetentionPolicy) -> list[Path]:
-    """Remove the `iter_*` folders the policy lets go; returns what was removed."""
+def prune_checkpoints(root: str | Path, policy: RetentionPolicy, *, owner: str = LOCAL_OWNER) -> list[Path]:
+    """Remove the `iter_*` folders the policy lets go, of those `owner` wrote (another job's checkpoints in
+    the same folder are never deleted); returns what was removed."""
     removed = []
     for iteration in policy.to_delete(list_iterations(root)):
         folder = iteration_dir(root, iteration)
+        if folder.is_symlink() or folder_owner(folder) != owner:
+            continue
         shutil.rmtree(folder, ignore_errors=True)
         removed.append(folder)
     return removed

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModel, PreTrainedModel
 
+from runtime.access import LOCAL_OWNER
 from runtime.algos.losses import LossConfig, LossInputs, LossType, resolve_loss_fn
 from runtime.devices import Device
 from runtime.train.checkpoint import (
@@ -54,6 +55,7 @@ class CriticConfig:
     global_batch_size: int | None = None
     micro_batch_size: int = 1
     max_tokens_per_micro_batch: int | None = None
+    owner: str = LOCAL_OWNER  # who its checkpoint folders belong to (runtime.access.owner_of)
 
 
 class ValueModel(torch.nn.Module):
@@ -168,7 +170,7 @@ class TorchCriticBackend:
     def save_checkpoint(self, root: str, iteration: int) -> CheckpointRecord:
         started = time.perf_counter()
         final = iteration_dir(root, iteration)
-        with atomic_directory(final) as scratch:
+        with atomic_directory(final, owner=self.config.owner) as scratch:
             self.model.body.save_pretrained(scratch / "model")
             torch.save(self.model.value_head.state_dict(), scratch / VALUE_HEAD_FILE)
             torch.save(self.optimizer.state_dict(), scratch / "optimizer.pt")

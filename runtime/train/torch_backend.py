@@ -17,6 +17,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from runtime.access import LOCAL_OWNER
 from runtime.algos.freezing import apply_parameter_selection, select_trainable_parameters
 from runtime.algos.losses import LossConfig, LossInputs, resolve_loss_fn, token_entropy, token_log_probs
 from runtime.devices import Device
@@ -70,6 +71,8 @@ class TrainConfig:
     # `only-train-params-name-list` / `freeze-params-name-list`: regexes over the HF parameter names
     only_train_params: tuple[str, ...] = ()
     freeze_params: tuple[str, ...] = ()
+    # who the checkpoint and export folders belong to (runtime.access.owner_of): only its own are replaced
+    owner: str = LOCAL_OWNER
 
 
 @dataclass
@@ -342,7 +345,7 @@ class TorchTrainBackend:
     def _write(self, save_dir: str, snap: _Snapshot) -> CheckpointRecord:
         started = time.perf_counter()
         final = iteration_dir(save_dir, snap.iteration)
-        with atomic_directory(final) as scratch:
+        with atomic_directory(final, owner=self.config.owner) as scratch:
             self.model.save_pretrained(scratch / "model", state_dict=snap.model_state)
             if snap.optimizer_state is not None:
                 torch.save(snap.optimizer_state, scratch / "optimizer.pt")
@@ -376,7 +379,7 @@ class TorchTrainBackend:
 
     def export_hf(self, out_dir: str, step: int) -> CheckpointRecord:
         """Write a Hugging Face folder (weights, config, generation config, tokenizer) to `out_dir`."""
-        with atomic_directory(out_dir) as scratch:
+        with atomic_directory(out_dir, owner=self.config.owner) as scratch:
             self.model.save_pretrained(scratch)
             AutoTokenizer.from_pretrained(self.hf_checkpoint).save_pretrained(scratch)
         return record(Path(out_dir), step, CheckpointFormat.HF)

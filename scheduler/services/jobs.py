@@ -13,7 +13,9 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import jobspec
+from runtime.access import PATHS_KEY
 from runtime.capabilities import RESTRICTION_HINTS, unsupported_parameters
+from runtime.redaction import redact
 from scheduler.db.models import (
     Allocation,
     Checkpoint,
@@ -40,10 +42,12 @@ from scheduler.domain.errors import (
 )
 from scheduler.domain.ids import new_id
 from scheduler.domain.jobs import ALLOWED_TRANSITIONS, ON_CLUSTER, FailureReason, JobStatus
+from scheduler.domain.roles import Action
 from scheduler.policy.placement import PoolCapacity, place_demand
 from scheduler.policy.types import Node as PolicyNode
-from scheduler.services.auth import Principal, team_by_name_or_id
-from scheduler.services.paths import resolve_paths
+from scheduler.services.auth import Principal, team_for
+from scheduler.services.paths import TeamStorage, real, resolve_paths, team_storage
+from scheduler.services.platform import granted_priority_classes, granted_queues
 
 # Statuses a cancel request moves from, and where it moves them.
 _CANCEL_TARGET = {
@@ -92,12 +96,17 @@ def _ts(value: float | None) -> datetime:
 
 
 class JobService:
-    def __init__(self, session: Session, *, artifact_root: Path) -> None:
+    def __init__(self, session: Session, *, artifact_root: Path, home: Path | None = None) -> None:
         self.session = session
         self.artifact_root = artifact_root
+        self.home = home  # the platform's home: no job path reaches it (needed to submit)
 
     # Reads ---------------------------------------------------------------------------------
     def get(self, job_id: str, principal: Principal | None = None) -> Job:
+        """A job by id; with a principal, only one of the teams it may see (another team's job is
+        answered as missing, so its existence is not revealed)."""
+        if principal is not None:
+            principal.require(Action.JOB_READ)
         job = self.session.get(Job, job_id)
         if job is None or (principal is not None and not principal.can_see_team(job.team_id)):
             raise NotFound(f"job {job_id} not found", code="job.not_found")
@@ -116,11 +125,12 @@ class JobService:
         limit: int = 50,
     ) -> tuple[list[Job], str | None]:
         """Newest first; `after` is the id of the last job of the previous page."""
+        principal.require(Action.JOB_READ)
         q = sa.select(Job).order_by(Job.id.desc()).limit(limit + 1)
         if not principal.is_admin:
             q = q.where(Job.team_id == principal.team_id)
         if team:
-            q = q.where(Job.team_id == team_by_name_or_id(self.session, team).id)
+            q = q.where(Job.team_id == team_for(self.session, principal, team).id)
         if status:
             q = q.where(Job.status.in_([s.upper() for s in status]))
         if name:
@@ -144,28 +154,29 @@ class JobService:
     def submit(self, principal: Principal, sub: Submission) -> tuple[Job, bool]:
         """Validate and store a job QUEUED. Returns (job, created); a repeated idempotency key
         returns the original job with created=False."""
-        team = self._submitting_team(principal, sub.team)
+        principal.require(Action.JOB_SUBMIT)
+        team = team_for(self.session, principal, sub.team)
         if sub.idempotency_key:
             existing = self.session.scalar(
                 sa.select(Job).where(Job.team_id == team.id, Job.idempotency_key == sub.idempotency_key)
             )
             if existing is not None:
                 return existing, False
-        queue = self._queue_for(team, sub.queue)
+        queue = self._queue_for(principal, team, sub.queue)
         pool = self.session.get(Pool, queue.pool)
         assert pool is not None
-        pclass = self._priority_class(sub.priority_class)
+        pclass = self._priority_class(principal, team, sub.priority_class)
 
         normalized, submitted = self._normalize(sub, pool)
         job_id = new_id("job")
-        job_dir = self.artifact_root / "jobs" / job_id
+        storage = self._storage(team, pool)
+        job_dir = storage.job_dir(job_id)
         resolution = resolve_paths(
             self.session,
             normalized.spec.to_dict(),
             path_fields=jobspec.path_fields(),
-            artifact_root=self.artifact_root,
+            storage=storage,
             job_dir=job_dir,
-            team_id=team.id,
         )
         if resolution.issues:
             raise InvalidSpec(
@@ -187,7 +198,7 @@ class JobService:
             spec=resolution.spec,
             submitted=submitted
             | {
-                "warnings": [w.to_dict() for w in normalized.warnings],
+                "warnings": [w.to_dict() for w in normalized.warnings] + resolution.warnings,
                 "derived": _jsonable(normalized.derived),
                 "inputs": resolution.inputs,
             },
@@ -210,8 +221,9 @@ class JobService:
         `demand` describe what was understood (values that failed are left at their defaults), so a
         user sees which of their flags were read; errors are only under `errors`, warnings only under
         `warnings`."""
-        team = self._submitting_team(principal, sub.team)
-        queue = self._queue_for(team, sub.queue)
+        principal.require(Action.JOB_VALIDATE)
+        team = team_for(self.session, principal, sub.team)
+        queue = self._queue_for(principal, team, sub.queue)
         pool = self.session.get(Pool, queue.pool)
         assert pool is not None
         out: dict[str, Any] = {
@@ -250,13 +262,13 @@ class JobService:
         demand = normalized.demand.model_dump(mode="json")
         capacity = self._capacity(pool, demand)
         refused = backend_refusals(normalized.spec.to_dict()) + _unschedulable(capacity, demand)
+        storage = self._storage(team, pool)
         resolution = resolve_paths(
             self.session,
             normalized.spec.to_dict(),
             path_fields=jobspec.path_fields(),
-            artifact_root=self.artifact_root,
-            job_dir=self.artifact_root / "jobs" / "<job-id>",
-            team_id=team.id,
+            storage=storage,
+            job_dir=storage.job_dir("<job-id>"),
         )
         errors = refused + [i.to_dict() for i in resolution.issues]
         out.update(
@@ -264,7 +276,7 @@ class JobService:
             spec=resolution.spec,
             argv=normalized.spec.to_argv(),
             derived=_jsonable(normalized.derived),
-            warnings=[w.to_dict() for w in normalized.warnings],
+            warnings=[w.to_dict() for w in normalized.warnings] + resolution.warnings,
             errors=errors,
             demand=demand,
             capacity=capacity,
@@ -363,17 +375,13 @@ class JobService:
             "fits_some_pool": any(describe(name)["fits"] for name in nodes),
         }
 
-    def _submitting_team(self, principal: Principal, team_ref: str | None) -> Team:
-        if team_ref is None:
-            if principal.team_id is None:
-                return team_by_name_or_id(self.session, "default")
-            return team_by_name_or_id(self.session, principal.team_id)
-        team = team_by_name_or_id(self.session, team_ref)
-        if not principal.can_see_team(team.id):
-            raise PermissionDenied(f"your key cannot submit for team {team.name!r}")
-        return team
-
-    def _priority_class(self, name: str | None) -> PriorityClass:
+    def _priority_class(self, principal: Principal, team: Team, name: str | None) -> PriorityClass:
+        """The class to submit at: one the team was granted (platform.granted_priority_classes), or
+        403 naming it. Without a name: `normal`, or the team's highest granted class when `normal` is
+        not granted. Admins are not bound by a team's grant (they set it; the audit log shows it)."""
+        allowed = [] if principal.is_admin else granted_priority_classes(self.session, team)
+        if name is None and not principal.is_admin and "normal" not in allowed and allowed:
+            name = allowed[0]
         pclass = self.session.get(PriorityClass, name or "normal")
         if pclass is None:
             known = sorted(self.session.scalars(sa.select(PriorityClass.name)))
@@ -391,21 +399,61 @@ class JobService:
                     ]
                 },
             )
-        return pclass
+        if principal.is_admin or pclass.name in allowed:
+            return pclass
+        why = (
+            " (its jobs are never preempted: only an admin's grant allows it)"
+            if not pclass.preemptible
+            else ""
+        )
+        message = f"team {team.name!r} may not submit at priority class {pclass.name!r}{why}"
+        hint = (
+            f"use {', '.join(allowed)}" if allowed else "the team may use no priority class"
+        ) + f"; an admin grants classes with `relaxctl admin teams set {team.name} --priority-classes …`"
+        raise PermissionDenied(
+            message,
+            code="priority_class.not_granted",
+            details={
+                "issues": [
+                    {
+                        "code": "priority_class.not_granted",
+                        "field": "priority_class",
+                        "message": message,
+                        "hint": hint,
+                    }
+                ]
+            },
+        )
 
-    def _queue_for(self, team: Team, queue_name: str | None) -> Queue:
+    def _queue_for(self, principal: Principal, team: Team, queue_name: str | None) -> Queue:
+        """The queue to submit to: the team's own, or one an admin granted it; without a name, the
+        team's first. For a team key, a queue that does not exist and a queue it may not use get the
+        same 403, so queue names of other teams cannot be probed."""
         if queue_name:
             queue = self.session.get(Queue, queue_name)
-            if queue is None:
+            if queue is not None and (queue.team_id == team.id or queue.name in (team.allowed_queues or [])):
+                return queue
+            if queue is None and principal.is_admin:
                 raise NotFound(f"queue {queue_name!r} not found", code="queue.not_found")
-            if queue.team_id != team.id:
-                raise PermissionDenied(f"queue {queue_name!r} belongs to another team")
-            return queue
-        queue = self.session.scalar(
-            sa.select(Queue).where(Queue.team_id == team.id).order_by(Queue.created_at).limit(1)
-        )
-        if queue is None:
+            allowed = granted_queues(self.session, team)
+            message = f"team {team.name!r} may not submit to queue {queue_name!r}"
+            hint = (
+                f"use {', '.join(allowed)} (or name no queue)" if allowed else "the team has no queue"
+            ) + f"; an admin grants queues with `relaxctl admin teams set {team.name} --queues …`"
+            raise PermissionDenied(
+                message,
+                code="queue.not_granted",
+                details={
+                    "issues": [
+                        {"code": "queue.not_granted", "field": "queue", "message": message, "hint": hint}
+                    ]
+                },
+            )
+        allowed = granted_queues(self.session, team)
+        if not allowed:
             raise NotFound(f"team {team.name!r} has no queue", code="queue.not_found")
+        queue = self.session.get(Queue, allowed[0])
+        assert queue is not None
         return queue
 
     # The one door for status changes ------------------------------------------------------
@@ -476,6 +524,7 @@ class JobService:
         return True
 
     def cancel(self, job_id: str, principal: Principal, *, reason: str = "cancelled by user") -> Job:
+        principal.require(Action.JOB_CANCEL)
         job = self.get(job_id, principal)
         for _ in range(3):  # retry when the scheduler or a worker moved the job meanwhile
             status = JobStatus(job.status)
@@ -516,7 +565,36 @@ class JobService:
         save = spec.get("save")
         if job.attempt > 1 and not spec.get("load") and save and self._has_checkpoint(job):
             spec["load"] = save
+        if self.home is not None:  # what the driver may open, checked again there (runtime/access.py)
+            spec[PATHS_KEY] = self._driver_paths(job)
         return spec
+
+    def _driver_paths(self, job: Job) -> dict[str, Any]:
+        """The roots the job's driver may open: its team's area and grants in its pool as they are now, its
+        own folder and those of the jobs it reads (`job://`); the platform's home and store denied."""
+        team = self.session.get(Team, job.team_id)
+        assert team is not None
+        inputs = sorted({i["job_id"] for i in (job.submitted or {}).get("inputs", [])})
+        folders = [real(job.output_dir)]  # its own (in the area, or where an older layout put it)
+        for producer in self.session.scalars(
+            sa.select(Job).where(Job.id.in_(inputs), Job.team_id == job.team_id)
+        ):
+            if real(producer.output_dir) not in folders:
+                folders.append(real(producer.output_dir))
+        return self._storage(team, self.session.get(Pool, job.pool)).driver_policy(job.id, folders)
+
+    def _storage(self, team: Team, pool: Pool | None) -> TeamStorage:
+        """What the team's jobs in `pool` may reach (scheduler/services/paths.py)."""
+        if self.home is None:
+            raise RuntimeError("JobService needs the platform's home to resolve job paths")
+        return team_storage(
+            self.session,
+            home=self.home,
+            artifact_root=self.artifact_root,
+            team_id=team.id,
+            team_name=team.name,
+            pool=pool.name if pool is not None else None,
+        )
 
     def _has_checkpoint(self, job: Job) -> bool:
         count = self.session.scalar(
@@ -552,7 +630,7 @@ class JobService:
                 "time": _ts(line.get("time")),
                 "level": str(line.get("level", "INFO"))[:10],
                 "source": str(line.get("source", source))[:40],
-                "message": str(line.get("message", "")),
+                "message": redact(str(line.get("message", ""))),
             }
             for line in lines
         ]
@@ -561,20 +639,55 @@ class JobService:
 
     # Driver reports ------------------------------------------------------------------------
     def ingest_report(self, job: Job, report: Report) -> bool:
-        """Apply one report batch; returns whether the driver should stop. Idempotent per (attempt, seq)."""
+        """Apply one report batch of the job's live attempt; returns whether the driver should stop.
+
+        Sequence: a driver numbers its reports 0, 1, 2, … and resends a report unchanged (same seq)
+        until it is acknowledged, with one report in flight at a time (runtime/reporter.py). So a new
+        report is exactly `report_seq + 1`; one at or below `report_seq` is a resend of a report already
+        applied and is acknowledged without effect; one further ahead never comes from the driver and
+        is refused (422 `report.seq_gap`) without moving `report_seq`, so that no sender can make the
+        platform skip the driver's later reports. `report_seq` moves by compare-and-set: two copies of
+        one report sent at once are applied once."""
         if report.attempt != job.attempt:
             raise Conflict(
                 f"report for attempt {report.attempt} but the job is at attempt {job.attempt}",
                 code="job.stale_attempt",
             )
-        stop = (
-            JobStatus(job.status) in (JobStatus.CANCELLING, JobStatus.PREEMPTING)
-            or JobStatus(job.status).is_terminal()
-        )
+        if JobStatus(job.status) not in ON_CLUSTER:
+            raise Conflict(
+                f"job {job.id} is {job.status}: reports are accepted only from its live attempt",
+                code="job.not_running",
+            )
         if report.seq <= job.report_seq:
-            return stop  # a retry of a batch already applied
-        job.report_seq = report.seq
-        job.last_report_at = utcnow()
+            return self._stop_requested(job)  # a resend of a batch already applied
+        expected = job.report_seq + 1
+        if report.seq != expected:
+            raise InvalidRequest(
+                f"report seq {report.seq} is ahead of the next expected seq {expected}",
+                code="report.seq_gap",
+                details={
+                    "field": "seq",
+                    "expected": expected,
+                    "hint": "send reports in order, one at a time, resending a failed one unchanged",
+                },
+            )
+        self.session.flush()
+        moved = self.session.execute(
+            sa.update(Job)
+            .where(
+                Job.id == job.id,
+                Job.attempt == report.attempt,
+                Job.report_seq == report.seq - 1,
+                Job.status.in_(list(ON_CLUSTER)),
+            )
+            .values(report_seq=report.seq, last_report_at=utcnow())
+            .execution_options(synchronize_session=False)
+        )
+        self.session.refresh(job)
+        if moved.rowcount != 1:  # applied meanwhile by a concurrent copy, or the job moved on
+            if job.attempt == report.attempt and job.report_seq >= report.seq:
+                return self._stop_requested(job)
+            raise Conflict(f"job {job.id} changed while the report was applied; resend it", code="job.busy")
         if report.progress:
             job.progress_step = report.progress.get("step", job.progress_step)
             job.total_steps = report.progress.get("total_steps", job.total_steps)
@@ -632,14 +745,21 @@ class JobService:
             )
         for e in report.events:
             self.record_event(
-                job, str(e.get("kind", "driver"))[:40], str(e.get("message", "")), at=_ts(e.get("time"))
+                job,
+                str(e.get("kind", "driver"))[:40],
+                redact(str(e.get("message", ""))),
+                at=_ts(e.get("time")),
             )
         self.session.flush()
         if report.phase == "running" and job.status == JobStatus.STARTING:
             self.transition(
                 job.id, JobStatus.RUNNING, expected_from=JobStatus.STARTING, reason="driver is up"
             )
-        return stop
+        return self._stop_requested(job)
+
+    @staticmethod
+    def _stop_requested(job: Job) -> bool:
+        return JobStatus(job.status) in (JobStatus.CANCELLING, JobStatus.PREEMPTING)
 
     # Outputs -------------------------------------------------------------------------------
     def metrics(

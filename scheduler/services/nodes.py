@@ -5,20 +5,25 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from scheduler.domain.jobs import JobStatus
+from scheduler.services.auth import Principal
 from scheduler.services.jobs import JobService
 from scheduler.services.platform import update_node
 
 
-def drain_node(session: Session, jobs: JobService, pool: str, node: str) -> dict[str, JobStatus]:
+def drain_node(
+    session: Session, principal: Principal, jobs: JobService, pool: str, node: str
+) -> dict[str, JobStatus]:
     """Cordon the node and preempt every job on it: each checkpoints, stops and queues again, to be
     placed elsewhere (or here once uncordoned). Returns the jobs moved and their new status."""
-    update_node(session, pool, node, {"cordoned": True})
+    update_node(session, principal, pool, node, {"cordoned": True})
     return _requeue_jobs_on(jobs, pool, node, f"node {node} of pool {pool} is being drained")
 
 
-def mark_node_down(session: Session, jobs: JobService, pool: str, node: str) -> dict[str, JobStatus]:
+def mark_node_down(
+    session: Session, principal: Principal, jobs: JobService, pool: str, node: str
+) -> dict[str, JobStatus]:
     """The node is lost: its jobs are requeued (they resume from their latest checkpoint)."""
-    update_node(session, pool, node, {"alive": False})
+    update_node(session, principal, pool, node, {"alive": False})
     return _requeue_jobs_on(jobs, pool, node, f"node {node} of pool {pool} is down")
 
 

@@ -1,4 +1,5 @@
-"""Pools, nodes, teams and queues: bootstrap of the embedded platform and what admins see."""
+"""Pools, nodes, teams and queues: bootstrap of the embedded platform, what each role sees of them, and
+the admin operations (each checks the caller's role: scheduler/domain/roles.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from scheduler.db.models import Allocation, Job, Node, Pool, PriorityClass, Queu
 from scheduler.domain.errors import Conflict, InvalidRequest, NotFound
 from scheduler.domain.ids import new_id
 from scheduler.domain.jobs import HOLDING_SLOTS, JobStatus
-from scheduler.services.auth import create_api_key, ensure_api_key
+from scheduler.domain.roles import Action
+from scheduler.secret_files import create_secret_file, read_secret_file
+from scheduler.services.auth import Principal, create_api_key, ensure_api_key, team_by_name_or_id
 
 
 @dataclass(frozen=True)
@@ -71,20 +74,24 @@ def ensure_local_pool(session: Session, local: LocalPool, *, team: Team) -> Pool
 def ensure_admin_key(session: Session, key_file: Path) -> str:
     """The bootstrap admin key: kept in `key_file` (0600) and valid in the database."""
     if key_file.exists():
-        raw = key_file.read_text().strip()
+        raw = read_secret_file(key_file)
         ensure_api_key(session, raw, name="bootstrap-admin", role="admin", team_id=None)
         return raw
-    _, raw = create_api_key(session, name="bootstrap-admin", role="admin", team_id=None)
-    key_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = key_file.with_suffix(".tmp")
-    tmp.write_text(raw + "\n")
-    tmp.chmod(0o600)
-    tmp.replace(key_file)
+    key, raw = create_api_key(session, name="bootstrap-admin", role="admin", team_id=None)
+    # 0600 from its creation on (never readable by others, not even for an instant), written whole
+    if not create_secret_file(key_file, raw + "\n"):  # another process wrote one first: that one counts
+        session.delete(key)
+        raw = read_secret_file(key_file)
+        ensure_api_key(session, raw, name="bootstrap-admin", role="admin", team_id=None)
     return raw
 
 
-def list_pools(session: Session, name: str | None = None) -> list[dict]:
-    """Every pool with its nodes and the GPUs allocated on each."""
+def list_pools(session: Session, principal: Principal, name: str | None = None) -> list[dict]:
+    """Every pool with its nodes and the GPUs allocated on each. Keys that may not see the whole
+    cluster (everyone but admins) get no Ray address, and on each node only their own team's jobs;
+    other teams' jobs there count in `other_gpus`, without id, name or team."""
+    principal.require(Action.POOL_READ)
+    whole = principal.can(Action.CLUSTER_READ)
     used = {
         (p, n): int(g)
         for p, n, g in session.execute(
@@ -95,13 +102,20 @@ def list_pools(session: Session, name: str | None = None) -> list[dict]:
     }
     # which jobs hold GPUs on each node, and how many (shared, colocated assignments add none)
     holders: dict[tuple[str, str], dict[str, int]] = {}
-    for p, n, job_id, g in session.execute(
-        sa.select(Allocation.pool, Allocation.node, Allocation.job_id, sa.func.sum(Allocation.gpus))
+    others: dict[tuple[str, str], int] = {}
+    for p, n, job_id, team_id, g in session.execute(
+        sa.select(
+            Allocation.pool, Allocation.node, Allocation.job_id, Job.team_id, sa.func.sum(Allocation.gpus)
+        )
+        .join(Job, Job.id == Allocation.job_id)
         .where(sa.not_(Allocation.shared))
-        .group_by(Allocation.pool, Allocation.node, Allocation.job_id)
+        .group_by(Allocation.pool, Allocation.node, Allocation.job_id, Job.team_id)
         .order_by(Allocation.job_id)
     ):
-        holders.setdefault((p, n), {})[job_id] = int(g)
+        if whole or principal.can_see_team(team_id):
+            holders.setdefault((p, n), {})[job_id] = int(g)
+        else:
+            others[(p, n)] = others.get((p, n), 0) + int(g)
     running = dict(
         session.execute(
             sa.select(Job.pool, sa.func.count()).where(Job.status.in_(list(HOLDING_SLOTS))).group_by(Job.pool)
@@ -124,6 +138,7 @@ def list_pools(session: Session, name: str | None = None) -> list[dict]:
                 "gpus": n.gpus,
                 "allocated_gpus": used.get((pool.name, n.name), 0),
                 "jobs": [{"job_id": j, "gpus": g} for j, g in holders.get((pool.name, n.name), {}).items()],
+                "other_gpus": others.get((pool.name, n.name), 0),
                 "labels": n.labels,
                 "cordoned": n.cordoned,
                 "alive": n.alive,
@@ -134,7 +149,7 @@ def list_pools(session: Session, name: str | None = None) -> list[dict]:
             {
                 "name": pool.name,
                 "accelerator": pool.accelerator,
-                "ray_address": pool.ray_address,
+                "ray_address": pool.ray_address if whole else None,
                 "cordoned": pool.cordoned,
                 "total_gpus": sum(n.gpus for n in nodes),
                 "allocated_gpus": sum(v["allocated_gpus"] for v in node_views),
@@ -146,7 +161,15 @@ def list_pools(session: Session, name: str | None = None) -> list[dict]:
     return out
 
 
-def list_queues(session: Session) -> list[dict]:
+def list_queues(session: Session, principal: Principal) -> list[dict]:
+    """Queues with quota and usage. An admin sees every queue; a team key sees its team's queues and
+    those an admin granted the team (pool totals are on the pools)."""
+    principal.require(Action.TEAM_READ)
+    queues = sa.select(Queue).order_by(Queue.name)
+    if not principal.can(Action.CLUSTER_READ):
+        team = session.get(Team, principal.team_id) if principal.team_id else None
+        granted = list(team.allowed_queues or []) if team is not None else []
+        queues = queues.where(sa.or_(Queue.team_id == principal.team_id, Queue.name.in_(granted)))
     used = dict(
         session.execute(
             sa.select(Job.queue, sa.func.sum(Job.total_gpus))
@@ -185,22 +208,107 @@ def list_queues(session: Session) -> list[dict]:
             "queued_jobs": waiting.get(q.name, (0, 0))[0],
             "queued_gpus": waiting.get(q.name, (0, 0))[1],
         }
-        for q in session.scalars(sa.select(Queue).order_by(Queue.name))
+        for q in session.scalars(queues)
     ]
 
 
-def pool_view(session: Session, name: str) -> dict:
-    views = list_pools(session, name)
+def pool_view(session: Session, principal: Principal, name: str) -> dict:
+    views = list_pools(session, principal, name)
     if not views:
         raise NotFound(f"pool {name!r} not found", code="pool.not_found")
     return views[0]
 
 
-def create_team(session: Session, name: str) -> Team:
+def create_team(session: Session, principal: Principal, name: str) -> Team:
+    principal.require(Action.PLATFORM_ADMIN)
     if session.scalar(sa.select(Team).where(Team.name == name)) is not None:
         raise Conflict(f"team {name!r} already exists", code="team.exists")
     team = Team(id=new_id("team"), name=name)
     session.add(team)
+    session.flush()
+    return team
+
+
+# Teams and what they may use --------------------------------------------------------------------
+def granted_priority_classes(session: Session, team: Team) -> list[str]:
+    """The classes the team may submit at: its grant, or (none set) every preemptible class. A class
+    that is never preempted is only reachable by an admin's grant."""
+    classes = list(session.scalars(sa.select(PriorityClass).order_by(PriorityClass.value.desc())))
+    if team.allowed_priority_classes is None:
+        return [c.name for c in classes if c.preemptible]
+    allowed = set(team.allowed_priority_classes)
+    return [c.name for c in classes if c.name in allowed]
+
+
+def granted_queues(session: Session, team: Team) -> list[str]:
+    """The queues the team may submit to: its own, then those of other teams an admin granted it."""
+    own = list(
+        session.scalars(sa.select(Queue.name).where(Queue.team_id == team.id).order_by(Queue.created_at))
+    )
+    extra = [q for q in team.allowed_queues or [] if q not in own]
+    existing = set(session.scalars(sa.select(Queue.name).where(Queue.name.in_(extra)))) if extra else set()
+    return own + [q for q in extra if q in existing]
+
+
+def team_view(session: Session, team: Team) -> dict:
+    return {
+        "id": team.id,
+        "name": team.name,
+        "created_at": team.created_at,
+        "allowed_priority_classes": team.allowed_priority_classes,
+        "allowed_queues": team.allowed_queues,
+        "priority_classes": granted_priority_classes(session, team),
+        "queues": granted_queues(session, team),
+    }
+
+
+def list_teams(session: Session, principal: Principal) -> list[dict]:
+    """Every team for an admin; a team key sees its own team (with what it may use)."""
+    principal.require(Action.TEAM_READ)
+    q = sa.select(Team).order_by(Team.name)
+    if not principal.can(Action.CLUSTER_READ):
+        q = q.where(Team.id == principal.team_id)
+    return [team_view(session, t) for t in session.scalars(q)]
+
+
+def get_team(session: Session, principal: Principal, ref: str) -> dict:
+    """One team by name or id; another team than the key's own is answered as missing."""
+    principal.require(Action.TEAM_READ)
+    team = session.get(Team, ref) or session.scalar(sa.select(Team).where(Team.name == ref))
+    if team is None or not (principal.can(Action.CLUSTER_READ) or principal.can_see_team(team.id)):
+        raise NotFound(f"team {ref!r} not found", code="team.not_found")
+    return team_view(session, team)
+
+
+def update_team(session: Session, principal: Principal, ref: str, changes: dict) -> Team:
+    """Set the team's grants: `allowed_priority_classes` and `allowed_queues` (None: the defaults,
+    every preemptible class and the team's own queues). Every name must exist."""
+    principal.require(Action.PLATFORM_ADMIN)
+    team = team_by_name_or_id(session, ref)
+    issues = []
+    if changes.get("allowed_priority_classes") is not None:
+        known = set(session.scalars(sa.select(PriorityClass.name)))
+        for name in changes["allowed_priority_classes"]:
+            if name not in known:
+                issues.append(
+                    _field_issue(
+                        "allowed_priority_classes",
+                        f"unknown priority class {name!r}",
+                        f"one of {', '.join(sorted(known))}",
+                    )
+                )
+    if changes.get("allowed_queues") is not None:
+        wanted = list(changes["allowed_queues"])
+        known = set(session.scalars(sa.select(Queue.name).where(Queue.name.in_(wanted))))
+        for name in wanted:
+            if name not in known:
+                issues.append(_field_issue("allowed_queues", f"unknown queue {name!r}", "see GET /v1/queues"))
+    if issues:
+        raise InvalidRequest(issues[0]["message"], details={"issues": issues})
+    for key in ("allowed_priority_classes", "allowed_queues"):
+        if key in changes:
+            value = changes[key]
+            setattr(team, key, None if value is None else list(dict.fromkeys(value)))
     session.flush()
     return team
 
@@ -219,6 +327,7 @@ def _field_issue(field: str, message: str, hint: str) -> dict:
 
 def create_pool(
     session: Session,
+    principal: Principal,
     *,
     name: str,
     accelerator: str,
@@ -226,18 +335,20 @@ def create_pool(
     python: str | None,
     nodes: list[dict],
 ) -> Pool:
+    principal.require(Action.PLATFORM_ADMIN)
     if session.get(Pool, name) is not None:
         raise Conflict(f"pool {name!r} already exists", code="pool.exists")
     pool = Pool(name=name, accelerator=accelerator, ray_address=ray_address, python=python)
     session.add(pool)
     session.flush()
     for n in nodes:
-        upsert_node(session, name, n["name"], gpus=n["gpus"], labels=n.get("labels") or {})
+        upsert_node(session, principal, name, n["name"], gpus=n["gpus"], labels=n.get("labels") or {})
     return pool
 
 
-def update_pool(session: Session, name: str, changes: dict) -> Pool:
+def update_pool(session: Session, principal: Principal, name: str, changes: dict) -> Pool:
     """Apply the fields present in `changes` (ray_address, python, accelerator, cordoned)."""
+    principal.require(Action.PLATFORM_ADMIN)
     pool = get_pool(session, name)
     for key in ("ray_address", "python", "accelerator", "cordoned"):
         if key in changes:
@@ -253,7 +364,10 @@ def get_node(session: Session, pool: str, name: str) -> Node:
     return node
 
 
-def upsert_node(session: Session, pool: str, name: str, *, gpus: int, labels: dict) -> Node:
+def upsert_node(
+    session: Session, principal: Principal, pool: str, name: str, *, gpus: int, labels: dict
+) -> Node:
+    principal.require(Action.PLATFORM_ADMIN)
     get_pool(session, pool)
     if gpus < 0:
         raise InvalidRequest(
@@ -269,8 +383,9 @@ def upsert_node(session: Session, pool: str, name: str, *, gpus: int, labels: di
     return node
 
 
-def update_node(session: Session, pool: str, name: str, changes: dict) -> Node:
+def update_node(session: Session, principal: Principal, pool: str, name: str, changes: dict) -> Node:
     """Apply the fields present in `changes` (gpus, labels, cordoned, alive)."""
+    principal.require(Action.PLATFORM_ADMIN)
     node = get_node(session, pool, name)
     for key in ("gpus", "labels", "cordoned", "alive"):
         if key in changes:
@@ -281,6 +396,7 @@ def update_node(session: Session, pool: str, name: str, changes: dict) -> Node:
 
 def create_queue(
     session: Session,
+    principal: Principal,
     *,
     name: str,
     pool: str,
@@ -290,8 +406,7 @@ def create_queue(
     lending_limit: int | None,
     weight: float,
 ) -> Queue:
-    from scheduler.services.auth import team_by_name_or_id
-
+    principal.require(Action.PLATFORM_ADMIN)
     if session.get(Queue, name) is not None:
         raise Conflict(f"queue {name!r} already exists", code="queue.exists")
     get_pool(session, pool)
@@ -310,7 +425,8 @@ def create_queue(
     return queue
 
 
-def update_queue(session: Session, name: str, changes: dict) -> Queue:
+def update_queue(session: Session, principal: Principal, name: str, changes: dict) -> Queue:
+    principal.require(Action.PLATFORM_ADMIN)
     queue = session.get(Queue, name)
     if queue is None:
         raise NotFound(f"queue {name!r} not found", code="queue.not_found")
@@ -321,13 +437,21 @@ def update_queue(session: Session, name: str, changes: dict) -> Queue:
     return queue
 
 
-def list_priority_classes(session: Session) -> list[PriorityClass]:
+def list_priority_classes(session: Session, principal: Principal) -> list[PriorityClass]:
+    principal.require(Action.TEAM_READ)
     return list(session.scalars(sa.select(PriorityClass).order_by(PriorityClass.value.desc())))
 
 
 def create_priority_class(
-    session: Session, *, name: str, value: int, preemptible: bool, description: str | None
+    session: Session,
+    principal: Principal,
+    *,
+    name: str,
+    value: int,
+    preemptible: bool,
+    description: str | None,
 ) -> PriorityClass:
+    principal.require(Action.PLATFORM_ADMIN)
     if session.get(PriorityClass, name) is not None:
         raise Conflict(f"priority class {name!r} already exists", code="priority_class.exists")
     pc = PriorityClass(name=name, value=value, preemptible=preemptible, description=description)

@@ -190,7 +190,7 @@ def test_priority_preemption_checkpoints_requeues_and_resumes(platform: RunningP
     assert any(Path(ck["path"]) == save / f"iter_{k:07d}" for ck in first), first
     # (saved on the way out, or just before as a periodic save of that very step)
     assert any(e["kind"] == "checkpoint_saved" and f"step {k}:" in e["reason"] for e in events), k
-    ray = RayJobLauncher(c.pools()[0]["ray_address"])
+    ray = RayJobLauncher(c.pools()[0]["ray_address"], platform.ray_token)
     first_run = ray.status(submission_id(low["id"], 1))
     assert first_run is not None and first_run.status == "SUCCEEDED", first_run  # exited cleanly, not killed
 

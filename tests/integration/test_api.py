@@ -7,7 +7,7 @@ import json
 import pytest
 
 from scheduler.dispatch import TASK_PASS
-from scheduler.services.auth import job_token
+from scheduler.services.job_tokens import bootstrap_secret
 from tests.factories import drain_queue, grpo_spec
 
 
@@ -29,9 +29,9 @@ def test_submit_as_object_and_as_flags(api) -> None:  # type: ignore[no-untyped-
         "--train-backend",
         "torch",
         "--hf-checkpoint",
-        "/models/tiny",
+        "artifacts://models/tiny",
         "--prompt-data",
-        "/data/train.jsonl",
+        "artifacts://data/train.jsonl",
         "--rollout-batch-size",
         "4",
         "--n-samples-per-prompt",
@@ -62,9 +62,9 @@ def test_launch_script_provenance_is_kept_with_the_job(api) -> None:  # type: ig
         "--train-backend",
         "torch",
         "--hf-checkpoint",
-        "/models/tiny",
+        "artifacts://models/tiny",
         "--prompt-data",
-        "/data/train.jsonl",
+        "artifacts://data/train.jsonl",
     ]
     args += ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--global-batch-size", "16"]
     args += ["--colocate", "--resource", '{"actor": [1, 1], "rollout": [1, 1]}', "--num-rollout", "2"]
@@ -114,7 +114,7 @@ def test_relaxctl_submits_a_launch_script(api, tmp_path, monkeypatch) -> None:  
         "ROLLOUT_ARGS=(--rollout-batch-size 4 --n-samples-per-prompt 4 --global-batch-size 16)\n"
         'ray job submit --runtime-env-json=\'{"env_vars": {"HF_TOKEN": "secret"}}\' -- '
         "python3 -m relax.entrypoints.train --train-backend torch \\\n"
-        '  --hf-checkpoint "${MODEL_DIR}/tiny" --prompt-data /data/train.jsonl "${ROLLOUT_ARGS[@]}" \\\n'
+        '  --hf-checkpoint "${MODEL_DIR}/tiny" --prompt-data artifacts://data/train.jsonl "${ROLLOUT_ARGS[@]}" \\\n'
         '  --colocate --resource \'{"actor": [1, 1], "rollout": [1, 1]}\' "$@"\n'
     )
 
@@ -126,7 +126,17 @@ def test_relaxctl_submits_a_launch_script(api, tmp_path, monkeypatch) -> None:  
 
     monkeypatch.setattr(cli, "_client", sdk)
     r = CliRunner().invoke(
-        cli.app, ["submit", str(script), "--env", "MODEL_DIR=/models", "--json", "--", "--num-rollout", "2"]
+        cli.app,
+        [
+            "submit",
+            str(script),
+            "--env",
+            "MODEL_DIR=artifacts://models",
+            "--json",
+            "--",
+            "--num-rollout",
+            "2",
+        ],
     )
     assert r.exit_code == 0, r.output
     job = client.get(f"/v1/jobs/{json.loads(r.output)['id']}").json()
@@ -137,10 +147,15 @@ def test_relaxctl_submits_a_launch_script(api, tmp_path, monkeypatch) -> None:  
         "ray job submit",
         ["--num-rollout", "2"],
     )
-    assert kept["env"] == {"MODEL_DIR": "/models"} and kept["runtime_env"] == {
+    assert kept["env"] == {"MODEL_DIR": "artifacts://models"} and kept["runtime_env"] == {
         "env_vars": {"HF_TOKEN": "***"}
     }
-    assert job["submitted"]["args"][:4] == ["--train-backend", "torch", "--hf-checkpoint", "/models/tiny"]
+    assert job["submitted"]["args"][:4] == [
+        "--train-backend",
+        "torch",
+        "--hf-checkpoint",
+        "artifacts://models/tiny",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -192,6 +207,14 @@ def test_job_references_resolve_to_the_producers_outputs(api) -> None:  # type: 
     assert r.json()["error"]["details"]["issues"][0]["code"] == "spec.missing_input"
 
 
+def _driver_headers(client, settings, job_id: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """What the driver does first: exchange attempt 1's bootstrap secret for the attempt's token."""
+    secret = bootstrap_secret(settings.signing_key(), job_id, 1)
+    r = client.post(f"/v1/internal/jobs/{job_id}/token", headers={"Authorization": f"Bearer {secret}"})
+    assert r.status_code == 200, r.text
+    return {"Authorization": f"Bearer {r.json()['token']}"}
+
+
 def test_driver_reports_flow_to_the_read_endpoints(api) -> None:  # type: ignore[no-untyped-def]
     client, settings, broker = api
     from scheduler.services.jobs import JobService
@@ -203,8 +226,7 @@ def test_driver_reports_flow_to_the_read_endpoints(api) -> None:  # type: ignore
         svc = JobService(s, artifact_root=settings.artifacts)
         svc.transition(job["id"], "ADMITTED", expected_from="QUEUED", reason="test")
         svc.transition(job["id"], "STARTING", expected_from="ADMITTED", reason="test")
-    token = job_token(settings.signing_key(), job["id"], 1)
-    h = {"Authorization": f"Bearer {token}"}
+    h = _driver_headers(client, settings, job["id"])
     spec = client.get(f"/v1/internal/jobs/{job['id']}/spec", headers=h)
     assert spec.status_code == 200 and spec.json()["spec"]["rollout_batch_size"] == 4
     assert (
@@ -291,7 +313,7 @@ def test_stream_resumes_from_last_event_id_and_logs_tail(api) -> None:  # type: 
         svc = JobService(s, artifact_root=settings.artifacts)
         svc.transition(job["id"], "ADMITTED", expected_from="QUEUED", reason="test")
         svc.transition(job["id"], "STARTING", expected_from="ADMITTED", reason="test")
-    h = {"Authorization": f"Bearer {job_token(settings.signing_key(), job['id'], 1)}"}
+    h = _driver_headers(client, settings, job["id"])
     report = {
         "attempt": 1,
         "seq": 0,

@@ -40,7 +40,7 @@ def test_worker_runs_the_pass_and_launch_through_the_broker(
     # with a setup error naming the address. (tests/ray and tests/e2e launch on a real Ray.)
     bootstrap(db, tmp_path, ray_address="http://127.0.0.1:9")
     with db.session() as s:
-        job, _ = JobService(s, artifact_root=tmp_path / "artifacts").submit(
+        job, _ = JobService(s, artifact_root=tmp_path / "artifacts", home=tmp_path).submit(
             ADMIN, Submission(spec=grpo_spec())
         )
     env = os.environ | {

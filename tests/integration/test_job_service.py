@@ -37,7 +37,9 @@ def db(db_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
 
 def submit(db: Database, tmp_path: Path, **kw) -> str:  # type: ignore[no-untyped-def]
     with db.session() as s:
-        job, _ = JobService(s, artifact_root=tmp_path / "artifacts").submit(ADMIN, Submission(**kw))
+        job, _ = JobService(s, artifact_root=tmp_path / "artifacts", home=tmp_path).submit(
+            ADMIN, Submission(**kw)
+        )
         return job.id
 
 
@@ -47,7 +49,9 @@ def test_submit_stores_a_queued_job_with_its_event(db: Database, tmp_path: Path)
         job = s.get(Job, job_id)
         assert job.status == JobStatus.QUEUED
         assert job.spec["rollout_batch_size"] == 4
-        assert job.spec["save"] == str(tmp_path / "artifacts" / "jobs" / job_id / "ckpt")
+        area = tmp_path / "artifacts" / "teams" / job.team_id
+        assert job.spec["save"] == str(area / "jobs" / job_id / "ckpt")
+        assert job.output_dir == str(area / "jobs" / job_id)
         assert job.total_gpus >= 1
         events = s.scalars(sa.select(JobEvent).where(JobEvent.job_id == job_id)).all()
         assert [(e.from_status, e.to_status) for e in events] == [(None, "QUEUED")]

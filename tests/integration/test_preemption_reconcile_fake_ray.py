@@ -55,7 +55,7 @@ def world(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type
     ctx.__dict__["db"] = db  # the cached_property, shared with the test
     ctx.__dict__["dispatcher"] = CeleryDispatcher(app)
     ray = FakeRay()
-    monkeypatch.setattr(tasks, "launcher_for", lambda address: ray)
+    monkeypatch.setattr(tasks, "launcher_for", lambda address, token=None: ray)
     yield ctx, ray
     db.dispose()
 
@@ -63,7 +63,7 @@ def world(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type
 def _preempted_job(ctx: tasks.WorkerContext, *, step: int, total: int) -> str:
     """A running low-priority job that reported `step` of `total` and was then preempted."""
     with ctx.db.session() as s:
-        job, _ = JobService(s, artifact_root=ctx.settings.artifacts).submit(
+        job, _ = JobService(s, artifact_root=ctx.settings.artifacts, home=ctx.settings.home).submit(
             ADMIN, Submission(spec=grpo_spec(save="ckpt"), priority_class="low")
         )
         job_id = job.id

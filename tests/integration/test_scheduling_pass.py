@@ -16,9 +16,12 @@ from scheduler.db.engine import Database
 from scheduler.db.models import Allocation, Job, JobEvent, Node
 from scheduler.dispatch import CeleryDispatcher
 from scheduler.scheduling import run_scheduling_pass
+from scheduler.services.auth import Principal
 from scheduler.services.jobs import JobService
 from scheduler.services.platform import create_pool, create_queue, create_team
 from tests.factories import bootstrap, make_broker_app, make_job
+
+ADMIN = Principal(key_id="key_test", role="admin", team_id=None)
 
 
 @pytest.fixture
@@ -29,6 +32,7 @@ def cluster(db_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
     with db.session() as s:
         create_pool(
             s,
+            ADMIN,
             name="h200",
             accelerator="h200",
             ray_address=None,
@@ -36,9 +40,10 @@ def cluster(db_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
             nodes=[{"name": f"n{i}", "gpus": 8} for i in range(4)],
         )
         for team in ("math", "vision"):
-            create_team(s, team)
+            create_team(s, ADMIN, team)
             create_queue(
                 s,
+                ADMIN,
                 name=team,
                 pool="h200",
                 team=team,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-# Ray's token auth would write ~/.ray/auth_token for every test cluster; these clusters are private.
+# tests/conftest.py gives every test cluster token auth with a token of the session (never ~/.ray).
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
@@ -90,11 +90,17 @@ def read_reports(report_dir: Path) -> list[dict[str, Any]]:
 
 
 class FakePlatform:
-    """The platform's internal job API as the driver sees it: GET spec, POST report (real HTTP)."""
+    """The platform's internal job API as the driver sees it (real HTTP): POST token (the bootstrap
+    secret for the attempt's token, once), GET spec, POST report."""
 
-    def __init__(self, spec: dict[str, Any], token: str, stop_after_step: int | None = None) -> None:
+    def __init__(
+        self, spec: dict[str, Any], token: str, stop_after_step: int | None = None, attempt: int = 1
+    ) -> None:
         self.spec = spec
         self.token = token
+        self.bootstrap = f"rjb_{attempt}_bootstrap-of-{token}"
+        self.attempt = attempt
+        self.exchanges = 0  # tries, the refused ones included
         self.stop_after_step = stop_after_step
         self.reports: list[dict[str, Any]] = []
         self.lock = threading.Lock()
@@ -126,6 +132,17 @@ class FakePlatform:
                     self._reply(200, {"spec": platform.spec})
 
             def do_POST(self) -> None:  # noqa: N802
+                if self.path.endswith("/token"):
+                    with platform.lock:
+                        platform.exchanges += 1
+                        first = platform.exchanges == 1
+                    if self.headers.get("Authorization") != f"Bearer {platform.bootstrap}":
+                        self._reply(401, {"error": {"code": "job.bad_token"}})
+                    elif not first:
+                        self._reply(409, {"error": {"code": "job.bootstrap_reused"}})
+                    else:
+                        self._reply(200, {"token": platform.token, "attempt": platform.attempt})
+                    return
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 if not self._authorized():
                     return
@@ -149,9 +166,9 @@ def fake_platform() -> Iterator[Any]:
     servers: list[ThreadingHTTPServer] = []
 
     def start(
-        spec: dict[str, Any], token: str, stop_after_step: int | None = None
+        spec: dict[str, Any], token: str, stop_after_step: int | None = None, attempt: int = 1
     ) -> tuple[FakePlatform, str]:
-        platform = FakePlatform(spec, token, stop_after_step)
+        platform = FakePlatform(spec, token, stop_after_step, attempt)
         server = ThreadingHTTPServer(("127.0.0.1", 0), platform.handler())
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -46,10 +47,13 @@ def test_sft_reports_stops_on_request_and_resumes(
     ray_local, artifacts: dict[str, Path], tmp_path: Path, fake_platform, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spec = sft_spec(artifacts, tmp_path)
-    platform, url = fake_platform(spec, token="job-token", stop_after_step=25)
-    monkeypatch.setenv("RELAX_JOB_TOKEN", "job-token")
-    monkeypatch.setenv("RELAX_JOB_ATTEMPT", "1")
+    platform, url = fake_platform(spec, token="rjt_1_job-token", stop_after_step=25)
+    monkeypatch.setenv("RELAX_JOB_BOOTSTRAP", platform.bootstrap)
     assert driver.main(["--job-id", "job_sft", "--api-url", url]) == 0
+    # one exchange, and neither the bootstrap secret nor the token is left in the environment
+    assert platform.exchanges == 1
+    assert "RELAX_JOB_BOOTSTRAP" not in os.environ
+    assert not any("job-token" in v for v in os.environ.values())
 
     # The platform asked for a stop after step 25: the driver saved there and left cleanly.
     assert [r["phase"] for r in platform.reports if r["phase"]] == ["running"]
@@ -129,9 +133,8 @@ def test_sft_on_conversations_with_holdout_perplexity_and_predictions(
         "save": str(tmp_path / "ckpt"),
     }
     spec = load_spec(raw).values()
-    platform, url = fake_platform(spec, token="tok")
-    monkeypatch.setenv("RELAX_JOB_TOKEN", "tok")
-    monkeypatch.setenv("RELAX_JOB_ATTEMPT", "0")
+    platform, url = fake_platform(spec, token="tok", attempt=0)
+    monkeypatch.setenv("RELAX_JOB_BOOTSTRAP", platform.bootstrap)
     assert driver.main(["--job-id", "job_chat", "--api-url", url]) == 0
 
     metrics: dict[str, dict[int, float]] = {}

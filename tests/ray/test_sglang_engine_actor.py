@@ -10,6 +10,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
+import psutil
 import pytest
 import ray
 import torch
@@ -18,7 +20,7 @@ from transformers import AutoModelForCausalLM
 from runtime.models.tiny import build_tiny_model
 from runtime.roles.groups import RolloutGroup
 from runtime.rollout.engine import SamplingParams
-from runtime.rollout.sglang.engine_actor import SGLangEngineActor, external_engine_actors
+from runtime.rollout.sglang.engine_actor import SGLangEngineActor, engine_secret, external_engine_actors
 from runtime.rollout.sglang.tensor_payload import read_hf_weights
 
 pytestmark = pytest.mark.ray
@@ -45,8 +47,11 @@ def pid_alive(pid: int) -> bool:
 def test_engine_actor_serves_the_rollout_group(ray_cluster: None, tmp_path: Path) -> None:
     model = build_tiny_model(tmp_path / "tiny", seed=0)
     other = build_tiny_model(tmp_path / "tiny-1", seed=1)
+    key = engine_secret()
     actor = (
-        ray.remote(SGLangEngineActor).options(num_cpus=1).remote(str(model), engine_index=0, num_threads=1)
+        ray.remote(SGLangEngineActor)
+        .options(num_cpus=1)
+        .remote(str(model), engine_index=0, num_threads=1, api_key=key)
     )
     info = ray.get(actor.ready.remote(), timeout=120)
     assert (info["launcher"], info["engine"], info["dies_with_actor"]) == (
@@ -54,6 +59,10 @@ def test_engine_actor_serves_the_rollout_group(ray_cluster: None, tmp_path: Path
         "relax-torch",
         "watch-pid",
     )
+    # the server wants the key on every route; it is not on the server's command line
+    assert httpx.get(f"{info['address']}/get_server_info").status_code == 401
+    assert httpx.get(f"{info['address']}/health", headers={"Authorization": "Bearer x"}).status_code == 401
+    assert key not in " ".join(psutil.Process(info["server_pid"]).cmdline())
     group = RolloutGroup([actor])
     params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=3)
 
@@ -77,7 +86,7 @@ def test_engine_actor_serves_the_rollout_group(ray_cluster: None, tmp_path: Path
 
     # --rollout-external-engine-addrs: a light adapter actor drives the already-running server
     address = ray.get(actor.get_address.remote())
-    [external] = external_engine_actors([address.removeprefix("http://")])
+    [external] = external_engine_actors([address.removeprefix("http://")], api_key=key)
     assert ray.get(external.ready.remote(), timeout=60)["address"] == address
     assert RolloutGroup([external]).generate(PROMPTS, params) == group.generate(PROMPTS, params)
 

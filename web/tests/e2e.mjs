@@ -121,6 +121,25 @@ try {
   await page.getByRole("heading", { name: "Jobs" }).waitFor();
   if (page.url().includes(KEY)) throw new Error(`the key is still in the address bar: ${page.url()}`);
 
+  // 2b. `relaxctl dashboard`'s link: a one-time login code, exchanged once for a session key; the code
+  // leaves the address bar, and a second use of the same link is refused.
+  step("sign in from a one-time #code=");
+  const issued = await fetch(`${URL_}/v1/auth/login-codes`, { method: "POST", headers: { Authorization: `Bearer ${KEY}` } });
+  if (issued.status !== 201) throw new Error(`login code: HTTP ${issued.status}`);
+  const { code } = await issued.json();
+  await page.getByRole("button", { name: "Sign out" }).click();
+  await page.getByLabel("API key").waitFor();
+  await page.goto(`${URL_}/#code=${encodeURIComponent(code)}`);
+  await page.getByRole("heading", { name: "Jobs" }).waitFor();
+  if (page.url().includes(code)) throw new Error(`the login code is still in the address bar: ${page.url()}`);
+  const sessionKey = await page.evaluate(() => window.localStorage.getItem("relax.apiKey"));
+  if (!sessionKey || sessionKey === KEY || !sessionKey.startsWith("rlx_")) throw new Error("no session key of its own after the code");
+  await page.getByRole("button", { name: "Sign out" }).click();
+  await page.goto(`${URL_}/#code=${encodeURIComponent(code)}`);
+  await page.getByText("This sign-in link was used already").waitFor();
+  await page.goto(`${URL_}/#key=${encodeURIComponent(KEY)}`);
+  await page.getByRole("heading", { name: "Jobs" }).waitFor();
+
   // 3. A stored key that the API now rejects (revoked) returns to sign-in and says why.
   step("a rejected key returns to sign-in");
   await page.evaluate(() => window.localStorage.setItem("relax.apiKey", "rlx_revoked_key"));

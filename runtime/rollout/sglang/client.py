@@ -63,14 +63,21 @@ def codec_for(server_info: Mapping[str, Any]) -> TensorCodec:
     return SGLangIpcCodec()
 
 
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """`Authorization: Bearer <key>` (SGLang's `--api-key`, our server's too), or nothing without a key."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 class SGLangClient:
     """One engine's HTTP API. Use as `async with SGLangClient("127.0.0.1:30000") as c: ...` or call
-    `aclose()`. `request_timeout_s` bounds one call (generation of a large batch can take minutes)."""
+    `aclose()`. `request_timeout_s` bounds one call (generation of a large batch can take minutes).
+    `api_key`: sent as `Authorization: Bearer` on every request, health probes included."""
 
     def __init__(
         self,
         address: str,
         *,
+        api_key: str | None = None,
         request_timeout_s: float = 3600.0,
         connect_timeout_s: float = 5.0,
         retry: RetryPolicy = RetryPolicy(),
@@ -80,6 +87,7 @@ class SGLangClient:
         self.retry = retry
         self._http = httpx.AsyncClient(
             base_url=self.address,
+            headers=auth_headers(api_key),
             timeout=httpx.Timeout(request_timeout_s, connect=connect_timeout_s),
             transport=transport,
         )
@@ -149,11 +157,20 @@ class SGLangClient:
             return False
 
     async def wait_until_ready(self, timeout_s: float = 120.0, *, interval_s: float = 0.2) -> None:
-        """Poll /health until 200 (SGLang answers 503 while starting); raise after `timeout_s`."""
+        """Poll /health until 200 (SGLang answers 503 while starting); raise after `timeout_s`, or at once
+        when the server refuses our API key (401/403)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            if await self.health():
+            try:
+                status = (await self._http.get("/health")).status_code
+            except httpx.HTTPError:
+                status = None
+            if status == 200:
                 return
+            if status in (401, 403):
+                raise SGLangEngineError(
+                    self.address, "GET /health", "the server refused the API key", status=status
+                )
             if time.monotonic() >= deadline:
                 raise SGLangEngineError(self.address, "GET /health", f"not ready after {timeout_s:.0f} s")
             await asyncio.sleep(interval_s)

@@ -7,6 +7,12 @@ backends use them unchanged.
   port of its node, then drives it: `python -m sglang.launch_server` where sglang is importable and CUDA
   present, else the built-in engine's server. Its constructor takes `RolloutEngineActor`'s arguments.
 - `external_engine_actors(addrs)`: one light `HttpRolloutEngine` actor per `--rollout-external-engine-addrs`.
+
+The servers a job launches listen on 127.0.0.1 (or, with `RELAX_ENGINE_HOST=node` in the Ray cluster's
+environment, on the node's own address; nothing else) and require the job's engine secret as
+`Authorization: Bearer` on every route. The secret reaches the server in a 0600 `--config` YAML file
+(SGLang's own `--config`; removed once the server is up), never on its command line or in an
+environment; server log tails quoted in errors have it masked.
 """
 
 from __future__ import annotations
@@ -14,8 +20,10 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import importlib.util
+import ipaddress
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -34,13 +42,21 @@ import torch
 
 from runtime.registry import Registry
 from runtime.rollout.engine import GenerationResult, SamplingParams
-from runtime.rollout.sglang.client import SGLangClient, SGLangEngineError, codec_for, engine_url
+from runtime.rollout.sglang.client import (
+    SGLangClient,
+    SGLangEngineError,
+    auth_headers,
+    codec_for,
+    engine_url,
+)
 from runtime.rollout.sglang.protocol import to_sglang_sampling_params
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 REPO_ROOT = Path(__file__).resolve().parents[3]  # the folder holding `runtime/`, for the child's PYTHONPATH
+ENGINE_HOST_ENV = "RELAX_ENGINE_HOST"  # "127.0.0.1" (default) or "node": where launched servers listen
+MASK = "[redacted]"
 
 
 class _EventLoopThread:
@@ -70,13 +86,15 @@ def row_seed(seed: int, row: int) -> int:
 class HttpRolloutEngine:
     """Drives one running server that speaks SGLang's native protocol (SGLang itself, or ours) and offers
     `RolloutEngineActor`'s methods on top of it. Weights sent with `load_weights` go through
-    `/update_weights_from_tensor` in buckets, in the payload the server takes (`client.codec_for`)."""
+    `/update_weights_from_tensor` in buckets, in the payload the server takes (`client.codec_for`).
+    `api_key`: the server's (sent as `Authorization: Bearer` on every request)."""
 
     def __init__(
         self,
         address: str,
         *,
         engine_index: int = 0,
+        api_key: str | None = None,
         ready_timeout_s: float = 120.0,
         request_timeout_s: float = 3600.0,
         weight_bucket_bytes: int | None = 256 << 20,
@@ -88,7 +106,7 @@ class HttpRolloutEngine:
         self._io = _EventLoopThread()
 
         async def connect() -> SGLangClient:  # the httpx client belongs to the loop that uses it
-            return SGLangClient(self.address, request_timeout_s=request_timeout_s)
+            return SGLangClient(self.address, api_key=api_key, request_timeout_s=request_timeout_s)
 
         self.client = self._io.run(connect())
         self._io.run(self.client.wait_until_ready(ready_timeout_s))
@@ -189,6 +207,7 @@ class LaunchSpec:
     tp_size: int = 1
     mem_fraction_static: float | None = None
     extra_args: tuple[str, ...] = ()  # passed through (SGLang server flags)
+    config_path: str | None = None  # SGLang's `--config` YAML: holds the API key, off the command line
 
 
 ENGINE_LAUNCHERS: Registry[Callable[[LaunchSpec], list[str]]] = Registry("rollout engine launcher")
@@ -199,6 +218,8 @@ def builtin_server_command(spec: LaunchSpec) -> list[str]:
     command = [sys.executable, "-m", "runtime.rollout.sglang.server", "--model-path", spec.model_path]
     command += ["--host", spec.host, "--port", str(spec.port), "--tp-size", str(spec.tp_size)]
     command += ["--relax-watch-pid", str(os.getpid())]  # the child exits when this actor is killed
+    if spec.config_path:
+        command += ["--config", spec.config_path]
     if spec.mem_fraction_static is not None:
         command += ["--mem-fraction-static", str(spec.mem_fraction_static)]
     return command + list(spec.extra_args)
@@ -209,6 +230,8 @@ def sglang_server_command(spec: LaunchSpec) -> list[str]:
     command = [sys.executable, "-m", "sglang.launch_server", "--model-path", spec.model_path]
     command += ["--host", spec.host, "--port", str(spec.port), "--tp-size", str(spec.tp_size)]
     command += ["--enable-memory-saver"]  # release/resume_memory_occupation need it
+    if spec.config_path:
+        command += ["--config", spec.config_path]
     if spec.mem_fraction_static is not None:
         command += ["--mem-fraction-static", str(spec.mem_fraction_static)]
     return command + list(spec.extra_args)
@@ -219,6 +242,49 @@ def default_launcher() -> EngineLauncher:
     if importlib.util.find_spec("sglang") is not None and torch.cuda.is_available():
         return EngineLauncher.SGLANG
     return EngineLauncher.BUILTIN
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def engine_host(host: str | None = None) -> str:
+    """Where a launched server listens: 127.0.0.1 by default; `node` (or this node's own address) when
+    a pool needs its engines reachable from other nodes (`RELAX_ENGINE_HOST=node` in the environment of
+    the pool's `ray start`). Never a wildcard address or another machine's."""
+    value = (host or os.environ.get(ENGINE_HOST_ENV) or "127.0.0.1").strip()
+    if _is_loopback(value):
+        return value
+    import ray
+
+    node = ray.util.get_node_ip_address()
+    if value in ("node", node):
+        return node
+    raise ValueError(
+        f"engine servers listen on 127.0.0.1 or on this node's own address ({node}), not {value!r} "
+        f"(set {ENGINE_HOST_ENV}=node for the node's address)"
+    )
+
+
+def engine_secret() -> str:
+    """A fresh engine secret (256 random bits), what a job's engine servers require as `Authorization:
+    Bearer`; the `rje_` prefix marks it for log redaction."""
+    return f"rje_{secrets.token_hex(32)}"
+
+
+def write_server_config(folder: Path, api_key: str) -> Path:
+    """The server's `--config` YAML holding its API key: created 0600 (never readable by others, not even
+    while written) in the actor's private folder."""
+    import yaml
+
+    path = folder / "server-config.yaml"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(yaml.safe_dump({"api-key": api_key}))
+    return path
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -244,7 +310,8 @@ def _die_with_launcher() -> None:  # pragma: no cover - runs in the child betwee
 class SGLangEngineActor(HttpRolloutEngine):
     """A rollout engine that is a server process: launched on a free port of this actor's node (it
     inherits the actor's GPU visibility), driven over HTTP. Constructor arguments are those of
-    `RolloutEngineActor`, plus the launcher's."""
+    `RolloutEngineActor`, plus the launcher's. `api_key`: the job's engine secret, which the server
+    requires on every request (None: one of the actor's own, so a server is never open)."""
 
     def __init__(
         self,
@@ -254,13 +321,17 @@ class SGLangEngineActor(HttpRolloutEngine):
         num_threads: int = 1,
         max_batch_size: int = 256,
         launcher: str | None = None,
-        host: str = "127.0.0.1",
+        host: str | None = None,
+        api_key: str | None = None,
         mem_fraction_static: float | None = None,
         server_args: Sequence[str] = (),
         ready_timeout_s: float = 300.0,
         launch_attempts: int = 3,
     ) -> None:
         self.launcher = EngineLauncher(launcher) if launcher else default_launcher()
+        host = engine_host(host)
+        api_key = api_key or engine_secret()
+        self._api_key = api_key
         extra = list(server_args)
         if self.launcher is EngineLauncher.BUILTIN:
             extra += ["--max-running-requests", str(max_batch_size)]
@@ -270,12 +341,19 @@ class SGLangEngineActor(HttpRolloutEngine):
             "OMP_NUM_THREADS": str(max(1, num_threads)),
             "TOKENIZERS_PARALLELISM": "false",
         }
-        self.log_path = Path(tempfile.mkdtemp(prefix="relax-engine-")) / "server.log"
+        folder = Path(tempfile.mkdtemp(prefix="relax-engine-"))  # 0700
+        self.log_path = folder / "server.log"
+        config = write_server_config(folder, api_key)
         self.process: subprocess.Popen[bytes] | None = None
         for attempt in range(1, launch_attempts + 1):
             port = free_port(host)
             spec = LaunchSpec(
-                hf_checkpoint, host, port, mem_fraction_static=mem_fraction_static, extra_args=tuple(extra)
+                hf_checkpoint,
+                host,
+                port,
+                mem_fraction_static=mem_fraction_static,
+                extra_args=tuple(extra),
+                config_path=str(config),
             )
             command = ENGINE_LAUNCHERS.get(self.launcher)(spec)
             log.info("engine %d: launching %s", engine_index, " ".join(command))
@@ -299,10 +377,14 @@ class SGLangEngineActor(HttpRolloutEngine):
                 self.shutdown_server()
                 port_taken = "address already in use" in self.log_tail().lower()
                 if not port_taken or attempt == launch_attempts:
+                    config.unlink(missing_ok=True)
                     raise
                 log.warning("engine %d: port %d was taken; retrying on another", engine_index, port)
+        config.unlink(missing_ok=True)  # the server has read it; the key lives on in memory only
         try:
-            super().__init__(address, engine_index=engine_index, ready_timeout_s=ready_timeout_s)
+            super().__init__(
+                address, engine_index=engine_index, api_key=api_key, ready_timeout_s=ready_timeout_s
+            )
         except BaseException:
             self.shutdown_server()
             raise
@@ -311,6 +393,7 @@ class SGLangEngineActor(HttpRolloutEngine):
         """Poll /health; a child that exits first fails at once, with the end of its log."""
         deadline = time.monotonic() + timeout_s
         url = f"{engine_url(address)}/health"
+        headers = auth_headers(self._api_key)
         assert self.process is not None
         while True:
             code = self.process.poll()
@@ -321,7 +404,7 @@ class SGLangEngineActor(HttpRolloutEngine):
                     f"server exited with {code}; log {self.log_path}:\n{self.log_tail()}",
                 )
             try:
-                if httpx.get(url, timeout=2.0).status_code == 200:
+                if httpx.get(url, headers=headers, timeout=2.0).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -334,10 +417,12 @@ class SGLangEngineActor(HttpRolloutEngine):
             time.sleep(0.1)
 
     def log_tail(self, lines: int = 30) -> str:
+        """The end of the server's log, the API key masked (SGLang logs its server args, key included)."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            text = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+        return text.replace(self._api_key, MASK) if self._api_key else text
 
     def ready(self) -> dict[str, Any]:
         info = super().ready()
@@ -373,15 +458,20 @@ class SGLangEngineActor(HttpRolloutEngine):
 
 
 def external_engine_actors(
-    addrs: Sequence[str], *, runtime_env: dict[str, Any] | None = None, ready_timeout_s: float = 120.0
+    addrs: Sequence[str],
+    *,
+    runtime_env: dict[str, Any] | None = None,
+    ready_timeout_s: float = 120.0,
+    api_key: str | None = None,
 ) -> list[Any]:
     """One `HttpRolloutEngine` actor per already-running server, in list order. They hold no slot
-    (num_cpus=0): the servers' resources are not this job's."""
+    (num_cpus=0): the servers' resources are not this job's. `api_key`: the servers' key, if they have
+    one (the job spec has no parameter for it today: external engines are reached without a key)."""
     import ray
 
     return [
         ray.remote(HttpRolloutEngine)
         .options(num_cpus=0, runtime_env=runtime_env)
-        .remote(addr, engine_index=index, ready_timeout_s=ready_timeout_s)
+        .remote(addr, engine_index=index, api_key=api_key, ready_timeout_s=ready_timeout_s)
         for index, addr in enumerate(addrs)
     ]

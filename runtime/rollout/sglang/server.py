@@ -1,7 +1,11 @@
 """SGLang's native HTTP API served by the built-in torch engine, so the runtime's SGLang client path runs for
 real where SGLang cannot be installed.
 
-    python -m runtime.rollout.sglang.server --model-path DIR --host 127.0.0.1 --port 30000
+    python -m runtime.rollout.sglang.server --model-path DIR --host 127.0.0.1 --port 30000 --config FILE.yaml
+
+With an API key (`api-key:` in the `--config` YAML, as SGLang reads it, or `--api-key`, which `ps` shows),
+every route answers 401 unless the request carries `Authorization: Bearer <key>` — `/health` included,
+unlike SGLang, which leaves `/health*` and `/metrics` open.
 
 Routes are thin: parse with `protocol`, call `ServingEngine`, answer in SGLang's shapes and status codes
 (400 with `{"error": {"message"}}` for bad requests, as SGLang's `_create_error_response`). The endpoint
@@ -12,19 +16,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hmac
 import logging
 import os
 import sys
 import threading
 import time
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.rollout.sglang.protocol import (
     SGLANG_PROTOCOL_VERSION,
@@ -93,6 +100,7 @@ class ServerArgs:
     context_length: int | None = None
     log_level: str = "info"
     relax_watch_pid: int | None = None  # ours: exit when this process (the launching actor) is gone
+    api_key: str | None = field(default=None, repr=False)  # never reported by /get_server_info
 
 
 # -- errors in SGLang's shapes ------------------------------------------------------------------------------------
@@ -125,6 +133,33 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return data
 
 
+# -- the API key ----------------------------------------------------------------------------------------------------
+
+
+class BearerKeyMiddleware:
+    """Every HTTP request must carry `Authorization: Bearer <key>`; anything else gets 401 before any route
+    runs (so it changes nothing). Compared in constant time; the key is never echoed or logged."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"")
+        if hmac.compare_digest(given, self._expected):
+            await self.app(scope, receive, send)
+            return
+        response = JSONResponse(
+            {"error": {"message": "Unauthorized"}},
+            status_code=401,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+        await response(scope, receive, send)
+
+
 # -- the app --------------------------------------------------------------------------------------------------------
 
 
@@ -139,8 +174,16 @@ def create_app(serving: ServingEngine, args: ServerArgs) -> FastAPI:
         finally:
             await asyncio.to_thread(serving.close)
 
-    app = FastAPI(title="relax built-in engine (SGLang protocol)", lifespan=lifespan)
+    app = FastAPI(
+        title="relax built-in engine (SGLang protocol)",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
     app.add_exception_handler(RequestValidationError, _validation_error)
+    if args.api_key:
+        app.add_middleware(BearerKeyMiddleware, api_key=args.api_key)
     started = time.time()
     tokenizer = None if args.skip_tokenizer_init else serving.tokenizer
 
@@ -210,7 +253,7 @@ def create_app(serving: ServingEngine, args: ServerArgs) -> FastAPI:
 
     def server_info() -> dict[str, Any]:
         return {
-            **asdict(args),
+            **{k: v for k, v in asdict(args).items() if k != "api_key"},
             "model_path": serving.model_path,
             "version": SGLANG_PROTOCOL_VERSION,
             "engine": ENGINE_NAME,  # ours: a real SGLang server has no such key
@@ -331,9 +374,42 @@ def create_app(serving: ServingEngine, args: ServerArgs) -> FastAPI:
 # -- command line ------------------------------------------------------------------------------------------------
 
 
+def config_file_args(path: str) -> list[str]:
+    """SGLang's `--config FILE.yaml`: a mapping of flag names (`api-key: ...`, `port: 30000`) turned into
+    flags placed before the command line's, which win (SGLang's `ConfigArgumentMerger`)."""
+    import yaml
+
+    if Path(path).suffix.lower() not in (".yaml", ".yml"):
+        raise ValueError(f"--config must be a YAML file, got {path}")
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError("the --config file must hold a mapping of flag names to values")
+    out: list[str] = []
+    for key, value in data.items():
+        flag = f"--{key}"
+        if isinstance(value, bool):
+            out += [flag] if value else []
+        elif isinstance(value, list):
+            out += [flag, *map(str, value)] if value else []
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def _with_config(argv: list[str]) -> list[str]:
+    if "--config" not in argv:
+        return argv
+    at = argv.index("--config")
+    if at + 1 >= len(argv):
+        raise ValueError("--config needs a file")
+    return config_file_args(argv[at + 1]) + argv[:at] + argv[at + 2 :]
+
+
 def parse_args(argv: list[str] | None = None) -> ServerArgs:
     """SGLang's flag names for what we honour; any other SGLang flag is accepted and ignored with a log
-    line, so launch scripts written for `sglang.launch_server` work unchanged."""
+    line, so launch scripts written for `sglang.launch_server` work unchanged. `--config FILE.yaml` as
+    SGLang's (how the engine actor hands over the API key without putting it on the command line)."""
+    argv = _with_config(list(sys.argv[1:] if argv is None else argv))
     p = argparse.ArgumentParser(description="SGLang-protocol HTTP server over the built-in torch engine")
     p.add_argument("--model-path", "--model", required=True)
     p.add_argument("--tokenizer-path")
@@ -349,6 +425,11 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
     p.add_argument("--context-length", type=int)
     p.add_argument("--log-level", default="info")
     p.add_argument("--relax-watch-pid", type=int, help="exit when this pid is gone (the launching actor)")
+    p.add_argument(
+        "--api-key",
+        help="require `Authorization: Bearer <key>` on every route (prefer `api-key:` in a --config "
+        "file: a command line is visible to every user of the machine)",
+    )
     known, unknown = p.parse_known_args(argv)
     args = ServerArgs(**{k: v for k, v in vars(known).items()})
     if args.tp_size != 1 or args.dp_size != 1:
@@ -359,6 +440,12 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         )
     if unknown:
         log.info("SGLang flags accepted and ignored by the built-in engine: %s", " ".join(unknown))
+    if not args.api_key:
+        log.warning(
+            "no API key: anyone who can reach %s:%d can generate and replace the weights",
+            args.host,
+            args.port,
+        )
     return args
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from runtime.access import LOCAL_OWNER, OWNER_FILE
 from runtime.devices import Device
 from runtime.train.checkpoint import (
     RetentionPolicy,
@@ -39,6 +40,7 @@ def test_retention_policy(policy: RetentionPolicy, on_disk: list[int], kept: lis
 def test_prune_removes_only_iteration_folders(tmp_path: Path) -> None:
     for i in (0, 1, 2):
         iteration_dir(tmp_path, i).mkdir()
+        (iteration_dir(tmp_path, i) / OWNER_FILE).write_text(LOCAL_OWNER)
     (tmp_path / "rollout_result").mkdir()
     (tmp_path / "iter_abc").mkdir()
     removed = prune_checkpoints(tmp_path, RetentionPolicy(keep=1))
@@ -48,6 +50,16 @@ def test_prune_removes_only_iteration_folders(tmp_path: Path) -> None:
         and (tmp_path / "rollout_result").is_dir()
         and (tmp_path / "iter_abc").is_dir()
     )
+
+
+def test_prune_keeps_checkpoints_another_job_wrote(tmp_path: Path) -> None:
+    for i, owner in ((0, "job_other"), (1, None), (2, "job_me"), (3, "job_me")):
+        iteration_dir(tmp_path, i).mkdir()
+        if owner:
+            (iteration_dir(tmp_path, i) / OWNER_FILE).write_text(owner)
+    removed = prune_checkpoints(tmp_path, RetentionPolicy(keep=1), owner="job_me")
+    assert [p.name for p in removed] == ["iter_0000002"]
+    assert list_iterations(tmp_path) == [0, 1, 3]
 
 
 def _batch(tok) -> RolloutBatch:

@@ -122,6 +122,7 @@ def test_checkpoint_round_trip_resumes_identically(tiny_model: Path, tok, tmp_pa
     assert record.step == 3 and record.size_bytes > 0 and record.path == str(iteration_dir(tmp_path, 3))
     assert (tmp_path / LATEST_FILE).read_text().strip() == "3" and read_latest_iteration(tmp_path) == 3
     assert sorted(os.listdir(iteration_dir(tmp_path, 3))) == [
+        ".relax-job",  # the job that wrote it (runtime/access.py)
         "model",
         "optimizer.pt",
         "rng.pt",

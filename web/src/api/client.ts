@@ -55,8 +55,15 @@ export class ApiError extends Error {
 
 export const UNAUTHENTICATED_NOTICE = "The API rejected this key (401). Sign in again.";
 
-/** Called on every 401: the key is wrong or revoked, so go back to the sign-in screen. */
-export function handleUnauthenticated(): void {
+/**
+ * Called on every 401: the key is wrong, revoked or expired, so go back to the sign-in screen (saying
+ * which, when the API told the key's holder: `auth.key_revoked`, `auth.key_expired`).
+ */
+export function handleUnauthenticated(error?: ApiError): void {
+  if (error && (error.code === "auth.key_expired" || error.code === "auth.key_revoked")) {
+    signOut(`The API rejected this key: ${error.message}. Sign in with a new key.`);
+    return;
+  }
   signOut(UNAUTHENTICATED_NOTICE);
 }
 
@@ -98,8 +105,9 @@ export async function unwrap<T>(call: Promise<FetchResult<T>>, opts: { signOutOn
   }
   const { data, error, response } = result;
   if (!response.ok) {
-    if (response.status === 401 && opts.signOutOn401 !== false) handleUnauthenticated();
-    throw ApiError.fromResponse(response, error);
+    const failure = ApiError.fromResponse(response, error);
+    if (response.status === 401 && opts.signOutOn401 !== false) handleUnauthenticated(failure);
+    throw failure;
   }
   return data as T;
 }

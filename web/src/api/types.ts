@@ -33,8 +33,10 @@ export interface PoolNode {
   name: string;
   gpus: number;
   allocated_gpus: number;
-  /** Jobs holding GPUs on this node. */
+  /** Jobs holding GPUs on this node (for a team's key: only the team's own). */
   jobs: { job_id: string; gpus: number }[];
+  /** GPUs held here by jobs not listed: other teams' jobs, which a team's key does not see. */
+  other_gpus?: number;
   labels: Record<string, string>;
   cordoned: boolean;
   alive: boolean;
@@ -43,6 +45,7 @@ export interface PoolNode {
 export interface Pool {
   name: string;
   accelerator: string;
+  /** Only admins see it (null for a team's key). */
   ray_address: string | null;
   cordoned: boolean;
   total_gpus: number;

@@ -63,6 +63,25 @@ export function takeKeyFromHash(hash: string): { key: string | null; rest: strin
   return { key, rest: `#/${route.path.map(encodeURIComponent).join("/")}${qs ? `?${qs}` : ""}` };
 }
 
+/**
+ * A one-time login code handed over in the fragment by `relaxctl dashboard`: `#code=<code>` (then the
+ * jobs list) or `#/jobs/<id>?code=<code>` (then that page). Returns the code and the fragment to show
+ * once it is removed.
+ */
+export function takeLoginCodeFromHash(hash: string): { code: string | null; rest: string } {
+  const raw = hash.replace(/^#/, "");
+  if (raw.startsWith("code=")) {
+    const code = new URLSearchParams(raw).get("code")?.trim() || null;
+    return { code, rest: "#/jobs" };
+  }
+  const route = parseHash(hash);
+  const code = route.query.get("code")?.trim() || null;
+  if (!code) return { code: null, rest: hash };
+  route.query.delete("code");
+  const qs = route.query.toString();
+  return { code, rest: `#/${route.path.map(encodeURIComponent).join("/")}${qs ? `?${qs}` : ""}` };
+}
+
 function subscribe(onChange: () => void): () => void {
   window.addEventListener("hashchange", onChange);
   return () => window.removeEventListener("hashchange", onChange);

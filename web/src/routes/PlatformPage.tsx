@@ -85,14 +85,19 @@ export function PlatformPage() {
                         <Bar value={n.allocated_gpus} max={n.gpus} label={`${n.name} usage`} />
                       </td>
                       <td className="mono small">
-                        {(n.jobs ?? []).length
-                          ? n.jobs.map((j, i) => (
+                        {(n.jobs ?? []).length || n.other_gpus
+                          ? (n.jobs ?? []).map((j, i) => (
                               <span key={j.job_id}>
                                 {i ? ", " : null}
                                 <a href={buildHash(["jobs", j.job_id])}>{j.job_id}</a> ({j.gpus})
                               </span>
                             ))
                           : "—"}
+                        {n.other_gpus ? (
+                          <span className="muted" data-testid="other-gpus">
+                            {(n.jobs ?? []).length ? ", " : null}other teams ({n.other_gpus})
+                          </span>
+                        ) : null}
                       </td>
                       <td className="mono small">
                         {Object.entries(n.labels ?? {})

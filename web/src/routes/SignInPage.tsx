@@ -31,8 +31,8 @@ export function SignInPage({ notice }: { notice: string | null }) {
       <div className="panel">
         <h1 style={{ marginBottom: 6 }}>Relax Platform</h1>
         <p className="muted" style={{ marginTop: 0 }}>
-          Sign in with an API key. On the machine that runs the platform, the admin key is in <code>.relax/admin.key</code>. A link
-          ending in <code>#key=&lt;key&gt;</code> opens this page signed in.
+          Sign in with an API key. On the machine that runs the platform, the admin key is in <code>.relax/admin.key</code>.{" "}
+          <code>relaxctl dashboard</code> opens this page signed in, with a one-time link.
         </p>
         {notice ? (
           <div className="warn-panel" role="status" style={{ marginBottom: 12 }}>

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { buildHash, parseHash, takeKeyFromHash } from "../../src/lib/router";
+import { buildHash, parseHash, takeKeyFromHash, takeLoginCodeFromHash } from "../../src/lib/router";
 
 describe("hash routes", () => {
   it("parses path segments and the query", () => {
@@ -32,5 +32,20 @@ describe("API key handed over in the URL", () => {
   it("leaves a hash without a key alone", () => {
     expect(takeKeyFromHash("#/jobs?name=x")).toEqual({ key: null, rest: "#/jobs?name=x" });
     expect(takeKeyFromHash("#key=")).toEqual({ key: null, rest: "#/jobs" });
+  });
+});
+
+describe("one-time login code handed over in the URL", () => {
+  it("takes #code=<code> and goes to the jobs list", () => {
+    expect(takeLoginCodeFromHash("#code=rlc_abc.def")).toEqual({ code: "rlc_abc.def", rest: "#/jobs" });
+  });
+
+  it("takes ?code= from a deep link and keeps the rest of it", () => {
+    expect(takeLoginCodeFromHash("#/jobs/job_1?code=rlc_x&tab=logs")).toEqual({ code: "rlc_x", rest: "#/jobs/job_1?tab=logs" });
+  });
+
+  it("leaves a hash without a code alone", () => {
+    expect(takeLoginCodeFromHash("#/jobs?name=x")).toEqual({ code: null, rest: "#/jobs?name=x" });
+    expect(takeLoginCodeFromHash("#key=rlx_abc")).toEqual({ code: null, rest: "#key=rlx_abc" });
   });
 });

@@ -30,7 +30,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Prometheus */
+        /**
+         * Prometheus
+         * @description Prometheus text format; needs an admin key or RELAX_METRICS_TOKEN (other teams' usage).
+         */
         get: operations["prometheus_metrics_get"];
         put?: never;
         post?: never;
@@ -57,6 +60,69 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/admin/audit": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Audit Events
+         * @description The audit log, newest first (admin): every POST, PUT, PATCH and DELETE under /v1 except the
+         *     drivers' internal routes, refused ones included.
+         */
+        get: operations["list_audit_events_v1_admin_audit_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/admin/path-grants": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List Path Grants */
+        get: operations["list_path_grants_v1_admin_path_grants_get"];
+        put?: never;
+        /**
+         * Create Path Grant
+         * @description Let a team's jobs read (ro) or read and write (rw) an absolute path, in one pool or every pool.
+         *     Refused: relative paths, `/`, and anything overlapping the platform's home or its artifact store.
+         */
+        post: operations["create_path_grant_v1_admin_path_grants_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/admin/path-grants/{grant_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Delete Path Grant
+         * @description Remove a grant: jobs that have not started yet lose it (their driver checks again at start).
+         */
+        delete: operations["delete_path_grant_v1_admin_path_grants__grant_id__delete"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/api-keys": {
         parameters: {
             query?: never;
@@ -64,10 +130,17 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** List Api Keys */
-        get: operations["list_api_keys_v1_api_keys_get"];
+        /**
+         * List Keys
+         * @description Keys without secrets: every key for an admin, the team's for a team admin, one's own otherwise.
+         */
+        get: operations["list_keys_v1_api_keys_get"];
         put?: never;
-        /** Create Key */
+        /**
+         * Create Key
+         * @description A new key (the secret is in this answer only). Admins make any key; team admins make keys of
+         *     their own team with the roles team_admin, member or viewer.
+         */
         post: operations["create_key_v1_api_keys_post"];
         delete?: never;
         options?: never;
@@ -85,8 +158,51 @@ export interface paths {
         get?: never;
         put?: never;
         post?: never;
-        /** Revoke Key */
+        /**
+         * Revoke Key
+         * @description Revoke a key: any for an admin, the team's non-admin keys for a team admin, one's own for anyone.
+         */
         delete: operations["revoke_key_v1_api_keys__key_id__delete"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/auth/login-codes": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Create Login Code
+         * @description A one-time code that signs a browser in to the dashboard as this key (`relaxctl dashboard`).
+         */
+        post: operations["create_login_code_v1_auth_login_codes_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/auth/sessions": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Create Session
+         * @description Exchange a login code (once) for a session key; every refusal is the same 401.
+         */
+        post: operations["create_session_v1_auth_sessions_post"];
+        delete?: never;
         options?: never;
         head?: never;
         patch?: never;
@@ -126,6 +242,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/internal/jobs/{job_id}/token": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Claim Token
+         * @description Once per attempt: the bootstrap secret of the driver's environment (as bearer) for the attempt's
+         *     token. A second exchange is refused with 409 `job.bootstrap_reused` and recorded in the job's events.
+         */
+        post: operations["claim_token_v1_internal_jobs__job_id__token_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/jobs": {
         parameters: {
             query?: never;
@@ -136,7 +273,11 @@ export interface paths {
         /** List Jobs */
         get: operations["list_jobs_v1_jobs_get"];
         put?: never;
-        /** Submit Job */
+        /**
+         * Submit Job
+         * @description Submit a job (the key's team, or `team` for an admin) to one of the team's queues at a priority
+         *     class the team was granted.
+         */
         post: operations["submit_job_v1_jobs_post"];
         delete?: never;
         options?: never;
@@ -315,6 +456,8 @@ export interface paths {
          * @description Server-sent events: `status` on every change, then `event`, `metric`, `log`, `checkpoint`,
          *     `rollout` and `prediction` as they arrive; `end` after the job reaches a terminal status. Every
          *     message carries an `id:`; reconnect with `Last-Event-ID` (or `?after=`) to resume without replay.
+         *     The key is checked on every poll: a key revoked or expired meanwhile ends the stream (a reconnect
+         *     gets the 401).
          */
         get: operations["stream_job_v1_jobs__job_id__stream_get"];
         put?: never;
@@ -332,7 +475,11 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** List Pools */
+        /**
+         * List Pools
+         * @description Pools and nodes with capacity. For a team key: no Ray address, and only its own team's jobs on
+         *     the nodes (other teams' GPUs count in `other_gpus`).
+         */
         get: operations["list_pools_v1_pools_get"];
         put?: never;
         /** Create Pool */
@@ -431,7 +578,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** List Queues */
+        /**
+         * List Queues
+         * @description Queues with quota and usage: every queue for an admin; a team key's own and granted queues.
+         */
         get: operations["list_queues_v1_queues_get"];
         put?: never;
         /** Create Queue */
@@ -471,9 +621,30 @@ export interface paths {
         /**
          * Validate Spec
          * @description Dry run: the normalized spec, derived defaults, warnings, errors, resource demand and the
-         *     queue and pool the job would wait in. Always 200; `valid` says whether a submit would pass.
+         *     queue and pool the job would wait in. 200 for any spec; `valid` says whether a submit would pass.
          */
         post: operations["validate_spec_v1_specs_validate_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/storage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Storage
+         * @description Where your team's jobs may read and write: `artifacts://` (the team's area), the jobs' output folders,
+         *     and the locations granted to the team.
+         */
+        get: operations["storage_v1_storage_get"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -498,22 +669,58 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/teams/{team}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get Team
+         * @description A team (name or id) with the priority classes and queues it may use.
+         */
+        get: operations["get_team_v1_teams__team__get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        /**
+         * Update Team
+         * @description Set the priority classes and extra queues a team may use (admin). Null resets a grant to its
+         *     default: every preemptible class, only the team's own queues.
+         */
+        patch: operations["update_team_v1_teams__team__patch"];
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
         /** ApiKeyCreate */
         ApiKeyCreate: {
+            /**
+             * Expires At
+             * @description Or the time it stops working (with a timezone).
+             */
+            expires_at?: string | null;
+            /**
+             * Expires In Days
+             * @description The key stops working after this.
+             */
+            expires_in_days?: number | null;
             /** Name */
             name: string;
             /**
              * Role
+             * @description admin (every team; admins only), team_admin, member or viewer.
              * @default member
              */
             role: string;
             /**
              * Team
-             * @description Team name or id; required for member keys.
+             * @description Team name or id; required for the team roles when an admin creates the key (a team admin's keys are for their own team).
              */
             team?: string | null;
         };
@@ -524,6 +731,16 @@ export interface components {
              * Format: date-time
              */
             created_at: string;
+            /**
+             * Created By
+             * @description Id of the key that created it.
+             */
+            created_by: string | null;
+            /**
+             * Expires At
+             * @description null: until revoked.
+             */
+            expires_at: string | null;
             /** Id */
             id: string;
             /**
@@ -542,13 +759,26 @@ export interface components {
             /** Team Id */
             team_id: string | null;
         };
-        /** ApiKeyPublic */
+        /**
+         * ApiKeyPublic
+         * @description A key without its secret: `prefix` is its first characters, enough to recognise it.
+         */
         ApiKeyPublic: {
             /**
              * Created At
              * Format: date-time
              */
             created_at: string;
+            /**
+             * Created By
+             * @description Id of the key that created it.
+             */
+            created_by: string | null;
+            /**
+             * Expires At
+             * @description null: until revoked.
+             */
+            expires_at: string | null;
             /** Id */
             id: string;
             /** Name */
@@ -566,6 +796,64 @@ export interface components {
         ApiKeysPage: {
             /** Data */
             data: components["schemas"]["ApiKeyPublic"][];
+        };
+        /**
+         * AuditEventPublic
+         * @description One mutating API call: who made it, which route, on what, and its status code.
+         */
+        AuditEventPublic: {
+            /**
+             * Details
+             * @description Safe details (job name, queue, role…); never secrets.
+             */
+            details: {
+                [key: string]: unknown;
+            };
+            /** Id */
+            id: number;
+            /**
+             * Key Id
+             * @description null: no key, or one that was not found.
+             */
+            key_id: string | null;
+            /** Method */
+            method: string;
+            /**
+             * Path
+             * @description The route template, e.g. /v1/jobs/{job_id}/cancel.
+             */
+            path: string;
+            /** Request Id */
+            request_id: string | null;
+            /** Role */
+            role: string | null;
+            /** Status Code */
+            status_code: number;
+            /**
+             * Target
+             * @description The object the call named or created, e.g. a job id.
+             */
+            target: string | null;
+            /**
+             * Team Id
+             * @description The calling key's team (null for admin keys).
+             */
+            team_id: string | null;
+            /**
+             * Time
+             * Format: date-time
+             */
+            time: string;
+        };
+        /** AuditEventsPage */
+        AuditEventsPage: {
+            /** Data */
+            data: components["schemas"]["AuditEventPublic"][];
+            /**
+             * Next Cursor
+             * @description Pass as `after` for the next (older) page.
+             */
+            next_cursor: number | null;
         };
         /** CheckpointPublic */
         CheckpointPublic: {
@@ -629,6 +917,11 @@ export interface components {
          */
         ErrorEnvelope: {
             error: components["schemas"]["ErrorBody"];
+        };
+        /** HTTPValidationError */
+        HTTPValidationError: {
+            /** Detail */
+            detail?: components["schemas"]["ValidationError"][];
         };
         /**
          * JobCreate
@@ -864,6 +1157,16 @@ export interface components {
             /** Wait Reason */
             wait_reason: string | null;
         };
+        /**
+         * JobTokenGrant
+         * @description The attempt's bearer token: valid while the attempt is live; keep it in memory only.
+         */
+        JobTokenGrant: {
+            /** Attempt */
+            attempt: number;
+            /** Token */
+            token: string;
+        };
         /** JobsPage */
         JobsPage: {
             /** Data */
@@ -964,6 +1267,16 @@ export interface components {
              */
             time: string;
         };
+        /** LoginCodeCreated */
+        LoginCodeCreated: {
+            /**
+             * Code
+             * @description Good for one sign-in within `expires_in` seconds: `<url>/#code=<code>`.
+             */
+            code: string;
+            /** Expires In */
+            expires_in: number;
+        };
         /** LogsPage */
         LogsPage: {
             /** Data */
@@ -1022,7 +1335,7 @@ export interface components {
             gpus: number;
             /**
              * Jobs
-             * @description Jobs holding GPUs on this node.
+             * @description Jobs holding GPUs on this node (for a team key: the team's).
              */
             jobs: components["schemas"]["NodeJob"][];
             /** Labels */
@@ -1031,6 +1344,12 @@ export interface components {
             };
             /** Name */
             name: string;
+            /**
+             * Other Gpus
+             * @description GPUs held here by jobs not listed in `jobs`: other teams' jobs, for a team key.
+             * @default 0
+             */
+            other_gpus: number;
         };
         /** NodeUpdate */
         NodeUpdate: {
@@ -1050,6 +1369,67 @@ export interface components {
             labels?: {
                 [key: string]: string;
             } | null;
+        };
+        /** PathGrantCreate */
+        PathGrantCreate: {
+            /**
+             * Mode
+             * @description ro: jobs read it; rw: jobs read and write it.
+             * @enum {string}
+             */
+            mode: "ro" | "rw";
+            /**
+             * Path
+             * @description An absolute path outside the platform's home and artifact store (not '/').
+             */
+            path: string;
+            /**
+             * Pool
+             * @description The pool whose jobs it applies to; null: every pool.
+             */
+            pool?: string | null;
+            /**
+             * Team
+             * @description The team's name or id.
+             */
+            team: string;
+        };
+        /** PathGrantPublic */
+        PathGrantPublic: {
+            /**
+             * Created At
+             * Format: date-time
+             */
+            created_at: string;
+            /**
+             * Created By
+             * @description Id of the key that created it.
+             */
+            created_by: string | null;
+            /** Id */
+            id: string;
+            /**
+             * Mode
+             * @description ro | rw
+             */
+            mode: string;
+            /**
+             * Path
+             * @description Absolute and normalized (symbolic links resolved).
+             */
+            path: string;
+            /**
+             * Pool
+             * @description null: every pool.
+             */
+            pool: string | null;
+            /** Team Id */
+            team_id: string;
+        };
+        /** PathGrantsPage */
+        PathGrantsPage: {
+            /** Data */
+            data: components["schemas"]["PathGrantPublic"][];
         };
         /** PoolCreate */
         PoolCreate: {
@@ -1089,7 +1469,10 @@ export interface components {
             name: string;
             /** Nodes */
             nodes: components["schemas"]["NodePublic"][];
-            /** Ray Address */
+            /**
+             * Ray Address
+             * @description The cluster's Ray Jobs API address; null unless admin.
+             */
             ray_address: string | null;
             /** Total Gpus */
             total_gpus: number;
@@ -1321,6 +1704,30 @@ export interface components {
             /** Data */
             data: components["schemas"]["RolloutPublic"][];
         };
+        /** SessionCreate */
+        SessionCreate: {
+            /** Code */
+            code: string;
+        };
+        /** SessionCreated */
+        SessionCreated: {
+            /**
+             * Expires At
+             * Format: date-time
+             */
+            expires_at: string;
+            /**
+             * Key
+             * @description An API key of the code's key's role and team; keep it like a password.
+             */
+            key: string;
+            /** Key Id */
+            key_id: string;
+            /** Role */
+            role: string;
+            /** Team Id */
+            team_id: string | null;
+        };
         /** SpecValidate */
         SpecValidate: {
             /** Args */
@@ -1399,6 +1806,28 @@ export interface components {
                 [key: string]: unknown;
             }[];
         };
+        /**
+         * StoragePublic
+         * @description Where the team's jobs read and write: its area (`artifacts://`), its jobs' folders, its grants.
+         */
+        StoragePublic: {
+            /**
+             * Area
+             * @description The folder `artifacts://` names for this team.
+             */
+            area: string;
+            /** Grants */
+            grants: components["schemas"]["PathGrantPublic"][];
+            /**
+             * Jobs
+             * @description Where the team's jobs write their outputs (`<area>/jobs/<job id>`).
+             */
+            jobs: string;
+            /** Team */
+            team: string;
+            /** Team Name */
+            team_name: string;
+        };
         /** TeamCreate */
         TeamCreate: {
             /** Name */
@@ -1406,6 +1835,16 @@ export interface components {
         };
         /** TeamPublic */
         TeamPublic: {
+            /**
+             * Allowed Priority Classes
+             * @description Priority classes an admin granted the team; null: every preemptible class.
+             */
+            allowed_priority_classes: string[] | null;
+            /**
+             * Allowed Queues
+             * @description Queues of other teams an admin granted the team (its own are always allowed).
+             */
+            allowed_queues: string[] | null;
             /**
              * Created At
              * Format: date-time
@@ -1415,11 +1854,55 @@ export interface components {
             id: string;
             /** Name */
             name: string;
+            /**
+             * Priority Classes
+             * @description The classes the team may submit at now.
+             */
+            priority_classes: string[];
+            /**
+             * Queues
+             * @description The queues the team may submit to now (its own first).
+             */
+            queues: string[];
+        };
+        /**
+         * TeamUpdate
+         * @description An admin sets what a team may use. A field left out is unchanged; null resets it to the default.
+         */
+        TeamUpdate: {
+            /**
+             * Allowed Priority Classes
+             * @description Classes the team may submit at; null: every preemptible class (a class that is never preempted, like `high`, only by naming it here).
+             * @example [
+             *       "low",
+             *       "normal"
+             *     ]
+             */
+            allowed_priority_classes?: string[] | null;
+            /**
+             * Allowed Queues
+             * @description Queues of other teams the team may submit to besides its own.
+             * @example []
+             */
+            allowed_queues?: string[] | null;
         };
         /** TeamsPage */
         TeamsPage: {
             /** Data */
             data: components["schemas"]["TeamPublic"][];
+        };
+        /** ValidationError */
+        ValidationError: {
+            /** Context */
+            ctx?: Record<string, never>;
+            /** Input */
+            input?: unknown;
+            /** Location */
+            loc: (string | number)[];
+            /** Message */
+            msg: string;
+            /** Error Type */
+            type: string;
         };
     };
     responses: never;
@@ -1455,7 +1938,9 @@ export interface operations {
     prometheus_metrics_get: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                authorization?: string | null;
+            };
             path?: never;
             cookie?: never;
         };
@@ -1468,6 +1953,15 @@ export interface operations {
                 };
                 content: {
                     "text/plain": string;
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
                 };
             };
         };
@@ -1494,9 +1988,300 @@ export interface operations {
             };
         };
     };
-    list_api_keys_v1_api_keys_get: {
+    list_audit_events_v1_admin_audit_get: {
+        parameters: {
+            query?: {
+                since?: string | null;
+                /** @description Key id of the caller. */
+                key?: string | null;
+                /** @description The caller's team (name or id). */
+                team?: string | null;
+                /** @description Route template, or its start (/v1/jobs). */
+                path?: string | null;
+                /** @description Id of the last row of the previous page. */
+                after?: number | null;
+                limit?: number;
+            };
+            header?: {
+                authorization?: string | null;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AuditEventsPage"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    list_path_grants_v1_admin_path_grants_get: {
+        parameters: {
+            query?: {
+                /** @description Only this team's grants (name or id). */
+                team?: string | null;
+            };
+            header?: {
+                authorization?: string | null;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PathGrantsPage"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    create_path_grant_v1_admin_path_grants_post: {
         parameters: {
             query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PathGrantCreate"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PathGrantPublic"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    delete_path_grant_v1_admin_path_grants__grant_id__delete: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                grant_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PathGrantPublic"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    list_keys_v1_api_keys_get: {
+        parameters: {
+            query?: {
+                /** @description Only this team's keys (name or id). */
+                team?: string | null;
+            };
             header?: {
                 authorization?: string | null;
             };
@@ -1701,6 +2486,142 @@ export interface operations {
             };
         };
     };
+    create_login_code_v1_auth_login_codes_post: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["LoginCodeCreated"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    create_session_v1_auth_sessions_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["SessionCreate"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionCreated"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
     driver_report_v1_internal_jobs__job_id__report_post: {
         parameters: {
             query?: never;
@@ -1796,6 +2717,75 @@ export interface operations {
                     "application/json": {
                         [key: string]: unknown;
                     };
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    claim_token_v1_internal_jobs__job_id__token_post: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                job_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["JobTokenGrant"];
                 };
             };
             /** @description Missing or unknown API key. */
@@ -3546,6 +4536,78 @@ export interface operations {
             };
         };
     };
+    storage_v1_storage_get: {
+        parameters: {
+            query?: {
+                /** @description Admins: the team (name or id); default: yours. */
+                team?: string | null;
+                /** @description Only the grants that apply in this pool. */
+                pool?: string | null;
+            };
+            header?: {
+                authorization?: string | null;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["StoragePublic"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
     list_teams_v1_teams_get: {
         parameters: {
             query?: never;
@@ -3630,6 +4692,148 @@ export interface operations {
         responses: {
             /** @description Successful Response */
             201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TeamPublic"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    get_team_v1_teams__team__get: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                team: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TeamPublic"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    update_team_v1_teams__team__patch: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                team: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["TeamUpdate"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
                 headers: {
                     [name: string]: unknown;
                 };
