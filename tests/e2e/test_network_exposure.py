@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from api.embedded import ray_temp_dir
-from bench.harness import ROOT, RunningPlatform, start_platform, stop_platform
+from bench.harness import ROOT, RunningPlatform
 from client.sdk import RelaxClient
 from scheduler.settings import Settings
 
@@ -136,17 +136,6 @@ def _request(listener: Listener, method: str, path: str) -> tuple[int, bytes]:
         return response.status, response.read()
     finally:
         conn.close()
-
-
-@pytest.fixture(scope="module")
-def platform(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    p = start_platform(tmp_path_factory.mktemp("platform") / "home")
-    try:
-        r = p.relaxctl("models", "tiny")
-        assert r.returncode == 0, r.stdout + r.stderr
-        yield p
-    finally:
-        stop_platform(p)
 
 
 def _ray_init_without_token(address: str, secret_file: Path, home: Path) -> subprocess.Popen[str]:

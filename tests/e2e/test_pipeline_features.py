@@ -13,21 +13,10 @@ import httpx
 import pytest
 import yaml
 
-from bench.harness import ROOT, RunningPlatform, start_platform, stop_platform
+from bench.harness import ROOT, RunningPlatform
 from client.sdk import RelaxClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def platform(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    p = start_platform(tmp_path_factory.mktemp("platform") / "home")
-    try:
-        r = p.relaxctl("models", "tiny")
-        assert r.returncode == 0, r.stdout + r.stderr
-        yield p
-    finally:
-        stop_platform(p)
 
 
 def _example(name: str, **overrides) -> dict:

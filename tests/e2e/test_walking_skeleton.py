@@ -10,23 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import ROOT, RunningPlatform, start_platform, stop_platform
+from bench.harness import ROOT, RunningPlatform
 from client.sdk import RelaxClient
 from runtime.launcher import RayJobLauncher
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def platform(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    p = start_platform(tmp_path_factory.mktemp("platform") / "home")
-    try:
-        r = p.relaxctl("models", "tiny")
-        assert r.returncode == 0, r.stdout + r.stderr
-        yield p
-    finally:
-        took = stop_platform(p)
-        assert took < 45, f"the platform took {took:.0f}s to stop"
 
 
 def _wait_status(c: RelaxClient, job_id: str, statuses: set[str], timeout: float = 120) -> dict:

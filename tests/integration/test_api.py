@@ -19,31 +19,22 @@ def test_requests_without_a_key_are_refused(api) -> None:  # type: ignore[no-unt
     assert body["code"] == "unauthenticated" and body["request_id"]
 
 
+#: The tiny GRPO job of grpo_spec() as Relax flags.
+TINY_ARGS = (
+    *("--train-backend", "torch", "--hf-checkpoint", "artifacts://models/tiny"),
+    *("--prompt-data", "artifacts://data/train.jsonl"),
+    *("--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--global-batch-size", "16"),
+    *("--colocate", "--resource", '{"actor": [1, 1], "rollout": [1, 1]}', "--num-rollout", "2"),
+)
+
+
 def test_submit_as_object_and_as_flags(api) -> None:  # type: ignore[no-untyped-def]
     client, _, broker = api
     r = client.post("/v1/jobs", json={"name": "as-object", "spec": grpo_spec()})
     assert r.status_code == 201, r.text
     job = r.json()
     assert job["status"] == "QUEUED" and job["spec"]["n_samples_per_prompt"] == 4
-    args = [
-        "--train-backend",
-        "torch",
-        "--hf-checkpoint",
-        "artifacts://models/tiny",
-        "--prompt-data",
-        "artifacts://data/train.jsonl",
-        "--rollout-batch-size",
-        "4",
-        "--n-samples-per-prompt",
-        "4",
-        "--global-batch-size",
-        "16",
-        "--colocate",
-        "--resource",
-        '{"actor": [1, 1], "rollout": [1, 1]}',
-        "--num-rollout",
-        "2",
-    ]
+    args = list(TINY_ARGS)
     r = client.post("/v1/jobs", json={"name": "as-flags", "args": args})
     assert r.status_code == 201, r.text
     assert r.json()["spec"]["colocate"] is True
@@ -58,16 +49,7 @@ def test_launch_script_provenance_is_kept_with_the_job(api) -> None:  # type: ig
     """relaxctl resolves a launch script on the client and sends its flags plus where they came
     from; the server stores that under `submitted.launch_script` and never runs it."""
     client, _, _ = api
-    args = [
-        "--train-backend",
-        "torch",
-        "--hf-checkpoint",
-        "artifacts://models/tiny",
-        "--prompt-data",
-        "artifacts://data/train.jsonl",
-    ]
-    args += ["--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--global-batch-size", "16"]
-    args += ["--colocate", "--resource", '{"actor": [1, 1], "rollout": [1, 1]}', "--num-rollout", "2"]
+    args = list(TINY_ARGS)
     script = {
         "path": "/home/me/relax/scripts/run-tiny.sh",
         "sha256": "a" * 64,
