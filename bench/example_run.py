@@ -59,6 +59,11 @@ class TreeMemory:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    ap.add_argument(
+        "--grpo",
+        default="grpo-arith",
+        help="the GRPO example to run after the SFT warm-up (grpo-arith-megatron: the megatron backend, TP=2)",
+    )
     args = ap.parse_args()
     rows: dict[str, object] = {}
     with tempfile.TemporaryDirectory(prefix="relax-bench-") as tmp:
@@ -71,7 +76,7 @@ def main() -> None:
                 r = platform.relaxctl("models", "tiny")
                 assert r.returncode == 0, r.stderr
                 rows["relaxctl models tiny (s)"] = round(time.time() - t1, 1)
-                for name in ("sft-arith", "grpo-arith"):
+                for name in ("sft-arith", args.grpo):
                     t = time.time()
                     r = platform.relaxctl("submit", f"examples/{name}.yaml", "--wait")
                     if r.returncode != 0:
@@ -79,7 +84,7 @@ def main() -> None:
                     rows[f"{name} wall (s)"] = round(time.time() - t, 1)
                 rows["example total wall (s)"] = round(time.time() - t1, 1)
             c = RelaxClient(platform.url, platform.key)
-            grpo = c.list_jobs(name="grpo-arith")["data"][0]
+            grpo = c.list_jobs(name=args.grpo)["data"][0]
             reward = [p["value"] for p in c.metrics(grpo["id"], names=["rollout/reward"])["rollout/reward"]]
             steps = c.metrics(grpo["id"], names=["perf/step_time"]).get("perf/step_time", [])
             n = len(reward)

@@ -1,10 +1,17 @@
-"""Which Relax parameters the torch backend + built-in rollout honour; anything else set is refused by name."""
+"""Which Relax parameters each training backend (+ the built-in rollout) honours; anything else set is refused
+by name.
+
+A parameter is honoured by a backend when the code that runs the job reads it (`RuntimeSpec`'s fields are read
+by the pipeline whatever the backend; the megatron backend reads Megatron's arguments from the spec's values);
+a restricted one is honoured for some values only. Everything else set away from its default is refused at
+submission (`spec.unsupported_by_backend`) and again by the driver."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from runtime.rollout.sglang import passthrough as sglang_passthrough
 from runtime.spec import RuntimeSpec
 
 # The `resource` roles the torch backend runs (runtime.roles.placement.Role; kept apart so the API
@@ -32,32 +39,133 @@ RM_TYPES = frozenset(
     }
 )
 
-# Every parameter the runtime reads (RuntimeSpec's fields) is honoured by the torch backend...
-TORCH_BACKEND_PARAMETERS: frozenset[str] = RuntimeSpec.field_names() | {
-    # ...plus parameters that need nothing more from this backend, many of them set by Relax's derived
+# Parameters the pipeline reads whatever the backend: RuntimeSpec's fields...
+COMMON_PARAMETERS: frozenset[str] = RuntimeSpec.field_names() | {
+    # ...plus parameters that need nothing more from the backend, many of them set by Relax's derived
     # defaults in every normalized spec.
-    "offload_train",  # colocate implies offload; colocated roles offload/onload explicitly
+    "offload_train",  # restricted below: colocated roles offload/onload at every turn, and only they do
     "offload_rollout",
     "num_gpus_per_node",  # placement is per slot here
     "rollout_num_gpus_per_engine",  # restricted below: the torch engine uses one device
-    "checkpoint_engine_backend",  # the runtime picks the weight sync backend (object store on CPU)
-    "distributed_backend",
-    "distributed_timeout_minutes",
-    "optimizer",
-    "log_probs_max_tokens_per_gpu",  # log-probs are computed in fixed chunks; any budget is fine
-    "balance_data",  # one data-parallel rank: nothing to balance
+    "checkpoint_engine_backend",  # restricted below: weights go through Ray's object store
+    "distributed_backend",  # restricted below
+    "distributed_timeout_minutes",  # the trainer ranks' process-group timeout (megatron)
+    "optimizer",  # restricted below
+    "balance_data",  # Relax balances tokens across data-parallel ranks; ours split rows evenly
     "dump_details",  # Relax derives save-debug-rollout-data and save-debug-train-data under it
     "train_memory_margin_bytes",  # restricted below
-    "sglang",  # SGLang passthrough arguments do not apply to the built-in engine
+    "sglang",  # restricted below: SGLang server arguments, on every engine server's command line
     # read by `runtime.rewards.RewardModel.from_spec` from the spec's values
     "rm_url",
     "group_rm",
     "reward_key",
     "eval_reward_key",
     "reward_max_concurrency",
-    "reward_num_workers",  # Relax's sync-reward actors; rewards run in the rollout's process here
+    "reward_num_workers",  # restricted below: Relax's sync-reward actors; rewards run inline here
     "rollout_global_dataset",  # restricted below: Relax turns it off for SFT, which reads --prompt-data itself
 }
+
+# The torch backend reads nothing beyond the common parameters.
+TORCH_BACKEND_PARAMETERS: frozenset[str] = COMMON_PARAMETERS
+
+# Megatron's arguments the megatron backend reads from the spec's values (runtime/train/megatron/):
+MEGATRON_ARGUMENTS: frozenset[str] = frozenset(
+    {
+        # parallel.py: the layout
+        "tensor_model_parallel_size",
+        "pipeline_model_parallel_size",
+        "num_virtual_stages_per_pipeline_rank",
+        "num_layers_per_virtual_pipeline_stage",
+        "context_parallel_size",
+        "expert_model_parallel_size",
+        "expert_tensor_parallel_size",
+        "sequence_parallel",
+        # model.py: the architecture (ModelArgs, flags over --hf-checkpoint's config.json)
+        "num_layers",
+        "hidden_size",
+        "ffn_hidden_size",
+        "num_attention_heads",
+        "group_query_attention",
+        "num_query_groups",
+        "kv_channels",
+        "vocab_size",
+        "max_position_embeddings",
+        "seq_length",
+        "padded_vocab_size",
+        "make_vocab_size_divisible_by",
+        "rotary_base",
+        "rotary_percent",
+        "use_rope_scaling",
+        "rope_scaling_factor",
+        "rope_type",
+        "norm_epsilon",
+        "normalization",
+        "add_qkv_bias",
+        "add_bias_linear",
+        "qk_layernorm",
+        "untie_embeddings_and_output_weights",
+        "swiglu",
+        "position_embedding_type",
+        "num_experts",
+        "moe_router_topk",
+        "moe_ffn_hidden_size",
+        "moe_shared_expert_intermediate_size",
+        "moe_aux_loss_coeff",
+        "moe_router_load_balancing_type",
+        "moe_router_score_function",
+        "moe_layer_freq",
+        "moe_router_pre_softmax",
+        "moe_grouped_gemm",
+        "moe_token_dispatcher_type",
+        "moe_router_dtype",
+        "moe_router_topk_scaling_factor",
+        # model.py: TransformerConfig (precision, dropout, init, recompute)
+        "bf16",
+        "fp16",
+        "hidden_dropout",
+        "attention_dropout",
+        "init_method_std",
+        "recompute_granularity",
+        "recompute_method",
+        "recompute_num_layers",
+        "recompute_modules",
+        # backend.py: DDP, optimizer, loss scaling, the loss head, log-probs batching
+        "use_distributed_optimizer",
+        "overlap_grad_reduce",
+        "overlap_param_gather",
+        "accumulate_allreduce_grads_in_fp32",
+        "check_for_nan_in_loss_and_grad",
+        "ddp_bucket_size",
+        "ddp_average_in_collective",
+        "optimizer_cpu_offload",
+        "optimizer_offload_fraction",
+        "use_torch_optimizer_for_cpu_offload",
+        "overlap_cpu_optimizer_d2h_h2d",
+        "loss_scale",
+        "initial_loss_scale",
+        "min_loss_scale",
+        "loss_scale_window",
+        "hysteresis",
+        "log_probs_chunk_size",
+        # backend.py + checkpoint.py: checkpoints, weights in and out
+        "ckpt_format",
+        "dist_ckpt_save_pre_mcore_014",
+        "no_load_optim",
+        "no_load_rng",
+        "finetune",
+        "megatron_to_hf_mode",
+        "tokenizer_model",
+        "tokenizer_type",
+    }
+)
+
+MEGATRON_BACKEND_PARAMETERS: frozenset[str] = COMMON_PARAMETERS | MEGATRON_ARGUMENTS
+
+BACKEND_PARAMETERS: dict[str, frozenset[str]] = {
+    "torch": TORCH_BACKEND_PARAMETERS,
+    "megatron": MEGATRON_BACKEND_PARAMETERS,
+}
+BACKENDS = tuple(BACKEND_PARAMETERS)
 
 
 def _one_of(*allowed: Any) -> Callable[[Any, Mapping[str, Any]], bool]:
@@ -65,7 +173,8 @@ def _one_of(*allowed: Any) -> Callable[[Any, Mapping[str, Any]], bool]:
 
 
 def _resource_ok(value: Any, values: Mapping[str, Any]) -> bool:
-    """Roles this backend runs; the trainer (and each forward-only role, and the critic) on one device."""
+    """Roles the runtime runs; each forward-only role and the critic on one device; the trainer on one
+    device (torch) or on any number of devices, one rank each (megatron; jobspec checks the parallel sizes)."""
     if not value:
         return True
     if not isinstance(value, Mapping) or not set(value) <= RESOURCE_ROLES:
@@ -73,9 +182,52 @@ def _resource_ok(value: Any, values: Mapping[str, Any]) -> bool:
     devices = {
         role: pair[1] for role, pair in value.items() if isinstance(pair, list | tuple) and len(pair) == 2
     }
-    if not values.get("debug_rollout_only") and devices.get("actor", 1) != 1:
+    multi_rank = values.get("train_backend") == "megatron"
+    if not values.get("debug_rollout_only") and not multi_rank and devices.get("actor", 1) != 1:
         return False
     return all(devices.get(role, 1) <= 1 for role in ("reference", "actor_fwd", "critic"))
+
+
+def _colocated(values: Mapping[str, Any]) -> bool:
+    """The trainer and the rollout take turns on the same devices (RuntimeSpec.colocated), or external
+    engines share them."""
+    return bool(values.get("colocate")) and not values.get("hybrid") and not values.get("fully_async")
+
+
+def _offload_ok(value: Any, values: Mapping[str, Any]) -> bool:
+    """`offload-train` / `offload-rollout`: colocated roles offload and onload at every turn, and only
+    they do, so on exactly when colocated (unset: derived)."""
+    if value is None or values.get("debug_rollout_only"):
+        return True
+    return bool(value) == _colocated(values)
+
+
+def _offload_all_ok(value: Any, values: Mapping[str, Any]) -> bool:
+    """`offload` (both of the above): only where the roles are colocated."""
+    return not value or _colocated(values) or bool(values.get("debug_rollout_only"))
+
+
+def _one_step_per_rollout(values: Mapping[str, Any]) -> bool:
+    """One optimizer step per rollout: the old log-probs (the trainer's, or actor_fwd's with the same
+    weights, computed before the update) are then the train forward's, as `true-on-policy-mode` takes them
+    (Relax derives the mode exactly then, in fully-async mode)."""
+    samples = int(values.get("rollout_batch_size") or 0) * int(values.get("n_samples_per_prompt") or 1)
+    global_batch = values.get("global_batch_size")
+    return not global_batch or int(global_batch) >= samples
+
+
+_PLATFORM_REFERENCES = ("artifacts://", "job://")
+
+
+def _tokenizer_model_ok(value: Any, values: Mapping[str, Any]) -> bool:
+    """The tokenizer is `--hf-checkpoint`'s (Relax derives `--tokenizer-model` from it). At submission both
+    are as written and must be equal; in the driver the platform has resolved `--hf-checkpoint` (a path
+    field) but not `--tokenizer-model`, whose platform reference was compared at submission."""
+    checkpoint = values.get("hf_checkpoint")
+    if value is None or value == checkpoint:
+        return True
+    resolved = isinstance(checkpoint, str) and not checkpoint.startswith(_PLATFORM_REFERENCES)
+    return resolved and isinstance(value, str) and value.startswith(_PLATFORM_REFERENCES)
 
 
 def _rm_type_ok(value: Any, values: Mapping[str, Any]) -> bool:
@@ -90,9 +242,26 @@ def _rm_type_ok(value: Any, values: Mapping[str, Any]) -> bool:
 UNSUPPORTED_RM_TYPES = frozenset({"ifbench", "dapo-genrm"})
 
 
-# Honoured parameters whose value still matters: name -> does this backend implement the value?
+# Honoured parameters whose value still matters: name -> does the job's backend implement the value?
+# (A check applies where the backend honours the name; `values` has the job's backend.)
 RESTRICTIONS: dict[str, Callable[[Any, Mapping[str, Any]], bool]] = {
-    "train_backend": _one_of("torch"),
+    "train_backend": _one_of(*BACKENDS),
+    "offload": _offload_all_ok,
+    "offload_train": _offload_ok,
+    "offload_rollout": _offload_ok,
+    "true_on_policy_mode": lambda value, values: not value or _one_step_per_rollout(values),
+    "sglang": lambda value, _values: not sglang_passthrough.problems(value),
+    "checkpoint_engine_backend": _one_of("nccl"),
+    "reward_num_workers": _one_of(16),
+    "distributed_backend": _one_of("nccl", "gloo"),
+    # megatron
+    "ckpt_format": _one_of("torch_dist"),
+    "megatron_to_hf_mode": _one_of("raw", "bridge"),
+    "rope_type": _one_of("rope"),
+    "moe_grouped_gemm": _one_of(False),
+    "tokenizer_type": _one_of("HuggingFaceTokenizer"),
+    "tokenizer_model": lambda value, values: _tokenizer_model_ok(value, values),
+    "dist_ckpt_save_pre_mcore_014": lambda _value, _values: True,
     "rollout_num_gpus_per_engine": _one_of(1),
     "optimizer": _one_of("adam"),
     "loss_type": _one_of("policy_loss", "custom_loss", "sft", "sft_loss"),
@@ -127,21 +296,64 @@ RESTRICTIONS: dict[str, Callable[[Any, Mapping[str, Any]], bool]] = {
 RESTRICTION_HINTS: dict[str, str] = {
     "advantage_estimator": "the torch backend's PPO takes the rollout log-probs as the old-policy log-probs: "
     "add --use-rollout-logprobs",
+    # SGLang server flags the platform sets itself (`sglang_problems` names them `sglang_<flag>`), by flag
+    # and alias
+    **{
+        f"sglang_{key}": f"{why}: remove --sglang-{sglang_passthrough.flag_of(key)}"
+        for key, why in sglang_passthrough.refused_flag_reasons().items()
+    },
 }
 
 
+def sglang_problems(value: Any) -> list[str]:
+    """The `sglang` passthrough's refused entries, each named after its flag (`sglang_port=30000` for
+    `--sglang-port 30000`, whose hint says why; a name that is no SGLang server flag without a value)."""
+    out = []
+    for key, item, _why in sglang_passthrough.problems(value):
+        name = f"sglang_{key}"
+        out.append(f"{name}={item!r}" if name in RESTRICTION_HINTS else name)
+    return out
+
+
+#: How a refused restricted value is reported, where not as 'name=value'.
+PROBLEM_NAMES: dict[str, Callable[[Any], list[str]]] = {"sglang": sglang_problems}
+
+
+def job_backend(values: Mapping[str, Any], defaults: Mapping[str, Any]) -> str:
+    """The backend that runs the job: `train-backend`, else its default (Relax's: megatron)."""
+    return str(values.get("train_backend") or defaults.get("train_backend") or "megatron")
+
+
 def unsupported_parameters(values: Mapping[str, Any], defaults: Mapping[str, Any]) -> list[str]:
-    """Parameters the torch backend cannot honour: names set away from their default that it does not
-    implement, and 'name=value' for honoured names set to a value it does not implement."""
+    """Parameters the job's backend cannot honour: names set away from their default that it does not
+    implement, and 'name=value' for honoured names set to a value it does not implement. An unknown
+    backend is the one problem reported (`train_backend=...`)."""
+    backend = job_backend(values, defaults)
+    honoured = BACKEND_PARAMETERS.get(backend)
+    if honoured is None:
+        return [f"train_backend={backend!r}"]
+    values = {**values, "train_backend": backend}
     problems = []
     for name, value in values.items():
-        if name in TORCH_BACKEND_PARAMETERS:
+        if name in honoured:
             check = RESTRICTIONS.get(name)
             if check is not None and not check(value, values):
-                problems.append(f"{name}={value!r}")
+                itemized = PROBLEM_NAMES.get(name)
+                problems += itemized(value) if itemized else [f"{name}={value!r}"]
         elif name in defaults and value is not None and value != defaults[name]:
             problems.append(name)
     return sorted(problems)
+
+
+def _cell(name: str, backend: str) -> str:
+    if name not in BACKEND_PARAMETERS[backend]:
+        return "no"
+    if name in RESTRICTIONS:
+        doc = RESTRICTION_DOCS.get(name)
+        if isinstance(doc, dict):
+            doc = doc.get(backend)
+        return "values" + (f": {doc}" if doc else "")
+    return "yes"
 
 
 def render_markdown() -> str:
@@ -156,37 +368,63 @@ def render_markdown() -> str:
         "submission with the parameter's name (`spec.unsupported_by_backend`).",
         "",
         "- **yes**: honoured · **values**: honoured for the listed values only · **no**: refused when set",
-        "- `megatron` (Relax's default backend) is not available on this platform yet: it is refused as a whole.",
+        "- `torch`: a Hugging Face model trained with AdamW in one process (CPU or one GPU).",
+        "- `megatron` (Relax's default): megatron-core, one trainer process per rank (gloo on CPU, NCCL on CUDA);",
+        "  it reads Megatron's arguments from the spec (runtime/train/megatron/, docs/adr/0006).",
         "",
         "| parameter | torch | megatron |",
         "|---|---|---|",
     ]
     for name in sorted(FIELDS):
         flag = "--" + name.replace("_", "-")
-        if name in RESTRICTIONS:
-            cell = "values"
-            doc = RESTRICTION_DOCS.get(name)
-            if doc:
-                cell += f": {doc}"
-        elif name in TORCH_BACKEND_PARAMETERS:
-            cell = "yes"
-        else:
-            cell = "no"
-        lines.append(f"| `{flag}` | {cell} | no |")
+        lines.append(f"| `{flag}` | {_cell(name, 'torch')} | {_cell(name, 'megatron')} |")
     return "\n".join(lines) + "\n"
 
 
 # How each restricted parameter is restricted, for the table.
-RESTRICTION_DOCS: dict[str, str] = {
-    "train_backend": "torch",
+RESTRICTION_DOCS: dict[str, str | dict[str, str]] = {
+    "train_backend": "torch, megatron",
+    "offload": "only with --colocate (colocated roles offload at every turn, and only they)",
+    "offload_train": "on exactly when colocated (colocated roles offload at every turn, and only they)",
+    "offload_rollout": "on exactly when colocated (colocated roles offload at every turn, and only they)",
+    "true_on_policy_mode": "with one optimizer step per rollout (global batch = the rollout's samples), where "
+    "the old log-probs computed before the update are the train forward's, as Relax derives it in fully-async "
+    "mode",
+    "sglang": (
+        f"every server argument of SGLang {sglang_passthrough.SGLANG_VERSION} (`--sglang-X v` reaches the "
+        "engine servers as `--X v`): SGLang's server takes them all; the built-in engine's server reads "
+        + ", ".join(f"--{flag}" for flag in sglang_passthrough.BUILTIN_READS)
+        + " and logs the others at startup. Not --sglang-host, --sglang-port, --sglang-api-key, "
+        "--sglang-config, --sglang-model-path, --sglang-tp-size (the platform sets them), nor --sglang-dp-size, "
+        "--sglang-pp-size, --sglang-ep-size above 1 (one GPU per engine), nor names that are not SGLang "
+        "server arguments. Relax's own "
+        + ", ".join(f"--sglang-{f}" for f in sglang_passthrough.RELAX_SGLANG_FLAGS)
+        + " are accepted and not forwarded (no router here; one batch request per engine at a time)"
+    ),
+    "checkpoint_engine_backend": "nccl (the default): weights reach the engines through Ray's object store",
+    "reward_num_workers": "16 (the default): rewards are computed inline in the rollout, with no worker actors",
+    "distributed_backend": "nccl, gloo: the trainer ranks use NCCL on CUDA and gloo on CPU, whichever is set",
+    "ckpt_format": "torch_dist",
+    "megatron_to_hf_mode": "raw, bridge (one mapping, runtime/train/megatron/convert.py)",
+    "rope_type": "rope",
+    "moe_grouped_gemm": "off (needs TransformerEngine; the local expert path runs)",
+    "tokenizer_type": "HuggingFaceTokenizer (the tokenizer is --hf-checkpoint's)",
+    "tokenizer_model": "--hf-checkpoint (as Relax derives it)",
+    "dist_ckpt_save_pre_mcore_014": "either (Relax derives it on): checkpoints are written in the installed "
+    "megatron-core's layout (its ShardedTensor no longer writes the pre-0.14 one); loading reads the layout "
+    "from the checkpoint",
     "advantage_estimator": "every estimator; ppo with --use-rollout-logprobs",
     "rollout_num_gpus_per_engine": "1",
     "optimizer": "adam",
     "loss_type": "policy_loss, custom_loss, sft",
     "kl_loss_type": "k1, k2, k3, low_var_kl",
     "lr_decay_style": "constant, linear, cosine",
-    "resource": "roles actor, rollout, reference, actor_fwd, critic, advantages; actor, reference, actor_fwd "
-    "and critic on one device",
+    "resource": {
+        "torch": "roles actor, rollout, reference, actor_fwd, critic, advantages; actor, reference, actor_fwd "
+        "and critic on one device",
+        "megatron": "roles actor, rollout, reference, actor_fwd, critic, advantages; the actor on any number of "
+        "devices (one rank each); reference, actor_fwd and critic on one device",
+    },
     "rm_type": "the rm-types of runtime/rewards (ifbench and dapo-genrm are not); any with --rm-type-fallback",
     "rm_type_fallback": "zero, or an rm-type of runtime/rewards",
     "rollout_external": "with --rollout-external-engine-addrs",

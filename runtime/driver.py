@@ -140,13 +140,13 @@ def fetch_spec(api_url: str, job_id: str, token: str, *, deadline_s: float = 120
 
 
 def check_capabilities(spec: RuntimeSpec) -> None:
-    """Refuse, by name, parameters set to something the torch backend does not implement."""
+    """Refuse, by name, parameters set to something the job's backend does not implement."""
     defaults = parameter_defaults()
     if defaults is None:
         return
     refused = unsupported_parameters(spec.values(), defaults)
     if refused:
-        raise ValueError(f"the torch backend does not implement: {', '.join(refused)}")
+        raise ValueError(f"the {spec.train_backend} backend does not implement: {', '.join(refused)}")
 
 
 def init_ray(address: str | None, spec: RuntimeSpec) -> bool:
@@ -158,14 +158,16 @@ def init_ray(address: str | None, spec: RuntimeSpec) -> bool:
         ray.init(address=address, logging_level=logging.WARNING)
         return True
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private single-user cluster
+    plan = role_plan(spec, 1)
     topology = plan_topology(
         spec.resource,
         colocate=spec.colocated,
         with_rollout=spec.starts_engines,
         with_train=spec.trains,
         device=Device.detect(),
-        separate_roles=tuple(role_plan(spec, 1).separate),
+        separate_roles=tuple(plan.separate),
         with_critic=spec.has_critic,
+        train_world=plan.train_world,
     )
     ray.init(
         address="local",

@@ -41,15 +41,17 @@ from runtime.reporter import EventKind, Phase, Reporter, RolloutSplit
 from runtime.rewards import RewardModel
 from runtime.roles.groups import CriticPlan, RolePlan, Roles, engine_kind_from_env, start_roles
 from runtime.roles.logs import LogRelay
-from runtime.roles.placement import Role
+from runtime.roles.placement import Role, train_world_size
 from runtime.rollout.context import DEFAULT_MAX_RESPONSE_LEN, RolloutContext, RolloutOutput
 from runtime.rollout.engine import SamplingParams
 from runtime.rollout.generate import GenerateContext, LengthLimits, advance
 from runtime.rollout.results import write_eval_result, write_train_result
+from runtime.rollout.sglang.passthrough import server_argv
 from runtime.rollout.sources import AheadRollout, LiveRollout, LoadedRollout, RolloutSource, debug_data_path
 from runtime.rollout.stats import rollout_metrics
 from runtime.saving import CheckpointManager
 from runtime.spec import RuntimeSpec
+from runtime.train.base import is_multi_rank
 from runtime.train.checkpoint import CheckpointRecord, resolve_model_folder
 from runtime.train.critic import CriticConfig, critic_save_root
 from runtime.train.schedule import DecayStyle, LRSchedule
@@ -480,6 +482,7 @@ def train_config_from(spec: RuntimeSpec, total_rollouts: int) -> TrainConfig:
         global_batch_size=gbs or None,
         micro_batch_size=spec.micro_batch_size,
         max_tokens_per_micro_batch=spec.max_tokens_per_gpu if spec.use_dynamic_batch_size else None,
+        log_probs_max_tokens=spec.log_probs_max_tokens_per_gpu,
         log_probs_temperature=1.0 if spec.is_sft else spec.rollout_temperature,
         save_optimizer=not spec.no_save_optim,
         ref_load=spec.ref_load,
@@ -609,7 +612,19 @@ def validate(spec: RuntimeSpec) -> None:
         raise ValueError("fully_async runs rollout on devices of its own: it cannot be colocated")
 
 
-def role_plan(spec: RuntimeSpec, total: int) -> RolePlan:
+def trainer_world(spec: RuntimeSpec, device: Device | None = None) -> int | None:
+    """A multi-rank backend's number of trainer ranks (`placement.train_world_size`); None for the torch
+    backend (one trainer). Reads the model-parallel sizes from the spec's values (Megatron's dests)."""
+    if not is_multi_rank(spec.train_backend) or not spec.trains:
+        return None
+    values = spec.values()
+    model_parallel = 1
+    for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+        model_parallel *= int(values.get(name) or 1)
+    return train_world_size(spec.resource, model_parallel, device or Device.detect())
+
+
+def role_plan(spec: RuntimeSpec, total: int, device: Device | None = None) -> RolePlan:
     """The roles a job runs, from `resource` and the mode."""
     resource = spec.resource or {}
     initial = (
@@ -639,8 +654,11 @@ def role_plan(spec: RuntimeSpec, total: int) -> RolePlan:
         separate=separate,
         log_probs_temperature=1.0 if spec.is_sft else spec.rollout_temperature,
         engine_kind=engine_kind_from_env(),
+        engine_args=server_argv(spec.extra.get("sglang")),
         external_engines=tuple(spec.rollout_external_engine_addrs or ()) if spec.rollout_external else (),
         critic=critic_plan(spec, total, initial),
+        train_world=trainer_world(spec, device),
+        values=spec.values() if is_multi_rank(spec.train_backend) else {},
     )
 
 
@@ -672,7 +690,7 @@ def build_pipeline(
             )
     total = spec.total_rollouts(len(items))
     started = time.perf_counter()
-    roles = start_roles(role_plan(spec, total), device=device, env_vars=actor_env)
+    roles = start_roles(role_plan(spec, total, device), device=device, env_vars=actor_env)
     relay = LogRelay(roles.log_sink, reporter) if roles.log_sink is not None else None
     reporter.event(EventKind.MODEL_LOADED, f"{spec.hf_checkpoint} in {time.perf_counter() - started:.1f}s")
     pipeline = Pipeline(

@@ -93,6 +93,7 @@ class RuntimeSpec:
     micro_batch_size: int = 1
     use_dynamic_batch_size: bool = False
     max_tokens_per_gpu: int | None = None
+    log_probs_max_tokens_per_gpu: int | None = None  # forward-only passes' token budget (both backends)
     num_steps_per_rollout: int | None = None
     lr: float = 1e-6
     min_lr: float = 0.0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -21,7 +22,7 @@ from runtime.devices import Device
 from runtime.roles.logs import install_actor_logging, log_exceptions
 from runtime.rollout.engine import GenerationResult, SamplingParams, TorchRolloutEngine
 from runtime.rollout.sglang.engine_actor import SGLangEngineActor
-from runtime.train.base import TrainBackend, train_backend_class
+from runtime.train.base import TrainBackend, TrainContext, train_backend_class
 from runtime.train.checkpoint import CheckpointRecord
 from runtime.train.critic import CriticConfig, TorchCriticBackend
 from runtime.train.forward import LogProbModel
@@ -43,9 +44,21 @@ def _placement_group_id() -> str | None:
     return None if pg is None else pg.id.hex()
 
 
+def free_loopback_port() -> tuple[str, int]:
+    """A free TCP port on this node's loopback, for the trainer ranks' rendezvous (run in rank 0's slot,
+    before any rank starts: every rank gets it as a constructor argument)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return "127.0.0.1", int(sock.getsockname()[1])
+
+
 @log_exceptions
 class TrainActor:
-    """The `actor` role: owns a training backend (policy, optimizer, reference model when colocated)."""
+    """The `actor` role: owns a training backend (policy, optimizer, reference model when colocated).
+
+    A multi-rank backend (megatron) runs one TrainActor per rank: `rank` of `world_size`, meeting the
+    others at `master_addr:master_port` (picked on rank 0's node before any rank started), with the job's
+    parameters in `values`."""
 
     def __init__(
         self,
@@ -56,24 +69,40 @@ class TrainActor:
         need_ref: bool,
         num_threads: int = 1,
         log_sink: ActorHandle | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        master_addr: str = "127.0.0.1",
+        master_port: int | None = None,
+        values: Mapping[str, Any] | None = None,
     ) -> None:
-        _setup_process(num_threads, log_sink, "actor:train")
+        _setup_process(num_threads, log_sink, "actor:train" if world_size == 1 else f"actor:train{rank}")
         started = time.perf_counter()
+        self.rank = rank
         backend_cls = train_backend_class(backend)
+        context = TrainContext(
+            rank=rank,
+            world_size=world_size,
+            master_addr=master_addr,
+            master_port=master_port,
+            values=dict(values or {}),
+        )
         self.backend: TrainBackend = backend_cls(
-            hf_checkpoint, config, device=Device.detect(), need_ref=need_ref
+            hf_checkpoint, config, device=Device.detect(), need_ref=need_ref, context=context
         )
         log.info(
-            "%s train backend ready in %.1fs (pid %d, reference model: %s)",
+            "%s train backend ready in %.1fs (pid %d, rank %d of %d, reference model: %s)",
             backend,
             time.perf_counter() - started,
             os.getpid(),
+            rank,
+            world_size,
             need_ref,
         )
 
     def ready(self) -> dict[str, Any]:
         return {
             "role": "actor",
+            "rank": self.rank,
             "pid": os.getpid(),
             "device": str(Device.detect().kind),
             "threads": torch.get_num_threads(),
@@ -172,7 +201,8 @@ class RolloutEngineActor:
 class HttpEngineActor(SGLangEngineActor):
     """The `rollout` role as a server speaking SGLang's HTTP protocol (SGLang itself where it runs, else
     the built-in engine's server), driven through the SGLang client: same methods as `RolloutEngineActor`.
-    `api_key`: the job's engine secret (`groups.start_roles`), required by the server on every route."""
+    `api_key`: the job's engine secret (`groups.start_roles`), required by the server on every route.
+    `server_args`: the job's SGLang server arguments (`RolePlan.engine_args`), on the server's command line."""
 
     def __init__(
         self,
@@ -183,6 +213,7 @@ class HttpEngineActor(SGLangEngineActor):
         max_batch_size: int = 256,
         log_sink: ActorHandle | None = None,
         api_key: str | None = None,
+        server_args: tuple[str, ...] = (),
     ) -> None:
         _setup_process(num_threads, log_sink, f"actor:rollout{engine_index}")
         started = time.perf_counter()
@@ -192,6 +223,7 @@ class HttpEngineActor(SGLangEngineActor):
             num_threads=num_threads,
             max_batch_size=max_batch_size,
             api_key=api_key,
+            server_args=server_args,
         )
         log.info(
             "rollout engine %d (%s server at %s) ready in %.1fs (pid %d)",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -14,7 +15,14 @@ from ray.actor import ActorHandle
 from ray.util.placement_group import PlacementGroup
 
 from runtime.devices import Device
-from runtime.roles.actors import CriticActor, ForwardActor, HttpEngineActor, RolloutEngineActor, TrainActor
+from runtime.roles.actors import (
+    CriticActor,
+    ForwardActor,
+    HttpEngineActor,
+    RolloutEngineActor,
+    TrainActor,
+    free_loopback_port,
+)
 from runtime.roles.logs import start_log_sink
 from runtime.roles.placement import Role, Topology, plan_topology, release, reserve
 from runtime.rollout.engine import GenerationResult, SamplingParams
@@ -28,53 +36,74 @@ log = logging.getLogger(__name__)
 
 
 class TrainGroup:
-    """The trainer actor(s). The torch backend has exactly one; the group is where data-parallel
-    backends will fan out, so the driver never addresses ranks itself."""
+    """The trainer actor(s): one for the torch backend, one per rank for a multi-rank backend (megatron).
+
+    Every call goes to every rank with the same arguments (SPMD: a batch is put in the object store once
+    and each rank reads the same object, taking its data-parallel share itself), and the group answers
+    with rank 0's result; it waits for all ranks, so a failing rank fails the call. The driver never
+    addresses ranks itself."""
 
     def __init__(self, actors: list[ActorHandle]) -> None:
         self.actors = actors
         self.leader = actors[0]
+        # The ranks' calls meet in collectives, so every rank must see the calls in the same order: a call
+        # is submitted to all ranks at once (Ray keeps one caller's submission order per actor), even when
+        # two driver threads use the group (fully-async: weight pushes from the rollout thread).
+        self._submit = threading.Lock()
+
+    @property
+    def world_size(self) -> int:
+        return len(self.actors)
+
+    def _all(self, method: str, *args: Any) -> list[ray.ObjectRef]:
+        with self._submit:
+            return [getattr(actor, method).remote(*args) for actor in self.actors]
+
+    def _leader_answer(self, method: str, *args: Any) -> Any:
+        return ray.get(self._all(method, *args))[0]
 
     # Batches go to the object store first: Ray 2.60 passes an argument holding torch tensors inline
     # ~100x slower than a reference to the same object (measured: 180 ms vs 8 ms for a few KB).
     def compute_log_probs(self, batch: RolloutBatch, *, old: bool = True, ref: bool = True) -> RolloutBatch:
-        return ray.get(self.leader.compute_log_probs.remote(ray.put(batch), old, ref))
+        return self._leader_answer("compute_log_probs", ray.put(batch), old, ref)
 
     def train_step(self, batch: RolloutBatch) -> dict[str, float]:
-        return ray.get(self.leader.train_step.remote(ray.put(batch)))
+        return self._leader_answer("train_step", ray.put(batch))
 
     def evaluate_nll(self, batch: RolloutBatch) -> tuple[float, int]:
-        return ray.get(self.leader.evaluate_nll.remote(ray.put(batch)))
+        return self._leader_answer("evaluate_nll", ray.put(batch))
 
     def update_reference(self) -> None:
-        ray.get(self.leader.update_reference.remote())
+        self._leader_answer("update_reference")
 
     def async_named_weights(self) -> ray.ObjectRef:
-        """The weights as one object in Ray's object store (the trainer's copy is untouched)."""
-        return self.leader.named_weights.remote()
+        """The weights (Hugging Face names, gathered on rank 0) as one object in Ray's object store (the
+        trainer's copy is untouched). Every rank takes part in the gather; rank 0's object is the answer."""
+        refs = self._all("named_weights")
+        return refs[0]
 
     def parameter_checksum(self) -> float:
-        return ray.get(self.leader.parameter_checksum.remote())
+        return self._leader_answer("parameter_checksum")
 
     def offload(self) -> None:
-        ray.get([a.offload.remote() for a in self.actors])
+        ray.get(self._all("offload"))
 
     def onload(self) -> None:
-        ray.get([a.onload.remote() for a in self.actors])
+        ray.get(self._all("onload"))
 
     def save_checkpoint(
         self, save_dir: str, iteration: int, extra_state: dict[str, Any], *, blocking: bool = True
     ) -> CheckpointRecord | None:
-        return ray.get(self.leader.save_checkpoint.remote(save_dir, iteration, extra_state, blocking))
+        return self._leader_answer("save_checkpoint", save_dir, iteration, extra_state, blocking)
 
     def finished_saves(self, *, wait: bool = False) -> list[CheckpointRecord]:
-        return ray.get(self.leader.finished_saves.remote(wait))
+        return self._leader_answer("finished_saves", wait)
 
     def load_checkpoint(self, load_dir: str) -> tuple[int, dict[str, Any]] | None:
-        return ray.get(self.leader.load_checkpoint.remote(load_dir))
+        return self._leader_answer("load_checkpoint", load_dir)
 
     def export_hf(self, out_dir: str, step: int) -> CheckpointRecord:
-        return ray.get(self.leader.export_hf.remote(out_dir, step))
+        return self._leader_answer("export_hf", out_dir, step)
 
 
 class RolloutGroup:
@@ -275,6 +304,13 @@ class RolePlan:
     separate: dict[Role, str] = field(default_factory=dict)  # forward-only role -> its initial weights
     log_probs_temperature: float = 1.0
     engine_kind: EngineKind = DEFAULT_ENGINE_KIND
+    # a multi-rank backend's trainer ranks (`placement.train_world_size`); None: the torch backend's one
+    train_world: int | None = None
+    # the normalized spec's values, for a backend that reads its own parameters there (megatron)
+    values: dict[str, Any] = field(default_factory=dict)
+    # the job's SGLang server arguments (`--sglang-*`, `rollout.sglang.passthrough.server_argv`): on the
+    # command line of each engine server the job starts (EngineKind.HTTP)
+    engine_args: tuple[str, ...] = ()
     # `rollout-external-engine-addrs`: drive these running servers instead of starting engines
     external_engines: tuple[str, ...] = ()
     critic: CriticPlan | None = None
@@ -290,6 +326,7 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
         device=device,
         separate_roles=tuple(plan.separate),
         with_critic=plan.critic is not None,
+        train_world=plan.train_world,
     )
     pgs = reserve(topology)
     runtime_env = {"env_vars": env_vars} if env_vars else None
@@ -300,28 +337,68 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
         actors = [
             ray.remote(actor_class)
             .options(runtime_env=runtime_env, **slot.ray_options(pgs, device))
-            .remote(*args, **({"engine_index": index} if role is Role.ROLLOUT else {}), **kwargs)
+            .remote(*args, **_per_actor(role, index), **kwargs)
             for index, slot in enumerate(topology.role_slots(role))
         ]
         started.extend(actors)
         return actors
 
+    def _per_actor(role: Role, index: int) -> dict[str, Any]:
+        if role is Role.ROLLOUT:
+            return {"engine_index": index}
+        if role is Role.ACTOR and plan.train_world is not None:
+            return {"rank": index}
+        return {}
+
     try:
         sink = start_log_sink()
         common = {"num_threads": 1, "log_sink": sink}
+        ranks: dict[str, Any] = {}
+        if plan.with_train and plan.train_world is not None:
+            # rank 0 picks the rendezvous port on its own node before any rank starts
+            first = topology.train_slots[0]
+            master_addr, master_port = ray.get(
+                ray.remote(free_loopback_port)
+                .options(
+                    num_cpus=0, scheduling_strategy=first.ray_options(pgs, device)["scheduling_strategy"]
+                )
+                .remote()
+            )
+            ranks = {
+                "world_size": plan.train_world,
+                "master_addr": master_addr,
+                "master_port": master_port,
+                "values": plan.values,
+            }
         train_actors = start(
             TrainActor, Role.ACTOR, plan.backend, plan.hf_checkpoint, plan.train_config,
-            need_ref=plan.need_ref, **common,
+            need_ref=plan.need_ref, **ranks, **common,
         )  # fmt: skip
+        if (
+            plan.engine_args
+            and plan.with_rollout
+            and (plan.external_engines or plan.engine_kind is not EngineKind.HTTP)
+        ):
+            log.warning(
+                "the job's SGLang server arguments are not used (%s): %s",
+                "external engines are already running"
+                if plan.external_engines
+                else f"{ENGINE_KIND_ENV}={plan.engine_kind.value}",
+                " ".join(plan.engine_args),
+            )
         if plan.with_rollout and plan.external_engines:
             engine_actors = external_engine_actors(plan.external_engines, runtime_env=runtime_env)
             started.extend(engine_actors)
         else:
             # The job's engine secret: new at every driver start (so per attempt), handed to the engine
             # actors as an argument (through Ray, which wants its own token), never put in an environment.
-            secret = {"api_key": engine_secret()} if plan.engine_kind is EngineKind.HTTP else {}
+            http = (
+                {"api_key": engine_secret(), "server_args": plan.engine_args}
+                if plan.engine_kind is EngineKind.HTTP
+                else {}
+            )
             engine_actors = start(
-                _ENGINE_ACTORS[plan.engine_kind], Role.ROLLOUT, plan.hf_checkpoint, **common, **secret
+                _ENGINE_ACTORS[plan.engine_kind], Role.ROLLOUT, plan.hf_checkpoint, **common, **http
             )
         critic_actors = (
             start(CriticActor, Role.CRITIC, plan.critic.model_path, plan.critic.config, **common)
@@ -344,7 +421,7 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
             ray.kill(sink)
         raise
     log.info(
-        "roles ready: %d trainer, %d rollout engine(s) (%s), %d critic, %s, colocate=%s, placement groups %s",
+        "roles ready: %d trainer rank(s), %d rollout engine(s) (%s), %d critic, %s, colocate=%s, placement groups %s",
         len(train_actors),
         len(engine_actors),
         f"external {list(plan.external_engines)}" if plan.external_engines else plan.engine_kind.value,

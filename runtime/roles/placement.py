@@ -3,7 +3,9 @@ for colocated roles, and what each role's actors ask for.
 
 `resource` reads as in Relax: `{"role": [replicas, gpus]}` where `gpus` is the role's total device count
 (one device = a GPU, or one CPU on CPU pools). The torch backend trains on one device, so `actor` is one
-device; `rollout` starts one engine per device. `reference` and `actor_fwd`, when listed and not
+device; a multi-rank backend (megatron) runs one trainer actor per rank over the actor's devices
+(`train_world_size`: one rank per GPU; on CPU at least the model-parallel size, several ranks sharing a
+slot); `rollout` starts one engine per device. `reference` and `actor_fwd`, when listed and not
 colocated, are forward-only actors of their own (one device each); colocated, those models live in the
 trainer's process, sharing its device, as Relax swaps them into the actor's GPUs. PPO's `critic` trains
 on a device of its own (one), colocated or not; `advantages` (Relax: `[1, 0]`, a CPU-only role) runs in
@@ -114,9 +116,14 @@ def plan_topology(
     with_train: bool = True,
     separate_roles: tuple[Role, ...] = (),
     with_critic: bool = False,
+    train_world: int | None = None,
 ) -> Topology:
     """Slots for the trainer, the engines, the forward-only roles named in `separate_roles` (those the
     job needs and `resource` lists) and PPO's critic.
+
+    `train_world`: None for the torch backend (one trainer on one device); for a multi-rank backend the
+    number of trainer ranks (`train_world_size`), laid out contiguously over the actor's devices, each
+    device holding `train_world / devices` ranks.
 
     Colocated (`colocate` without hybrid): trainer and engines share one placement group, as many bundles
     as the actor has devices, each role taking half a slot. Otherwise each role has a placement group of
@@ -129,11 +136,17 @@ def plan_topology(
             f"resource roles {unknown} are not implemented by the torch backend "
             f"(it runs {sorted(SUPPORTED_ROLES)})"
         )
+    actor_devices = 1
     if with_train:
-        replicas, devices = _pair(resource, Role.ACTOR)
-        if devices != 1:
+        replicas, actor_devices = _pair(resource, Role.ACTOR)
+        if train_world is None and actor_devices != 1:
             raise UnsupportedTopology(
-                f"resource.actor={[replicas, devices]}: the torch train backend trains on one device; use [1, 1]"
+                f"resource.actor={[replicas, actor_devices]}: the torch train backend trains on one device; "
+                "use [1, 1]"
+            )
+        if train_world is not None and actor_devices < 1:
+            raise UnsupportedTopology(
+                f"resource.actor={[replicas, actor_devices]}: the trainer needs a device"
             )
     groups: dict[str, int] = {}
     slots: dict[Role, tuple[Slot, ...]] = {}
@@ -148,12 +161,14 @@ def plan_topology(
         slots[Role.CRITIC] = (Slot(str(Role.CRITIC), 0, 1.0),)
     if colocate and with_train and with_rollout:
         # Relax: colocated engines span the actor's devices, whatever resource.rollout says
-        slots[Role.ACTOR] = (Slot(COLOCATED_GROUP, 0, COLOCATED_SHARE),)
-        slots[Role.ROLLOUT] = (Slot(COLOCATED_GROUP, 0, COLOCATED_SHARE),)
-        return Topology(device, True, {COLOCATED_GROUP: 1, **groups}, slots)
+        bundles = actor_devices if train_world is not None else 1
+        slots[Role.ACTOR] = _rank_slots(COLOCATED_GROUP, bundles, train_world or 1, COLOCATED_SHARE)
+        slots[Role.ROLLOUT] = tuple(Slot(COLOCATED_GROUP, i, COLOCATED_SHARE) for i in range(bundles))
+        return Topology(device, True, {COLOCATED_GROUP: bundles, **groups}, slots)
     if with_train:
-        groups[str(Role.ACTOR)] = 1
-        slots[Role.ACTOR] = (Slot(str(Role.ACTOR), 0, 1.0),)
+        bundles = actor_devices if train_world is not None else 1
+        groups[str(Role.ACTOR)] = bundles
+        slots[Role.ACTOR] = _rank_slots(str(Role.ACTOR), bundles, train_world or 1, 1.0)
     if with_rollout:
         engines = _pair(resource, Role.ROLLOUT)[1]
         if engines < 1:
@@ -169,6 +184,33 @@ def plan_topology(
         groups[str(role)] = 1
         slots[role] = (Slot(str(role), 0, 1.0),)
     return Topology(device, False, groups, slots)
+
+
+def _rank_slots(group: str, bundles: int, ranks: int, share: float) -> tuple[Slot, ...]:
+    """Ranks 0..ranks-1 over `bundles` bundles, contiguously (ranks of one bundle are neighbours, as
+    tensor-parallel peers should be), each taking an equal part of its bundle's `share`."""
+    per_bundle = ranks // bundles
+    return tuple(Slot(group, rank // per_bundle, share / per_bundle) for rank in range(ranks))
+
+
+def train_world_size(resource: dict[str, Any] | None, model_parallel: int, device: Device) -> int:
+    """How many trainer ranks a multi-rank backend runs: one per actor device; on CPU, where a rank is a
+    process and not a device, at least `model_parallel` (tensor x pipeline x context parallel sizes), so
+    a `tensor-model-parallel-size 2` job runs on one CPU slot as two processes. The world must be a
+    multiple of `model_parallel` (the rest is data parallel) and of the device count (ranks share
+    devices evenly)."""
+    devices = _pair(resource or DEFAULT_RESOURCE, Role.ACTOR)[1]
+    world = devices
+    if device.kind is DeviceKind.CPU and world < model_parallel:
+        world = model_parallel
+    if world % model_parallel:
+        raise UnsupportedTopology(
+            f"resource.actor has {devices} device(s): a multiple of the model-parallel size {model_parallel} "
+            "(tensor x pipeline x context parallel) is needed"
+        )
+    if devices < 1 or world % devices:
+        raise UnsupportedTopology(f"resource.actor={devices} device(s) cannot hold {world} ranks evenly")
+    return world
 
 
 def reserve(topology: Topology, *, timeout_s: float = 120.0) -> dict[str, PlacementGroup]:

@@ -21,7 +21,7 @@ from runtime.access import LOCAL_OWNER
 from runtime.algos.freezing import apply_parameter_selection, select_trainable_parameters
 from runtime.algos.losses import LossConfig, LossInputs, resolve_loss_fn, token_entropy, token_log_probs
 from runtime.devices import Device
-from runtime.train.base import TRAIN_BACKENDS, TrainBackendName
+from runtime.train.base import TRAIN_BACKENDS, TrainBackendName, TrainContext
 from runtime.train.checkpoint import (
     CheckpointFormat,
     CheckpointRecord,
@@ -61,6 +61,9 @@ class TrainConfig:
     global_batch_size: int | None = None  # samples per optimizer step; None = the whole rollout in one step
     micro_batch_size: int = 1
     max_tokens_per_micro_batch: int | None = None  # `max-tokens-per-gpu` under `use-dynamic-batch-size`
+    # `log-probs-max-tokens-per-gpu`: forward-only passes (old/ref log-probs, eval NLL) in micro-batches of
+    # at most this many tokens; None: chunks of `LOG_PROB_ROWS` rows
+    log_probs_max_tokens: int | None = None
     log_probs_temperature: float = 1.0  # the rollout temperature: log-probs are of softmax(logits / T)
     save_optimizer: bool = True  # False = `no-save-optim`
     # `ref-load`: the reference model, and the policy's initial weights (an HF folder or a checkpoint root)
@@ -106,8 +109,16 @@ class TorchTrainBackend:
     """
 
     def __init__(
-        self, hf_checkpoint: str, config: TrainConfig, *, device: Device, need_ref: bool = False
+        self,
+        hf_checkpoint: str,
+        config: TrainConfig,
+        *,
+        device: Device,
+        need_ref: bool = False,
+        context: TrainContext | None = None,
     ) -> None:
+        if context is not None and context.world_size != 1:
+            raise ValueError(f"the torch backend trains in one process, got a world of {context.world_size}")
         torch.manual_seed(config.seed)
         self.config = config
         self.device = device
@@ -147,7 +158,7 @@ class TorchTrainBackend:
         return out.logits  # [B, T, V]
 
     @torch.no_grad()
-    def _log_probs(self, model: PreTrainedModel, batch: RolloutBatch, chunk: int = 256) -> torch.Tensor:
+    def _log_probs(self, model: PreTrainedModel, batch: RolloutBatch) -> torch.Tensor:
         was_training = model.training
         model.eval()
         parts = [
@@ -156,7 +167,7 @@ class TorchTrainBackend:
                 part.tokens.to(self.device.torch_device),
                 self.config.log_probs_temperature,
             ).cpu()
-            for part in batch.micro_batches(chunk)
+            for part in log_prob_batches(batch, self.config.log_probs_max_tokens)
         ]
         model.train(was_training)
         width = batch.tokens.shape[1]
@@ -412,6 +423,16 @@ def select_policy_parameters(model: torch.nn.Module, config: TrainConfig) -> tup
 
 def to_device(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
     return tensor.to(device) if tensor is not None else None
+
+
+LOG_PROB_ROWS = 256  # rows per forward-only pass without `log-probs-max-tokens-per-gpu`
+
+
+def log_prob_batches(batch: RolloutBatch, max_tokens: int | None) -> list[RolloutBatch]:
+    """A forward-only pass's micro-batches: by token budget (`log-probs-max-tokens-per-gpu`) when set."""
+    if max_tokens:
+        return batch.token_budget_batches(max_tokens)
+    return batch.micro_batches(LOG_PROB_ROWS)
 
 
 def micro_batches(batch: RolloutBatch, micro_batch_size: int, max_tokens: int | None) -> list[RolloutBatch]:

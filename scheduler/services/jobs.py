@@ -838,9 +838,12 @@ def backend_refusals(values: dict[str, Any]) -> list[dict[str, Any]]:
         if name == "train_backend":
             message = (
                 f"--train-backend {value.strip(chr(39))} is not available on this platform: it runs the "
-                "torch backend"
+                "torch and megatron backends"
             )
-            hint = "use --train-backend torch (docs/reference/capabilities.md lists the parameters it implements)"
+            hint = (
+                "use --train-backend megatron or torch (docs/reference/capabilities.md lists the parameters "
+                "each implements)"
+            )
         elif value:
             message = f"--{flag} {value} is not implemented by the {backend} backend"
             hint = RESTRICTION_HINTS.get(

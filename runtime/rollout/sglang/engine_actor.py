@@ -5,7 +5,9 @@ backends use them unchanged.
 - `HttpRolloutEngine(address)`: drives a server that is already running (external engines).
 - `SGLangEngineActor(hf_checkpoint, engine_index=...)`: launches a server as a child process on a free
   port of its node, then drives it: `python -m sglang.launch_server` where sglang is importable and CUDA
-  present, else the built-in engine's server. Its constructor takes `RolloutEngineActor`'s arguments.
+  present, else the built-in engine's server. Its constructor takes `RolloutEngineActor`'s arguments, and
+  `server_args`: the job's SGLang server arguments (`passthrough.server_argv` of the spec's `--sglang-*`),
+  put on either server's command line after the platform's own flags.
 - `external_engine_actors(addrs)`: one light `HttpRolloutEngine` actor per `--rollout-external-engine-addrs`.
 
 The servers a job launches listen on 127.0.0.1 (or, with `RELAX_ENGINE_HOST=node` in the Ray cluster's
@@ -206,7 +208,7 @@ class LaunchSpec:
     port: int
     tp_size: int = 1
     mem_fraction_static: float | None = None
-    extra_args: tuple[str, ...] = ()  # passed through (SGLang server flags)
+    extra_args: tuple[str, ...] = ()  # the job's SGLang server flags, appended verbatim
     config_path: str | None = None  # SGLang's `--config` YAML: holds the API key, off the command line
 
 
@@ -332,8 +334,8 @@ class SGLangEngineActor(HttpRolloutEngine):
         host = engine_host(host)
         api_key = api_key or engine_secret()
         self._api_key = api_key
-        extra = list(server_args)
-        if self.launcher is EngineLauncher.BUILTIN:
+        extra = list(server_args)  # the job's SGLang server arguments (`passthrough.server_argv`)
+        if self.launcher is EngineLauncher.BUILTIN and "--max-running-requests" not in extra:
             extra += ["--max-running-requests", str(max_batch_size)]
         env = {
             **os.environ,

@@ -10,6 +10,13 @@ unlike SGLang, which leaves `/health*` and `/metrics` open.
 Routes are thin: parse with `protocol`, call `ServingEngine`, answer in SGLang's shapes and status codes
 (400 with `{"error": {"message"}}` for bad requests, as SGLang's `_create_error_response`). The endpoint
 table and the differences from SGLang are in runtime/README.md ("SGLang protocol").
+
+The command line is SGLang's (`sglang.launch_server`): the flags in `passthrough.BUILTIN_READS` are
+implemented (and the platform's --host, --port, --config/--api-key, --model-path, --tp-size); every other
+SGLang server flag is accepted and named in one startup line ("SGLang server arguments the built-in engine
+does not use: ..."), so a job's `--sglang-*` arguments reach this server as they reach SGLang's. A flag
+that is not SGLang's is logged as such, never fatal (the capability check refuses those before a job
+starts).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import sys
 import threading
 import time
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +40,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from runtime.rollout.sglang.passthrough import SGLANG_SERVER_FLAGS
 from runtime.rollout.sglang.protocol import (
     SGLANG_PROTOCOL_VERSION,
+    GenerationRequest,
     ProtocolError,
     generate_response,
     normalize_generate,
@@ -84,7 +93,7 @@ class AbortBody(_Body):
 
 @dataclass(frozen=True)
 class ServerArgs:
-    """The launch flags we honour, under SGLang's names; `/get_server_info` reports them."""
+    """The launch flags we parse, under SGLang's names; `/get_server_info` reports them."""
 
     model_path: str
     tokenizer_path: str | None = None
@@ -92,12 +101,13 @@ class ServerArgs:
     port: int = 30000
     tp_size: int = 1
     dp_size: int = 1
-    mem_fraction_static: float | None = None  # accepted, ignored: there is no KV pool to size
+    mem_fraction_static: float | None = None  # reported, not used: there is no KV pool to size
     max_running_requests: int | None = None  # the largest batch one forward takes
     random_seed: int | None = None
     skip_tokenizer_init: bool = False
-    served_model_name: str | None = None
-    context_length: int | None = None
+    served_model_name: str | None = None  # reported, not used: no OpenAI-compatible routes here
+    context_length: int | None = None  # None: no limit (SGLang takes the model config's)
+    allow_auto_truncate: bool = False
     log_level: str = "info"
     relax_watch_pid: int | None = None  # ours: exit when this process (the launching actor) is gone
     api_key: str | None = field(default=None, repr=False)  # never reported by /get_server_info
@@ -198,6 +208,7 @@ def create_app(serving: ServingEngine, args: ServerArgs) -> FastAPI:
         normalized = normalize_generate(
             body, None if tokenizer is None else encode, vocab_size=serving.vocab_size
         )
+        fit_context(normalized.requests, args.context_length, allow_auto_truncate=args.allow_auto_truncate)
         futures = serving.submit(normalized.requests)
         outputs = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
         items = [
@@ -371,6 +382,37 @@ def create_app(serving: ServingEngine, args: ServerArgs) -> FastAPI:
     return app
 
 
+def fit_context(
+    requests: list[GenerationRequest], context_length: int | None, *, allow_auto_truncate: bool = False
+) -> None:
+    """`--context-length` as SGLang's `TokenizerManager._validate_one_request`: a prompt of context_length
+    tokens or more, or a prompt + max_new_tokens beyond it, is refused (400) with SGLang's messages; with
+    `--allow-auto-truncate` the prompt is cut to context_length tokens and max_new_tokens to what is left."""
+    if context_length is None:
+        return
+    for request in requests:
+        prompt = len(request.input_ids)
+        if prompt >= context_length:
+            if not allow_auto_truncate:
+                raise ProtocolError(
+                    f"The input ({prompt} tokens) is longer than the model's context length "
+                    f"({context_length} tokens)."
+                )
+            log.warning("the input (%d tokens) is cut to the context length (%d)", prompt, context_length)
+            request.input_ids = request.input_ids[:context_length]
+            prompt = context_length
+        wanted = request.sampling.max_new_tokens
+        if wanted + prompt > context_length:
+            if not allow_auto_truncate:
+                raise ProtocolError(
+                    "Requested token count exceeds the model's maximum context length of "
+                    f"{context_length} tokens. You requested a total of {wanted + prompt} tokens: {prompt} "
+                    f"tokens from the input messages and {wanted} tokens for the completion. Please reduce "
+                    "the number of tokens in the input messages or the completion to fit within the limit."
+                )
+            request.sampling = replace(request.sampling, max_new_tokens=max(0, context_length - prompt))
+
+
 # -- command line ------------------------------------------------------------------------------------------------
 
 
@@ -405,12 +447,50 @@ def _with_config(argv: list[str]) -> list[str]:
     return config_file_args(argv[at + 1]) + argv[:at] + argv[at + 2 :]
 
 
+def _flag_groups(tokens: list[str]) -> list[tuple[str, list[str]]]:
+    """Left-over command-line words as (flag without `--`, its values), in order."""
+    groups: list[tuple[str, list[str]]] = []
+    for token in tokens:
+        if token.startswith("--") and len(token) > 2:
+            name, eq, value = token[2:].partition("=")
+            groups.append((name, [value] if eq else []))
+        elif groups:
+            groups[-1][1].append(token)
+        else:
+            groups.append(("", [token]))
+    return groups
+
+
+def unused_arguments(args: ServerArgs, unknown: list[str]) -> tuple[list[str], list[str]]:
+    """(SGLang server arguments given that the built-in engine does not use, words that are not SGLang
+    server arguments at all), each as `--flag value...` text: the parsed ones first, then in command-line
+    order."""
+    unused = [
+        f"--{flag} {value}"
+        for flag, value in (
+            ("mem-fraction-static", args.mem_fraction_static),
+            ("served-model-name", args.served_model_name),
+        )
+        if value is not None
+    ]
+    foreign = []
+    for name, values in _flag_groups(unknown):
+        text = " ".join([f"--{name}", *values]) if name else " ".join(values)
+        (unused if name in SGLANG_SERVER_FLAGS else foreign).append(text)
+    return unused, foreign
+
+
 def parse_args(argv: list[str] | None = None) -> ServerArgs:
-    """SGLang's flag names for what we honour; any other SGLang flag is accepted and ignored with a log
-    line, so launch scripts written for `sglang.launch_server` work unchanged. `--config FILE.yaml` as
-    SGLang's (how the engine actor hands over the API key without putting it on the command line)."""
+    """SGLang's flag names: those in `passthrough.BUILTIN_READS` are implemented (`--context-length` by
+    `fit_context`); any other SGLang server flag is accepted and named in one log line, so launch scripts
+    written for `sglang.launch_server` (and a job's `--sglang-*` arguments) work unchanged. `--config
+    FILE.yaml` as SGLang's (how the engine actor hands over the API key without putting it on the command
+    line)."""
     argv = _with_config(list(sys.argv[1:] if argv is None else argv))
-    p = argparse.ArgumentParser(description="SGLang-protocol HTTP server over the built-in torch engine")
+    p = argparse.ArgumentParser(
+        description="SGLang-protocol HTTP server over the built-in torch engine",
+        allow_abbrev=False,  # an SGLang flag we do not implement is never read as a prefix of one we do
+    )
     p.add_argument("--model-path", "--model", required=True)
     p.add_argument("--tokenizer-path")
     p.add_argument("--host", default="127.0.0.1")
@@ -423,6 +503,7 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
     p.add_argument("--skip-tokenizer-init", action="store_true")
     p.add_argument("--served-model-name")
     p.add_argument("--context-length", type=int)
+    p.add_argument("--allow-auto-truncate", action="store_true")
     p.add_argument("--log-level", default="info")
     p.add_argument("--relax-watch-pid", type=int, help="exit when this pid is gone (the launching actor)")
     p.add_argument(
@@ -434,12 +515,13 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
     args = ServerArgs(**{k: v for k, v in vars(known).items()})
     if args.tp_size != 1 or args.dp_size != 1:
         p.error("the built-in engine runs one process: --tp-size and --dp-size must be 1")
-    if args.mem_fraction_static is not None:
-        log.info(
-            "--mem-fraction-static %s accepted and ignored (no KV pool to size)", args.mem_fraction_static
-        )
-    if unknown:
-        log.info("SGLang flags accepted and ignored by the built-in engine: %s", " ".join(unknown))
+    if args.context_length is not None and args.context_length < 1:
+        p.error("--context-length must be positive")
+    unused, foreign = unused_arguments(args, unknown)
+    if unused:
+        log.info("SGLang server arguments the built-in engine does not use: %s", ", ".join(unused))
+    if foreign:
+        log.warning("arguments that are not SGLang server arguments, ignored: %s", ", ".join(foreign))
     if not args.api_key:
         log.warning(
             "no API key: anyone who can reach %s:%d can generate and replace the weights",

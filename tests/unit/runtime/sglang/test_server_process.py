@@ -43,7 +43,9 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     log_path = tmp_path_factory.mktemp("server") / "server.log"
     command = [sys.executable, "-m", "runtime.rollout.sglang.server", "--model-path", str(tiny_model)]
     command += ["--host", "127.0.0.1", "--port", str(port), "--tp-size", "1", "--mem-fraction-static", "0.8"]
-    command += ["--trust-remote-code", "--chunked-prefill-size", "512"]
+    command += ["--trust-remote-code", "--chunked-prefill-size", "512", "--enable-dp-attention"]
+    command += ["--cuda-graph-bs", "1", "2", "4", "--max-running-requests", "16", "--random-seed", "3"]
+    command += ["--not-an-sglang-flag", "x"]
     path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     with open(log_path, "wb") as log_file:
@@ -95,14 +97,15 @@ def test_health_and_info(server: tuple[str, Path]) -> None:
                 and info["port"] == int(address.split(":")[1])
             )
             assert info["mem_fraction_static"] == 0.8
+            assert info["max_batch_size"] == info["max_running_requests"] == 16 and info["random_seed"] == 3
 
     run(check())
     log = log_path.read_text()
-    assert "--mem-fraction-static 0.8 accepted and ignored" in log
     assert (
-        "SGLang flags accepted and ignored by the built-in engine: --trust-remote-code --chunked-prefill-size 512"
-        in log
-    )
+        "SGLang server arguments the built-in engine does not use: --mem-fraction-static 0.8, "
+        "--trust-remote-code, --chunked-prefill-size 512, --enable-dp-attention, --cuda-graph-bs 1 2 4\n"
+    ) in log
+    assert "arguments that are not SGLang server arguments, ignored: --not-an-sglang-flag x" in log
 
 
 def test_generate_with_logprobs_stop_strings_and_n(

@@ -1,0 +1,764 @@
+"""The `megatron` training backend: megatron-core behind the `TrainBackend` seam (docs/adr/0006).
+
+One instance per rank, in its own Ray actor (`TrainActor`); every method is called on every rank with the
+same arguments (SPMD) and only rank 0's answer reaches the driver. A batch arrives whole on every rank; each
+rank takes its data-parallel share of each optimizer step's rows, the pipeline stages of one replica see the
+same share.
+
+- model: `model.model_args_for(values, hf_checkpoint)` -> `build_model` (one `GPTModel` per virtual
+  pipeline chunk), weights from `ref-load` (a Hugging Face folder or a checkpoint root of this backend)
+  else `hf-checkpoint` (`convert.load_hf_checkpoint`); megatron's `DistributedDataParallel` around each
+  chunk (`overlap-grad-reduce`, `overlap-param-gather`), Megatron's optimizer (Adam, distributed optimizer
+  as Relax always uses it, `clip-grad`, `optimizer-cpu-offload`).
+- the update: `get_forward_backward_func()` (pipeline schedules included) over micro-batches of
+  `micro-batch-size` rows or `max-tokens-per-gpu` tokens (`use-dynamic-batch-size`); each micro-batch's
+  loss is `runtime.algos.losses` over log-probs and entropy from `kernels.token_log_probs_and_entropy`
+  (the vocab-parallel chunked loss head), weighted exactly as the torch backend weights it; the lr follows
+  `runtime.train.schedule` per optimizer step.
+- weights out: `convert.gather_hf_state` (Hugging Face names on rank 0) for weight sync and exports.
+- checkpoints: `checkpoint.py` (torch_dist in Relax's `iter_NNNNNNN/` layout).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from runtime.algos.freezing import select_trainable_parameters
+from runtime.algos.losses import LossInputs, resolve_loss_fn
+from runtime.devices import Device
+from runtime.train import checkpoint as relax_checkpoint
+from runtime.train.base import TRAIN_BACKENDS, TrainBackendName, TrainContext
+from runtime.train.checkpoint import CheckpointFormat, CheckpointRecord, atomic_directory, record
+from runtime.train.megatron import checkpoint as ckpt
+from runtime.train.megatron.convert import gather_hf_state, load_hf_checkpoint, unwrap, write_hf_folder
+from runtime.train.megatron.cpu import install_cpu_shims
+from runtime.train.megatron.kernels import token_log_probs_and_entropy
+from runtime.train.megatron.model import build_model, model_args_for, transformer_config
+from runtime.train.megatron.parallel import ParallelLayout, init_process_group, initialize_parallel
+from runtime.train.torch_backend import TrainConfig, micro_batches
+from runtime.types import RolloutBatch
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_TOKENS = 4096  # tokens per chunk of the loss head when `log-probs-chunk-size` is unset (-1)
+
+
+@dataclass
+class _Micro:
+    """One micro-batch as the model sees it: `tokens` padded to the schedule's shape, `batch` the real rows."""
+
+    batch: RolloutBatch
+    tokens: torch.Tensor  # [rows, width] (rows >= batch rows, width >= batch width)
+    weight: float = 0.0  # its share of the optimizer step's loss (the torch backend's weighting)
+
+
+def _get(values: Mapping[str, Any], name: str, default: Any) -> Any:
+    value = values.get(name)
+    return default if value is None else value
+
+
+def _split_evenly(total: int, parts: int) -> list[int]:
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+@TRAIN_BACKENDS.register(TrainBackendName.MEGATRON)
+class MegatronTrainBackend:
+    """This rank's model chunks, optimizer and (for a KL term) frozen reference chunks."""
+
+    def __init__(
+        self,
+        hf_checkpoint: str,
+        config: TrainConfig,
+        *,
+        device: Device,
+        need_ref: bool = False,
+        context: TrainContext | None = None,
+    ) -> None:
+        from megatron.core import parallel_state as ps
+
+        context = context or TrainContext()
+        self.config = config
+        self.device = device
+        self.hf_checkpoint = hf_checkpoint
+        self.values: dict[str, Any] = dict(context.values)
+        self.rank = context.rank
+        self.on_cpu = install_cpu_shims()
+        if not dist.is_initialized():
+            if context.master_port is None:
+                raise ValueError("the megatron backend needs the rendezvous port (TrainContext.master_port)")
+            init_process_group(
+                context.rank,
+                context.world_size,
+                context.master_addr,
+                int(context.master_port),
+                timeout_minutes=int(_get(self.values, "distributed_timeout_minutes", 10)),
+            )
+        self.args = model_args_for(self.values, hf_checkpoint)
+        self.layout = ParallelLayout.from_values(
+            self.values, context.world_size, num_layers=self.args.num_layers
+        )
+        initialize_parallel(self.layout, config.seed)
+        self.tp_group = ps.get_tensor_model_parallel_group()
+        self.dp_rank = ps.get_data_parallel_rank()
+        self.dp_size = ps.get_data_parallel_world_size()
+        self.is_last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
+        self.tp_rank = ps.get_tensor_model_parallel_rank()
+        self.model_config = transformer_config(self.args, self.layout, values=self.values)
+        self.models = self._build_and_load(self._initial_weights())
+        self.trainable = self._select_trainable()
+        self.ddp_models = self._wrap_ddp(self.models)
+        self.optimizer = self._build_optimizer()
+        self.ref_models: list | None = None
+        if need_ref:
+            self.ref_models = self._build_and_load(self._initial_weights())
+            for model in self.ref_models:
+                model.eval()
+                model.requires_grad_(False)
+        self.optimizer_steps = 0
+        self.offloaded = False
+        self._offloaded_storage: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._pending_saves: list[ckpt.PendingSave] = []
+        log.info(
+            "megatron rank %d: tp=%d pp=%d vpp=%s dp=%d, %d layers, hidden %d, vocab %d (padded %d), %s",
+            self.rank,
+            self.layout.tp,
+            self.layout.pp,
+            self.layout.vpp,
+            self.dp_size,
+            self.args.num_layers,
+            self.args.hidden_size,
+            self.args.vocab_size,
+            self.args.padded_vocab(self.layout.tp),
+            self.model_config.params_dtype,
+        )
+
+    # -- construction ------------------------------------------------------------------------------------------
+    def _initial_weights(self) -> tuple[str, str]:
+        """Where the policy starts: `ref-load` when set (as in Relax; a Hugging Face folder, or a checkpoint
+        root of this backend), else `hf-checkpoint`. Returns (kind, path), kind "hf" or "megatron"."""
+        ref_load = self.config.ref_load
+        if not ref_load:
+            return "hf", self.hf_checkpoint
+        if ckpt.is_checkpoint_root(ref_load):
+            return "megatron", ref_load
+        return "hf", ref_load
+
+    def _build_and_load(self, source: tuple[str, str]) -> list:
+        models = build_model(self.args, self.layout, self.model_config)
+        if self.model_config.bf16 or self.model_config.fp16:
+            from megatron.core.transformer.module import Float16Module
+
+            models = [Float16Module(self.model_config, m) for m in models]
+        kind, path = source
+        if kind == "hf":
+            load_hf_checkpoint([unwrap(m) for m in models], path, self.args, self.layout)
+        else:
+            step = self.config.ref_ckpt_step
+            iteration = step if step is not None else relax_checkpoint.read_latest_iteration(path)
+            folder = relax_checkpoint.iteration_dir(path, int(iteration))  # type: ignore[arg-type]
+            gpts = [unwrap(m) for m in models]
+            loaded = ckpt.load(folder, ckpt.model_sharded_state(gpts))
+            for i, gpt in enumerate(gpts):
+                gpt.load_state_dict(loaded[ckpt.chunk_key(i, len(gpts))], strict=False)
+        return models
+
+    def _select_trainable(self) -> tuple[str, ...]:
+        """`only-train-params-name-list` / `freeze-params-name-list` over Megatron's parameter names."""
+        named = [(name, p) for m in self.models for name, p in unwrap(m).named_parameters()]
+        if not self.config.only_train_params and not self.config.freeze_params:
+            return tuple(name for name, _ in named)
+        selection = select_trainable_parameters(
+            [name for name, _ in named],
+            only_train=list(self.config.only_train_params) or None,
+            freeze=list(self.config.freeze_params) or None,
+        )
+        trainable = set(selection.trainable)
+        for name, param in named:
+            param.requires_grad_(name in trainable)
+        if selection.unmatched_patterns:
+            log.warning(
+                "parameter name pattern(s) %s matched no Megatron parameter",
+                list(selection.unmatched_patterns),
+            )
+        return tuple(selection.trainable)
+
+    def _wrap_ddp(self, models: list) -> list:
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=bool(_get(self.values, "accumulate_allreduce_grads_in_fp32", False)),
+            overlap_grad_reduce=bool(_get(self.values, "overlap_grad_reduce", False)),
+            overlap_param_gather=bool(_get(self.values, "overlap_param_gather", False)),
+            use_distributed_optimizer=True,
+            check_for_nan_in_grad=bool(_get(self.values, "check_for_nan_in_loss_and_grad", False)),
+            bucket_size=self.values.get("ddp_bucket_size"),
+            average_in_collective=bool(_get(self.values, "ddp_average_in_collective", False)),
+        )
+        self.ddp_config = ddp_config
+        return [
+            DistributedDataParallel(self.model_config, ddp_config, m, disable_bucketing=i > 0)
+            for i, m in enumerate(models)
+        ]
+
+    def _build_optimizer(self) -> Any:
+        import dataclasses as dc
+
+        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        optimizer = str(_get(self.values, "optimizer", "adam"))
+        if optimizer != "adam":
+            raise ValueError(f"--optimizer {optimizer}: the megatron backend runs adam")
+        wanted: dict[str, Any] = {
+            "optimizer": "adam",
+            "lr": self.config.lr_schedule.lr_at(0),
+            "min_lr": self.config.lr_schedule.min_lr,
+            "weight_decay": self.config.weight_decay,
+            "adam_beta1": self.config.adam_beta1,
+            "adam_beta2": self.config.adam_beta2,
+            "adam_eps": self.config.adam_eps,
+            "clip_grad": float(self.config.clip_grad or 0.0),
+            "bf16": bool(self.model_config.bf16),
+            "fp16": bool(self.model_config.fp16),
+            "params_dtype": self.model_config.params_dtype,
+            "use_distributed_optimizer": True,
+            "overlap_param_gather": self.ddp_config.overlap_param_gather,
+            "optimizer_cpu_offload": bool(_get(self.values, "optimizer_cpu_offload", False)),
+            "optimizer_offload_fraction": float(_get(self.values, "optimizer_offload_fraction", 1.0)),
+            "use_torch_optimizer_for_cpu_offload": bool(
+                _get(self.values, "use_torch_optimizer_for_cpu_offload", False)
+            ),
+            "overlap_cpu_optimizer_d2h_h2d": bool(_get(self.values, "overlap_cpu_optimizer_d2h_h2d", False)),
+        }
+        if self.model_config.fp16:
+            wanted.update(
+                loss_scale=self.values.get("loss_scale"),
+                initial_loss_scale=float(_get(self.values, "initial_loss_scale", 2**32)),
+                min_loss_scale=float(_get(self.values, "min_loss_scale", 1.0)),
+                loss_scale_window=float(_get(self.values, "loss_scale_window", 1000)),
+                hysteresis=int(_get(self.values, "hysteresis", 2)),
+            )
+        known = {f.name for f in dc.fields(OptimizerConfig)}
+        missing = sorted(k for k in wanted if k not in known)
+        if missing:
+            raise ValueError(f"the installed megatron-core's OptimizerConfig lacks {', '.join(missing)}")
+        optimizer_obj = get_megatron_optimizer(OptimizerConfig(**wanted), self.ddp_models)
+        # what megatron's training loop wires into the config the schedules read
+        cfg = self.model_config
+        cfg.finalize_model_grads_func = finalize_model_grads
+        no_sync = [m.no_sync for m in self.ddp_models]
+        cfg.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
+        if self.ddp_config.overlap_grad_reduce:
+            grad_sync = [m.start_grad_sync for m in self.ddp_models]
+            cfg.grad_sync_func = grad_sync[0] if len(grad_sync) == 1 else grad_sync
+        if self.ddp_config.overlap_param_gather:
+            param_sync = [m.start_param_sync for m in self.ddp_models]
+            cfg.param_sync_func = param_sync[0] if len(param_sync) == 1 else param_sync
+        if cfg.fp16:
+            cfg.grad_scale_func = optimizer_obj.scale_loss
+        return optimizer_obj
+
+    # -- batches -----------------------------------------------------------------------------------------------
+    def _dp_share(self, batch: RolloutBatch) -> RolloutBatch:
+        """This data-parallel rank's contiguous share of `batch`'s rows."""
+        if self.dp_size == 1:
+            return batch
+        sizes = _split_evenly(batch.batch_size, self.dp_size)
+        if min(sizes) == 0:
+            raise ValueError(
+                f"{batch.batch_size} sample(s) cannot be shared by {self.dp_size} data-parallel ranks: use a "
+                "global-batch-size (and rollout) of at least the data-parallel size"
+            )
+        start = sum(sizes[: self.dp_rank])
+        return batch.select(slice(start, start + sizes[self.dp_rank]))
+
+    def _schedule_micros(self, parts: list[RolloutBatch]) -> tuple[list[_Micro], int, int]:
+        """Pad micro-batches to the shapes the schedule needs: widths to a multiple of the tensor-parallel
+        size under sequence parallelism; with pipeline parallelism every micro-batch to one shape (the
+        stages exchange fixed-shape activations)."""
+        multiple = self.layout.tp if self.layout.sequence_parallel else 1
+        uniform = self.layout.pp > 1
+        max_rows = max(p.batch_size for p in parts)
+        max_width = max(int(p.tokens.shape[1]) for p in parts)
+        micros = []
+        for part in parts:
+            rows = max_rows if uniform else part.batch_size
+            width = max_width if uniform else int(part.tokens.shape[1])
+            width = -(-width // multiple) * multiple
+            tokens = torch.zeros((rows, width), dtype=torch.long)
+            tokens[: part.batch_size, : part.tokens.shape[1]] = part.tokens
+            micros.append(_Micro(part, tokens))
+        seq = max(int(m.tokens.shape[1]) for m in micros)
+        return micros, seq, max(int(m.tokens.shape[0]) for m in micros)
+
+    # -- forward -----------------------------------------------------------------------------------------------
+    def _forward_step(self, loss_for: Any, data_iterator: Iterator[_Micro], model: Any) -> tuple[Any, Any]:
+        """megatron's `forward_step_func`: the chunk's forward with the final hidden states as output on the
+        last stage (the loss head is `kernels.token_log_probs_and_entropy`, not the output layer's logits)."""
+        micro = next(data_iterator)
+        device = self.device.torch_device
+        tokens = micro.tokens.to(device)
+        positions = torch.arange(tokens.shape[1], device=device).unsqueeze(0).expand_as(tokens)
+        gpt = unwrap(model)
+        last = gpt.post_process
+        gpt.post_process = False  # GPTModel then returns the decoder's (normed) hidden states [s, b, h]
+        try:
+            output = model(tokens, positions, None)
+        finally:
+            gpt.post_process = last
+        if not last:
+            return output, None
+        return output, partial(loss_for, micro, gpt)
+
+    def _token_stats(
+        self, micro: _Micro, gpt: Any, hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token log-probs and entropies [rows, width] of the micro-batch's real rows (column 0 is 0, as
+        `runtime.algos.logprobs` aligns them)."""
+        from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+        if self.layout.sequence_parallel:
+            # the head all-reduces the hidden states' gradient itself: the gather's backward only splits
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
+        device = hidden.device
+        targets = micro.tokens.to(device).t()[1:]  # [s - 1, b]: the token each position predicts
+        weight = gpt.shared_embedding_or_output_weight() if self.args.tied else gpt.output_layer.weight
+        chunk = int(_get(self.values, "log_probs_chunk_size", -1))
+        log_probs, entropy = token_log_probs_and_entropy(
+            hidden[:-1],
+            weight,
+            targets,
+            vocab_size=self.args.vocab_size,
+            temperature=self.config.log_probs_temperature,
+            tp_group=self.tp_group if self.layout.tp > 1 else None,
+            chunk_tokens=chunk if chunk > 0 else DEFAULT_CHUNK_TOKENS,
+            with_entropy=True,
+        )
+        rows, width = micro.batch.batch_size, int(micro.batch.tokens.shape[1])
+
+        def aligned(values: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.pad(values.t(), (1, 0))[:rows, :width].float()
+
+        return aligned(log_probs), aligned(entropy)  # type: ignore[arg-type]
+
+    def _train_loss(
+        self, num_micro: int, micro: _Micro, gpt: Any, hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, dict]:
+        loss_fn = resolve_loss_fn(self.config.loss_type, self.config.loss.custom_loss_function_path)
+        log_probs, entropy = self._token_stats(micro, gpt, hidden)
+        if self.config.loss.entropy_coef == 0:
+            entropy = entropy.detach()
+        device = log_probs.device
+        part = micro.batch
+        inputs = LossInputs(
+            log_probs=log_probs,
+            entropy=entropy,
+            loss_mask=part.loss_mask.to(device),
+            old_log_probs=_to(part.old_log_probs, device),
+            ref_log_probs=_to(part.ref_log_probs, device),
+            advantages=_to(part.advantages, device),
+            rollout_log_probs=_to(part.rollout_log_probs, device),
+            returns=_to(part.returns, device),
+        )
+        loss, metrics = loss_fn(inputs, self.config.loss)
+        reported = {"loss": float(loss.detach()) * micro.weight}
+        for name, value in metrics.items():
+            reported[name] = float(value.detach()) * micro.weight
+        # the schedule divides by the number of micro-batches and DDP averages over data-parallel ranks:
+        # undo both, so the gradient is the torch backend's sum of weighted micro-batch losses
+        return loss * (micro.weight * num_micro * self.dp_size), reported
+
+    def _log_prob_loss(self, micro: _Micro, gpt: Any, hidden: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        log_probs, _ = self._token_stats(micro, gpt, hidden)
+        return log_probs.sum() * 0.0, {"log_probs": log_probs.detach().cpu()}
+
+    def _run(
+        self,
+        models: list,
+        micros: list[_Micro],
+        seq: int,
+        rows: int,
+        loss_for: Any,
+        *,
+        forward_only: bool,
+    ) -> list[dict]:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        chunks = len(models)
+        data: Any = iter(micros) if chunks == 1 else [iter(micros) for _ in range(chunks)]
+        return get_forward_backward_func()(
+            forward_step_func=partial(self._forward_step, loss_for),
+            data_iterator=data,
+            model=models if chunks > 1 else models[0],
+            num_microbatches=len(micros),
+            seq_length=seq,
+            micro_batch_size=rows,
+            forward_only=forward_only,
+        )
+
+    # -- log-probs -----------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _log_probs(self, models: list, batch: RolloutBatch) -> torch.Tensor:
+        """log p of every token of `batch` under `models` [B, T], on every rank; each
+        data-parallel replica computes its share, in micro-batches of `log-probs-max-tokens-per-gpu` tokens
+        when set, else the training micro-batches."""
+        install_cpu_shims()
+        share = self._dp_share(batch)
+        budget = self.config.log_probs_max_tokens
+        parts = (
+            share.token_budget_batches(int(budget))
+            if budget
+            else micro_batches(share, self.config.micro_batch_size, self.config.max_tokens_per_micro_batch)
+        )
+        micros, seq, rows = self._schedule_micros(parts)
+        for model in models:
+            model.eval()
+        try:
+            outputs = self._run(models, micros, seq, rows, self._log_prob_loss, forward_only=True)
+        finally:
+            if models is not self.ref_models:
+                for model in models:
+                    model.train()
+        width = int(batch.tokens.shape[1])
+        mine = None
+        if self.is_last_stage and self.tp_rank == 0:
+            mine = (
+                self.dp_rank,
+                torch.cat(
+                    [
+                        torch.nn.functional.pad(o["log_probs"], (0, width - o["log_probs"].shape[1]))
+                        for o in outputs
+                    ]
+                ),
+            )
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
+        shares = sorted((item for item in gathered if item is not None), key=lambda item: item[0])
+        return torch.cat([values for _, values in shares])
+
+    def compute_log_probs(self, batch: RolloutBatch, *, old: bool = True, ref: bool = True) -> RolloutBatch:
+        """`old_log_probs` (the policy before this update) and, with a reference model, `ref_log_probs`,
+        as the torch backend fills them (every rank returns the same batch)."""
+        self._require_onloaded()
+        self._sync_params()
+        if old:
+            batch.old_log_probs = self._log_probs(self.ddp_models, batch) * batch.loss_mask
+        if ref and self.ref_models is not None:
+            batch.ref_log_probs = self._log_probs(self.ref_models, batch) * batch.loss_mask
+        return batch
+
+    @torch.no_grad()
+    def evaluate_nll(self, batch: RolloutBatch) -> tuple[float, int]:
+        self._require_onloaded()
+        self._sync_params()
+        log_probs = self._log_probs(self.ddp_models, batch)
+        mask = batch.loss_mask
+        return float(-(log_probs * mask).sum()), int(mask.sum())
+
+    # -- the update -----------------------------------------------------------------------------------------------
+    def train_step(self, batch: RolloutBatch) -> dict[str, float]:
+        """One pass over `batch`: optimizer steps of `global-batch-size` samples, each accumulated over
+        micro-batches (`micro-batch-size`, or `max-tokens-per-gpu` tokens with `use-dynamic-batch-size`)
+        of this rank's data-parallel share. Metrics (rank 0) are the torch backend's, averaged over the
+        optimizer steps: loss and the loss type's terms, grad_norm, lr, optimizer_steps."""
+        install_cpu_shims()
+        self._require_onloaded()
+        global_size = self.config.global_batch_size or batch.batch_size
+        history: dict[str, list[float]] = defaultdict(list)
+        for model in self.ddp_models:
+            model.train()
+        for start in range(0, batch.batch_size, global_size):
+            global_batch = batch.select(slice(start, start + global_size))
+            total_tokens = float(global_batch.loss_mask.sum().clamp(min=1.0))
+            share = self._dp_share(global_batch)
+            micros, seq, rows = self._schedule_micros(
+                micro_batches(share, self.config.micro_batch_size, self.config.max_tokens_per_micro_batch)
+            )
+            for micro in micros:
+                if self.config.loss.per_token_loss:
+                    micro.weight = float(micro.batch.loss_mask.sum()) / total_tokens
+                else:
+                    micro.weight = micro.batch.batch_size / global_batch.batch_size
+            for model in self.ddp_models:
+                model.zero_grad_buffer()
+            self.optimizer.zero_grad()
+            outputs = self._run(
+                self.ddp_models, micros, seq, rows, partial(self._train_loss, len(micros)), forward_only=False
+            )
+            lr = self.config.lr_schedule.lr_at(self.optimizer_steps)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            _, grad_norm, _ = self.optimizer.step()
+            self.optimizer_steps += 1
+            step_metrics = self._reduce_metrics(outputs)
+            history["grad_norm"].append(float(grad_norm) if grad_norm is not None else math.nan)
+            for name, value in step_metrics.items():
+                history[name].append(value)
+        summary = {name: sum(values) / len(values) for name, values in history.items()}
+        summary["lr"] = float(self.optimizer.param_groups[0]["lr"])
+        summary["optimizer_steps"] = float(self.optimizer_steps)
+        return summary
+
+    def _reduce_metrics(self, outputs: list[dict]) -> dict[str, float]:
+        """Sum the weighted micro-batch metrics of every data-parallel replica's last pipeline stage."""
+        mine: dict[str, float] = defaultdict(float)
+        if self.is_last_stage and self.tp_rank == 0:
+            for item in outputs:
+                for name, value in item.items():
+                    mine[name] += float(value)
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, dict(mine))
+        total: dict[str, float] = defaultdict(float)
+        for part in gathered:
+            for name, value in (part or {}).items():
+                total[name] += value
+        return dict(total)
+
+    def update_reference(self) -> None:
+        """`ref-update-interval`: the reference model takes the policy's current weights."""
+        if self.ref_models is None:
+            raise RuntimeError("ref-update-interval needs a reference model (use-kl-loss with ref-load)")
+        self._sync_params()
+        for policy, reference in zip(self.models, self.ref_models, strict=True):
+            unwrap(reference).load_state_dict(unwrap(policy).state_dict())
+
+    # -- weights out -----------------------------------------------------------------------------------------------
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        """The policy as Hugging Face tensors (CPU), gathered on rank 0 (a collective; {} on other ranks)."""
+        install_cpu_shims()
+        self._sync_params()
+        state = gather_hf_state(self.models, self.args, self.layout, dst=0)
+        return state or {}
+
+    def parameter_checksum(self) -> float:
+        """Sum of |w| over the gathered Hugging Face weights (comparable with the torch backend's)."""
+        weights = self.named_weights()
+        return float(sum(t.double().abs().sum() for t in weights.values()))
+
+    def export_hf(self, out_dir: str, step: int) -> CheckpointRecord | None:
+        """A Hugging Face folder (weights, the source's config, generation config and tokenizer files) at
+        `out_dir`, written by rank 0; never replaces a folder this job does not own."""
+        weights = self.named_weights()
+        result: list[Any] = [None]
+        if dist.get_rank() == 0:
+            try:
+                with atomic_directory(out_dir, owner=self.config.owner) as scratch:
+                    write_hf_folder(weights, scratch, self.args, source=self.hf_checkpoint)
+                result[0] = record(Path(out_dir), step, CheckpointFormat.HF)
+            except Exception as exc:  # noqa: BLE001 - raised on rank 0 below, with its own type
+                result[0] = exc
+        if isinstance(result[0], Exception):
+            raise result[0]
+        return result[0]
+
+    # -- memory ----------------------------------------------------------------------------------------------------
+    def offload(self) -> None:
+        """Free the accelerator's copy of the weights, gradients and optimizer state (colocated turns); a
+        no-op move on CPU. Training refuses until `onload()`."""
+        if self.device.kind.value == "cuda" and not self.offloaded:
+            self._offloaded_storage = []
+            for tensor in self._device_tensors():
+                host = tensor.detach().to("cpu", copy=True)
+                self._offloaded_storage.append((tensor, host))
+                tensor.untyped_storage().resize_(0)
+            torch.cuda.empty_cache()
+        self.offloaded = True
+
+    def onload(self) -> None:
+        if self.device.kind.value == "cuda" and self.offloaded:
+            for tensor, host in self._offloaded_storage:
+                tensor.untyped_storage().resize_(host.numel() * host.element_size())
+                tensor.copy_(host)
+            self._offloaded_storage = []
+        self.offloaded = False
+
+    def _device_tensors(self) -> list[torch.Tensor]:
+        """The distinct storages the trainer holds on the accelerator: DDP's parameter and gradient buffers,
+        the optimizer's state and main parameters, the reference model."""
+        seen: set[int] = set()
+        out: list[torch.Tensor] = []
+
+        def add(tensor: Any) -> None:
+            if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
+                key = tensor.untyped_storage().data_ptr()
+                if key not in seen and tensor.untyped_storage().size() > 0:
+                    seen.add(key)
+                    out.append(tensor)
+
+        for model in self.ddp_models:
+            for buffer in list(getattr(model, "buffers", [])) + list(
+                getattr(model, "expert_parallel_buffers", [])
+            ):
+                add(buffer.param_data)
+                add(buffer.grad_data)
+            for param in model.parameters():
+                add(param.data)
+        for inner in ckpt._distributed_optimizers(self.optimizer):
+            torch_opt = getattr(inner, "optimizer", None)
+            if torch_opt is None:
+                continue
+            for group in torch_opt.param_groups:
+                for param in group["params"]:
+                    add(param.data)
+                    for value in torch_opt.state.get(param, {}).values():
+                        add(value)
+        for model in self.ref_models or []:
+            for param in model.parameters():
+                add(param.data)
+        return out
+
+    def _require_onloaded(self) -> None:
+        if self.offloaded:
+            raise RuntimeError("train backend is offloaded; call onload() first")
+
+    def _sync_params(self) -> None:
+        """With `overlap-param-gather` the distributed optimizer's updated shards are gathered lazily, by the
+        next forward; anything that reads the weights outside training gathers them first."""
+        if self.ddp_config.overlap_param_gather:
+            for model in self.ddp_models:
+                model.start_param_sync(force_sync=True)
+
+    # -- checkpoints ---------------------------------------------------------------------------------------------------
+    def _keeps_reference(self) -> bool:
+        return self.ref_models is not None and self.config.ref_update_interval is not None
+
+    def _sharded_state(self, *, optimizer: bool, rng: bool, reference: bool, loading: bool) -> dict[str, Any]:
+        gpts = [unwrap(m) for m in self.models]
+        state: dict[str, Any] = ckpt.model_sharded_state(gpts)
+        if optimizer:
+            if loading:
+                ckpt.prepare_optimizer_for_load(self.optimizer)
+            model_state = dict(state)
+            state["optimizer"] = self.optimizer.sharded_state_dict(
+                model_state,
+                is_loading=loading,
+                metadata=dict(ckpt.OPTIMIZER_SHARDING),
+            )
+        if rng:
+            state["rng_state"] = ckpt.rng_sharded_object()
+        if reference and self.ref_models is not None:
+            refs = [unwrap(m) for m in self.ref_models]
+            for key, value in ckpt.model_sharded_state(refs, prefix=ckpt.REFERENCE_PREFIX).items():
+                state["ref_" + key] = value
+        return state
+
+    def save_checkpoint(
+        self, save_dir: str, iteration: int, extra_state: dict[str, Any], *, blocking: bool = True
+    ) -> CheckpointRecord | None:
+        """`<save_dir>/iter_NNNNNNN/` in torch_dist (a collective). `blocking=False` (`async-save`): the state
+        is staged now and written by a thread; `finished_saves()` completes it."""
+        install_cpu_shims()
+        self._sync_params()
+        with_optimizer = self.config.save_optimizer
+        sharded = self._sharded_state(
+            optimizer=with_optimizer, rng=True, reference=self._keeps_reference(), loading=False
+        )
+        state = {
+            "layout": ckpt.CHECKPOINT_LAYOUT,
+            "iteration": iteration,
+            "optimizer_steps": self.optimizer_steps,
+            "has_optimizer": with_optimizer,
+            "has_reference": self._keeps_reference(),
+            "parallel": {
+                "tp": self.layout.tp,
+                "pp": self.layout.pp,
+                "vpp": self.layout.vpp,
+                "dp": self.dp_size,
+            },
+            "extra": extra_state,
+        }
+        if blocking:
+            for pending in list(self._pending_saves):  # saves land in order
+                self._finish(pending, wait=True)
+            result = ckpt.save(save_dir, iteration, sharded, state, owner=self.config.owner, blocking=True)
+            return result if isinstance(result, CheckpointRecord) else None
+        pending = ckpt.save(save_dir, iteration, sharded, state, owner=self.config.owner, blocking=False)
+        assert isinstance(pending, ckpt.PendingSave)
+        self._pending_saves.append(pending)
+        return None
+
+    def _finish(self, pending: ckpt.PendingSave, *, wait: bool) -> CheckpointRecord | None | bool:
+        result = ckpt.finish(pending, wait=wait)
+        if result is not False:
+            self._pending_saves.remove(pending)
+        return result
+
+    def finished_saves(self, *, wait: bool = False) -> list[CheckpointRecord]:
+        """Records of the background saves every rank has finished writing (all of them with `wait`), in
+        order; a collective."""
+        install_cpu_shims()
+        done: list[CheckpointRecord] = []
+        for pending in list(self._pending_saves):
+            result = self._finish(pending, wait=wait)
+            if result is False:
+                break
+            if isinstance(result, CheckpointRecord):
+                done.append(result)
+        return done
+
+    def load_checkpoint(self, load_dir: str) -> tuple[int, dict[str, Any]] | None:
+        """Restore the latest iteration under `load_dir` (model; optimizer unless `no-load-optim` or the
+        checkpoint has none; RNG unless `no-load-rng`; the reference model if it was saved). `finetune`:
+        the weights only, and the run starts from rollout 0 (returns None). None when there is no
+        checkpoint yet."""
+        install_cpu_shims()
+        found = ckpt.latest(load_dir)
+        if found is None:
+            return None
+        iteration, folder, state = found
+        finetune = bool(self.values.get("finetune"))
+        with_optimizer = (
+            bool(state.get("has_optimizer", True)) and not self.values.get("no_load_optim") and not finetune
+        )
+        with_rng = not self.values.get("no_load_rng") and not finetune
+        with_reference = bool(state.get("has_reference")) and self.ref_models is not None
+        sharded = self._sharded_state(
+            optimizer=with_optimizer, rng=with_rng, reference=with_reference, loading=True
+        )
+        loaded = ckpt.load(folder, sharded)
+        gpts = [unwrap(m) for m in self.models]
+        for i, gpt in enumerate(gpts):
+            gpt.load_state_dict(loaded[ckpt.chunk_key(i, len(gpts))], strict=False)
+        if with_optimizer:
+            ckpt.load_optimizer_state(self.optimizer, loaded["optimizer"])
+        else:
+            # the distributed optimizer keeps its own fp32 copy of the weights: refresh it from the model
+            for inner in ckpt._distributed_optimizers(self.optimizer):
+                reload = getattr(inner, "reload_model_params", None)
+                if reload is not None:
+                    reload()
+        if with_rng and "rng_state" in loaded:
+            ckpt._set_rng_states(loaded["rng_state"])
+        if with_reference and self.ref_models is not None:
+            refs = [unwrap(m) for m in self.ref_models]
+            for i, ref in enumerate(refs):
+                ref.load_state_dict(loaded["ref_" + ckpt.chunk_key(i, len(refs))], strict=False)
+        if finetune:
+            log.info(
+                "finetune: weights of %s iteration %d loaded; starting at rollout 0", load_dir, iteration
+            )
+            return None
+        self.optimizer_steps = int(state.get("optimizer_steps", 0))
+        log.info(
+            "loaded %s (optimizer: %s, rng: %s, reference: %s)",
+            folder,
+            with_optimizer,
+            with_rng,
+            with_reference,
+        )
+        return iteration, dict(state.get("extra", {}))
+
+
+def _to(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return tensor.to(device) if tensor is not None else None
