@@ -1,9 +1,10 @@
 """Training throughput of the Megatron backend's model path against a plain Hugging Face loop, one table.
 
     python -m bench.gpu_train                       # Qwen2-0.5B and Qwen2.5-1.5B shapes, rows hf,ours,ours-save
+    python -m bench.gpu_train --rows hf,backend     # the backend itself (MegatronTrainBackend.train_step)
     python -m bench.gpu_train --micro               # first a table of the levers one at a time (CUDA)
     python -m bench.gpu_train --tiny                # a tiny shape, runs anywhere (CPU: gloo + megatron's CPU shims)
-    torchrun --nproc-per-node 2 -m bench.gpu_train --tp 2     # (or --dp 2) ours only, over NCCL (gloo on CPU)
+    torchrun --nproc-per-node 2 -m bench.gpu_train --tp 2     # (or --dp 2) ours/backend rows, over NCCL (gloo on CPU)
 
 Rows (same shapes, random init, bf16 weights, micro-batches of `--micro-batch` x `--seq` tokens, `--accum`
 micro-batches per optimizer step, `--warmup` untimed steps then `--steps` timed ones):
@@ -17,6 +18,18 @@ micro-batches per optimizer step, `--warmup` untimed steps then `--steps` timed 
   (grads accumulated in fp32) and megatron's DistributedOptimizer (fp32 main params; its Adam is
   torch.optim.AdamW without TE/apex), clip 1.0. `ours-save`: the same with the head's `save_logits=True`;
   `ours-eager`: without torch.compile of the layers.
+- **backend**: `runtime.train.megatron.backend.MegatronTrainBackend` itself, built as a job builds it: a
+  `TrainContext` whose values are the spec's (by dest: `bf16`, dropout 0, `accumulate-allreduce-grads-in-fp32`,
+  `log-probs-chunk-size`, the TP size, `use-dynamic-batch-size` with `max-tokens-per-gpu` = micro-batch x seq,
+  as SFT specs need), a `TrainConfig` (loss type `sft`, lr, Adam betas 0.9/0.95, clip 1.0, global batch =
+  micro-batch x accum x dp rows), and `hf_checkpoint` a temporary folder
+  holding only the shape's Qwen2 `config.json`, with `random_init=True` (megatron's own initialisation instead
+  of loading weights). Each timed step is one `train_step` on one `RolloutBatch` of `micro-batch x accum x dp`
+  rows of `seq` random tokens (loss on every token but the first): the backend's own micro-batching,
+  megatron's forward/backward schedule, `runtime.algos.losses`' SFT loss, the distributed optimizer and its
+  lr schedule. Whatever the backend does on CUDA (bf16, compiled layers, fusions, the head keeping logits when
+  they fit) is what is measured. `backend-recompute` / `backend-save`: the same with `RELAX_HEAD_SAVE_LOGITS`
+  0 / 1 (the head recomputes / keeps its logits whatever the memory estimate says).
 - **hf** (plain HF): `transformers` `Qwen2ForCausalLM` (SDPA attention), bf16 weights, `model.model.compile()`
   (the transformer body), and a chunked cross-entropy: 2048-row chunks of the final hidden states, each chunk's
   logits made in bf16, upcast, cross-entropy, under activation checkpointing (so full fp32 logits never exist);
@@ -43,6 +56,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 PEAK_TFLOPS = 790.0
+# backend rows -> RELAX_HEAD_SAVE_LOGITS for the row (None: the backend's own memory estimate decides)
+BACKEND_ROWS: dict[str, str | None] = {"backend": None, "backend-recompute": "0", "backend-save": "1"}
 
 
 @dataclass(frozen=True)
@@ -408,6 +423,150 @@ def run_ours(
     return result
 
 
+# ------------------------------------------------------------------------------------------ backend
+
+
+def backend_values(shape: Shape, cfg: Cfg, tp: int) -> dict[str, Any]:
+    """The spec values (by dest) the backend row's job would have: what `load_spec` derives on the megatron
+    backend for a spec setting these (bf16 is Relax's derived default there; Megatron-LM accumulates bf16
+    gradients in fp32, as the `ours` rows do). Written out so the bench needs no jobspec (pydantic) on a bare
+    GPU image; tests/unit/runtime/megatron/test_bench_backend.py checks them against `load_spec`."""
+    return {
+        "train_backend": "megatron",
+        "optimizer": "adam",
+        "bf16": True,
+        "fp16": False,
+        "hidden_dropout": 0.0,
+        "attention_dropout": 0.0,
+        "init_method_std": 0.02,
+        "accumulate_allreduce_grads_in_fp32": True,
+        "balance_data": True,  # Relax derives it for SFT (one rank here: nothing to balance)
+        "tensor_model_parallel_size": tp,
+        "log_probs_chunk_size": cfg.chunk_tokens,
+        "seq_length": cfg.seq,
+        "micro_batch_size": cfg.micro_batch,
+        "loss_type": "sft",
+        # SFT specs bound tokens per micro-batch (jobspec's rule.sft_needs_dynamic_batch_size): with rows of
+        # `seq` tokens, a budget of micro-batch x seq gives the same micro-batches of `micro_batch` rows
+        "use_dynamic_batch_size": True,
+        "max_tokens_per_gpu": cfg.micro_batch * cfg.seq,
+        # Megatron-LM's defaults, as the spec carries them (the `ours` rows skip the NaN check)
+        "check_for_nan_in_loss_and_grad": True,
+        "bias_swiglu_fusion": True,
+        "bias_dropout_fusion": True,
+        "distributed_timeout_minutes": 30,
+        "pipeline_model_parallel_size": 1,
+        "context_parallel_size": 1,
+        "expert_model_parallel_size": 1,
+        "expert_tensor_parallel_size": tp,
+    }
+
+
+def qwen2_config(shape: Shape, cfg: Cfg) -> dict[str, Any]:
+    """A Hugging Face `config.json` for `shape` (Qwen2 architecture), what `--hf-checkpoint` would hold."""
+    return {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": shape.hidden,
+        "intermediate_size": shape.ffn,
+        "num_hidden_layers": shape.layers,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
+        "vocab_size": shape.vocab,
+        "max_position_embeddings": max(cfg.seq, 4096),
+        "rope_theta": shape.rope_theta,
+        "rms_norm_eps": shape.eps,
+        "tie_word_embeddings": shape.tied,
+        "hidden_act": "silu",
+        "use_sliding_window": False,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def run_backend(
+    shape: Shape, cfg: Cfg, tp: int, device: torch.device, log: Callable[[str], None]
+) -> dict[str, Any]:
+    """`MegatronTrainBackend.train_step` on RolloutBatches of random tokens (see the module docstring)."""
+    import tempfile
+
+    from runtime.algos.losses import LossConfig
+    from runtime.devices import Device
+    from runtime.train.base import TrainContext, train_backend_class
+    from runtime.train.megatron.parallel import ParallelLayout, destroy_parallel, initialize_parallel
+    from runtime.train.schedule import LRSchedule
+    from runtime.train.torch_backend import TrainConfig
+    from runtime.types import RolloutBatch
+
+    world = dist.get_world_size()
+    dp = world // tp
+    b, s = cfg.micro_batch, cfg.seq
+    rows = b * cfg.accum * dp  # one optimizer step of `accum` micro-batches on every data-parallel rank
+    torch.manual_seed(cfg.seed)
+    _reset_peak(device)
+    t_build = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-backend-") as folder:
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump(qwen2_config(shape, cfg), f)
+        config = TrainConfig(
+            loss_type="sft",
+            loss=LossConfig(),
+            lr_schedule=LRSchedule(lr=cfg.lr),
+            weight_decay=0.0,
+            adam_beta1=0.9,
+            adam_beta2=0.95,
+            clip_grad=1.0,
+            seed=cfg.seed,
+            global_batch_size=rows,
+            micro_batch_size=b,
+            max_tokens_per_micro_batch=b * s,  # `max-tokens-per-gpu` (see backend_values)
+        )
+        context = TrainContext(dist.get_rank(), world, values=backend_values(shape, cfg, tp))
+        destroy_parallel(process_group=False)  # the backend sets megatron's groups up itself
+        try:
+            backend = train_backend_class("megatron")(
+                folder, config, device=Device.detect(), need_ref=False, context=context, random_init=True
+            )
+        except Exception:
+            from megatron.core import parallel_state
+
+            if not parallel_state.model_parallel_is_initialized():  # leave the groups for the next rows
+                initialize_parallel(ParallelLayout(tp=tp, world_size=world), seed=cfg.seed)
+            raise
+    keeps = backend.keeps_head_logits(b * (s - 1))
+    log(
+        f"  built (MegatronTrainBackend, random init) in {time.perf_counter() - t_build:.1f} s; "
+        f"{backend.compiled_layers} layers compiled; fusions "
+        f"{'on' if backend.model_config.bias_dropout_fusion else 'off'}; head "
+        f"{'keeps' if keeps else 'recomputes'} logits (budget {backend.head_save_budget / 2**30:.1f} GiB); "
+        f"dtype {backend.model_config.params_dtype}"
+    )
+    gen = torch.Generator().manual_seed(cfg.seed)  # the same batch on every rank (each takes its dp share)
+    tokens = torch.randint(0, shape.vocab, (rows, s), generator=gen)
+    loss_mask = torch.ones(rows, s)
+    loss_mask[:, 0] = 0.0  # nothing predicts the first token
+    batch = RolloutBatch(
+        tokens=tokens,
+        attention_mask=torch.ones(rows, s, dtype=torch.long),
+        loss_mask=loss_mask,
+        group_index=torch.arange(rows),
+        rewards=torch.zeros(rows),
+        rollout_log_probs=torch.zeros(rows, s),
+    )
+
+    def step() -> float:
+        with _sdpa_context(cfg.sdpa):
+            metrics = backend.train_step(batch)
+        if metrics.get("optimizer_steps") is None:
+            raise RuntimeError("train_step made no optimizer step")
+        return float(metrics["loss"])
+
+    result = measure(step, cfg, device, log)
+    result["peak_gib"] = _peak_gib(device)
+    result["head_keeps_logits"] = keeps
+    result["compiled_layers"] = backend.compiled_layers
+    return result
+
+
 # ------------------------------------------------------------------------------------------ plain HF
 
 
@@ -730,7 +889,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--rows",
         default="hf,ours,ours-save",
-        help="comma list of: hf, ours, ours-eager (without torch.compile), ours-save (head keeps logits)",
+        help="comma list of: hf, ours, ours-eager (without torch.compile), ours-save (head keeps logits), "
+        "backend (MegatronTrainBackend.train_step), backend-recompute / backend-save (RELAX_HEAD_SAVE_LOGITS=0/1)",
     )
     p.add_argument(
         "--tiny", action="store_true", help="tiny shape, micro-batch 2 x 32, 2 per step, 1+2 steps"
@@ -847,6 +1007,27 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     if res.get("builder") == "direct":
                         label += ", GPTModel built by the bench (not model.py)"
+                    if world > 1:
+                        label += f", tp={args.tp} dp={args.dp}"
+                elif which in BACKEND_ROWS:
+                    c = Cfg(**asdict(cfg))
+                    if args.profile_dir and rank == 0:
+                        c.profile = os.path.join(args.profile_dir, f"profile_{key}_{which}.txt")
+                    forced = BACKEND_ROWS[which]
+                    old = os.environ.get("RELAX_HEAD_SAVE_LOGITS")
+                    if forced is not None:
+                        os.environ["RELAX_HEAD_SAVE_LOGITS"] = forced
+                    try:
+                        res = run_backend(shape, c, args.tp, device, log)
+                    finally:
+                        if forced is not None:
+                            if old is None:
+                                os.environ.pop("RELAX_HEAD_SAVE_LOGITS", None)
+                            else:
+                                os.environ["RELAX_HEAD_SAVE_LOGITS"] = old
+                    label = "ours (megatron backend: MegatronTrainBackend.train_step, sft)" + (
+                        ", head keeps bf16 logits" if res["head_keeps_logits"] else ", head recomputes logits"
+                    )
                     if world > 1:
                         label += f", tp={args.tp} dp={args.dp}"
                 else:

@@ -2428,6 +2428,26 @@ def _fp16_bf16(ctx: RuleContext) -> None:
         ctx.derive("bf16", True)
 
 
+@rule(
+    "rule.bf16_grads_in_fp32",
+    "bf16",
+    "accumulate-allreduce-grads-in-fp32",
+    "grad-reduce-in-bf16",
+    "main-grads-dtype",
+    summary="Under bf16 Megatron accumulates and all-reduces gradients in fp32 unless --grad-reduce-in-bf16 "
+    "(or --main-grads-dtype other than fp32): derived as Megatron's validate_args does.",
+)
+def _bf16_grads_in_fp32(ctx: RuleContext) -> None:
+    values = ctx.values
+    if not ctx.megatron_validates or not values["bf16"]:
+        return
+    if values["grad_reduce_in_bf16"]:
+        if values["accumulate_allreduce_grads_in_fp32"]:
+            ctx.derive("accumulate_allreduce_grads_in_fp32", False)
+    elif not values["accumulate_allreduce_grads_in_fp32"] and values["main_grads_dtype"] in ("fp32", None):
+        ctx.derive("accumulate_allreduce_grads_in_fp32", True)
+
+
 def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(x)
 

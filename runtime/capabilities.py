@@ -48,10 +48,11 @@ COMMON_PARAMETERS: frozenset[str] = RuntimeSpec.field_names() | {
     "num_gpus_per_node",  # placement is per slot here
     "rollout_num_gpus_per_engine",  # restricted below: the torch engine uses one device
     "checkpoint_engine_backend",  # restricted below: weights go through Ray's object store
-    "distributed_backend",  # restricted below
-    "distributed_timeout_minutes",  # the trainer ranks' process-group timeout (megatron)
+    "distributed_backend",  # restricted below: the trainer ranks pick their collective backend by device
     "optimizer",  # restricted below
-    "balance_data",  # Relax balances tokens across data-parallel ranks; ours split rows evenly
+    # restricted below: the megatron backend balances tokens across its data-parallel ranks; the torch
+    # backend's one trainer has nothing to balance, so there only where Relax derives it (SFT)
+    "balance_data",
     "dump_details",  # Relax derives save-debug-rollout-data and save-debug-train-data under it
     "train_memory_margin_bytes",  # restricted below
     "sglang",  # restricted below: SGLang server arguments, on every engine server's command line
@@ -65,13 +66,15 @@ COMMON_PARAMETERS: frozenset[str] = RuntimeSpec.field_names() | {
     "rollout_global_dataset",  # restricted below: Relax turns it off for SFT, which reads --prompt-data itself
 }
 
-# The torch backend reads nothing beyond the common parameters.
+# The torch backend reads nothing beyond the common parameters. (`distributed-timeout-minutes` is not
+# among them: the torch backend's one trainer joins no process group; the megatron backend reads it.)
 TORCH_BACKEND_PARAMETERS: frozenset[str] = COMMON_PARAMETERS
 
 # Megatron's arguments the megatron backend reads from the spec's values (runtime/train/megatron/):
 MEGATRON_ARGUMENTS: frozenset[str] = frozenset(
     {
-        # parallel.py: the layout
+        # parallel.py: the layout, and the process group's timeout (backend.py)
+        "distributed_timeout_minutes",
         "tensor_model_parallel_size",
         "pipeline_model_parallel_size",
         "num_virtual_stages_per_pipeline_rank",
@@ -253,7 +256,18 @@ RESTRICTIONS: dict[str, Callable[[Any, Mapping[str, Any]], bool]] = {
     "sglang": lambda value, _values: not sglang_passthrough.problems(value),
     "checkpoint_engine_backend": _one_of("nccl"),
     "reward_num_workers": _one_of(16),
-    "distributed_backend": _one_of("nccl", "gloo"),
+    # the value is not read: the trainer ranks use NCCL on CUDA and gloo on CPU whatever it says, so only
+    # Relax's default (which means "the accelerator's collectives") is accepted
+    "distributed_backend": _one_of("nccl"),
+    "balance_data": lambda value, values: (
+        not value
+        or values.get("train_backend") == "megatron"
+        or values.get("loss_type") in ("sft", "sft_loss")
+    ),
+    # the torch backend runs one process; the megatron backend's core attention is SDPA, and context
+    # parallelism needs TransformerEngine's (`model.transformer_config` raises for more than 1): refused at
+    # submission rather than when the model is built
+    "context_parallel_size": _one_of(1),
     # megatron
     "ckpt_format": _one_of("torch_dist"),
     "megatron_to_hf_mode": _one_of("raw", "bridge"),
@@ -403,7 +417,15 @@ RESTRICTION_DOCS: dict[str, str | dict[str, str]] = {
     ),
     "checkpoint_engine_backend": "nccl (the default): weights reach the engines through Ray's object store",
     "reward_num_workers": "16 (the default): rewards are computed inline in the rollout, with no worker actors",
-    "distributed_backend": "nccl, gloo: the trainer ranks use NCCL on CUDA and gloo on CPU, whichever is set",
+    "distributed_backend": "nccl (the default): the trainer ranks use NCCL on CUDA and gloo on CPU by themselves",
+    "balance_data": {
+        "torch": "only under --loss-type sft, where Relax derives it (one trainer: nothing to balance)",
+        "megatron": "yes: data-parallel shares of equal size with balanced token counts",
+    },
+    "context_parallel_size": {
+        "torch": "1 (one trainer process)",
+        "megatron": "1 (context parallelism needs TransformerEngine's attention; this backend's is SDPA)",
+    },
     "ckpt_format": "torch_dist",
     "megatron_to_hf_mode": "raw, bridge (one mapping, runtime/train/megatron/convert.py)",
     "rope_type": "rope",

@@ -438,7 +438,8 @@ class SGLangEngineActor(HttpRolloutEngine):
         return info
 
     def shutdown_server(self, timeout_s: float = 10.0) -> None:
-        process, self.process = self.process, None
+        # `getattr`: Ray's actor class wrapper inherits `__del__`, and it never started a server
+        process, self.process = getattr(self, "process", None), None
         if process is None or process.poll() is not None:
             return
         process.terminate()

@@ -17,12 +17,19 @@ same share.
   `runtime.train.schedule` per optimizer step.
 - weights out: `convert.gather_hf_state` (Hugging Face names on rank 0) for weight sync and exports.
 - checkpoints: `checkpoint.py` (torch_dist in Relax's `iter_NNNNNNN/` layout).
+- on CUDA, the fast path `bench/gpu_train.py` measured (docs/benchmarks.md): bf16/fp16 weights through
+  megatron's `Float16Module` (the spec's `bf16`, which Relax derives on this backend), the last stage's hidden
+  states handed to the loss head in that precision (no fp32 round trip), every `TransformerLayer`
+  torch.compile'd (`kernels.compile_transformer_layers`; dense models only), megatron's compiled SwiGLU and
+  bias-dropout-add (`model.transformer_config`), and the loss head keeping each chunk's logits for backward
+  (`save_logits`) when they fit (`_head_save_budget`). None of it applies on CPU.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -42,7 +49,7 @@ from runtime.train.checkpoint import CheckpointFormat, CheckpointRecord, atomic_
 from runtime.train.megatron import checkpoint as ckpt
 from runtime.train.megatron.convert import gather_hf_state, load_hf_checkpoint, unwrap, write_hf_folder
 from runtime.train.megatron.cpu import install_cpu_shims
-from runtime.train.megatron.kernels import token_log_probs_and_entropy
+from runtime.train.megatron.kernels import compile_transformer_layers, token_log_probs_and_entropy
 from runtime.train.megatron.model import build_model, model_args_for, transformer_config
 from runtime.train.megatron.parallel import ParallelLayout, init_process_group, initialize_parallel
 from runtime.train.torch_backend import TrainConfig, micro_batches
@@ -51,6 +58,9 @@ from runtime.types import RolloutBatch
 log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_TOKENS = 4096  # tokens per chunk of the loss head when `log-probs-chunk-size` is unset (-1)
+# `RELAX_HEAD_SAVE_LOGITS`: 1 = the loss head always keeps its chunk logits for backward, 0 = never (recompute
+# them), unset / auto = when they fit (`MegatronTrainBackend._head_save_budget`; never on CPU)
+HEAD_SAVE_LOGITS_ENV = "RELAX_HEAD_SAVE_LOGITS"
 
 
 @dataclass
@@ -65,6 +75,20 @@ class _Micro:
 def _get(values: Mapping[str, Any], name: str, default: Any) -> Any:
     value = values.get(name)
     return default if value is None else value
+
+
+def balanced_rows(tokens: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+    """`balance-data`: rows shared out in parts of the given sizes with token counts as even as a greedy
+    pass makes them: the longest rows first, each to the part with the fewest tokens that still has room.
+    Each part's rows stay in batch order."""
+    parts: list[list[int]] = [[] for _ in sizes]
+    load = [0] * len(sizes)
+    for row in sorted(range(len(tokens)), key=lambda r: (-int(tokens[r]), r)):
+        open_parts = [p for p in range(len(sizes)) if len(parts[p]) < sizes[p]]
+        target = min(open_parts, key=lambda p: (load[p], p))
+        parts[target].append(row)
+        load[target] += int(tokens[row])
+    return [torch.tensor(sorted(rows), dtype=torch.long) for rows in parts]
 
 
 def _split_evenly(total: int, parts: int) -> list[int]:
@@ -84,7 +108,11 @@ class MegatronTrainBackend:
         device: Device,
         need_ref: bool = False,
         context: TrainContext | None = None,
+        random_init: bool = False,
     ) -> None:
+        """`random_init`: start from megatron's own initialisation (`init-method-std`, seeded by `seed`)
+        instead of loading weights; `hf_checkpoint` then only needs its `config.json` (benchmarks). The
+        pipeline never sets it; `ref-load`, when set, still wins."""
         from megatron.core import parallel_state as ps
 
         context = context or TrainContext()
@@ -93,6 +121,7 @@ class MegatronTrainBackend:
         self.hf_checkpoint = hf_checkpoint
         self.values: dict[str, Any] = dict(context.values)
         self.rank = context.rank
+        self.random_init = random_init
         self.on_cpu = install_cpu_shims()
         if not dist.is_initialized():
             if context.master_port is None:
@@ -116,21 +145,29 @@ class MegatronTrainBackend:
         self.tp_rank = ps.get_tensor_model_parallel_rank()
         self.model_config = transformer_config(self.args, self.layout, values=self.values)
         self.models = self._build_and_load(self._initial_weights())
+        # torch.compile each transformer layer before DDP wraps the chunks (names and checkpoints unchanged);
+        # the frozen reference stays eager (forward only, and no second set of graphs to compile)
+        self.compiled_layers = self._compile_layers(self.models)
         self.trainable = self._select_trainable()
         self.ddp_models = self._wrap_ddp(self.models)
         self.optimizer = self._build_optimizer()
         self.ref_models: list | None = None
         if need_ref:
             self.ref_models = self._build_and_load(self._initial_weights())
+            if self._initial_weights()[0] == "random":  # the reference starts where the policy starts
+                for policy, reference in zip(self.models, self.ref_models, strict=True):
+                    unwrap(reference).load_state_dict(unwrap(policy).state_dict())
             for model in self.ref_models:
                 model.eval()
                 model.requires_grad_(False)
+        self.head_save_budget = self._head_save_budget()
         self.optimizer_steps = 0
         self.offloaded = False
         self._offloaded_storage: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._pending_saves: list[ckpt.PendingSave] = []
         log.info(
-            "megatron rank %d: tp=%d pp=%d vpp=%s dp=%d, %d layers, hidden %d, vocab %d (padded %d), %s",
+            "megatron rank %d: tp=%d pp=%d vpp=%s dp=%d, %d layers, hidden %d, vocab %d (padded %d), %s, "
+            "%d layers compiled, loss head keeps logits up to %.1f GiB",
             self.rank,
             self.layout.tp,
             self.layout.pp,
@@ -141,15 +178,18 @@ class MegatronTrainBackend:
             self.args.vocab_size,
             self.args.padded_vocab(self.layout.tp),
             self.model_config.params_dtype,
+            self.compiled_layers,
+            self.head_save_budget / 2**30,
         )
 
     # -- construction ------------------------------------------------------------------------------------------
     def _initial_weights(self) -> tuple[str, str]:
         """Where the policy starts: `ref-load` when set (as in Relax; a Hugging Face folder, or a checkpoint
-        root of this backend), else `hf-checkpoint`. Returns (kind, path), kind "hf" or "megatron"."""
+        root of this backend), else `hf-checkpoint` (or megatron's random initialisation with `random_init`).
+        Returns (kind, path), kind "hf", "megatron" or "random"."""
         ref_load = self.config.ref_load
         if not ref_load:
-            return "hf", self.hf_checkpoint
+            return ("random" if self.random_init else "hf"), self.hf_checkpoint
         if ckpt.is_checkpoint_root(ref_load):
             return "megatron", ref_load
         return "hf", ref_load
@@ -161,7 +201,9 @@ class MegatronTrainBackend:
 
             models = [Float16Module(self.model_config, m) for m in models]
         kind, path = source
-        if kind == "hf":
+        if kind == "random":
+            pass  # megatron's initialisation (perform_initialization, init-method-std), seeded per rank
+        elif kind == "hf":
             load_hf_checkpoint([unwrap(m) for m in models], path, self.args, self.layout)
         else:
             step = self.config.ref_ckpt_step
@@ -172,6 +214,54 @@ class MegatronTrainBackend:
             for i, gpt in enumerate(gpts):
                 gpt.load_state_dict(loaded[ckpt.chunk_key(i, len(gpts))], strict=False)
         return models
+
+    def _compile_layers(self, models: list) -> int:
+        """torch.compile every `TransformerLayer` of `models` on CUDA (`kernels.compile_transformer_layers`: not
+        on CPU, not with `RELAX_KERNELS_COMPILE=0`); measured on the H200 at Qwen2 shapes: 41.6% -> 45.7% MFU
+        (docs/benchmarks.md). Dense models only: an MoE layer's token routing gives every step new expert
+        shapes (recompiles), which was not measured. Returns the number of layers compiled."""
+        if self.on_cpu or self.args.is_moe:
+            return 0
+        return sum(compile_transformer_layers(model) for model in models)
+
+    def _head_save_budget(self) -> int:
+        """Bytes of chunk logits the loss head may keep per micro-batch for its backward (`save_logits=True`:
+        one [chunk, vocab / tp] matmul fewer per chunk; 51.5% vs 48.7% MFU at Qwen2-0.5B shapes on the H200).
+
+        The estimate is deliberately simple, because what it guards is coarse: a micro-batch keeps
+        chunks x chunk-tokens x padded-vocab / tp x 2 bytes (bf16) of logits, 4.6 GiB at 16 x 1024 tokens
+        and Qwen's 151,936 ids. Only one micro-batch's head is live at a time on the last stage (the schedules
+        run its backward right after its forward), so the budget is per micro-batch. It is measured once, here,
+        after the model, optimizer and reference exist: a quarter of the device memory still free (counting
+        the caching allocator's spare blocks) after setting aside Adam's two fp32 moments, which the
+        optimizer creates lazily at its first step; the other three quarters stay for activations. It is
+        capped at a tenth of the device, because a colocated rollout engine may take memory later that is
+        free now. `RELAX_HEAD_SAVE_LOGITS=1` / `0` overrides it. 0 on CPU (recomputing is the CPU default)."""
+        choice = os.environ.get(HEAD_SAVE_LOGITS_ENV, "auto").strip().lower()
+        if choice in ("0", "false", "off", "no"):
+            return 0
+        if choice in ("1", "true", "on", "yes"):
+            return 1 << 62
+        if self.on_cpu or not torch.cuda.is_available():
+            return 0
+        free, total = torch.cuda.mem_get_info()
+        free += torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+        trainable = sum(p.numel() for m in self.models for p in m.parameters() if p.requires_grad)
+        adam_moments = 8 * trainable // max(self.dp_size, 1)  # exp_avg + exp_avg_sq, fp32, this rank's shard
+        return int(max(0, min((free - adam_moments) // 4, total // 10)))
+
+    def keeps_head_logits(self, tokens: int) -> bool:
+        """Whether the loss head keeps its logits for a training micro-batch of `tokens` predicted tokens:
+        chunks x chunk-tokens x padded vocab / tp x element size within `head_save_budget`."""
+        chunk = self._chunk_tokens()
+        chunks = -(-tokens // chunk)
+        v_shard = self.args.padded_vocab(self.layout.tp) // self.layout.tp
+        itemsize = torch.empty((), dtype=self.model_config.params_dtype).element_size()
+        return tokens > 0 and chunks * min(chunk, tokens) * v_shard * itemsize <= self.head_save_budget
+
+    def _chunk_tokens(self) -> int:
+        chunk = int(_get(self.values, "log_probs_chunk_size", -1))
+        return chunk if chunk > 0 else DEFAULT_CHUNK_TOKENS
 
     def _select_trainable(self) -> tuple[str, ...]:
         """`only-train-params-name-list` / `freeze-params-name-list` over Megatron's parameter names."""
@@ -270,18 +360,26 @@ class MegatronTrainBackend:
         return optimizer_obj
 
     # -- batches -----------------------------------------------------------------------------------------------
-    def _dp_share(self, batch: RolloutBatch) -> RolloutBatch:
-        """This data-parallel rank's contiguous share of `batch`'s rows."""
-        if self.dp_size == 1:
-            return batch
+    def _dp_rows(self, batch: RolloutBatch) -> list[torch.Tensor]:
+        """Which rows of `batch` each data-parallel rank takes: contiguous shares of equal size (±1), or,
+        under `balance-data`, shares of the same sizes whose token counts are balanced
+        (`balanced_rows`)."""
         sizes = _split_evenly(batch.batch_size, self.dp_size)
         if min(sizes) == 0:
             raise ValueError(
                 f"{batch.batch_size} sample(s) cannot be shared by {self.dp_size} data-parallel ranks: use a "
                 "global-batch-size (and rollout) of at least the data-parallel size"
             )
-        start = sum(sizes[: self.dp_rank])
-        return batch.select(slice(start, start + sizes[self.dp_rank]))
+        if self.values.get("balance_data"):
+            return balanced_rows(batch.attention_mask.sum(dim=1), sizes)
+        starts = [sum(sizes[:rank]) for rank in range(self.dp_size)]
+        return [torch.arange(start, start + size) for start, size in zip(starts, sizes, strict=True)]
+
+    def _dp_share(self, batch: RolloutBatch) -> RolloutBatch:
+        """This data-parallel rank's share of `batch`'s rows (`_dp_rows`)."""
+        if self.dp_size == 1:
+            return batch
+        return batch.select(self._dp_rows(batch)[self.dp_rank])
 
     def _schedule_micros(self, parts: list[RolloutBatch]) -> tuple[list[_Micro], int, int]:
         """Pad micro-batches to the shapes the schedule needs: widths to a multiple of the tensor-parallel
@@ -313,8 +411,11 @@ class MegatronTrainBackend:
         gpt = unwrap(model)
         last = gpt.post_process
         gpt.post_process = False  # GPTModel then returns the decoder's (normed) hidden states [s, b, h]
+        # Float16Module would upcast the last stage's output to fp32, which the head casts straight back to
+        # the weights' dtype: keep it in bf16/fp16 (the same values, one fp32 copy of the hidden states less)
+        kwargs = {"fp32_output": False} if self.model_config.bf16 or self.model_config.fp16 else {}
         try:
-            output = model(tokens, positions, None)
+            output = model(tokens, positions, None, **kwargs)
         finally:
             gpt.post_process = last
         if not last:
@@ -334,7 +435,8 @@ class MegatronTrainBackend:
         device = hidden.device
         targets = micro.tokens.to(device).t()[1:]  # [s - 1, b]: the token each position predicts
         weight = gpt.shared_embedding_or_output_weight() if self.args.tied else gpt.output_layer.weight
-        chunk = int(_get(self.values, "log_probs_chunk_size", -1))
+        tokens = (int(hidden.shape[0]) - 1) * int(hidden.shape[1])
+        save_logits = torch.is_grad_enabled() and self.keeps_head_logits(tokens)
         log_probs, entropy = token_log_probs_and_entropy(
             hidden[:-1],
             weight,
@@ -342,8 +444,9 @@ class MegatronTrainBackend:
             vocab_size=self.args.vocab_size,
             temperature=self.config.log_probs_temperature,
             tp_group=self.tp_group if self.layout.tp > 1 else None,
-            chunk_tokens=chunk if chunk > 0 else DEFAULT_CHUNK_TOKENS,
+            chunk_tokens=self._chunk_tokens(),
             with_entropy=True,
+            save_logits=save_logits,
         )
         rows, width = micro.batch.batch_size, int(micro.batch.tokens.shape[1])
 
@@ -372,9 +475,11 @@ class MegatronTrainBackend:
             returns=_to(part.returns, device),
         )
         loss, metrics = loss_fn(inputs, self.config.loss)
-        reported = {"loss": float(loss.detach()) * micro.weight}
+        # (value, weight) pairs, read after the whole step (`_reduce_metrics`): a float() here would make the
+        # host wait for the device after every micro-batch instead of queueing the next one
+        reported: dict[str, Any] = {"loss": (loss.detach(), micro.weight)}
         for name, value in metrics.items():
-            reported[name] = float(value.detach()) * micro.weight
+            reported[name] = (value.detach(), micro.weight)
         # the schedule divides by the number of micro-batches and DDP averages over data-parallel ranks:
         # undo both, so the gradient is the torch backend's sum of weighted micro-batch losses
         return loss * (micro.weight * num_micro * self.dp_size), reported
@@ -445,7 +550,13 @@ class MegatronTrainBackend:
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine)
         shares = sorted((item for item in gathered if item is not None), key=lambda item: item[0])
-        return torch.cat([values for _, values in shares])
+        stacked = torch.cat([values for _, values in shares])
+        if self.dp_size == 1:
+            return stacked
+        order = torch.cat(self._dp_rows(batch))  # the batch row of each stacked row
+        out = torch.empty_like(stacked)
+        out[order] = stacked
+        return out
 
     def compute_log_probs(self, batch: RolloutBatch, *, old: bool = True, ref: bool = True) -> RolloutBatch:
         """`old_log_probs` (the policy before this update) and, with a reference model, `ref_log_probs`,
@@ -515,8 +626,8 @@ class MegatronTrainBackend:
         mine: dict[str, float] = defaultdict(float)
         if self.is_last_stage and self.tp_rank == 0:
             for item in outputs:
-                for name, value in item.items():
-                    mine[name] += float(value)
+                for name, (value, weight) in item.items():
+                    mine[name] += float(value) * weight
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, dict(mine))
         total: dict[str, float] = defaultdict(float)

@@ -864,6 +864,18 @@ CASES: list[tuple[str, dict, Any, dict]] = [
     ),
     ("rule.fp16_and_bf16_exclusive", {}, ("derived", "bf16", True), {"bf16": True}),
     (
+        "rule.bf16_grads_in_fp32",
+        {},
+        ("derived", "accumulate_allreduce_grads_in_fp32", True),
+        {"accumulate-allreduce-grads-in-fp32": True},
+    ),
+    (
+        "rule.bf16_grads_in_fp32",
+        {"accumulate-allreduce-grads-in-fp32": True, "grad-reduce-in-bf16": True},
+        ("derived", "accumulate_allreduce_grads_in_fp32", False),
+        {"grad-reduce-in-bf16": True},
+    ),
+    (
         "rule.fp16_compat_fallbacks",
         {"fp16": True},
         "warning",

@@ -219,8 +219,9 @@ def _assert_matches(got: dict[str, Any], want: dict[str, Any]) -> None:
             "overlap-param-gather": True,
             "resource": {"actor": [1, 2], "rollout": [1, 2]},
         },
+        {"balance-data": True, "resource": {"actor": [1, 2], "rollout": [1, 2]}},
     ],
-    ids=["tp2", "dp2", "pp2", "tp2-sp-overlap", "dp2-overlap"],
+    ids=["tp2", "dp2", "pp2", "tp2-sp-overlap", "dp2-overlap", "dp2-balance-data"],
 )
 def test_two_ranks_match_the_torch_backend(tiny: Path, reference: dict, tmp_path: Path, layout: dict) -> None:
     got = _spawn(tiny, tmp_path, layout)
@@ -243,6 +244,24 @@ def test_dynamic_batches_and_per_token_loss_match_the_torch_backend(
 ) -> None:
     got = _spawn(tiny, tmp_path, {**layout, "config": DYNAMIC})
     _assert_matches(got, dynamic_reference)
+
+
+def test_balance_data_balances_the_data_parallel_shares() -> None:
+    """`balance_data`: equal-size shares (as without it) whose token counts are even; the backend's
+    data-parallel shares follow it (`dp2-balance-data` above: the same update as one rank)."""
+    from runtime.train.megatron.backend import balanced_rows
+
+    tokens = torch.tensor([90, 10, 80, 20, 70, 30, 5, 95])
+    parts = balanced_rows(tokens, [4, 4])
+    assert sorted(torch.cat(parts).tolist()) == list(range(8))
+    assert [len(p) for p in parts] == [4, 4]
+    loads = [int(tokens[p].sum()) for p in parts]
+    assert abs(loads[0] - loads[1]) <= 10
+    skewed = torch.tensor([100, 100, 100, 100, 1, 1, 1, 1, 1])
+    parts = balanced_rows(skewed, [5, 4])
+    loads = [int(skewed[p].sum()) for p in parts]
+    assert [len(p) for p in parts] == [5, 4] and max(loads) - min(loads) <= 3  # contiguous: 401 vs 4
+    assert all(p.tolist() == sorted(p.tolist()) for p in parts)  # batch order inside each share
 
 
 def test_checkpoint_round_trip_and_load_flags(tiny: Path, reference: dict, tmp_path: Path) -> None:
