@@ -211,3 +211,9 @@ class RolloutBatch:
             used += length
         parts.append(self.select(slice(start, len(lengths))))
         return parts
+
+
+def split_evenly(total: int, parts: int) -> list[int]:
+    """`total` items in `parts` shares as equal as they can be, the larger ones first."""
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]

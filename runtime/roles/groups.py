@@ -30,7 +30,7 @@ from runtime.rollout.sglang.engine_actor import engine_secret, external_engine_a
 from runtime.train.checkpoint import CheckpointRecord
 from runtime.train.critic import CriticConfig
 from runtime.train.torch_backend import TrainConfig
-from runtime.types import RolloutBatch
+from runtime.types import RolloutBatch, split_evenly
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class RolloutGroup:
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, budgets: list[int] | None = None
     ) -> list[GenerationResult]:
-        shares = _split_evenly(len(prompts), len(self.actors))
+        shares = split_evenly(len(prompts), len(self.actors))
         refs, start = [], 0
         for index, (actor, size) in enumerate(zip(self.actors, shares, strict=True)):
             if size:
@@ -184,11 +184,6 @@ class ForwardGroup:
 
     def async_load_weights(self, weights_ref: ray.ObjectRef, version: int) -> list[ray.ObjectRef]:
         return [a.load_weights.remote(weights_ref, version) for a in self.actors]
-
-
-def _split_evenly(total: int, parts: int) -> list[int]:
-    base, extra = divmod(total, parts)
-    return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
 @dataclass

@@ -53,7 +53,7 @@ from runtime.train.megatron.kernels import compile_transformer_layers, token_log
 from runtime.train.megatron.model import build_model, model_args_for, transformer_config
 from runtime.train.megatron.parallel import ParallelLayout, init_process_group, initialize_parallel
 from runtime.train.torch_backend import TrainConfig, micro_batches
-from runtime.types import RolloutBatch
+from runtime.types import RolloutBatch, split_evenly
 
 log = logging.getLogger(__name__)
 
@@ -89,11 +89,6 @@ def balanced_rows(tokens: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
         parts[target].append(row)
         load[target] += int(tokens[row])
     return [torch.tensor(sorted(rows), dtype=torch.long) for rows in parts]
-
-
-def _split_evenly(total: int, parts: int) -> list[int]:
-    base, extra = divmod(total, parts)
-    return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
 @TRAIN_BACKENDS.register(TrainBackendName.MEGATRON)
@@ -364,7 +359,7 @@ class MegatronTrainBackend:
         """Which rows of `batch` each data-parallel rank takes: contiguous shares of equal size (±1), or,
         under `balance-data`, shares of the same sizes whose token counts are balanced
         (`balanced_rows`)."""
-        sizes = _split_evenly(batch.batch_size, self.dp_size)
+        sizes = split_evenly(batch.batch_size, self.dp_size)
         if min(sizes) == 0:
             raise ValueError(
                 f"{batch.batch_size} sample(s) cannot be shared by {self.dp_size} data-parallel ranks: use a "
