@@ -40,8 +40,11 @@ class RunningPlatform:
         return os.environ | {"RELAX_URL": self.url, "RELAX_HOME": str(self.home), "RELAX_API_KEY": self.key}
 
     def relaxctl(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        script = Path(sys.executable).parent / "relaxctl"
+        # the venv's console script; where the package is only on PYTHONPATH (the GPU host), the module
+        argv = [str(script)] if script.exists() else [sys.executable, "-m", "client.cli"]
         return subprocess.run(
-            [str(Path(sys.executable).parent / "relaxctl"), *args],
+            [*argv, *args],
             cwd=ROOT,
             env=self.env(),
             capture_output=True,

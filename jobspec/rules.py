@@ -1445,6 +1445,61 @@ def _opd_megatron(ctx: RuleContext) -> None:
 
 
 @rule(
+    "rule.opd_clips_positive",
+    "opd-per-token-clip",
+    "opd-is-clip",
+    summary="--opd-per-token-clip and --opd-is-clip, when set, are upper bounds > 0.",
+)
+def _opd_clips(ctx: RuleContext) -> None:
+    if not _opd_on(ctx):
+        return
+    for name in ("opd_per_token_clip", "opd_is_clip"):
+        value = ctx.values[name]
+        if value is not None and value <= 0:
+            ctx.error(
+                f"{_flags(name)} is {value}, but it is an upper bound on a positive quantity and must be > 0",
+                f"set {_flags(name)} > 0 (e.g. 10), or leave it unset to disable the clip",
+                fields=(FIELDS[name].flag,),
+            )
+
+
+@rule(
+    "rule.opd_is_clip_needs_loss_mode",
+    "opd-is-clip",
+    "opd-loss-coef",
+    summary="--opd-is-clip acts in OPD's loss mode only (--opd-loss-coef > 0); otherwise a warning (Relax logs "
+    "it and ignores the clip).",
+)
+def _opd_is_clip_mode(ctx: RuleContext) -> None:
+    if _opd_on(ctx) and ctx.opd_is_clip is not None and not ctx.opd_loss_coef:
+        ctx.warn(
+            "--opd-is-clip weights the OPD loss term, but --opd-loss-coef is 0 (advantage mode): it has no effect",
+            "remove --opd-is-clip, or use loss mode: --opd-kl-coef 0 --opd-loss-coef X",
+        )
+
+
+@rule(
+    "rule.opd_teacher_inputs_need_sglang",
+    "opd-teacher-prompt-key",
+    "opd-teacher-image-key",
+    "opd-type",
+    summary="--opd-teacher-prompt-key and --opd-teacher-image-key (on-policy self-distillation's teacher-side "
+    "inputs) need --opd-type sglang: a teacher held by the trainer scores the student's own tokens.",
+)
+def _opd_teacher_inputs(ctx: RuleContext) -> None:
+    if not _opd_on(ctx) or ctx.opd_type == "sglang":
+        return
+    for name in ("opd_teacher_prompt_key", "opd_teacher_image_key"):
+        if ctx.values[name] is not None:
+            ctx.error(
+                f"{_flags(name)} gives the teacher its own inputs, which only an SGLang teacher reads (the "
+                f"trainer's teacher forwards the student's tokens), but --opd-type is {ctx.opd_type}",
+                f"remove {_flags(name)}, or use --opd-type sglang",
+                fields=(FIELDS[name].flag, "opd-type"),
+            )
+
+
+@rule(
     "rule.opd_sglang_teacher_source",
     "opd-type",
     "opd-teacher-url",

@@ -40,6 +40,7 @@ RUNTIME_PATH_FIELDS: dict[str, str] = {
     "ref_load": "input",
     "load": "input",
     "critic_load": "input",
+    "opd_teacher_load": "input",
     "prompt_data": "input",
     "eval_prompt_data": "input",
     "eval_config": "input",

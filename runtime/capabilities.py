@@ -144,6 +144,8 @@ MEGATRON_ARGUMENTS: frozenset[str] = frozenset(
         "optimizer_offload_fraction",
         "use_torch_optimizer_for_cpu_offload",
         "overlap_cpu_optimizer_d2h_h2d",
+        "use_precision_aware_optimizer",
+        "store_param_remainders",
         "loss_scale",
         "initial_loss_scale",
         "min_loss_scale",
@@ -176,8 +178,9 @@ def _one_of(*allowed: Any) -> Callable[[Any, Mapping[str, Any]], bool]:
 
 
 def _resource_ok(value: Any, values: Mapping[str, Any]) -> bool:
-    """Roles the runtime runs; each forward-only role and the critic on one device; the trainer on one
-    device (torch) or on any number of devices, one rank each (megatron; jobspec checks the parallel sizes)."""
+    """Roles the runtime runs; each forward-only role and the critic on one device (under megatron the critic
+    is one megatron-core rank); the trainer on one device (torch) or on any number of devices, one rank each
+    (megatron; jobspec checks the parallel sizes)."""
     if not value:
         return True
     if not isinstance(value, Mapping) or not set(value) <= RESOURCE_ROLES:
@@ -278,6 +281,14 @@ RESTRICTIONS: dict[str, Callable[[Any, Mapping[str, Any]], bool]] = {
     "dist_ckpt_save_pre_mcore_014": lambda _value, _values: True,
     "rollout_num_gpus_per_engine": _one_of(1),
     "optimizer": _one_of("adam"),
+    # megatron-core needs TransformerEngine's FusedAdam for it, except under the CPU offload, which requires it
+    # (its hybrid optimizer keeps the fp32 master copies)
+    "use_precision_aware_optimizer": lambda value, values: (
+        not value or bool(values.get("optimizer_cpu_offload"))
+    ),
+    # TransformerEngine's FusedAdam keeps bf16 remainders; without TE there are none (off: what Relax
+    # derives under --fp16)
+    "store_param_remainders": _one_of(None, False),
     "loss_type": _one_of("policy_loss", "custom_loss", "sft", "sft_loss"),
     "kl_loss_type": _one_of("k1", "k2", "k3", "low_var_kl"),
     "lr_decay_style": _one_of("constant", "linear", "cosine"),
@@ -303,6 +314,10 @@ RESTRICTIONS: dict[str, Callable[[Any, Mapping[str, Any]], bool]] = {
     "rollout_global_dataset": lambda value, values: (
         value is not False or values.get("loss_type") in ("sft", "sft_loss")
     ),
+    # on-policy distillation: the teacher held by the trainer; an SGLang teacher (its URL, routes, managed
+    # servers, top-k log-probs) is not implemented, nor the top-k estimators (forward_kl, jsd)
+    "opd_type": _one_of("megatron"),
+    "opd_kl_type": _one_of("reverse_kl", "low_var_kl"),
 }
 
 
@@ -438,6 +453,9 @@ RESTRICTION_DOCS: dict[str, str | dict[str, str]] = {
     "advantage_estimator": "every estimator; ppo with --use-rollout-logprobs",
     "rollout_num_gpus_per_engine": "1",
     "optimizer": "adam",
+    "use_precision_aware_optimizer": "only with --optimizer-cpu-offload (which needs it; otherwise it needs "
+    "TransformerEngine's FusedAdam)",
+    "store_param_remainders": "off (TransformerEngine's FusedAdam keeps them; Relax derives off under --fp16)",
     "loss_type": "policy_loss, custom_loss, sft",
     "kl_loss_type": "k1, k2, k3, low_var_kl",
     "lr_decay_style": "constant, linear, cosine",
@@ -445,7 +463,8 @@ RESTRICTION_DOCS: dict[str, str | dict[str, str]] = {
         "torch": "roles actor, rollout, reference, actor_fwd, critic, advantages; actor, reference, actor_fwd "
         "and critic on one device",
         "megatron": "roles actor, rollout, reference, actor_fwd, critic, advantages; the actor on any number of "
-        "devices (one rank each); reference, actor_fwd and critic on one device",
+        "devices (one rank each); reference, actor_fwd and critic on one device (the critic: one megatron-core "
+        "rank, so PPO runs with TP x PP x CP = 1)",
     },
     "rm_type": "the rm-types of runtime/rewards (ifbench and dapo-genrm are not); any with --rm-type-fallback",
     "rm_type_fallback": "zero, or an rm-type of runtime/rewards",
@@ -456,6 +475,10 @@ RESTRICTION_DOCS: dict[str, str | dict[str, str]] = {
     "debug_train_only": "with --load-debug-rollout-data",
     "train_memory_margin_bytes": "the default, or 0 as --debug-rollout-only derives it",
     "rollout_global_dataset": "on; off under --loss-type sft (Relax turns it off there)",
+    "opd_type": "megatron (the teacher is loaded by the trainer from --opd-teacher-load); not sglang (an "
+    "SGLang teacher server)",
+    "opd_kl_type": "reverse_kl, low_var_kl (the estimators on the student's sampled tokens; forward_kl and jsd "
+    "need top-k distributions)",
 }
 
 

@@ -19,7 +19,21 @@ class Device:
 
     @classmethod
     def detect(cls) -> Device:
+        """This process's device: CUDA where torch sees a GPU."""
         return cls(DeviceKind.CUDA if torch.cuda.is_available() else DeviceKind.CPU)
+
+    @classmethod
+    def for_roles(cls) -> Device:
+        """The device the job's roles get: CUDA when the Ray cluster this process is connected to has GPUs
+        (a Ray job's driver holds none itself, and Ray may hide every GPU from it), else this process's."""
+        try:
+            import ray
+
+            if ray.is_initialized() and float(ray.cluster_resources().get("GPU", 0)) > 0:
+                return cls(DeviceKind.CUDA)
+        except ImportError:  # pragma: no cover - the runtime always has Ray
+            pass
+        return cls.detect()
 
     @property
     def torch_device(self) -> torch.device:

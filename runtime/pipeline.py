@@ -22,6 +22,7 @@ from transformers import AutoTokenizer
 from runtime.access import check_paths, owner_of
 from runtime.algos.advantages import AdvantageConfig, AdvantageInputs, compute_advantages_and_returns
 from runtime.algos.losses import LossConfig
+from runtime.algos.opd import OPDConfig, opd_metrics
 from runtime.data.prompts import (
     DatasetConfig,
     PromptCursor,
@@ -152,7 +153,7 @@ class Pipeline:
                 batch.rewards,
                 batch.group_index,
                 batch.loss_mask,
-                log_probs=batch.rollout_log_probs if s.use_rollout_logprobs else batch.old_log_probs,
+                log_probs=student_log_probs(s, batch),
                 ref_log_probs=batch.ref_log_probs,
                 values=batch.values,
                 response_mask=batch.response_mask,
@@ -405,6 +406,11 @@ class Pipeline:
         samples = rollout.samples
         metrics = rollout_metrics(samples, batch)
         metrics.update(rollout.metrics)
+        opd = opd_config(self.spec)
+        if opd is not None and batch.teacher_log_probs is not None:
+            student = student_log_probs(self.spec, batch)
+            if student is not None:
+                metrics.update(opd_metrics(student, batch.teacher_log_probs, batch.loss_mask, opd))
         metrics.update({f"train/{k}": v for k, v in train_metrics.items() if k != "optimizer_steps"})
         metrics.update(self._perf(timer, batch, samples))
         self._finish_step(rollout_id, metrics)
@@ -488,6 +494,8 @@ def train_config_from(spec: RuntimeSpec, total_rollouts: int) -> TrainConfig:
         ref_load=spec.ref_load,
         ref_ckpt_step=spec.ref_ckpt_step,
         ref_update_interval=spec.ref_update_interval,
+        opd_teacher_load=spec.opd_teacher_load if spec.has_teacher else None,
+        opd_teacher_ckpt_step=spec.opd_teacher_ckpt_step if spec.has_teacher else None,
         only_train_params=tuple(spec.only_train_params_name_list or ()),
         freeze_params=tuple(spec.freeze_params_name_list or ()),
         owner=owner_of(spec),
@@ -519,12 +527,33 @@ def loss_config_from(spec: RuntimeSpec) -> LossConfig:
         opsm_delta=spec.opsm_delta,
         value_clip=spec.value_clip,
         custom_loss_function_path=spec.custom_loss_function_path,
+        opd=opd_config(spec),
     )
 
 
+def opd_config(spec: RuntimeSpec) -> OPDConfig | None:
+    """On-policy distillation's parameters (`use-opd`), None where it does not run (`has_teacher`)."""
+    if not spec.has_teacher:
+        return None
+    return OPDConfig(
+        kl_type=spec.opd_kl_type,
+        kl_coef=spec.opd_kl_coef,
+        loss_coef=spec.opd_loss_coef,
+        log_prob_min_clamp=spec.opd_log_prob_min_clamp,
+        per_token_clip=spec.opd_per_token_clip,
+        is_clip=spec.opd_is_clip,
+        only_reward=spec.opd_only_reward,
+    )
+
+
+def student_log_probs(spec: RuntimeSpec, batch: RolloutBatch) -> torch.Tensor | None:
+    """pi_old of the sampled tokens, as the advantages stage reads it (KL shaping, OPD's advantage mode and
+    `opd/kl`): the engine's with `use-rollout-logprobs`, else the trainer's recompute."""
+    return batch.rollout_log_probs if spec.use_rollout_logprobs else batch.old_log_probs
+
+
 def advantage_config(spec: RuntimeSpec, *, rewards_normalization: bool) -> AdvantageConfig:
-    """The advantages stage's parameters. On-policy distillation stays off: `use-opd` needs a teacher
-    (`opd-type`), which the torch backend does not run (refused by capabilities)."""
+    """The advantages stage's parameters, on-policy distillation's (`opd_config`) included."""
     return AdvantageConfig(
         std_normalization=not spec.disable_grpo_std_normalization,
         rewards_normalization=rewards_normalization,
@@ -533,12 +562,14 @@ def advantage_config(spec: RuntimeSpec, *, rewards_normalization: bool) -> Advan
         kl_coef=spec.kl_coef,
         kl_type=spec.kl_loss_type,
         normalize_advantages=spec.normalize_advantages,
+        opd=opd_config(spec),
     )
 
 
 def critic_plan(spec: RuntimeSpec, total_rollouts: int, initial_weights: str) -> CriticPlan | None:
     """PPO's critic: the policy's initial weights with a fresh value head, `critic-lr` (default lr) with
-    its own `critic-lr-warmup-iters`, the policy's batching and optimizer settings."""
+    its own `critic-lr-warmup-iters`, the policy's batching and optimizer settings; on the job's train
+    backend (megatron: one rank of megatron-core, which reads its architecture from the spec's values)."""
     if not spec.has_critic:
         return None
     policy = train_config_from(spec, total_rollouts)
@@ -549,6 +580,9 @@ def critic_plan(spec: RuntimeSpec, total_rollouts: int, initial_weights: str) ->
     )
     return CriticPlan(
         model_path=initial_weights,
+        backend=spec.train_backend,
+        hf_checkpoint=str(spec.hf_checkpoint),
+        values=spec.values() if is_multi_rank(spec.train_backend) else {},
         config=CriticConfig(
             lr_schedule=schedule,
             loss=policy.loss,
@@ -621,7 +655,7 @@ def trainer_world(spec: RuntimeSpec, device: Device | None = None) -> int | None
     model_parallel = 1
     for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
         model_parallel *= int(values.get(name) or 1)
-    return train_world_size(spec.resource, model_parallel, device or Device.detect())
+    return train_world_size(spec.resource, model_parallel, device or Device.for_roles())
 
 
 def role_plan(spec: RuntimeSpec, total: int, device: Device | None = None) -> RolePlan:
@@ -673,7 +707,7 @@ def build_pipeline(
     validate(spec)
     check_paths(spec)  # a platform job opens only the paths the platform resolved (runtime.access)
     torch.manual_seed(spec.seed)
-    device = device or Device.detect()
+    device = device or Device.for_roles()
     tokenizer = AutoTokenizer.from_pretrained(spec.hf_checkpoint)
     formatter = PromptFormatter(tokenizer, dataset_config(spec))
     items = read_prompt_items(spec.prompt_data, formatter.config) if spec.prompt_data else []

@@ -139,6 +139,18 @@ class RuntimeSpec:
     custom_tis_function_path: str | None = None
     use_opsm: bool = False
     opsm_delta: float = 1e-4
+    # on-policy distillation (runtime.algos.opd): a teacher checkpoint held by the trainer (`opd-type megatron`)
+    use_opd: bool = False
+    opd_type: str | None = None
+    opd_teacher_load: str | None = None
+    opd_teacher_ckpt_step: int | None = None
+    opd_kl_type: str = "reverse_kl"
+    opd_kl_coef: float = 1.0
+    opd_loss_coef: float = 0.0
+    opd_log_prob_min_clamp: float | None = None
+    opd_per_token_clip: float | None = None
+    opd_is_clip: float | None = None
+    opd_only_reward: bool = False
     # parameter freezing
     only_train_params_name_list: list[str] | None = None
     freeze_params_name_list: list[str] | None = None
@@ -268,6 +280,13 @@ class RuntimeSpec:
         estimators that use `kl-coef` (the GRPO family ignores it, as in Relax)."""
         shaped = self.kl_coef != 0 and self.advantage_estimator in KL_SHAPED_ESTIMATORS
         return not self.is_sft and (self.use_kl_loss or shaped)
+
+    @property
+    def has_teacher(self) -> bool:
+        """On-policy distillation runs: the trainer holds the teacher (`opd-type megatron`) and the
+        advantages stage or the loss applies its KL. Off for SFT (as Relax turns it off) and without a
+        trainer."""
+        return self.use_opd and self.opd_type == "megatron" and not self.is_sft and self.trains
 
     @property
     def has_eval_data(self) -> bool:

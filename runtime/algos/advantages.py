@@ -10,6 +10,7 @@ from typing import Protocol
 import torch
 
 from runtime.algos.kl import KLType, compute_approx_kl
+from runtime.algos.opd import OPDConfig, apply_opd_to_advantages
 from runtime.registry import Registry
 
 
@@ -46,8 +47,7 @@ class AdvantageConfig:
     kl_coef: float = 0.0  # `kl-coef`: KL penalty in the reward (ppo, reinforce_plus_plus, rloo)
     kl_type: str = KLType.K1  # `kl-loss-type`: the estimator of that per-token KL, as in Relax
     normalize_advantages: bool = False  # `normalize-advantages`: masked whitening over the batch's tokens
-    use_opd: bool = False  # `use-opd`: add the on-policy-distillation term
-    opd_kl_coef: float = 1.0  # `opd-kl-coef`
+    opd: OPDConfig | None = None  # `use-opd` (on-policy distillation, runtime.algos.opd); None = off
 
 
 @dataclass(frozen=True)
@@ -225,22 +225,6 @@ def generalized_advantage_estimation(
     return advantages, _masked(advantages + values, mask)
 
 
-def on_policy_distillation_term(
-    student_log_probs: torch.Tensor,
-    teacher_log_probs: torch.Tensor,
-    loss_mask: torch.Tensor,
-    *,
-    opd_kl_coef: float,
-) -> torch.Tensor:
-    """opd_kl_coef * (log pi_teacher - log pi_student) per masked token; [B, T] -> [B, T].
-
-    Added to the advantages, it is the policy gradient of -opd_kl_coef * KL(pi_student || pi_teacher)
-    estimated on the student's own samples (on-policy distillation, Agarwal et al. 2024, arXiv:2306.13649;
-    Lu & Thinking Machines 2025, "On-Policy Distillation").
-    """
-    return opd_kl_coef * _masked(teacher_log_probs.float() - student_log_probs.float(), loss_mask)
-
-
 # -- estimators --------------------------------------------------------------------------------------------
 
 
@@ -361,26 +345,28 @@ def compute_advantages(name: str, inputs: AdvantageInputs, config: AdvantageConf
 def compute_advantages_and_returns(
     name: str, inputs: AdvantageInputs, config: AdvantageConfig
 ) -> AdvantageOutputs:
-    """The advantages stage, in Relax's order: estimator -> + OPD term (use-opd) -> whitening.
+    """The advantages stage, in Relax's order: estimator -> OPD (use-opd: `opd-only-reward` zeroes the
+    estimator's output, `- opd_kl_coef * kl` per token; `opd.apply_opd_to_advantages`) -> whitening.
 
     Whitening (masked, over the batch's tokens) applies with `normalize-advantages` and always for the
     REINFORCE++ estimators; rloo refuses `normalize-advantages`. Returns keep the estimator's values
-    (critic targets for ppo). All outputs [B, T], zero outside loss_mask.
+    (critic targets for ppo; zero under `opd-only-reward`). All outputs [B, T], zero outside loss_mask.
     """
     estimate = ADVANTAGE_ESTIMATORS.get(name)  # a miss lists the valid names
     estimator = str(name)
     if config.normalize_advantages and estimator in UNWHITENED_ESTIMATORS:
         raise ValueError(f"{estimator} keeps the reward scale: normalize-advantages must be off")
     out = estimate(inputs, config)
-    advantages = out.advantages
-    if config.use_opd and config.opd_kl_coef != 0:
-        if inputs.log_probs is None or inputs.teacher_log_probs is None:
-            raise ValueError(
-                "use-opd needs log_probs (student) and teacher_log_probs in the advantage inputs"
-            )
-        advantages = advantages + on_policy_distillation_term(
-            inputs.log_probs, inputs.teacher_log_probs, inputs.loss_mask, opd_kl_coef=config.opd_kl_coef
+    advantages, returns = out.advantages, out.returns
+    if config.opd is not None:
+        advantages, returns = apply_opd_to_advantages(
+            advantages,
+            returns,
+            student=inputs.log_probs,
+            teacher=inputs.teacher_log_probs,
+            loss_mask=inputs.loss_mask,
+            config=config.opd,
         )
     if config.normalize_advantages or estimator in WHITENED_ESTIMATORS:
         advantages = whiten(advantages, inputs.loss_mask)
-    return AdvantageOutputs(advantages=advantages, returns=out.returns)
+    return AdvantageOutputs(advantages=advantages, returns=returns)

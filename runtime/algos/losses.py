@@ -27,6 +27,7 @@ from runtime.algos.off_policy import (
     opsm_keep_mask,
     select_old_log_probs,
 )
+from runtime.algos.opd import OPDConfig, opd_loss
 from runtime.algos.reducers import (  # noqa: F401
     LOSS_REDUCERS,
     LossReducer,
@@ -80,6 +81,7 @@ class LossConfig:
     opsm_delta: float = 1e-4
     value_clip: float = 0.2
     custom_loss_function_path: str | None = None
+    opd: OPDConfig | None = None  # `use-opd`; its loss mode acts when `opd.loss_coef` != 0
 
     @property
     def surrogate_params(self) -> SurrogateParams:
@@ -109,6 +111,7 @@ class LossInputs:
     values             current critic values (value loss)
     old_values         critic values before the update (value clipping)
     returns            GAE returns (value targets)
+    teacher_log_probs  the on-policy-distillation teacher's log-probs of the tokens (OPD's loss mode)
     """
 
     log_probs: torch.Tensor
@@ -121,6 +124,7 @@ class LossInputs:
     values: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    teacher_log_probs: torch.Tensor | None = None
 
 
 class LossFn(Protocol):
@@ -170,12 +174,13 @@ def _apply_tis(pg: torch.Tensor, inputs: LossInputs, config: LossConfig) -> TISR
 
 @LOSS_TYPES.register(LossType.POLICY_LOSS)
 def policy_loss(inputs: LossInputs, config: LossConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """pg_loss - entropy_coef * entropy (+ kl_loss_coef * kl with use-kl-loss); returns (loss [], metrics).
+    """pg_loss - entropy_coef * entropy (+ kl_loss_coef * kl with use-kl-loss, + opd_loss_coef * OPD KL in
+    OPD's loss mode); returns (loss [], metrics).
 
     pg per token from the estimator's surrogate, times the OPSM keep mask (use-opsm), times the TIS
     weights (use-tis), reduced by the pg reducer (custom, per-token, or per-sample mean). Metrics:
     pg_loss, pg_clipfrac, ppo_kl, entropy, [kl_loss], [tis*, mismatch_*], [opsm_clipfrac],
-    [train_rollout_logprob_abs_diff].
+    [opd_loss, opd_kl, opd_*_clipfrac], [train_rollout_logprob_abs_diff].
     """
     mask = inputs.loss_mask
     advantages = _require(inputs.advantages, "advantages")
@@ -218,6 +223,11 @@ def policy_loss(inputs: LossInputs, config: LossConfig) -> tuple[torch.Tensor, d
         kl_loss = reduce(compute_approx_kl(on_mask, ref, config.kl_loss_type, weight), mask)
         loss = loss + config.kl_loss_coef * kl_loss
         metrics["kl_loss"] = kl_loss
+    if config.opd is not None and config.opd.loss_coef != 0:
+        teacher = _require(inputs.teacher_log_probs, "teacher_log_probs (use-opd with opd-loss-coef)")
+        opd_term, opd_metrics = opd_loss(inputs.log_probs, teacher, old, mask, config.opd)
+        loss = loss + opd_term
+        metrics.update(opd_metrics)
     if inputs.rollout_log_probs is not None and inputs.old_log_probs is not None:
         diff = (inputs.old_log_probs - inputs.rollout_log_probs).abs().detach()
         metrics["train_rollout_logprob_abs_diff"] = reduce(diff, mask)

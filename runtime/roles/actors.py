@@ -242,25 +242,50 @@ class HttpEngineActor(SGLangEngineActor):
 
 @log_exceptions
 class CriticActor:
-    """The `critic` role (PPO): a value model with its own optimizer, on a device of its own."""
+    """The `critic` role (PPO): a value model with its own optimizer, on a device of its own, on the job's
+    train backend. Under `megatron` it is one rank of its own process group (a loopback port picked here,
+    in its own process: the policy's ranks have theirs), the policy's model-parallel sizes set to 1."""
 
     def __init__(
         self,
         model_path: str,
         config: CriticConfig,
         *,
+        backend: str = "torch",
+        hf_checkpoint: str | None = None,
+        values: Mapping[str, Any] | None = None,
         num_threads: int = 1,
         log_sink: ActorHandle | None = None,
     ) -> None:
         _setup_process(num_threads, log_sink, "actor:critic")
         started = time.perf_counter()
-        self.backend = TorchCriticBackend(model_path, config, device=Device.detect())
+        self.backend_name = backend
+        self.backend: Any
+        if backend == "megatron":
+            from runtime.train.megatron.critic import ONE_RANK_VALUES, MegatronCriticBackend
+
+            master_addr, master_port = free_loopback_port()
+            context = TrainContext(0, 1, master_addr, master_port, {**dict(values or {}), **ONE_RANK_VALUES})
+            self.backend = MegatronCriticBackend(
+                model_path, config, device=Device.detect(), context=context, hf_checkpoint=hf_checkpoint
+            )
+        else:
+            self.backend = TorchCriticBackend(model_path, config, device=Device.detect())
         log.info(
-            "critic ready from %s in %.1fs (pid %d)", model_path, time.perf_counter() - started, os.getpid()
+            "%s critic ready from %s in %.1fs (pid %d)",
+            backend,
+            model_path,
+            time.perf_counter() - started,
+            os.getpid(),
         )
 
     def ready(self) -> dict[str, Any]:
-        return {"role": "critic", "pid": os.getpid(), "placement_group": _placement_group_id()}
+        return {
+            "role": "critic",
+            "backend": self.backend_name,
+            "pid": os.getpid(),
+            "placement_group": _placement_group_id(),
+        }
 
     def compute_values(self, batch: RolloutBatch) -> torch.Tensor:
         return self.backend.compute_values(batch)
@@ -268,7 +293,7 @@ class CriticActor:
     def train_step(self, batch: RolloutBatch) -> dict[str, float]:
         return self.backend.train_step(batch)
 
-    def save_checkpoint(self, root: str, iteration: int) -> CheckpointRecord:
+    def save_checkpoint(self, root: str, iteration: int) -> CheckpointRecord | None:
         return self.backend.save_checkpoint(root, iteration)
 
     def load_checkpoint(self, root: str) -> int | None:

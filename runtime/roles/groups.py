@@ -278,10 +278,15 @@ _ENGINE_ACTORS: dict[EngineKind, type] = {
 
 @dataclass(frozen=True)
 class CriticPlan:
-    """PPO's critic: its initial weights (the policy's initial checkpoint) and its training config."""
+    """PPO's critic: its initial weights (the policy's initial checkpoint), its training config, and the train
+    backend that runs it (`torch`: `TorchCriticBackend`; `megatron`: `MegatronCriticBackend` on one rank, with
+    the architecture from `hf_checkpoint`'s config and the spec's `values`)."""
 
     model_path: str
     config: CriticConfig
+    backend: str = "torch"
+    hf_checkpoint: str | None = None
+    values: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -396,7 +401,16 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
                 _ENGINE_ACTORS[plan.engine_kind], Role.ROLLOUT, plan.hf_checkpoint, **common, **http
             )
         critic_actors = (
-            start(CriticActor, Role.CRITIC, plan.critic.model_path, plan.critic.config, **common)
+            start(
+                CriticActor,
+                Role.CRITIC,
+                plan.critic.model_path,
+                plan.critic.config,
+                backend=plan.critic.backend,
+                hf_checkpoint=plan.critic.hf_checkpoint,
+                values=plan.critic.values,
+                **common,
+            )
             if plan.critic is not None
             else []
         )

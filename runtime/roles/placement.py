@@ -154,7 +154,7 @@ def plan_topology(
         replicas, devices = _pair(resource, Role.CRITIC) if Role.CRITIC in resource else (1, 1)
         if replicas != 1 or devices > 1:
             raise UnsupportedTopology(
-                f"resource.critic={[replicas, devices]}: the torch backend trains the critic on one device; "
+                f"resource.critic={[replicas, devices]}: the critic trains on one device (one rank under megatron); "
                 "use [1, 1]"
             )
         groups[str(Role.CRITIC)] = 1

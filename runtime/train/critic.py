@@ -189,13 +189,17 @@ class TorchCriticBackend:
         iteration = read_latest_iteration(found)
         assert iteration is not None
         folder = iteration_dir(found, iteration)
+        state = json.loads((folder / CRITIC_STATE_FILE).read_text())
+        if "layout" in state:  # only the megatron critic's checkpoints name a layout
+            raise ValueError(
+                f"{folder} is a {state['layout']!r} checkpoint: the megatron critic's, not the torch one's"
+            )
         body = AutoModel.from_pretrained(folder / "model", dtype=torch.float32)
         self.model.body.load_state_dict(body.state_dict())
         self.model.value_head.load_state_dict(torch.load(folder / VALUE_HEAD_FILE))
         optimizer_file = folder / "optimizer.pt"
         if optimizer_file.is_file():
             self.optimizer.load_state_dict(torch.load(optimizer_file, map_location=self.device.torch_device))
-        state = json.loads((folder / CRITIC_STATE_FILE).read_text())
         self.optimizer_steps = int(state.get("optimizer_steps", 0))
         log.info("critic restored from %s", folder)
         return iteration

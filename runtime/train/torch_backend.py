@@ -71,6 +71,10 @@ class TrainConfig:
     ref_ckpt_step: int | None = None  # `ref-ckpt-step`: which iteration of a ckpt-root `ref-load`
     # `ref-update-interval`: the reference follows the policy, so checkpoints carry its weights too
     ref_update_interval: int | None = None
+    # `opd-teacher-load` / `opd-teacher-ckpt-step` (on-policy distillation with `opd-type megatron`): a frozen
+    # teacher of the policy's architecture (an HF folder or a checkpoint root of the backend); None = none
+    opd_teacher_load: str | None = None
+    opd_teacher_ckpt_step: int | None = None
     # `only-train-params-name-list` / `freeze-params-name-list`: regexes over the HF parameter names
     only_train_params: tuple[str, ...] = ()
     freeze_params: tuple[str, ...] = ()
@@ -101,7 +105,8 @@ def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
 
 @TRAIN_BACKENDS.register(TrainBackendName.TORCH)
 class TorchTrainBackend:
-    """Owns the policy (and, for a KL loss, a frozen reference copy) and its AdamW optimizer.
+    """Owns the policy (and, for a KL loss, a frozen reference copy; for on-policy distillation, a frozen
+    teacher) and its AdamW optimizer.
 
     Weights come from `ref-load` when it is set (as in Relax, the reference checkpoint is also where the
     policy starts when there is nothing to resume), else from `hf-checkpoint`, which always supplies the
@@ -135,6 +140,11 @@ class TorchTrainBackend:
         if need_ref:
             self.ref_model = AutoModelForCausalLM.from_pretrained(initial, dtype=torch.float32)
             self.ref_model.to(device.torch_device).eval().requires_grad_(False)
+        self.teacher_model: PreTrainedModel | None = None
+        if config.opd_teacher_load:
+            teacher = resolve_model_folder(config.opd_teacher_load, config.opd_teacher_ckpt_step)
+            self.teacher_model = AutoModelForCausalLM.from_pretrained(teacher, dtype=torch.float32)
+            self.teacher_model.to(device.torch_device).eval().requires_grad_(False)
         self.trainable_parameters = select_policy_parameters(self.model, config)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
@@ -174,8 +184,8 @@ class TorchTrainBackend:
         return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts])
 
     def compute_log_probs(self, batch: RolloutBatch, *, old: bool = True, ref: bool = True) -> RolloutBatch:
-        """Fill `old_log_probs` (the policy before this update) and, with a reference model, `ref_log_probs`
-        (`old`/`ref` False: another role computes them).
+        """Fill `old_log_probs` (the policy before this update), with a reference model `ref_log_probs`
+        (`old`/`ref` False: another role computes them) and with an OPD teacher `teacher_log_probs`.
 
         `old_log_probs` is always the trainer's own recompute, also under `use-rollout-logprobs` (the loss
         then takes the engine's as the ratio's pi_old): TIS and the mismatch metrics compare the two, and a
@@ -185,6 +195,8 @@ class TorchTrainBackend:
             batch.old_log_probs = self._log_probs(self.model, batch) * batch.loss_mask
         if ref and self.ref_model is not None:
             batch.ref_log_probs = self._log_probs(self.ref_model, batch) * batch.loss_mask
+        if self.teacher_model is not None:
+            batch.teacher_log_probs = self._log_probs(self.teacher_model, batch) * batch.loss_mask
         return batch
 
     # -- the update --------------------------------------------------------------------------------------
@@ -218,6 +230,7 @@ class TorchTrainBackend:
                     advantages=to_device(micro.advantages, device),
                     rollout_log_probs=to_device(micro.rollout_log_probs, device),
                     returns=to_device(micro.returns, device),
+                    teacher_log_probs=to_device(micro.teacher_log_probs, device),
                 )
                 loss, metrics = loss_fn(inputs, self.config.loss)
                 (loss * weight).backward()
@@ -288,6 +301,8 @@ class TorchTrainBackend:
         self.model.to(target)
         if self.ref_model is not None:
             self.ref_model.to(target)
+        if self.teacher_model is not None:
+            self.teacher_model.to(target)
         for state in self.optimizer.state.values():
             for key, value in state.items():
                 if isinstance(value, torch.Tensor) and key != "step":

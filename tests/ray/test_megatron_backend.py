@@ -162,3 +162,47 @@ def test_sft_with_perplexity_eval(ray_local, artifacts: dict[str, Path], tmp_pat
     assert sum(loss[s] for s in range(3)) / 3 > sum(loss[s] for s in range(17, 20)) / 3 + 0.5
     ppl = metrics["eval/ppl"]
     assert ppl[max(ppl)] < ppl[min(ppl)]
+
+
+def test_ppo_with_a_megatron_critic(ray_local, artifacts: dict[str, Path], tmp_path: Path) -> None:
+    """PPO on the megatron backend: the critic role is a megatron-core rank of its own (a value head on the
+    policy's GPTModel) on its own device; it trains alone for `num-critic-only-steps`, then beside the policy,
+    reports its value loss, and saves a torch_dist checkpoint beside the policy's."""
+    spec = megatron_spec(
+        artifacts,
+        tmp_path,
+        **{
+            "tensor-model-parallel-size": 1,
+            "advantage-estimator": "ppo",
+            "use-rollout-logprobs": True,
+            "use-kl-loss": False,
+            "kl-loss-coef": 0.0,
+            "rollout-batch-size": 4,
+            "global-batch-size": 16,
+            "num-rollout": 3,
+            "num-critic-only-steps": 1,
+            "value-clip": 0.2,
+            "critic-lr": 3e-3,
+            "resource": {"actor": [1, 1], "critic": [1, 1], "rollout": [1, 1], "advantages": [1, 0]},
+            "save-interval": 2,
+        },
+    )
+    del spec["save-hf"]
+    report = _run(tmp_path, "megatron-ppo", spec)
+
+    metrics = read_metrics(report)
+    steps = range(3)
+    for name in ("train/value_loss", "train/value_clipfrac", "train/critic_grad_norm", "train/critic_lr"):
+        assert set(metrics[name]) >= set(steps), name
+    assert all(metrics["train/critic_grad_norm"][s] > 0 for s in steps)
+    assert metrics["train/value_loss"][0] > 0  # a fresh critic predicts 0: the first loss is the returns'
+    assert set(metrics["train/pg_loss"]) == {1, 2}  # the policy waited one critic-only step
+    logs = [item for r in read_reports(report) for item in r.get("logs", [])]
+    assert any(i["source"] == "actor:critic" and "megatron critic ready" in i["message"] for i in logs)
+    critic = tmp_path / "ckpt" / "critic"
+    latest = int((critic / "latest_checkpointed_iteration.txt").read_text())
+    folder = critic / f"iter_{latest:07d}"
+    assert (folder / ".metadata").is_file() and list(folder.glob("*.distcp"))
+    state = json.loads((folder / "critic_state.json").read_text())
+    # one optimizer step per rollout (16 samples, global batch 16)
+    assert state["layout"] == "relax-megatron-critic/1" and state["optimizer_steps"] == latest + 1

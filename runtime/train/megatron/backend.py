@@ -32,7 +32,8 @@ import math
 import os
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, fields, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,27 @@ class _Micro:
     weight: float = 0.0  # its share of the optimizer step's loss (the torch backend's weighting)
 
 
+def _staged(micros: list[_Micro], device: torch.device) -> list[_Micro]:
+    """On CUDA, every micro-batch's tensors copied to the device before the schedule starts, asynchronously
+    from pinned memory. A copy from pageable memory inside the schedule (the tokens for the forward, the
+    targets, mask and old log-probs for the loss) makes the host wait until the device has run everything
+    queued before it, so the device would idle while the host queues the next kernels, several times per
+    micro-batch. Elsewhere the micro-batches as they are."""
+    if device.type != "cuda":
+        return micros
+
+    def move(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor) or value.device.type == "cuda":
+            return value
+        return value.pin_memory().to(device, non_blocking=True)
+
+    staged = []
+    for micro in micros:
+        tensors = {f.name: move(getattr(micro.batch, f.name)) for f in fields(micro.batch)}
+        staged.append(replace(micro, batch=replace(micro.batch, **tensors), tokens=move(micro.tokens)))
+    return staged
+
+
 def _get(values: Mapping[str, Any], name: str, default: Any) -> Any:
     value = values.get(name)
     return default if value is None else value
@@ -91,32 +113,31 @@ def balanced_rows(tokens: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
     return [torch.tensor(sorted(rows), dtype=torch.long) for rows in parts]
 
 
-@TRAIN_BACKENDS.register(TrainBackendName.MEGATRON)
-class MegatronTrainBackend:
-    """This rank's model chunks, optimizer and (for a KL term) frozen reference chunks."""
+class MegatronModelRunner:
+    """What the policy trainer and PPO's critic (`runtime.train.megatron.critic`) share, one instance per
+    rank (SPMD): the process group and megatron's parallel state, model chunks built and loaded, megatron's
+    DDP and distributed optimizer, data-parallel shares and micro-batches, the forward/backward schedule over
+    them (`_run`, `_train`, `_per_token`), offload, and torch_dist checkpoints of model + optimizer + RNG. A
+    subclass brings its head (the function `_forward_step` hands the last stage's hidden states to) and its
+    loss. `config` is the role's (`TrainConfig`, or the critic's `CriticConfig`): the optimizer and batching
+    fields they have in common."""
 
-    def __init__(
-        self,
-        hf_checkpoint: str,
-        config: TrainConfig,
-        *,
-        device: Device,
-        need_ref: bool = False,
-        context: TrainContext | None = None,
-        random_init: bool = False,
-    ) -> None:
-        """`random_init`: start from megatron's own initialisation (`init-method-std`, seeded by `seed`)
-        instead of loading weights; `hf_checkpoint` then only needs its `config.json` (benchmarks). The
-        pipeline never sets it; `ref-load`, when set, still wins."""
+    config: Any
+    models: list
+    ddp_models: list
+    optimizer: Any
+    ddp_config: Any
+
+    def _start(self, hf_checkpoint: str, config: Any, device: Device, context: TrainContext) -> None:
+        """This rank's process group (unless the process already has one), megatron's parallel state in the
+        layout the spec's values ask for, and the model's architecture and `TransformerConfig`."""
         from megatron.core import parallel_state as ps
 
-        context = context or TrainContext()
         self.config = config
         self.device = device
         self.hf_checkpoint = hf_checkpoint
         self.values: dict[str, Any] = dict(context.values)
         self.rank = context.rank
-        self.random_init = random_init
         self.on_cpu = install_cpu_shims()
         if not dist.is_initialized():
             if context.master_port is None:
@@ -139,57 +160,19 @@ class MegatronTrainBackend:
         self.is_last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
         self.tp_rank = ps.get_tensor_model_parallel_rank()
         self.model_config = transformer_config(self.args, self.layout, values=self.values)
-        self.models = self._build_and_load(self._initial_weights())
-        # torch.compile each transformer layer before DDP wraps the chunks (names and checkpoints unchanged);
-        # the frozen reference stays eager (forward only, and no second set of graphs to compile)
-        self.compiled_layers = self._compile_layers(self.models)
-        self.trainable = self._select_trainable()
-        self.ddp_models = self._wrap_ddp(self.models)
-        self.optimizer = self._build_optimizer()
-        self.ref_models: list | None = None
-        if need_ref:
-            self.ref_models = self._build_and_load(self._initial_weights())
-            if self._initial_weights()[0] == "random":  # the reference starts where the policy starts
-                for policy, reference in zip(self.models, self.ref_models, strict=True):
-                    unwrap(reference).load_state_dict(unwrap(policy).state_dict())
-            for model in self.ref_models:
-                model.eval()
-                model.requires_grad_(False)
-        self.head_save_budget = self._head_save_budget()
         self.optimizer_steps = 0
         self.offloaded = False
-        self._offloaded_storage: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._offloaded_storage: list[tuple[torch.Tensor, torch.Tensor, bool]] = []
         self._pending_saves: list[ckpt.PendingSave] = []
-        log.info(
-            "megatron rank %d: tp=%d pp=%d vpp=%s dp=%d, %d layers, hidden %d, vocab %d (padded %d), %s, "
-            "%d layers compiled, loss head keeps logits up to %.1f GiB",
-            self.rank,
-            self.layout.tp,
-            self.layout.pp,
-            self.layout.vpp,
-            self.dp_size,
-            self.args.num_layers,
-            self.args.hidden_size,
-            self.args.vocab_size,
-            self.args.padded_vocab(self.layout.tp),
-            self.model_config.params_dtype,
-            self.compiled_layers,
-            self.head_save_budget / 2**30,
-        )
 
     # -- construction ------------------------------------------------------------------------------------------
-    def _initial_weights(self) -> tuple[str, str]:
-        """Where the policy starts: `ref-load` when set (as in Relax; a Hugging Face folder, or a checkpoint
-        root of this backend), else `hf-checkpoint` (or megatron's random initialisation with `random_init`).
-        Returns (kind, path), kind "hf", "megatron" or "random"."""
-        ref_load = self.config.ref_load
-        if not ref_load:
-            return ("random" if self.random_init else "hf"), self.hf_checkpoint
-        if ckpt.is_checkpoint_root(ref_load):
-            return "megatron", ref_load
-        return "hf", ref_load
+    def _initial_step(self) -> int | None:
+        """Which iteration `_build_and_load` reads from a checkpoint root (None: the latest)."""
+        return None
 
-    def _build_and_load(self, source: tuple[str, str]) -> list:
+    def _build_and_load(self, source: tuple[str, str], *, iteration: int | None = None) -> list:
+        """Model chunks with weights from `source` (kind, path); a checkpoint root is read at `iteration`, else
+        at `_initial_step()`, else its latest."""
         models = build_model(self.args, self.layout, self.model_config)
         if self.model_config.bf16 or self.model_config.fp16:
             from megatron.core.transformer.module import Float16Module
@@ -201,7 +184,7 @@ class MegatronTrainBackend:
         elif kind == "hf":
             load_hf_checkpoint([unwrap(m) for m in models], path, self.args, self.layout)
         else:
-            step = self.config.ref_ckpt_step
+            step = iteration if iteration is not None else self._initial_step()
             iteration = step if step is not None else relax_checkpoint.read_latest_iteration(path)
             folder = relax_checkpoint.iteration_dir(path, int(iteration))  # type: ignore[arg-type]
             gpts = [unwrap(m) for m in models]
@@ -219,65 +202,6 @@ class MegatronTrainBackend:
             return 0
         return sum(compile_transformer_layers(model) for model in models)
 
-    def _head_save_budget(self) -> int:
-        """Bytes of chunk logits the loss head may keep per micro-batch for its backward (`save_logits=True`:
-        one [chunk, vocab / tp] matmul fewer per chunk; 51.5% vs 48.7% MFU at Qwen2-0.5B shapes on the H200).
-
-        The estimate is deliberately simple, because what it guards is coarse: a micro-batch keeps
-        chunks x chunk-tokens x padded-vocab / tp x 2 bytes (bf16) of logits, 4.6 GiB at 16 x 1024 tokens
-        and Qwen's 151,936 ids. Only one micro-batch's head is live at a time on the last stage (the schedules
-        run its backward right after its forward), so the budget is per micro-batch. It is measured once, here,
-        after the model, optimizer and reference exist: a quarter of the device memory still free (counting
-        the caching allocator's spare blocks) after setting aside Adam's two fp32 moments, which the
-        optimizer creates lazily at its first step; the other three quarters stay for activations. It is
-        capped at a tenth of the device, because a colocated rollout engine may take memory later that is
-        free now. `RELAX_HEAD_SAVE_LOGITS=1` / `0` overrides it. 0 on CPU (recomputing is the CPU default)."""
-        choice = os.environ.get(HEAD_SAVE_LOGITS_ENV, "auto").strip().lower()
-        if choice in ("0", "false", "off", "no"):
-            return 0
-        if choice in ("1", "true", "on", "yes"):
-            return 1 << 62
-        if self.on_cpu or not torch.cuda.is_available():
-            return 0
-        free, total = torch.cuda.mem_get_info()
-        free += torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
-        trainable = sum(p.numel() for m in self.models for p in m.parameters() if p.requires_grad)
-        adam_moments = 8 * trainable // max(self.dp_size, 1)  # exp_avg + exp_avg_sq, fp32, this rank's shard
-        return int(max(0, min((free - adam_moments) // 4, total // 10)))
-
-    def keeps_head_logits(self, tokens: int) -> bool:
-        """Whether the loss head keeps its logits for a training micro-batch of `tokens` predicted tokens:
-        chunks x chunk-tokens x padded vocab / tp x element size within `head_save_budget`."""
-        chunk = self._chunk_tokens()
-        chunks = -(-tokens // chunk)
-        v_shard = self.args.padded_vocab(self.layout.tp) // self.layout.tp
-        itemsize = torch.empty((), dtype=self.model_config.params_dtype).element_size()
-        return tokens > 0 and chunks * min(chunk, tokens) * v_shard * itemsize <= self.head_save_budget
-
-    def _chunk_tokens(self) -> int:
-        chunk = int(_get(self.values, "log_probs_chunk_size", -1))
-        return chunk if chunk > 0 else DEFAULT_CHUNK_TOKENS
-
-    def _select_trainable(self) -> tuple[str, ...]:
-        """`only-train-params-name-list` / `freeze-params-name-list` over Megatron's parameter names."""
-        named = [(name, p) for m in self.models for name, p in unwrap(m).named_parameters()]
-        if not self.config.only_train_params and not self.config.freeze_params:
-            return tuple(name for name, _ in named)
-        selection = select_trainable_parameters(
-            [name for name, _ in named],
-            only_train=list(self.config.only_train_params) or None,
-            freeze=list(self.config.freeze_params) or None,
-        )
-        trainable = set(selection.trainable)
-        for name, param in named:
-            param.requires_grad_(name in trainable)
-        if selection.unmatched_patterns:
-            log.warning(
-                "parameter name pattern(s) %s matched no Megatron parameter",
-                list(selection.unmatched_patterns),
-            )
-        return tuple(selection.trainable)
-
     def _wrap_ddp(self, models: list) -> list:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
@@ -286,7 +210,10 @@ class MegatronTrainBackend:
             overlap_grad_reduce=bool(_get(self.values, "overlap_grad_reduce", False)),
             overlap_param_gather=bool(_get(self.values, "overlap_param_gather", False)),
             use_distributed_optimizer=True,
-            check_for_nan_in_grad=bool(_get(self.values, "check_for_nan_in_loss_and_grad", False)),
+            # off under dynamic fp16 loss scaling, where an inf/NaN gradient is the loss scaler's signal to
+            # skip the step and lower the scale (as Megatron-LM's validate_args turns it off)
+            check_for_nan_in_grad=bool(_get(self.values, "check_for_nan_in_loss_and_grad", False))
+            and not (self.values.get("fp16") and self.values.get("loss_scale") is None),
             bucket_size=self.values.get("ddp_bucket_size"),
             average_in_collective=bool(_get(self.values, "ddp_average_in_collective", False)),
         )
@@ -325,6 +252,9 @@ class MegatronTrainBackend:
                 _get(self.values, "use_torch_optimizer_for_cpu_offload", False)
             ),
             "overlap_cpu_optimizer_d2h_h2d": bool(_get(self.values, "overlap_cpu_optimizer_d2h_h2d", False)),
+            # Megatron-LM requires it with `optimizer-cpu-offload` (the hybrid optimizer reuses its path: main
+            # gradients as `decoupled_grad`); without the offload it needs TransformerEngine's FusedAdam
+            "use_precision_aware_optimizer": bool(_get(self.values, "use_precision_aware_optimizer", False)),
         }
         if self.model_config.fp16:
             wanted.update(
@@ -395,7 +325,7 @@ class MegatronTrainBackend:
         seq = max(int(m.tokens.shape[1]) for m in micros)
         return micros, seq, max(int(m.tokens.shape[0]) for m in micros)
 
-    # -- forward -----------------------------------------------------------------------------------------------
+    # -- the schedule ------------------------------------------------------------------------------------------
     def _forward_step(self, loss_for: Any, data_iterator: Iterator[_Micro], model: Any) -> tuple[Any, Any]:
         """megatron's `forward_step_func`: the chunk's forward with the final hidden states as output on the
         last stage (the loss head is `kernels.token_log_probs_and_entropy`, not the output layer's logits)."""
@@ -417,6 +347,492 @@ class MegatronTrainBackend:
             return output, None
         return output, partial(loss_for, micro, gpt)
 
+    def _run(
+        self,
+        models: list,
+        micros: list[_Micro],
+        seq: int,
+        rows: int,
+        loss_for: Any,
+        *,
+        forward_only: bool,
+    ) -> list[dict]:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        chunks = len(models)
+        micros = _staged(micros, self.device.torch_device)
+        data: Any = iter(micros) if chunks == 1 else [iter(micros) for _ in range(chunks)]
+        return get_forward_backward_func()(
+            forward_step_func=partial(self._forward_step, loss_for),
+            data_iterator=data,
+            model=models if chunks > 1 else models[0],
+            num_microbatches=len(micros),
+            seq_length=seq,
+            micro_batch_size=rows,
+            forward_only=forward_only,
+        )
+
+    def _per_token(
+        self, models: list, batch: RolloutBatch, parts: list[RolloutBatch], loss_for: Any, key: str
+    ) -> torch.Tensor:
+        """Forward only: what the last stage's `loss_for` reports under `key` ([rows, width] per micro-batch)
+        for `parts` (this rank's data-parallel share of `batch`, in micro-batches), as [B, T] in batch order
+        on every rank (every data-parallel replica's share gathered)."""
+        micros, seq, rows = self._schedule_micros(parts)
+        for model in models:
+            model.eval()
+        try:
+            outputs = self._run(models, micros, seq, rows, loss_for, forward_only=True)
+        finally:
+            if models is self.ddp_models:  # the trained chunks go back to training (frozen ones stay in eval)
+                for model in models:
+                    model.train()
+        width = int(batch.tokens.shape[1])
+        mine = None
+        if self.is_last_stage and self.tp_rank == 0:
+            mine = (
+                self.dp_rank,
+                torch.cat([torch.nn.functional.pad(o[key], (0, width - o[key].shape[1])) for o in outputs]),
+            )
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
+        shares = sorted((item for item in gathered if item is not None), key=lambda item: item[0])
+        stacked = torch.cat([values for _, values in shares])
+        if self.dp_size == 1:
+            return stacked
+        order = torch.cat(self._dp_rows(batch))  # the batch row of each stacked row
+        out = torch.empty_like(stacked)
+        out[order] = stacked
+        return out
+
+    def _train(self, batch: RolloutBatch, loss_for: Any) -> dict[str, float]:
+        """One pass over `batch`: optimizer steps of `global-batch-size` samples, each accumulated over
+        micro-batches of this rank's data-parallel share, each micro-batch weighted as the torch backend
+        weighs it (`micro.weight`). `loss_for(num_micro, micro, gpt, hidden)` -> (loss, {name: (value,
+        weight)}). Metrics (rank 0): the losses' terms and grad_norm averaged over the optimizer steps, lr,
+        optimizer_steps."""
+        install_cpu_shims()
+        self._require_onloaded()
+        global_size = self.config.global_batch_size or batch.batch_size
+        history: dict[str, list[float]] = defaultdict(list)
+        for model in self.ddp_models:
+            model.train()
+        for start in range(0, batch.batch_size, global_size):
+            global_batch = batch.select(slice(start, start + global_size))
+            total_tokens = float(global_batch.loss_mask.sum().clamp(min=1.0))
+            share = self._dp_share(global_batch)
+            micros, seq, rows = self._schedule_micros(
+                micro_batches(share, self.config.micro_batch_size, self.config.max_tokens_per_micro_batch)
+            )
+            for micro in micros:
+                if self.config.loss.per_token_loss:
+                    micro.weight = float(micro.batch.loss_mask.sum()) / total_tokens
+                else:
+                    micro.weight = micro.batch.batch_size / global_batch.batch_size
+            for model in self.ddp_models:
+                model.zero_grad_buffer()
+            self.optimizer.zero_grad()
+            outputs = self._run(
+                self.ddp_models, micros, seq, rows, partial(loss_for, len(micros)), forward_only=False
+            )
+            lr = self.config.lr_schedule.lr_at(self.optimizer_steps)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            _, grad_norm, _ = self.optimizer.step()
+            self.optimizer_steps += 1
+            step_metrics = self._reduce_metrics(outputs)
+            history["grad_norm"].append(float(grad_norm) if grad_norm is not None else math.nan)
+            for name, value in step_metrics.items():
+                history[name].append(value)
+        summary = {name: sum(values) / len(values) for name, values in history.items()}
+        summary["lr"] = float(self.optimizer.param_groups[0]["lr"])
+        summary["optimizer_steps"] = float(self.optimizer_steps)
+        if (
+            self.model_config.fp16
+        ):  # after the last step: halved by an overflow (skipped step), grown by a window
+            summary["loss_scale"] = float(self.optimizer.get_loss_scale())
+        return summary
+
+    def _loss_scale(self, micro: _Micro, num_micro: int) -> float:
+        """What a micro-batch's loss is multiplied by before backward: the schedule divides by the number of
+        micro-batches and DDP averages over data-parallel ranks; undoing both makes the gradient the torch
+        backend's sum of weighted micro-batch losses."""
+        return micro.weight * num_micro * self.dp_size
+
+    def _reduce_metrics(self, outputs: list[dict]) -> dict[str, float]:
+        """Sum the weighted micro-batch metrics of every data-parallel replica's last pipeline stage."""
+        mine: dict[str, float] = defaultdict(float)
+        if self.is_last_stage and self.tp_rank == 0:
+            for item in outputs:
+                for name, (value, weight) in item.items():
+                    mine[name] += float(value) * weight
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, dict(mine))
+        total: dict[str, float] = defaultdict(float)
+        for part in gathered:
+            for name, value in (part or {}).items():
+                total[name] += value
+        return dict(total)
+
+    # -- memory ----------------------------------------------------------------------------------------------------
+    def offload(self) -> None:
+        """Free the accelerator's copy of the weights, gradients and optimizer state (colocated turns); a
+        no-op move on CPU. Training refuses until `onload()`."""
+        if self.device.kind.value == "cuda" and not self.offloaded:
+            self._offloaded_storage = []
+            weights = self._weight_storages()
+            for tensor in self._device_tensors():
+                host = tensor.detach().to("cpu", copy=True)
+                is_weight = tensor.untyped_storage().data_ptr() in weights
+                self._offloaded_storage.append((tensor, host, is_weight))
+                tensor.untyped_storage().resize_(0)
+            torch.cuda.empty_cache()
+        self.offloaded = True
+
+    def onload(self) -> None:
+        if self.device.kind.value == "cuda" and self.offloaded:
+            for tensor, host, _is_weight in self._offloaded_storage:
+                tensor.untyped_storage().resize_(host.numel() * host.element_size())
+                tensor.copy_(host)
+            self._offloaded_storage = []
+        self.offloaded = False
+
+    def _frozen_models(self) -> list:
+        """Forward-only chunks this rank also holds (the policy's reference model)."""
+        return []
+
+    def _weight_storages(self) -> set[int]:
+        """The accelerator storages that hold the policy's weights (DDP's parameter buffers, or the
+        parameters themselves), by data pointer."""
+        return {
+            param.untyped_storage().data_ptr()
+            for model in self.ddp_models
+            for param in model.parameters()
+            if param.is_cuda
+        }
+
+    @contextmanager
+    def _on_device(self) -> Iterator[None]:
+        """Everything back on the device for the body of the `with` when offloaded (a checkpoint saved or
+        loaded during a colocated trainer's rollout turn), offloaded again after it. An async save has staged
+        its copies by then."""
+        if not self.offloaded:
+            yield
+            return
+        self.onload()
+        try:
+            yield
+        finally:
+            self.offload()
+
+    @contextmanager
+    def _weights_readable(self) -> Iterator[None]:
+        """While offloaded on CUDA, the policy's weights back on the device for the body of the `with` (a
+        colocated trainer hands its weights to the engines while offloaded); then freed again. Only the
+        weights: gradients, optimizer state and the reference stay on the host."""
+        if not (self.device.kind.value == "cuda" and self.offloaded):
+            yield
+            return
+        restored = [(tensor, host) for tensor, host, is_weight in self._offloaded_storage if is_weight]
+        for tensor, host in restored:
+            tensor.untyped_storage().resize_(host.numel() * host.element_size())
+            tensor.copy_(host)
+        try:
+            yield
+        finally:
+            for tensor, _host in restored:
+                tensor.untyped_storage().resize_(0)
+            torch.cuda.empty_cache()
+
+    def _device_tensors(self) -> list[torch.Tensor]:
+        """The distinct storages the trainer holds on the accelerator: DDP's parameter and gradient buffers,
+        the optimizer's state and main parameters, the frozen models (`_frozen_models`)."""
+        seen: set[int] = set()
+        out: list[torch.Tensor] = []
+
+        def add(tensor: Any) -> None:
+            if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
+                key = tensor.untyped_storage().data_ptr()
+                if key not in seen and tensor.untyped_storage().size() > 0:
+                    seen.add(key)
+                    out.append(tensor)
+
+        for model in self.ddp_models:
+            for buffer in list(getattr(model, "buffers", [])) + list(
+                getattr(model, "expert_parallel_buffers", [])
+            ):
+                add(buffer.param_data)
+                add(buffer.grad_data)
+            for param in model.parameters():
+                add(param.data)
+        for inner in ckpt._distributed_optimizers(self.optimizer):
+            torch_opt = getattr(inner, "optimizer", None)
+            if torch_opt is None:
+                continue
+            for group in torch_opt.param_groups:
+                for param in group["params"]:
+                    add(param.data)
+                    for value in torch_opt.state.get(param, {}).values():
+                        add(value)
+        for model in self._frozen_models():
+            for param in model.parameters():
+                add(param.data)
+        return out
+
+    def _require_onloaded(self) -> None:
+        if self.offloaded:
+            raise RuntimeError("train backend is offloaded; call onload() first")
+
+    def _sync_params(self) -> None:
+        """With `overlap-param-gather` the distributed optimizer's updated shards are gathered lazily, by the
+        next forward; anything that reads the weights outside training gathers them first."""
+        if self.ddp_config.overlap_param_gather:
+            for model in self.ddp_models:
+                model.start_param_sync(force_sync=True)
+
+    # -- checkpoints ---------------------------------------------------------------------------------------------------
+    def _model_sharded_state(self, *, optimizer: bool, rng: bool, loading: bool) -> dict[str, Any]:
+        """The sharded state of the trained chunks (`model`, `model{i}`), with the optimizer's and this
+        rank's RNG states."""
+        gpts = [unwrap(m) for m in self.models]
+        state: dict[str, Any] = ckpt.model_sharded_state(gpts)
+        if optimizer:
+            if loading:
+                ckpt.prepare_optimizer_for_load(self.optimizer)
+            model_state = dict(state)
+            state["optimizer"] = self.optimizer.sharded_state_dict(
+                model_state,
+                is_loading=loading,
+                metadata=dict(ckpt.OPTIMIZER_SHARDING),
+            )
+        if rng:
+            state["rng_state"] = ckpt.rng_sharded_object()
+        return state
+
+    def _parallel_state(self) -> dict[str, Any]:
+        return {"tp": self.layout.tp, "pp": self.layout.pp, "vpp": self.layout.vpp, "dp": self.dp_size}
+
+    def _save_sharded(
+        self,
+        save_dir: str,
+        iteration: int,
+        sharded: dict[str, Any],
+        state: dict[str, Any],
+        *,
+        blocking: bool,
+        state_file: str = ckpt.STATE_FILE,
+    ) -> CheckpointRecord | None:
+        """Write `sharded` (+ `state` as `state_file`) as `<save_dir>/iter_NNNNNNN/` after any saves still in
+        flight (saves land in order); `blocking=False` leaves it to `finished_saves()`."""
+        if blocking:
+            for pending in list(self._pending_saves):
+                self._finish(pending, wait=True)
+            result = ckpt.save(
+                save_dir,
+                iteration,
+                sharded,
+                state,
+                owner=self.config.owner,
+                blocking=True,
+                state_file=state_file,
+            )
+            return result if isinstance(result, CheckpointRecord) else None
+        pending = ckpt.save(
+            save_dir,
+            iteration,
+            sharded,
+            state,
+            owner=self.config.owner,
+            blocking=False,
+            state_file=state_file,
+        )
+        assert isinstance(pending, ckpt.PendingSave)
+        self._pending_saves.append(pending)
+        return None
+
+    def _restore(self, loaded: dict[str, Any], *, with_optimizer: bool, with_rng: bool) -> None:
+        """Put what `ckpt.load` read for `_model_sharded_state` back into the chunks, the optimizer (or, without
+        its state, refresh the optimizer's own fp32 copy of the weights) and the RNGs."""
+        gpts = [unwrap(m) for m in self.models]
+        for i, gpt in enumerate(gpts):
+            gpt.load_state_dict(loaded[ckpt.chunk_key(i, len(gpts))], strict=False)
+        if with_optimizer:
+            ckpt.load_optimizer_state(self.optimizer, loaded["optimizer"])
+        else:
+            # the distributed optimizer keeps its own fp32 copy of the weights: refresh it from the model
+            for inner in ckpt._distributed_optimizers(self.optimizer):
+                reload = getattr(inner, "reload_model_params", None)
+                if reload is not None:
+                    reload()
+        if with_rng and "rng_state" in loaded:
+            ckpt._set_rng_states(loaded["rng_state"])
+
+    def _finish(self, pending: ckpt.PendingSave, *, wait: bool) -> CheckpointRecord | None | bool:
+        result = ckpt.finish(pending, wait=wait)
+        if result is not False:
+            self._pending_saves.remove(pending)
+        return result
+
+    def finished_saves(self, *, wait: bool = False) -> list[CheckpointRecord]:
+        """Records of the background saves every rank has finished writing (all of them with `wait`), in
+        order; a collective."""
+        install_cpu_shims()
+        done: list[CheckpointRecord] = []
+        for pending in list(self._pending_saves):
+            result = self._finish(pending, wait=wait)
+            if result is False:
+                break
+            if isinstance(result, CheckpointRecord):
+                done.append(result)
+        return done
+
+
+@TRAIN_BACKENDS.register(TrainBackendName.MEGATRON)
+class MegatronTrainBackend(MegatronModelRunner):
+    """This rank's model chunks, optimizer and (for a KL term) frozen reference chunks."""
+
+    def __init__(
+        self,
+        hf_checkpoint: str,
+        config: TrainConfig,
+        *,
+        device: Device,
+        need_ref: bool = False,
+        context: TrainContext | None = None,
+        random_init: bool = False,
+    ) -> None:
+        """`random_init`: start from megatron's own initialisation (`init-method-std`, seeded by `seed`)
+        instead of loading weights; `hf_checkpoint` then only needs its `config.json` (benchmarks). The
+        pipeline never sets it; `ref-load`, when set, still wins."""
+        self.random_init = random_init
+        self._start(hf_checkpoint, config, device, context or TrainContext())
+        self.models = self._build_and_load(self._initial_weights())
+        # torch.compile each transformer layer before DDP wraps the chunks (names and checkpoints unchanged);
+        # the frozen reference stays eager (forward only, and no second set of graphs to compile)
+        self.compiled_layers = self._compile_layers(self.models)
+        self.trainable = self._select_trainable()
+        self.ddp_models = self._wrap_ddp(self.models)
+        self.optimizer = self._build_optimizer()
+        self.ref_models: list | None = None
+        if need_ref:
+            self.ref_models = self._build_and_load(self._initial_weights())
+            if self._initial_weights()[0] == "random":  # the reference starts where the policy starts
+                for policy, reference in zip(self.models, self.ref_models, strict=True):
+                    unwrap(reference).load_state_dict(unwrap(policy).state_dict())
+            for model in self.ref_models:
+                model.eval()
+                model.requires_grad_(False)
+        # on-policy distillation's teacher (`opd-teacher-load`): frozen chunks built like the reference's
+        self.teacher_models: list | None = None
+        if config.opd_teacher_load:
+            source, iteration = self._teacher_weights()
+            self.teacher_models = self._build_and_load(source, iteration=iteration)
+            for model in self.teacher_models:
+                model.eval()
+                model.requires_grad_(False)
+        self.head_save_budget = self._head_save_budget()
+        log.info(
+            "megatron rank %d: tp=%d pp=%d vpp=%s dp=%d, %d layers, hidden %d, vocab %d (padded %d), %s, "
+            "%d layers compiled, loss head keeps logits up to %.1f GiB",
+            self.rank,
+            self.layout.tp,
+            self.layout.pp,
+            self.layout.vpp,
+            self.dp_size,
+            self.args.num_layers,
+            self.args.hidden_size,
+            self.args.vocab_size,
+            self.args.padded_vocab(self.layout.tp),
+            self.model_config.params_dtype,
+            self.compiled_layers,
+            self.head_save_budget / 2**30,
+        )
+
+    # -- construction ------------------------------------------------------------------------------------------
+    def _initial_weights(self) -> tuple[str, str]:
+        """Where the policy starts: `ref-load` when set (as in Relax; a Hugging Face folder, or a checkpoint
+        root of this backend), else `hf-checkpoint` (or megatron's random initialisation with `random_init`).
+        Returns (kind, path), kind "hf", "megatron" or "random"."""
+        ref_load = self.config.ref_load
+        if not ref_load:
+            return ("random" if self.random_init else "hf"), self.hf_checkpoint
+        if ckpt.is_checkpoint_root(ref_load):
+            return "megatron", ref_load
+        return "hf", ref_load
+
+    def _initial_step(self) -> int | None:
+        return self.config.ref_ckpt_step  # `ref-ckpt-step`: which iteration of a checkpoint-root `ref-load`
+
+    def _teacher_weights(self) -> tuple[tuple[str, str], int | None]:
+        """The OPD teacher's source, as `ref-load`'s: a checkpoint root of this backend at
+        `opd-teacher-ckpt-step` (else its latest iteration), or a Hugging Face folder. Returns (source,
+        iteration) for `_build_and_load`."""
+        load = str(self.config.opd_teacher_load)
+        if not ckpt.is_checkpoint_root(load):
+            return ("hf", load), None
+        step = self.config.opd_teacher_ckpt_step
+        return ("megatron", load), step if step is not None else relax_checkpoint.read_latest_iteration(load)
+
+    def _head_save_budget(self) -> int:
+        """Bytes of chunk logits the loss head may keep per micro-batch for its backward (`save_logits=True`:
+        one [chunk, vocab / tp] matmul fewer per chunk; 51.5% vs 48.7% MFU at Qwen2-0.5B shapes on the H200).
+
+        The estimate is deliberately simple, because what it guards is coarse: a micro-batch keeps
+        chunks x chunk-tokens x padded-vocab / tp x 2 bytes (bf16) of logits, 4.6 GiB at 16 x 1024 tokens
+        and Qwen's 151,936 ids. Only one micro-batch's head is live at a time on the last stage (the schedules
+        run its backward right after its forward), so the budget is per micro-batch. It is measured once, here,
+        after the model, optimizer and reference exist: a quarter of the device memory still free (counting
+        the caching allocator's spare blocks) after setting aside Adam's two fp32 moments, which the
+        optimizer creates lazily at its first step; the other three quarters stay for activations. It is
+        capped at a tenth of the device, because a colocated rollout engine may take memory later that is
+        free now. `RELAX_HEAD_SAVE_LOGITS=1` / `0` overrides it. 0 on CPU (recomputing is the CPU default)."""
+        choice = os.environ.get(HEAD_SAVE_LOGITS_ENV, "auto").strip().lower()
+        if choice in ("0", "false", "off", "no"):
+            return 0
+        if choice in ("1", "true", "on", "yes"):
+            return 1 << 62
+        if self.on_cpu or not torch.cuda.is_available():
+            return 0
+        free, total = torch.cuda.mem_get_info()
+        free += torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+        trainable = sum(p.numel() for m in self.models for p in m.parameters() if p.requires_grad)
+        adam_moments = 8 * trainable // max(self.dp_size, 1)  # exp_avg + exp_avg_sq, fp32, this rank's shard
+        return int(max(0, min((free - adam_moments) // 4, total // 10)))
+
+    def keeps_head_logits(self, tokens: int) -> bool:
+        """Whether the loss head keeps its logits for a training micro-batch of `tokens` predicted tokens:
+        chunks x chunk-tokens x padded vocab / tp x element size within `head_save_budget`."""
+        chunk = self._chunk_tokens()
+        chunks = -(-tokens // chunk)
+        v_shard = self.args.padded_vocab(self.layout.tp) // self.layout.tp
+        itemsize = torch.empty((), dtype=self.model_config.params_dtype).element_size()
+        return tokens > 0 and chunks * min(chunk, tokens) * v_shard * itemsize <= self.head_save_budget
+
+    def _chunk_tokens(self) -> int:
+        chunk = int(_get(self.values, "log_probs_chunk_size", -1))
+        return chunk if chunk > 0 else DEFAULT_CHUNK_TOKENS
+
+    def _select_trainable(self) -> tuple[str, ...]:
+        """`only-train-params-name-list` / `freeze-params-name-list` over Megatron's parameter names."""
+        named = [(name, p) for m in self.models for name, p in unwrap(m).named_parameters()]
+        if not self.config.only_train_params and not self.config.freeze_params:
+            return tuple(name for name, _ in named)
+        selection = select_trainable_parameters(
+            [name for name, _ in named],
+            only_train=list(self.config.only_train_params) or None,
+            freeze=list(self.config.freeze_params) or None,
+        )
+        trainable = set(selection.trainable)
+        for name, param in named:
+            param.requires_grad_(name in trainable)
+        if selection.unmatched_patterns:
+            log.warning(
+                "parameter name pattern(s) %s matched no Megatron parameter",
+                list(selection.unmatched_patterns),
+            )
+        return tuple(selection.trainable)
+
+    # -- the loss head -----------------------------------------------------------------------------------------
     def _token_stats(
         self, micro: _Micro, gpt: Any, hidden: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -468,6 +884,7 @@ class MegatronTrainBackend:
             advantages=_to(part.advantages, device),
             rollout_log_probs=_to(part.rollout_log_probs, device),
             returns=_to(part.returns, device),
+            teacher_log_probs=_to(part.teacher_log_probs, device),
         )
         loss, metrics = loss_fn(inputs, self.config.loss)
         # (value, weight) pairs, read after the whole step (`_reduce_metrics`): a float() here would make the
@@ -475,37 +892,11 @@ class MegatronTrainBackend:
         reported: dict[str, Any] = {"loss": (loss.detach(), micro.weight)}
         for name, value in metrics.items():
             reported[name] = (value.detach(), micro.weight)
-        # the schedule divides by the number of micro-batches and DDP averages over data-parallel ranks:
-        # undo both, so the gradient is the torch backend's sum of weighted micro-batch losses
-        return loss * (micro.weight * num_micro * self.dp_size), reported
+        return loss * self._loss_scale(micro, num_micro), reported
 
     def _log_prob_loss(self, micro: _Micro, gpt: Any, hidden: torch.Tensor) -> tuple[torch.Tensor, dict]:
         log_probs, _ = self._token_stats(micro, gpt, hidden)
         return log_probs.sum() * 0.0, {"log_probs": log_probs.detach().cpu()}
-
-    def _run(
-        self,
-        models: list,
-        micros: list[_Micro],
-        seq: int,
-        rows: int,
-        loss_for: Any,
-        *,
-        forward_only: bool,
-    ) -> list[dict]:
-        from megatron.core.pipeline_parallel import get_forward_backward_func
-
-        chunks = len(models)
-        data: Any = iter(micros) if chunks == 1 else [iter(micros) for _ in range(chunks)]
-        return get_forward_backward_func()(
-            forward_step_func=partial(self._forward_step, loss_for),
-            data_iterator=data,
-            model=models if chunks > 1 else models[0],
-            num_microbatches=len(micros),
-            seq_length=seq,
-            micro_batch_size=rows,
-            forward_only=forward_only,
-        )
 
     # -- log-probs -----------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -521,47 +912,19 @@ class MegatronTrainBackend:
             if budget
             else micro_batches(share, self.config.micro_batch_size, self.config.max_tokens_per_micro_batch)
         )
-        micros, seq, rows = self._schedule_micros(parts)
-        for model in models:
-            model.eval()
-        try:
-            outputs = self._run(models, micros, seq, rows, self._log_prob_loss, forward_only=True)
-        finally:
-            if models is not self.ref_models:
-                for model in models:
-                    model.train()
-        width = int(batch.tokens.shape[1])
-        mine = None
-        if self.is_last_stage and self.tp_rank == 0:
-            mine = (
-                self.dp_rank,
-                torch.cat(
-                    [
-                        torch.nn.functional.pad(o["log_probs"], (0, width - o["log_probs"].shape[1]))
-                        for o in outputs
-                    ]
-                ),
-            )
-        gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, mine)
-        shares = sorted((item for item in gathered if item is not None), key=lambda item: item[0])
-        stacked = torch.cat([values for _, values in shares])
-        if self.dp_size == 1:
-            return stacked
-        order = torch.cat(self._dp_rows(batch))  # the batch row of each stacked row
-        out = torch.empty_like(stacked)
-        out[order] = stacked
-        return out
+        return self._per_token(models, batch, parts, self._log_prob_loss, "log_probs")
 
     def compute_log_probs(self, batch: RolloutBatch, *, old: bool = True, ref: bool = True) -> RolloutBatch:
-        """`old_log_probs` (the policy before this update) and, with a reference model, `ref_log_probs`,
-        as the torch backend fills them (every rank returns the same batch)."""
+        """`old_log_probs` (the policy before this update), with a reference model `ref_log_probs` and with an
+        OPD teacher `teacher_log_probs`, as the torch backend fills them (every rank returns the same batch)."""
         self._require_onloaded()
         self._sync_params()
         if old:
             batch.old_log_probs = self._log_probs(self.ddp_models, batch) * batch.loss_mask
         if ref and self.ref_models is not None:
             batch.ref_log_probs = self._log_probs(self.ref_models, batch) * batch.loss_mask
+        if self.teacher_models is not None:
+            batch.teacher_log_probs = self._log_probs(self.teacher_models, batch) * batch.loss_mask
         return batch
 
     @torch.no_grad()
@@ -578,58 +941,7 @@ class MegatronTrainBackend:
         micro-batches (`micro-batch-size`, or `max-tokens-per-gpu` tokens with `use-dynamic-batch-size`)
         of this rank's data-parallel share. Metrics (rank 0) are the torch backend's, averaged over the
         optimizer steps: loss and the loss type's terms, grad_norm, lr, optimizer_steps."""
-        install_cpu_shims()
-        self._require_onloaded()
-        global_size = self.config.global_batch_size or batch.batch_size
-        history: dict[str, list[float]] = defaultdict(list)
-        for model in self.ddp_models:
-            model.train()
-        for start in range(0, batch.batch_size, global_size):
-            global_batch = batch.select(slice(start, start + global_size))
-            total_tokens = float(global_batch.loss_mask.sum().clamp(min=1.0))
-            share = self._dp_share(global_batch)
-            micros, seq, rows = self._schedule_micros(
-                micro_batches(share, self.config.micro_batch_size, self.config.max_tokens_per_micro_batch)
-            )
-            for micro in micros:
-                if self.config.loss.per_token_loss:
-                    micro.weight = float(micro.batch.loss_mask.sum()) / total_tokens
-                else:
-                    micro.weight = micro.batch.batch_size / global_batch.batch_size
-            for model in self.ddp_models:
-                model.zero_grad_buffer()
-            self.optimizer.zero_grad()
-            outputs = self._run(
-                self.ddp_models, micros, seq, rows, partial(self._train_loss, len(micros)), forward_only=False
-            )
-            lr = self.config.lr_schedule.lr_at(self.optimizer_steps)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            _, grad_norm, _ = self.optimizer.step()
-            self.optimizer_steps += 1
-            step_metrics = self._reduce_metrics(outputs)
-            history["grad_norm"].append(float(grad_norm) if grad_norm is not None else math.nan)
-            for name, value in step_metrics.items():
-                history[name].append(value)
-        summary = {name: sum(values) / len(values) for name, values in history.items()}
-        summary["lr"] = float(self.optimizer.param_groups[0]["lr"])
-        summary["optimizer_steps"] = float(self.optimizer_steps)
-        return summary
-
-    def _reduce_metrics(self, outputs: list[dict]) -> dict[str, float]:
-        """Sum the weighted micro-batch metrics of every data-parallel replica's last pipeline stage."""
-        mine: dict[str, float] = defaultdict(float)
-        if self.is_last_stage and self.tp_rank == 0:
-            for item in outputs:
-                for name, (value, weight) in item.items():
-                    mine[name] += float(value) * weight
-        gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, dict(mine))
-        total: dict[str, float] = defaultdict(float)
-        for part in gathered:
-            for name, value in (part or {}).items():
-                total[name] += value
-        return dict(total)
+        return self._train(batch, self._train_loss)
 
     def update_reference(self) -> None:
         """`ref-update-interval`: the reference model takes the policy's current weights."""
@@ -643,8 +955,9 @@ class MegatronTrainBackend:
     def named_weights(self) -> dict[str, torch.Tensor]:
         """The policy as Hugging Face tensors (CPU), gathered on rank 0 (a collective; {} on other ranks)."""
         install_cpu_shims()
-        self._sync_params()
-        state = gather_hf_state(self.models, self.args, self.layout, dst=0)
+        with self._weights_readable():
+            self._sync_params()
+            state = gather_hf_state(self.models, self.args, self.layout, dst=0)
         return state or {}
 
     def parameter_checksum(self) -> float:
@@ -669,90 +982,15 @@ class MegatronTrainBackend:
         return result[0]
 
     # -- memory ----------------------------------------------------------------------------------------------------
-    def offload(self) -> None:
-        """Free the accelerator's copy of the weights, gradients and optimizer state (colocated turns); a
-        no-op move on CPU. Training refuses until `onload()`."""
-        if self.device.kind.value == "cuda" and not self.offloaded:
-            self._offloaded_storage = []
-            for tensor in self._device_tensors():
-                host = tensor.detach().to("cpu", copy=True)
-                self._offloaded_storage.append((tensor, host))
-                tensor.untyped_storage().resize_(0)
-            torch.cuda.empty_cache()
-        self.offloaded = True
-
-    def onload(self) -> None:
-        if self.device.kind.value == "cuda" and self.offloaded:
-            for tensor, host in self._offloaded_storage:
-                tensor.untyped_storage().resize_(host.numel() * host.element_size())
-                tensor.copy_(host)
-            self._offloaded_storage = []
-        self.offloaded = False
-
-    def _device_tensors(self) -> list[torch.Tensor]:
-        """The distinct storages the trainer holds on the accelerator: DDP's parameter and gradient buffers,
-        the optimizer's state and main parameters, the reference model."""
-        seen: set[int] = set()
-        out: list[torch.Tensor] = []
-
-        def add(tensor: Any) -> None:
-            if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
-                key = tensor.untyped_storage().data_ptr()
-                if key not in seen and tensor.untyped_storage().size() > 0:
-                    seen.add(key)
-                    out.append(tensor)
-
-        for model in self.ddp_models:
-            for buffer in list(getattr(model, "buffers", [])) + list(
-                getattr(model, "expert_parallel_buffers", [])
-            ):
-                add(buffer.param_data)
-                add(buffer.grad_data)
-            for param in model.parameters():
-                add(param.data)
-        for inner in ckpt._distributed_optimizers(self.optimizer):
-            torch_opt = getattr(inner, "optimizer", None)
-            if torch_opt is None:
-                continue
-            for group in torch_opt.param_groups:
-                for param in group["params"]:
-                    add(param.data)
-                    for value in torch_opt.state.get(param, {}).values():
-                        add(value)
-        for model in self.ref_models or []:
-            for param in model.parameters():
-                add(param.data)
-        return out
-
-    def _require_onloaded(self) -> None:
-        if self.offloaded:
-            raise RuntimeError("train backend is offloaded; call onload() first")
-
-    def _sync_params(self) -> None:
-        """With `overlap-param-gather` the distributed optimizer's updated shards are gathered lazily, by the
-        next forward; anything that reads the weights outside training gathers them first."""
-        if self.ddp_config.overlap_param_gather:
-            for model in self.ddp_models:
-                model.start_param_sync(force_sync=True)
+    def _frozen_models(self) -> list:
+        return (self.ref_models or []) + (self.teacher_models or [])
 
     # -- checkpoints ---------------------------------------------------------------------------------------------------
     def _keeps_reference(self) -> bool:
         return self.ref_models is not None and self.config.ref_update_interval is not None
 
     def _sharded_state(self, *, optimizer: bool, rng: bool, reference: bool, loading: bool) -> dict[str, Any]:
-        gpts = [unwrap(m) for m in self.models]
-        state: dict[str, Any] = ckpt.model_sharded_state(gpts)
-        if optimizer:
-            if loading:
-                ckpt.prepare_optimizer_for_load(self.optimizer)
-            model_state = dict(state)
-            state["optimizer"] = self.optimizer.sharded_state_dict(
-                model_state,
-                is_loading=loading,
-                metadata=dict(ckpt.OPTIMIZER_SHARDING),
-            )
-        if rng:
-            state["rng_state"] = ckpt.rng_sharded_object()
+        state = self._model_sharded_state(optimizer=optimizer, rng=rng, loading=loading)
         if reference and self.ref_models is not None:
             refs = [unwrap(m) for m in self.ref_models]
             for key, value in ckpt.model_sharded_state(refs, prefix=ckpt.REFERENCE_PREFIX).items():
@@ -760,6 +998,13 @@ class MegatronTrainBackend:
         return state
 
     def save_checkpoint(
+        self, save_dir: str, iteration: int, extra_state: dict[str, Any], *, blocking: bool = True
+    ) -> CheckpointRecord | None:
+        """See `_save_checkpoint`; runs with the trainer on its device (`_on_device`)."""
+        with self._on_device():
+            return self._save_checkpoint(save_dir, iteration, extra_state, blocking=blocking)
+
+    def _save_checkpoint(
         self, save_dir: str, iteration: int, extra_state: dict[str, Any], *, blocking: bool = True
     ) -> CheckpointRecord | None:
         """`<save_dir>/iter_NNNNNNN/` in torch_dist (a collective). `blocking=False` (`async-save`): the state
@@ -776,44 +1021,17 @@ class MegatronTrainBackend:
             "optimizer_steps": self.optimizer_steps,
             "has_optimizer": with_optimizer,
             "has_reference": self._keeps_reference(),
-            "parallel": {
-                "tp": self.layout.tp,
-                "pp": self.layout.pp,
-                "vpp": self.layout.vpp,
-                "dp": self.dp_size,
-            },
+            "parallel": self._parallel_state(),
             "extra": extra_state,
         }
-        if blocking:
-            for pending in list(self._pending_saves):  # saves land in order
-                self._finish(pending, wait=True)
-            result = ckpt.save(save_dir, iteration, sharded, state, owner=self.config.owner, blocking=True)
-            return result if isinstance(result, CheckpointRecord) else None
-        pending = ckpt.save(save_dir, iteration, sharded, state, owner=self.config.owner, blocking=False)
-        assert isinstance(pending, ckpt.PendingSave)
-        self._pending_saves.append(pending)
-        return None
-
-    def _finish(self, pending: ckpt.PendingSave, *, wait: bool) -> CheckpointRecord | None | bool:
-        result = ckpt.finish(pending, wait=wait)
-        if result is not False:
-            self._pending_saves.remove(pending)
-        return result
-
-    def finished_saves(self, *, wait: bool = False) -> list[CheckpointRecord]:
-        """Records of the background saves every rank has finished writing (all of them with `wait`), in
-        order; a collective."""
-        install_cpu_shims()
-        done: list[CheckpointRecord] = []
-        for pending in list(self._pending_saves):
-            result = self._finish(pending, wait=wait)
-            if result is False:
-                break
-            if isinstance(result, CheckpointRecord):
-                done.append(result)
-        return done
+        return self._save_sharded(save_dir, iteration, sharded, state, blocking=blocking)
 
     def load_checkpoint(self, load_dir: str) -> tuple[int, dict[str, Any]] | None:
+        """See `_load_checkpoint`; runs with the trainer on its device (`_on_device`)."""
+        with self._on_device():
+            return self._load_checkpoint(load_dir)
+
+    def _load_checkpoint(self, load_dir: str) -> tuple[int, dict[str, Any]] | None:
         """Restore the latest iteration under `load_dir` (model; optimizer unless `no-load-optim` or the
         checkpoint has none; RNG unless `no-load-rng`; the reference model if it was saved). `finetune`:
         the weights only, and the run starts from rollout 0 (returns None). None when there is no
@@ -833,19 +1051,7 @@ class MegatronTrainBackend:
             optimizer=with_optimizer, rng=with_rng, reference=with_reference, loading=True
         )
         loaded = ckpt.load(folder, sharded)
-        gpts = [unwrap(m) for m in self.models]
-        for i, gpt in enumerate(gpts):
-            gpt.load_state_dict(loaded[ckpt.chunk_key(i, len(gpts))], strict=False)
-        if with_optimizer:
-            ckpt.load_optimizer_state(self.optimizer, loaded["optimizer"])
-        else:
-            # the distributed optimizer keeps its own fp32 copy of the weights: refresh it from the model
-            for inner in ckpt._distributed_optimizers(self.optimizer):
-                reload = getattr(inner, "reload_model_params", None)
-                if reload is not None:
-                    reload()
-        if with_rng and "rng_state" in loaded:
-            ckpt._set_rng_states(loaded["rng_state"])
+        self._restore(loaded, with_optimizer=with_optimizer, with_rng=with_rng)
         if with_reference and self.ref_models is not None:
             refs = [unwrap(m) for m in self.ref_models]
             for i, ref in enumerate(refs):

@@ -166,13 +166,14 @@ class PendingSave:
     stack: contextlib.ExitStack
     finalize: list[Callable[[], None]]
     state: dict[str, Any]
+    state_file: str = STATE_FILE
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     started: float = field(default_factory=time.perf_counter)
 
 
-def _write_state(scratch: Path, state: dict[str, Any]) -> None:
-    (scratch / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+def _write_state(scratch: Path, state: dict[str, Any], state_file: str = STATE_FILE) -> None:
+    (scratch / state_file).write_text(json.dumps(state, indent=2) + "\n")
 
 
 def save(
@@ -183,11 +184,13 @@ def save(
     *,
     owner: str = LOCAL_OWNER,
     blocking: bool = True,
+    state_file: str = STATE_FILE,
 ) -> CheckpointRecord | PendingSave | None:
     """Write `sharded_state` as `<save_dir>/iter_NNNNNNN/` (a collective). Blocking: returns the record on
     rank 0 (None elsewhere) once the folder is in place and `latest_checkpointed_iteration.txt` points at it.
     `blocking=False`: the tensors are staged (copied) now, the files are written by a thread, and the
-    returned `PendingSave` is completed by `finish()`."""
+    returned `PendingSave` is completed by `finish()`. `state` is written as `state_file` (`trainer_state.json`;
+    PPO's critic writes its own name)."""
     from megatron.core import dist_checkpointing
 
     final = iteration_dir(save_dir, iteration)
@@ -212,8 +215,19 @@ def save(
         stack.__exit__(type(exc), exc, exc.__traceback__)
         raise
     if blocking:
-        return _commit(stack, scratch, save_dir, iteration, final, state, started, ok=True)
-    pending = PendingSave(iteration, save_dir, final, scratch, stack, list(request.finalize_fns), state)  # type: ignore[union-attr]
+        return _commit(
+            stack, scratch, save_dir, iteration, final, state, started, ok=True, state_file=state_file
+        )
+    pending = PendingSave(
+        iteration,
+        save_dir,
+        final,
+        scratch,
+        stack,
+        list(request.finalize_fns),  # type: ignore[union-attr]
+        state,
+        state_file,
+    )
 
     def write() -> None:
         try:
@@ -275,6 +289,7 @@ def finish(pending: PendingSave, *, wait: bool) -> CheckpointRecord | None | boo
         pending.started,
         ok=ok,
         error=pending.error,
+        state_file=pending.state_file,
     )
 
 
@@ -289,6 +304,7 @@ def _commit(
     *,
     ok: bool,
     error: BaseException | None = None,
+    state_file: str = STATE_FILE,
 ) -> CheckpointRecord | None:
     """Every rank has written its part (or some failed): rank 0 renames the folder into place and points
     `latest_checkpointed_iteration.txt` at it, or drops the scratch folder."""
@@ -301,7 +317,7 @@ def _commit(
                 stack.__exit__(type(failure), failure, failure.__traceback__)
                 result[0] = failure
             else:
-                _write_state(scratch, state)
+                _write_state(scratch, state, state_file)
                 stack.close()  # atomic_directory: owner mark, owner check, rename
                 write_latest_iteration(save_dir, iteration)
                 result[0] = record(final, iteration, CheckpointFormat.TORCH)
@@ -319,18 +335,21 @@ def _commit(
 # -- reading -------------------------------------------------------------------------------------------------
 
 
-def latest(load_dir: str) -> tuple[int, Path, dict[str, Any]] | None:
-    """(iteration, folder, trainer state) of the latest checkpoint under `load_dir`, or None."""
+def latest(
+    load_dir: str | Path, *, state_file: str = STATE_FILE, layout: str = CHECKPOINT_LAYOUT
+) -> tuple[int, Path, dict[str, Any]] | None:
+    """(iteration, folder, state) of the latest checkpoint under `load_dir`, or None; its `state_file` must
+    name `layout` (when it names one)."""
     iteration = read_latest_iteration(load_dir)
     if iteration is None:
         return None
     folder = iteration_dir(load_dir, iteration)
-    state_file = folder / STATE_FILE
-    state = json.loads(state_file.read_text()) if state_file.is_file() else {}
-    layout = state.get("layout")
-    if layout is not None and layout != CHECKPOINT_LAYOUT:
+    path = folder / state_file
+    state = json.loads(path.read_text()) if path.is_file() else {}
+    found = state.get("layout")
+    if found is not None and found != layout:
         raise ValueError(
-            f"{folder} is a {layout!r} checkpoint, not a Megatron one ({CHECKPOINT_LAYOUT}): it was written by "
+            f"{folder} is a {found!r} checkpoint, not a Megatron one ({layout}): it was written by "
             "another train backend"
         )
     return iteration, folder, state

@@ -10,9 +10,14 @@ megatron-core (0.16 here, 0.19 on the GPU host) is written for CUDA: it allocate
 - a `TorchFunctionMode` (per thread, see below) maps every CUDA device argument of a torch call (`"cuda"`,
   `"cuda:N"`, `torch.device("cuda")`, an integer CUDA ordinal) to the CPU (also inside the backward of
   Python autograd functions, which torch would otherwise run outside the mode),
-  makes `Tensor.cuda()` / `Tensor.pin_memory()` return the tensor, and, for calls made from megatron's own code
+  makes `Tensor.cuda()` / `Tensor.pin_memory()` return the tensor (and `pin_memory=True` allocate plain memory), and, for calls made from megatron's own code
   only, reports a CPU tensor's `Tensor.type()` as its CUDA twin (`torch.FloatTensor` ->
   `torch.cuda.FloatTensor`): that one lie is what makes `clip_grad > 0` and the distributed optimizer run;
+- for `optimizer-cpu-offload`, megatron's `HybridDeviceOptimizer` (the only caller that is answered so) sees
+  the parameters it is given as device tensors (`Tensor.is_cuda`) and the host copies it makes of them
+  (`.cpu()`, and what it derives from those with `detach` / `clone` / `float`) as host tensors, as on a GPU:
+  it then runs its real split (gradients copied into host buffers, a CPU Adam on fp32 master copies, the
+  results copied back into the model's shards) instead of looking up host copies it never made;
 - `torch.cuda.get_rng_state()` returns the CPU generator's state (activation recompute saves it), and the
   CUDA lazy-call queue (where megatron's `_set_cuda_rng_state` parks its callbacks on a machine that never
   initialises CUDA) is bounded, so long CPU runs do not grow it without end;
@@ -22,7 +27,7 @@ megatron-core (0.16 here, 0.19 on the GPU host) is written for CUDA: it allocate
   given to `torch.distributed.all_to_all_single` into lists (on CUDA megatron hands it host numpy arrays).
 
 Only `torch.cuda` names and `torch.autograd.function.BackwardCFunction.apply` are replaced (private ones are
-checked with `hasattr` first); megatron's own modules are not touched, except the one name 0.16 forgets without TransformerEngine (`install_compat_shims`). Torch
+checked with `hasattr` first); megatron's own modules are not touched, except two names 0.16 gets wrong without TransformerEngine (`install_compat_shims`). Torch
 function modes are thread-local: call `install_cpu_shims()` in every thread that runs megatron code (cheap,
 idempotent per thread; `remove_cpu_shims()` undoes the mode). When CUDA is available it does nothing but
 `install_compat_shims()` and returns False.
@@ -59,6 +64,29 @@ def install_compat_shims() -> None:
         return
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
+    _te_version_checks_without_te()
+
+
+def _te_version_checks_without_te() -> None:
+    """0.16's `OptimizerConfig.__post_init__` asks `is_te_min_version("2.1.0")` under
+    `use_precision_aware_optimizer` (which `optimizer-cpu-offload` requires) without asking whether TE is
+    installed: `None >= Version` raises a TypeError. Without TE no minimum version is met: answer False
+    (which turns `store_param_remainders` off, as megatron does for an old TE). Only the optimizer modules'
+    imported name is wrapped; with TE installed the wrapper answers what megatron would."""
+    from megatron.core import optimizer as optimizer_pkg
+    from megatron.core import utils
+    from megatron.core.optimizer import optimizer_config
+
+    for module in (optimizer_config, optimizer_pkg):
+        original = getattr(module, "is_te_min_version", None)
+        if original is None or getattr(original, "_relax_compat_shim", False):
+            continue
+
+        def is_te_min_version(version: str, check_equality: bool = True, _original: Any = original) -> bool:
+            return utils.get_te_version() is not None and _original(version, check_equality)
+
+        is_te_min_version._relax_compat_shim = True  # type: ignore[attr-defined]
+        module.is_te_min_version = is_te_min_version
 
 
 def install_cpu_shims() -> bool:
@@ -242,6 +270,18 @@ def _called_from_megatron() -> bool:
     return str(frame.f_globals.get("__name__", "")).startswith("megatron.")
 
 
+_HYBRID_OPTIMIZER_MODULE = "megatron.core.optimizer.cpu_offloading."
+_IS_CUDA = torch.Tensor.is_cuda.__get__  # a fresh (equal) method-wrapper at each access: compare with ==
+_HOST_COPY_ATTR = "_relax_host_copy"
+# tensor methods through which the hybrid optimizer derives its host copies (`.cpu()` makes one)
+_HOST_DERIVING = {torch.Tensor.detach, torch.Tensor.clone, torch.Tensor.float, torch.Tensor.to}
+
+
+def _called_from_hybrid_optimizer() -> bool:
+    frame = sys._getframe(2)  # as in _called_from_megatron
+    return str(frame.f_globals.get("__name__", "")).startswith(_HYBRID_OPTIMIZER_MODULE)
+
+
 class CudaToCpuMode(TorchFunctionMode):
     """Rewrites CUDA placement in torch calls to the CPU (see the module docstring)."""
 
@@ -249,6 +289,13 @@ class CudaToCpuMode(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in _IDENTITY_METHODS:
             return args[0]
+        if func == _IS_CUDA and _called_from_hybrid_optimizer():
+            return not getattr(args[0], _HOST_COPY_ATTR, False)
+        if (func is torch.Tensor.cpu or func in _HOST_DERIVING) and _called_from_hybrid_optimizer():
+            result = func(*args, **kwargs)  # already on the CPU: `.cpu()` / `.to("cpu")` answer the tensor
+            if func is torch.Tensor.cpu or getattr(args[0], _HOST_COPY_ATTR, False):
+                setattr(result, _HOST_COPY_ATTR, True)
+            return result
         if func is torch.Tensor.type and len(args) == 1 and not kwargs:
             name = func(*args)
             if name.startswith("torch.") and not name.startswith("torch.cuda.") and _called_from_megatron():
@@ -256,6 +303,8 @@ class CudaToCpuMode(TorchFunctionMode):
             return name
         if func is _ALL_TO_ALL_SINGLE:
             args, kwargs = _split_sizes_as_lists(args, kwargs)
+        if kwargs.get("pin_memory"):  # no pinned-memory allocator without an accelerator
+            kwargs = {**kwargs, "pin_memory": False}
         device = kwargs.get("device")
         if device is not None and _is_cuda_device(device, allow_int=True):
             kwargs = {**kwargs, "device": _CPU}

@@ -88,6 +88,7 @@ CASES: list[tuple[str, dict, Any, dict]] = [
     ("rule.loss_type_sft_loss", merge(SFT, {"loss-type": "sft_loss"}), ("derived", "loss_type", "sft"), SFT),
     ("rule.sft_disables_rl_terms", merge(SFT, {"use-kl-loss": True, "kl-loss-coef": 0.1}), "warning", SFT),
     ("rule.sft_disables_rl_terms", SFT, ("derived", "disable_compute_advantages_and_returns", True), {}),
+    ("rule.sft_disables_rl_terms", merge(SFT, OPD_MEGATRON), ("derived", "use_opd", False), OPD_MEGATRON),
     ("rule.fully_async_colocate_is_hybrid", {"fully-async": True}, "warning", {"hybrid": True}),
     ("rule.fully_async_colocate_is_hybrid", {"fully-async": True}, ("derived", "hybrid", True), {}),
     (
@@ -510,6 +511,25 @@ CASES: list[tuple[str, dict, Any, dict]] = [
         {"use-opd": True, "opd-type": "megatron"},
         "error",
         OPD_MEGATRON,
+    ),
+    ("rule.opd_clips_positive", merge(OPD_MEGATRON, {"opd-per-token-clip": 0.0}), "error", OPD_MEGATRON),
+    (
+        "rule.opd_clips_positive",
+        merge(OPD_MEGATRON, {"opd-kl-coef": 0.0, "opd-loss-coef": 1.0, "opd-is-clip": -1.0}),
+        "error",
+        merge(OPD_MEGATRON, {"opd-kl-coef": 0.0, "opd-loss-coef": 1.0, "opd-is-clip": 2.0}),
+    ),
+    (
+        "rule.opd_is_clip_needs_loss_mode",
+        merge(OPD_MEGATRON, {"opd-is-clip": 2.0}),
+        "warning",
+        merge(OPD_MEGATRON, {"opd-kl-coef": 0.0, "opd-loss-coef": 1.0, "opd-is-clip": 2.0}),
+    ),
+    (
+        "rule.opd_teacher_inputs_need_sglang",
+        merge(OPD_MEGATRON, {"opd-teacher-prompt-key": "teacher_prompt"}),
+        "error",
+        merge(OPD_SGLANG, {"opd-teacher-prompt-key": "teacher_prompt"}),
     ),
     ("rule.opd_sglang_teacher_source", {"use-opd": True, "opd-type": "sglang"}, "error", OPD_SGLANG),
     ("rule.opd_sglang_teacher_source", merge(OPD_SGLANG, {"opd-teacher-load": "/t"}), "error", OPD_SGLANG),

@@ -284,6 +284,7 @@ def advantages(values: dict[str, Any]) -> Any:
     batch.old_log_probs = -0.5 * batch.loss_mask
     batch.ref_log_probs = -0.7 * batch.loss_mask
     batch.values = torch.zeros_like(batch.loss_mask)
+    batch.teacher_log_probs = -0.9 * batch.loss_mask  # OPD's teacher: a per-token KL of 0.4
     Pipeline.compute_advantages(SimpleNamespace(spec=spec, reward=None), batch)  # type: ignore[arg-type]
     computed = (
         None if batch.advantages is None else [round(x, 5) for x in batch.advantages.flatten().tolist()]
@@ -780,6 +781,9 @@ def server_args(values: dict[str, Any]) -> Any:
 PPO = {"advantage_estimator": "ppo", "use_rollout_logprobs": True}
 SFT = {"loss_type": "sft", "use_kl_loss": False, "eval_prompt_data": None, "rollout_global_dataset": False}
 HOOK = "json.dumps"  # a dotted path to a callable, where the hook is loaded
+# on-policy distillation with the trainer's teacher, in advantage mode and in loss mode
+OPD = {"use_opd": True, "opd_type": "megatron", "opd_teacher_load": str(FOLDER / "teacher")}
+OPD_LOSS = {**OPD, "opd_kl_coef": 0.0, "opd_loss_coef": 1.0}
 
 
 EFFECTS: dict[str, Evidence | dict[str, Evidence]] = {
@@ -819,6 +823,22 @@ EFFECTS: dict[str, Evidence | dict[str, Evidence]] = {
     "kl_loss_coef": Probe(train_config),
     "kl_loss_type": Probe(train_config),
     "use_unbiased_kl": Probe(train_config),
+    # on-policy distillation: the teacher (TrainConfig), its loss mode (TrainConfig.loss.opd), its advantage mode
+    "use_opd": Probe(
+        train_config, base={"opd_type": "megatron", "opd_teacher_load": str(FOLDER / "teacher")}
+    ),
+    "opd_type": Probe(
+        train_config, base={"use_opd": True, "opd_teacher_load": str(FOLDER / "teacher")}, value="megatron"
+    ),
+    "opd_teacher_load": Probe(train_config, base={"use_opd": True, "opd_type": "megatron"}),
+    "opd_teacher_ckpt_step": Probe(train_config, base=OPD),
+    "opd_kl_type": Probe(train_config, base=OPD, value="low_var_kl"),
+    "opd_loss_coef": Probe(train_config, base={**OPD, "opd_kl_coef": 0.0}),
+    "opd_is_clip": Probe(train_config, base=OPD_LOSS, value=2.0),
+    "opd_kl_coef": Probe(advantages, base=OPD),
+    "opd_only_reward": Probe(advantages, base=OPD),
+    "opd_log_prob_min_clamp": Probe(advantages, base=OPD, value=-0.4),
+    "opd_per_token_clip": Probe(advantages, base=OPD, value=0.25),
     "entropy_coef": Probe(train_config),
     "calculate_per_token_loss": Probe(train_config),
     "advantage_estimator": Probe(train_config),
@@ -1033,7 +1053,9 @@ EFFECTS: dict[str, Evidence | dict[str, Evidence]] = {
     "moe_layer_freq": Probe(megatron_config, base=MOE, value="[1,0,1,0]"),
     # -- megatron: TransformerConfig --
     "bf16": Probe(megatron_config, base=MODEL),
-    "fp16": Probe(megatron_config, base={**MODEL, "bf16": False}),
+    "fp16": ExistingTest(
+        "tests/unit/runtime/test_megatron_backend.py::test_fp16_with_dynamic_loss_scaling_tracks_fp32"
+    ),
     "hidden_dropout": Probe(megatron_config, base=MODEL),
     "attention_dropout": Probe(megatron_config, base=MODEL),
     "init_method_std": Probe(megatron_config, base=MODEL),
@@ -1052,13 +1074,33 @@ EFFECTS: dict[str, Evidence | dict[str, Evidence]] = {
     "check_for_nan_in_loss_and_grad": Probe(ddp_config),
     "ddp_bucket_size": Probe(ddp_config),
     "ddp_average_in_collective": Probe(ddp_config),
-    "optimizer_cpu_offload": Probe(optimizer_config),
-    "optimizer_offload_fraction": Probe(optimizer_config),
+    **{
+        name: ExistingTest(
+            "tests/unit/runtime/test_megatron_backend.py::test_optimizer_cpu_offload_matches_without"
+        )
+        for name in (
+            "optimizer_cpu_offload",
+            "optimizer_offload_fraction",
+            "overlap_cpu_optimizer_d2h_h2d",
+            "use_precision_aware_optimizer",
+        )
+    },
+    # megatron-core 0.16 overrides it for adam (the offloaded AdamW is torch's either way): it reaches the config
     "use_torch_optimizer_for_cpu_offload": Probe(optimizer_config),
-    "overlap_cpu_optimizer_d2h_h2d": Probe(optimizer_config),
+    "store_param_remainders": Derived(
+        ("fp16",),
+        "Relax derives it off under --fp16 (only off is accepted: the remainders are TransformerEngine's "
+        "FusedAdam's, which the backend does not run)",
+    ),
+    **{
+        name: ExistingTest(
+            "tests/unit/runtime/test_megatron_backend.py::test_fp16_overflow_skips_the_step_and_lowers_the_scale"
+        )
+        for name in ("initial_loss_scale", "hysteresis")
+    },
     **{
         name: Probe(optimizer_config, base={"bf16": False, "fp16": True})
-        for name in ("loss_scale", "initial_loss_scale", "min_loss_scale", "loss_scale_window", "hysteresis")
+        for name in ("loss_scale", "min_loss_scale", "loss_scale_window")
     },
     "log_probs_chunk_size": Probe(loss_head, value=1024),
     "distributed_timeout_minutes": Probe(process_group),

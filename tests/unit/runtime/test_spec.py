@@ -46,17 +46,24 @@ def test_load_spec_normalized_skips_jobspec() -> None:
 
 
 def test_unsupported_parameters_are_named() -> None:
-    defaults = {"lr": 1e-6, "use_opd": False, "tensor_model_parallel_size": 1, "kl_loss_type": "k1"}
+    defaults = {"lr": 1e-6, "opd_teacher_url": None, "tensor_model_parallel_size": 1, "kl_loss_type": "k1"}
     values = {
         "lr": 1e-3,
-        "use_opd": True,
+        "opd_teacher_url": "http://teacher:30010/generate",
         "tensor_model_parallel_size": 1,
         "kl_loss_type": "k5",
         "over_sampling_batch_size": 16,
         "rollout_batch_size": 8,
     }
-    assert unsupported_parameters(values, defaults) == ["kl_loss_type='k5'", "use_opd"]
-    assert unsupported_parameters({**values, "num_iters_per_train_update": 2}, defaults)[-1] == ("use_opd")
+    assert unsupported_parameters(values, defaults) == ["kl_loss_type='k5'", "opd_teacher_url"]
+    assert unsupported_parameters({**values, "num_iters_per_train_update": 2}, defaults)[-1] == (
+        "opd_teacher_url"
+    )
+    # on-policy distillation: the trainer's teacher is honoured, an SGLang teacher and top-k KLs are not
+    opd = {"use_opd": True, "opd_type": "megatron", "opd_kl_type": "low_var_kl"}
+    assert unsupported_parameters(opd, {}) == []
+    refused = {**opd, "opd_type": "sglang", "opd_kl_type": "jsd"}
+    assert unsupported_parameters(refused, {}) == ["opd_kl_type='jsd'", "opd_type='sglang'"]
     assert "num_iters_per_train_update=2" in unsupported_parameters(
         {**values, "num_iters_per_train_update": 2}, defaults
     )

@@ -186,3 +186,29 @@ def test_ref_load_sets_reference_and_initial_weights(tiny_model: Path, tok, tmp_
         for name, tensor in trained.model.state_dict().items():
             assert torch.equal(backend.model.state_dict()[name], tensor)
             assert torch.equal(backend.ref_model.state_dict()[name], tensor)
+
+
+def test_opd_teacher_log_probs_and_loss_mode(tiny_model: Path, tok, tmp_path: Path) -> None:
+    """`opd-teacher-load` (a checkpoint root at `opd-teacher-ckpt-step`, or an HF folder): the torch backend
+    holds the teacher and fills `teacher_log_probs` as its own forward of those weights; in OPD's loss mode
+    (`opd-loss-coef`) the train step reports the term."""
+    from runtime.algos.losses import LossConfig
+    from runtime.algos.opd import OPDConfig
+
+    batch = _grpo_batch(tiny_model, tok)
+    trained = TorchTrainBackend(str(tiny_model), _config(), device=DEVICE)
+    trained.train_step(trained.compute_log_probs(batch))
+    trained.save_checkpoint(str(tmp_path / "ckpt"), 3, {})
+    trained.export_hf(str(tmp_path / "hf"), 3)
+    want = trained.compute_log_probs(batch).old_log_probs
+    opd = LossConfig(opd=OPDConfig(kl_coef=0.0, loss_coef=1.0, is_clip=2.0))
+    for load, step in ((tmp_path / "ckpt", 3), (tmp_path / "hf", None)):
+        config = _config(loss=opd, opd_teacher_load=str(load), opd_teacher_ckpt_step=step)
+        student = TorchTrainBackend(str(tiny_model), config, device=DEVICE)
+        filled = student.compute_log_probs(batch)
+        assert torch.allclose(filled.teacher_log_probs, want, atol=1e-5)
+        assert not torch.allclose(filled.old_log_probs, want, atol=1e-3)  # the student is not the teacher
+    filled.advantages = torch.zeros_like(filled.loss_mask)
+    metrics = student.train_step(filled)
+    assert abs(metrics["opd_kl"]) > 1e-4  # the student's KL to the teacher: a value (not 0, not NaN)
+    assert {"opd_loss", "opd_is_clipfrac"} <= set(metrics) and metrics["pg_loss"] == 0

@@ -21,6 +21,7 @@ from runtime.algos.advantages import (
     last_token_onehot,
     whiten,
 )
+from runtime.algos.opd import OPDConfig
 
 FAST = settings(max_examples=30, deadline=None, database=None)
 
@@ -272,7 +273,7 @@ def test_opd_adds_teacher_minus_student_before_whitening() -> None:
     coef = 0.5
     plain = compute_advantages_and_returns("grpo", inputs_of(x), AdvantageConfig())
     with_opd = compute_advantages_and_returns(
-        "grpo", inputs_of(x), AdvantageConfig(use_opd=True, opd_kl_coef=coef)
+        "grpo", inputs_of(x), AdvantageConfig(opd=OPDConfig(kl_coef=coef))
     )
     lx = as_lists(x)
     term = [
@@ -282,7 +283,7 @@ def test_opd_adds_teacher_minus_student_before_whitening() -> None:
     assert_close(with_opd.advantages - plain.advantages, torch.tensor(term), atol=1e-5, rtol=1e-5)
     assert torch.equal(with_opd.returns, plain.returns)  # OPD shapes the advantages only
     whitened = compute_advantages_and_returns(
-        "grpo", inputs_of(x), AdvantageConfig(use_opd=True, opd_kl_coef=coef, normalize_advantages=True)
+        "grpo", inputs_of(x), AdvantageConfig(opd=OPDConfig(kl_coef=coef), normalize_advantages=True)
     )
     expected = naive_whiten((plain.advantages + torch.tensor(term)).tolist(), lx["loss_mask"])
     assert_close(whitened.advantages, torch.tensor(expected), atol=1e-4, rtol=1e-4)
@@ -336,7 +337,7 @@ def test_stage_refusals_name_the_conflicting_setting() -> None:
     with pytest.raises(ValueError, match="ref_log_probs"):
         compute_advantages_and_returns("reinforce_plus_plus", bare, AdvantageConfig(kl_coef=0.1))
     with pytest.raises(ValueError, match="teacher_log_probs"):
-        compute_advantages_and_returns("grpo", bare, AdvantageConfig(use_opd=True))
+        compute_advantages_and_returns("grpo", bare, AdvantageConfig(opd=OPDConfig()))
 
 
 def test_kl_coef_needs_no_reference_when_zero() -> None:
@@ -381,7 +382,7 @@ def batches(draw: st.DrawFn, min_group: int = 1) -> dict:
 
 def _config(name: str) -> AdvantageConfig:
     kl = 0.0 if name == "reinforce_plus_plus_baseline" else 0.1
-    return AdvantageConfig(kl_coef=kl, kl_type="k3", gamma=0.9, lambd=0.8, use_opd=True, opd_kl_coef=0.3)
+    return AdvantageConfig(kl_coef=kl, kl_type="k3", gamma=0.9, lambd=0.8, opd=OPDConfig(kl_coef=0.3))
 
 
 @FAST
