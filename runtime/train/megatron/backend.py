@@ -33,7 +33,7 @@ import os
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -71,27 +71,6 @@ class _Micro:
     batch: RolloutBatch
     tokens: torch.Tensor  # [rows, width] (rows >= batch rows, width >= batch width)
     weight: float = 0.0  # its share of the optimizer step's loss (the torch backend's weighting)
-
-
-def _staged(micros: list[_Micro], device: torch.device) -> list[_Micro]:
-    """On CUDA, every micro-batch's tensors copied to the device before the schedule starts, asynchronously
-    from pinned memory. A copy from pageable memory inside the schedule (the tokens for the forward, the
-    targets, mask and old log-probs for the loss) makes the host wait until the device has run everything
-    queued before it, so the device would idle while the host queues the next kernels, several times per
-    micro-batch. Elsewhere the micro-batches as they are."""
-    if device.type != "cuda":
-        return micros
-
-    def move(value: Any) -> Any:
-        if not isinstance(value, torch.Tensor) or value.device.type == "cuda":
-            return value
-        return value.pin_memory().to(device, non_blocking=True)
-
-    staged = []
-    for micro in micros:
-        tensors = {f.name: move(getattr(micro.batch, f.name)) for f in fields(micro.batch)}
-        staged.append(replace(micro, batch=replace(micro.batch, **tensors), tokens=move(micro.tokens)))
-    return staged
 
 
 def _get(values: Mapping[str, Any], name: str, default: Any) -> Any:
@@ -360,7 +339,6 @@ class MegatronModelRunner:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         chunks = len(models)
-        micros = _staged(micros, self.device.torch_device)
         data: Any = iter(micros) if chunks == 1 else [iter(micros) for _ in range(chunks)]
         return get_forward_backward_func()(
             forward_step_func=partial(self._forward_step, loss_for),

@@ -58,6 +58,7 @@ __all__ = [
     "compile_transformer_layers",
     "compiled_kernels_enabled",
     "cuda_fusions",
+    "precompute_rope",
     "reference_log_probs_and_entropy",
     "rms_norm",
     "swiglu",
@@ -697,3 +698,110 @@ def compile_transformer_layers(
     for layer in layers:
         layer.compile(**kwargs)
     return len(layers)
+
+
+# ------------------------------------------------------------------------------------- rotary embedding
+
+ROPE_PRECOMPUTE_ENV = "RELAX_ROPE_PRECOMPUTE"  # 0: megatron's own RoPE (cos and sin taken in every layer)
+
+
+def _rope_packed_bshd(t: Tensor, packed: Tensor, interleaved: bool = False) -> Tensor:
+    """Megatron's unfused RoPE (`rope_utils._apply_rotary_pos_emb_bshd` with mscale 1) with cos and sin
+    already taken: `packed` is [s, ..., 2 * rot] = cat(cos(freqs), sin(freqs)); the same values, since megatron
+    also takes them in fp32 and casts them to t's dtype."""
+    from megatron.core.models.common.embeddings.rope_utils import _rotate_half
+
+    rot = packed.shape[-1] // 2
+    cos, sin = packed[..., :rot].to(t.dtype), packed[..., rot:].to(t.dtype)
+    t_rot, t_pass = t[..., :rot], t[..., rot:]
+    out = t_rot * cos + _rotate_half(t_rot, interleaved) * sin
+    return torch.cat((out, t_pass), dim=-1) if t_pass.shape[-1] else out
+
+
+def _rope_packed_thd(
+    t: Tensor,
+    cu_seqlens: Tensor,
+    packed: Tensor,
+    cp_size: int = 1,
+    cp_rank: int = 0,
+    interleaved: bool = False,
+) -> Tensor:
+    """The packed-sequence (thd) form: each sequence takes positions 0..len-1 of `packed` (or, when `packed`
+    covers every token, its own slice), as megatron's `_apply_rotary_pos_emb_thd` does without context
+    parallelism (the only case this backend runs)."""
+    if cp_size != 1:
+        raise NotImplementedError("precomputed RoPE with context parallelism")
+    total = int(cu_seqlens[-1])
+    if packed.size(0) == total:
+        per_token = packed[:total]
+    else:
+        seqlens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+        per_token = torch.cat([packed[:n] for n in seqlens], dim=0)
+    return _rope_packed_bshd(t.unsqueeze(1), per_token, interleaved).squeeze(1)
+
+
+def precompute_rope(models: list[torch.nn.Module], *, force: bool = False) -> int:
+    """RoPE's cos and sin taken once per forward instead of in every layer: each GPTModel's rotary embedding
+    returns cat(cos(freqs), sin(freqs)) (cached per freqs tensor, which megatron caches per length), and its
+    attention applies them through megatron's `apply_rope_fusion` hook, filled with `_rope_packed_*` (the hook
+    is TransformerEngine's and empty without it). Inside a compiled layer inductor would otherwise inline
+    cos/sin of the [s, 1, 1, d] frequencies into the pointwise RoPE kernel over every query and key element:
+    4% of the H200's time per step at Qwen2-0.5B (docs/benchmarks.md). All models sharing a
+    `TransformerConfig` must go through here together (the switch is the config's). CUDA with compilation on
+    by default (`RELAX_ROPE_PRECOMPUTE=0` turns it off); `force`: anywhere (tests). Does nothing where
+    TransformerEngine fills the hook, or for rope variants other than plain RoPE. Returns models changed."""
+    from megatron.core.models.common.embeddings import rope_utils
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    if not force:
+        probe = next((p for m in models for p in m.parameters()), None)
+        if probe is None or not compiled_kernels_enabled(probe) or os.environ.get(ROPE_PRECOMPUTE_ENV) == "0":
+            return 0
+    for name, ours in (
+        ("fused_apply_rotary_pos_emb", _rope_packed_bshd),
+        ("fused_apply_rotary_pos_emb_thd", _rope_packed_thd),
+    ):
+        current = getattr(rope_utils, name, None)
+        if current is None:
+            setattr(rope_utils, name, ours)
+        elif current is not ours:
+            return 0  # TransformerEngine's fused RoPE is there: megatron uses it
+    changed = 0
+    for model in models:
+        for gpt in model.modules():
+            rotary = getattr(gpt, "rotary_pos_emb", None)
+            config = getattr(gpt, "config", None)
+            if (
+                type(rotary) is not RotaryEmbedding
+                or config is None
+                or getattr(rotary, "_relax_packed", False)
+            ):
+                continue
+            if getattr(config, "multi_latent_attention", False) or getattr(config, "mrope_section", None):
+                continue
+            if getattr(config, "apply_rope_fusion", False) and not getattr(
+                config, "_relax_packed_rope", False
+            ):
+                continue  # fused RoPE asked for by the model's own config: leave it to megatron
+            rotary.forward = _packed_forward(rotary.forward)
+            rotary._relax_packed = True
+            config.apply_rope_fusion = True
+            config._relax_packed_rope = True
+            changed += 1
+    return changed
+
+
+def _packed_forward(forward: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    cache: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def packed(*args: Any, **kwargs: Any) -> Tensor:
+        freqs = forward(*args, **kwargs)
+        hit = cache.get(id(freqs))
+        if hit is None or hit[0] is not freqs:
+            if len(cache) >= 32:
+                cache.clear()
+            hit = (freqs, torch.cat([torch.cos(freqs), torch.sin(freqs)], dim=-1))
+            cache[id(freqs)] = hit
+        return hit[1]
+
+    return packed

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from runtime.train.megatron.kernels import precompute_rope
 from runtime.train.megatron.parallel import ParallelLayout
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama", "qwen3_moe")
@@ -592,4 +593,5 @@ def build_model(args: ModelArgs, layout: ParallelLayout, config) -> list:
         if torch.cuda.is_available():  # as Megatron-LM's get_model: anything built on the host moves over
             model.cuda(torch.cuda.current_device())
         models.append(model)
+    precompute_rope(models)  # CUDA: cos/sin once per forward, not inside every compiled layer
     return models

@@ -286,3 +286,45 @@ def test_recompute_gives_the_same_gradients(recompute, hf_folder, megatron_world
     assert plain.keys() == recomputed.keys()
     for name in plain:
         torch.testing.assert_close(recomputed[name], plain[name], atol=1e-6, rtol=0, msg=name)
+
+
+def test_precomputed_rope_gives_megatrons_logits_and_gradients(hf_folder, megatron_world):
+    """`kernels.precompute_rope` (on CUDA by default; forced here): cos/sin taken once per forward and applied
+    through megatron's fused-RoPE hook give megatron's own RoPE bit for bit, for padded (bshd) and packed (thd)
+    batches, forward and backward."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    from runtime.train.megatron.kernels import precompute_rope
+
+    folder = hf_folder("qwen3")
+    _, reference = _megatron_from(folder)
+    args, model = _megatron_from(folder)
+    assert model.config is not reference.config
+    torch.manual_seed(3)
+    ids = torch.randint(0, args.vocab_size, (2, 24))
+    positions = torch.arange(24).expand(2, 24)
+    lengths = [5, 11, 8]
+    cu = torch.tensor([0, 5, 16, 24], dtype=torch.int32)
+    thd = PackedSeqParams(
+        qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=11, max_seqlen_kv=11
+    )
+    packed_positions = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
+
+    def run(gpt):
+        gpt.zero_grad(set_to_none=True)
+        padded = gpt(ids, positions, None)
+        packed = gpt(ids[:1], packed_positions, None, packed_seq_params=thd)
+        (padded.square().mean() + packed.square().mean()).backward()
+        grads = {n: p.grad.clone() for n, p in gpt.named_parameters() if p.grad is not None}
+        return padded.detach(), packed.detach(), grads
+
+    want = run(reference)
+    assert precompute_rope([model]) == 0  # CPU: off unless forced
+    assert precompute_rope([model], force=True) == 1
+    assert model.config.apply_rope_fusion and precompute_rope([model], force=True) == 0  # once
+    got = run(model)
+    torch.testing.assert_close(got[0], want[0], atol=0, rtol=0)
+    torch.testing.assert_close(got[1], want[1], atol=0, rtol=0)
+    assert got[2].keys() == want[2].keys()
+    for name in want[2]:
+        torch.testing.assert_close(got[2][name], want[2][name], atol=0, rtol=0, msg=name)
