@@ -29,7 +29,9 @@ micro-batches per optimizer step, `--warmup` untimed steps then `--steps` timed 
   megatron's forward/backward schedule, `runtime.algos.losses`' SFT loss, the distributed optimizer and its
   lr schedule. Whatever the backend does on CUDA (bf16, compiled layers, fusions, the head keeping logits when
   they fit) is what is measured. `backend-recompute` / `backend-save`: the same with `RELAX_HEAD_SAVE_LOGITS`
-  0 / 1 (the head recomputes / keeps its logits whatever the memory estimate says).
+  0 / 1 (the head recomputes / keeps its logits whatever the memory estimate says). `--qkv-format`: each
+  micro-batch as one pack of its rows (`thd`, Relax's default: varlen flash attention) or as padded rows
+  (`bshd`); `--cp N` under torchrun: context parallelism (each micro-batch's tokens split over N GPUs).
 - **hf** (plain HF): `transformers` `Qwen2ForCausalLM` (SDPA attention), bf16 weights, `model.model.compile()`
   (the transformer body), and a chunked cross-entropy: 2048-row chunks of the final hidden states, each chunk's
   logits made in bf16, upcast, cross-entropy, under activation checkpointing (so full fp32 logits never exist);
@@ -114,6 +116,8 @@ class Cfg:
     lr: float = 1e-5
     seed: int = 1234
     builder: str = "auto"  # auto (model.py, else direct) | model | direct
+    cp: int = 1  # backend rows: context-parallel size (tp x cp x dp = world)
+    qkv_format: str = "thd"  # backend rows: packed sequences (Relax's default) or padded rows (bshd)
     profile: str | None = None  # write one profiled step's kernel table here
 
 
@@ -454,11 +458,15 @@ def backend_values(shape: Shape, cfg: Cfg, tp: int) -> dict[str, Any]:
         "check_for_nan_in_loss_and_grad": True,
         "bias_swiglu_fusion": True,
         "bias_dropout_fusion": True,
+        "apply_rope_fusion": True,  # RoPE through megatron's fused-RoPE hook (kernels.precompute_rope)
         "distributed_timeout_minutes": 30,
         "pipeline_model_parallel_size": 1,
-        "context_parallel_size": 1,
+        "context_parallel_size": cfg.cp,
+        # Relax's rule: context parallelism with the per-token loss (the bench's SFT loss averages tokens anyway)
+        "calculate_per_token_loss": cfg.cp > 1,
         "expert_model_parallel_size": 1,
         "expert_tensor_parallel_size": tp,
+        "qkv_format": cfg.qkv_format,
     }
 
 
@@ -498,7 +506,7 @@ def run_backend(
     from runtime.types import RolloutBatch
 
     world = dist.get_world_size()
-    dp = world // tp
+    dp = world // (tp * cfg.cp)
     b, s = cfg.micro_batch, cfg.seq
     rows = b * cfg.accum * dp  # one optimizer step of `accum` micro-batches on every data-parallel rank
     torch.manual_seed(cfg.seed)
@@ -518,7 +526,8 @@ def run_backend(
             seed=cfg.seed,
             global_batch_size=rows,
             micro_batch_size=b,
-            max_tokens_per_micro_batch=b * s,  # `max-tokens-per-gpu` (see backend_values)
+            # `max-tokens-per-gpu` (see backend_values): a micro-batch holds it x cp tokens under CP, as in Relax
+            max_tokens_per_micro_batch=b * s // cfg.cp,
         )
         context = TrainContext(dist.get_rank(), world, values=backend_values(shape, cfg, tp))
         destroy_parallel(process_group=False)  # the backend sets megatron's groups up itself
@@ -532,7 +541,7 @@ def run_backend(
             if not parallel_state.model_parallel_is_initialized():  # leave the groups for the next rows
                 initialize_parallel(ParallelLayout(tp=tp, world_size=world), seed=cfg.seed)
             raise
-    keeps = backend.keeps_head_logits(b * (s - 1))
+    keeps = backend.keeps_head_logits(b * s // cfg.cp)
     log(
         f"  built (MegatronTrainBackend, random init) in {time.perf_counter() - t_build:.1f} s; "
         f"{backend.compiled_layers} layers compiled; fusions "
@@ -921,7 +930,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="ours: runtime.train.megatron.model (auto falls back to a GPTModel built here)",
     )
     p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--dp", type=int, default=1, help="data-parallel ranks (under torchrun; tp * dp = world)")
+    p.add_argument(
+        "--dp", type=int, default=1, help="data-parallel ranks (under torchrun; tp x cp x dp = world)"
+    )
+    p.add_argument("--cp", type=int, default=1, help="backend rows: context-parallel ranks (under torchrun)")
+    p.add_argument(
+        "--qkv-format",
+        default="thd",
+        choices=["thd", "bshd"],
+        help="backend rows: micro-batches as packed sequences (thd, Relax's default) or padded rows",
+    )
     p.add_argument(
         "--micro", action="store_true", help="CUDA: the levers one at a time, a second table first"
     )
@@ -947,6 +965,8 @@ def main(argv: list[str] | None = None) -> int:
         compile_backend=args.compile_backend,
         fusions={"auto": None, "on": True, "off": False}[args.megatron_fusions],
         builder=args.builder,
+        cp=args.cp,
+        qkv_format=args.qkv_format,
     )
     models = args.models.split(",")
     if args.tiny:
@@ -954,8 +974,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg.micro_batch, cfg.seq, cfg.accum, cfg.warmup, cfg.steps = 2, 32, 2, 1, 2
         cfg.chunk_tokens, cfg.hf_chunk = 24, 24
     rank, world, device = _init_dist(args.tp)
-    if args.tp * args.dp != world:
-        raise SystemExit(f"--tp {args.tp} x --dp {args.dp} != world size {world}")
+    if args.tp * args.cp * args.dp != world:
+        raise SystemExit(f"--tp {args.tp} x --cp {args.cp} x --dp {args.dp} != world size {world}")
+    if args.cp > 1 and set(args.rows.split(",")) - set(BACKEND_ROWS):
+        raise SystemExit("--cp is for the backend rows only (--rows backend)")
 
     def log(msg: str) -> None:
         if rank == 0 and not args.quiet:
@@ -1028,8 +1050,9 @@ def main(argv: list[str] | None = None) -> int:
                     label = "ours (megatron backend: MegatronTrainBackend.train_step, sft)" + (
                         ", head keeps bf16 logits" if res["head_keeps_logits"] else ", head recomputes logits"
                     )
+                    label += f", {args.qkv_format}"
                     if world > 1:
-                        label += f", tp={args.tp} dp={args.dp}"
+                        label += f", tp={args.tp} cp={args.cp} dp={args.dp}"
                 else:
                     raise SystemExit(f"unknown row {which!r}")
             except SystemExit:

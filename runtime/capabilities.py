@@ -132,6 +132,15 @@ MEGATRON_ARGUMENTS: frozenset[str] = frozenset(
         "recompute_method",
         "recompute_num_layers",
         "recompute_modules",
+        # Megatron-LM's shorthand for --recompute-granularity selective, which the spec derives from it
+        "recompute_activations",
+        # model.py / kernels.py: RoPE through megatron's fused-RoPE hook (ours) unless --no-rope-fusion; the
+        # legacy --use-rotary-position-embeddings (the spec derives --position-embedding-type rope from it)
+        "apply_rope_fusion",
+        "use_rotary_position_embeddings",
+        # attention.py: SDPA (restricted below); its softmax is fp32 whatever the flag says
+        "attention_backend",
+        "attention_softmax_in_fp32",
         # backend.py: DDP, optimizer, loss scaling, the loss head, log-probs batching
         "use_distributed_optimizer",
         "overlap_grad_reduce",
@@ -152,6 +161,8 @@ MEGATRON_ARGUMENTS: frozenset[str] = frozenset(
         "loss_scale_window",
         "hysteresis",
         "log_probs_chunk_size",
+        # backend.py: micro-batches as packed sequences (thd, Relax's default) or padded rows (bshd)
+        "qkv_format",
         # backend.py + checkpoint.py: checkpoints, weights in and out
         "ckpt_format",
         "dist_ckpt_save_pre_mcore_014",
@@ -267,10 +278,9 @@ RESTRICTIONS: dict[str, Callable[[Any, Mapping[str, Any]], bool]] = {
         or values.get("train_backend") == "megatron"
         or values.get("loss_type") in ("sft", "sft_loss")
     ),
-    # the torch backend runs one process; the megatron backend's core attention is SDPA, and context
-    # parallelism needs TransformerEngine's (`model.transformer_config` raises for more than 1): refused at
-    # submission rather than when the model is built
-    "context_parallel_size": _one_of(1),
+    # the torch backend runs one process; the megatron backend's SDPA core attention all-gathers K/V over the
+    # context-parallel ranks (attention.py): any size the layout accepts
+    "context_parallel_size": lambda value, values: value == 1 or values.get("train_backend") == "megatron",
     # megatron
     "ckpt_format": _one_of("torch_dist"),
     "megatron_to_hf_mode": _one_of("raw", "bridge"),
@@ -305,7 +315,15 @@ RESTRICTIONS: dict[str, Callable[[Any, Mapping[str, Any]], bool]] = {
     "num_iters_per_train_update": _one_of(1),
     "max_staleness": lambda value, values: not value or bool(values.get("fully_async")),
     "eval_config": lambda value, values: value is None or values.get("loss_type") not in ("sft", "sft_loss"),
-    "debug_train_only": lambda value, values: not value or bool(values.get("load_debug_rollout_data")),
+    # with loaded rollouts (no engines), or for SFT without generative predictions (which never starts engines:
+    # Relax's SFT scripts set it)
+    "debug_train_only": lambda value, values: (
+        not value
+        or bool(values.get("load_debug_rollout_data"))
+        or (values.get("loss_type") in ("sft", "sft_loss") and values.get("sft_predict_interval") is None)
+    ),
+    # SDPA's dispatcher runs the flash kernel on CUDA (bf16/fp16); the other kernels are TransformerEngine's
+    "attention_backend": _one_of("auto", "flash"),
     # no trainer memory is reserved; debug-rollout-only derives 0 (there is no trainer at all)
     "train_memory_margin_bytes": lambda value, values: (
         value in (None, 1 << 30) or bool(values.get("debug_rollout_only"))
@@ -439,7 +457,8 @@ RESTRICTION_DOCS: dict[str, str | dict[str, str]] = {
     },
     "context_parallel_size": {
         "torch": "1 (one trainer process)",
-        "megatron": "1 (context parallelism needs TransformerEngine's attention; this backend's is SDPA)",
+        "megatron": "any size the layout accepts, dense or MoE, packed (thd) or padded (bshd) sequences "
+        "(SDPA attention over K/V all-gathered across the context-parallel ranks)",
     },
     "ckpt_format": "torch_dist",
     "megatron_to_hf_mode": "raw, bridge (one mapping, runtime/train/megatron/convert.py)",
@@ -472,7 +491,8 @@ RESTRICTION_DOCS: dict[str, str | dict[str, str]] = {
     "num_iters_per_train_update": "1",
     "max_staleness": "0 unless --fully-async",
     "eval_config": "RL jobs (SFT takes --eval-prompt-data or --eval-size)",
-    "debug_train_only": "with --load-debug-rollout-data",
+    "debug_train_only": "with --load-debug-rollout-data, or for SFT without --sft-predict-interval",
+    "attention_backend": "auto, flash (SDPA: its flash kernel on CUDA in bf16/fp16; the others are TransformerEngine's)",
     "train_memory_margin_bytes": "the default, or 0 as --debug-rollout-only derives it",
     "rollout_global_dataset": "on; off under --loss-type sft (Relax turns it off there)",
     "opd_type": "megatron (the teacher is loaded by the trainer from --opd-teacher-load); not sglang (an "

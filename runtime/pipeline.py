@@ -634,8 +634,10 @@ def validate(spec: RuntimeSpec) -> None:
         raise ValueError("an RL job needs rm_type or custom_rm_path (or rm_type_infer / rm_type_fallback)")
     if spec.rollout_external and spec.generates and not spec.rollout_external_engine_addrs:
         raise ValueError("rollout_external needs rollout_external_engine_addrs (host:port of each server)")
-    if spec.debug_train_only and not spec.load_debug_rollout_data:
+    if spec.debug_train_only and not spec.load_debug_rollout_data and not spec.is_sft:
         raise ValueError("debug_train_only trains on saved rollouts: set load_debug_rollout_data")
+    if spec.debug_train_only and spec.is_sft and spec.sft_predict_interval is not None:
+        raise ValueError("debug_train_only starts no rollout engines: drop sft_predict_interval")
     if spec.use_kl_loss and spec.kl_loss_coef == 0:
         log.warning("use_kl_loss is set but kl_loss_coef is 0: the KL term is computed and logged only")
     if spec.save_interval and not spec.save:

@@ -14,7 +14,13 @@ import pytest
 import sqlalchemy as sa
 
 PG_URL = os.environ.get("RELAX_TEST_POSTGRES_URL", "postgresql+psycopg://root@127.0.0.1:5432/test")
-REDIS_URL = os.environ.get("RELAX_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+# Under pytest-xdist (`make test PYTEST_XDIST="-n 2 --dist loadgroup"`) each worker has its own Redis
+# database: gw0 (and a serial run) 15, gw1 14, ... PostgreSQL needs nothing per worker: every test gets its
+# own schema (below).
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+REDIS_URL = os.environ.get(
+    "RELAX_TEST_REDIS_URL", f"redis://127.0.0.1:6379/{15 - int(_WORKER.removeprefix('gw') or 0) % 16}"
+)
 
 # Every Ray a test starts (`ray.init(address="local")`, drivers run standalone) binds 127.0.0.1 only (Ray's
 # single-machine mode) and runs with token auth, as the embedded platform's does (api/embedded.py), with a
@@ -76,3 +82,55 @@ def relax_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home.mkdir()
     monkeypatch.setenv("RELAX_HOME", str(home))
     return home
+
+
+# Running in parallel (pytest-xdist `-n 2 --dist loadgroup`; see the Makefile): what starts Ray, a Celery
+# worker or a whole platform runs on one worker, one test after another, as in a serial run. These tests
+# assume they have the machine's cores to themselves (Ray sizes itself to them, a platform has two slots,
+# learning runs and their timeouts were measured alone), and some read the process tree or the logs a
+# neighbour would add to. Everything else (unit tests, the API over SQLite and PostgreSQL, subprocesses of
+# the API or the scheduler, gloo worlds on free loopback ports) shares the machine: each test's PostgreSQL
+# schema and tmp_path are its own, each worker has its own Redis database (REDIS_URL), the Hypothesis
+# database (.hypothesis/) writes atomically under keys of its own per test, and pytest's cache is off (-p
+# no:cacheprovider).
+SERIAL_GROUP = "ray-platform"
+_SERIAL_PATHS = (
+    "tests/ray/",
+    "tests/e2e/",
+    "tests/browser/",
+    "tests/integration/test_celery_worker.py",  # a real Celery worker process (and Redis's flushdb)
+)
+
+
+def _serial(nodeid: str) -> bool:
+    return nodeid.startswith(_SERIAL_PATHS)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _serial(item.nodeid):
+            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP))
+
+
+try:
+    from xdist.scheduler import LoadGroupScheduling
+except ImportError:  # pytest-xdist is in the dev extra; without it the suite runs serially
+    LoadGroupScheduling = None
+
+if LoadGroupScheduling is not None:
+
+    class _SerialGroupScheduling(LoadGroupScheduling):
+        """--dist loadgroup, with the group of the tests above decided from their node ids on the controller:
+        the `xdist_group` mark alone no longer reaches xdist's scheduler under pytest >= 9.2, which stopped
+        honouring xdist's rewrite of `item._nodeid` (pytest-dev/pytest-xdist#1386)."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            if _serial(nodeid):
+                return SERIAL_GROUP
+            return super()._split_scope(nodeid)
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-untyped-def]
+        if config.getvalue("dist") == "loadgroup":
+            return _SerialGroupScheduling(config, log)
+        return None

@@ -3,8 +3,9 @@
     python -m tools.check_launch_scripts DIR [--glob 'run*.sh'] [--env K=V ...] [--json]
 
 For a checkout of public Relax scripts (not part of this repository): every script matching the glob is
-resolved by bash on this machine (client/launch_script.py) and its argv normalized by the job spec
-(jobspec.normalize), without a server. Prints one line per script and a table of the reasons scripts
+resolved by bash on this machine (client/launch_script.py), its argv normalized by the job spec
+(jobspec.normalize) and checked against what its training backend runs (runtime.capabilities: the
+submission's spec.unsupported_by_backend), without a server. Prints one line per script and a table of the reasons scripts
 fail, most frequent first. Exit status 1 when any script fails.
 """
 
@@ -17,7 +18,8 @@ import sys
 from pathlib import Path
 
 from client.launch_script import LaunchScriptError, resolve_launch_script
-from jobspec import SpecError, normalize
+from jobspec import FIELDS, SpecError, normalize
+from runtime.capabilities import unsupported_parameters
 
 
 def check(path: Path, env: dict[str, str]) -> dict:
@@ -30,6 +32,14 @@ def check(path: Path, env: dict[str, str]) -> dict:
     except SpecError as err:
         reasons = [f"{i.code} --{i.field}" if i.field else i.code for i in err.errors]
         return {"script": str(path), "ok": False, "stage": "spec", "reasons": reasons}
+    # what submission refuses next: parameters the job's training backend does not run (spec.unsupported_by_backend)
+    values = res.spec.to_dict()
+    defaults = {name: getattr(f, "default", None) for name, f in FIELDS.items()}
+    refused = unsupported_parameters(values, defaults)
+    if refused:
+        backend = values.get("train_backend")
+        reasons = [f"spec.unsupported_by_backend ({backend}) --{item.replace('_', '-')}" for item in refused]
+        return {"script": str(path), "ok": False, "stage": "backend", "reasons": reasons}
     return {
         "script": str(path),
         "ok": True,

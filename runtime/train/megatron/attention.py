@@ -13,6 +13,16 @@ fp16/bf16 (no dropout, no padded slots) one `torch.nn.attention.varlen.varlen_at
 covers the whole pack; elsewhere each sequence gets its own SDPA call (measured on the H200, bf16, 14 heads /
 2 groups of 64: 64 sequences of 64 tokens, forward + backward 21.4 ms per-sequence vs 0.7 ms varlen).
 
+Context parallelism (`--context-parallel-size cp` > 1, `bshd` and `thd`): each rank holds 2 of every sequence's 2 cp
+chunks (megatron's load-balanced layout, `parallel.cp_columns`: chunks r and 2 cp - 1 - r); keys and values
+are all-gathered over the context-parallel group (their gradient reduce-scattered back, megatron's
+`gather_from_sequence_parallel_region` on that group) and this rank's queries attend to them through a causal
+mask built from the global positions of both. `bshd`: one SDPA call per layer with a `[2c, s]` boolean mask;
+`thd` (megatron's layout: the whole pack's `cu_seqlens`, each sequence's two chunks end to end on each rank):
+two segments per sequence, each chunk against its sequence's keys up to the chunk's end, causal from the bottom
+right (torch's varlen flash kernel on CUDA). No ring exchange overlapped with compute as TransformerEngine's CP
+attention does, and the full K/V of the micro-batch is held on every rank while the layer runs.
+
 Attention masks follow megatron: a boolean `attention_mask` is True where attention is *forbidden*
 (`[b or 1, 1, sq, sk]`); with the causal mask type the causal mask is applied on top of it.
 """
@@ -67,10 +77,6 @@ class SDPAttention(MegatronModule):
         pg_collection=None,
     ):
         super().__init__(config=config)
-        if config.context_parallel_size != 1:
-            raise ValueError(
-                "SDPAttention does not implement context parallelism (--context-parallel-size 1)"
-            )
         if getattr(config, "window_size", None) is not None:
             raise ValueError("SDPAttention does not implement sliding-window attention (window_size)")
         if getattr(config, "softmax_type", "vanilla") != "vanilla":
@@ -87,6 +93,8 @@ class SDPAttention(MegatronModule):
         # them back (an fp16 overflow guard); the product is 1, so only the plain scale matters here.
         self.softmax_scale = 1.0 / math.sqrt(self.head_dim) if softmax_scale is None else softmax_scale
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+        self.cp_size = int(config.context_parallel_size)
+        self._pg_collection = pg_collection
 
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
         """q `[b, h, sq, d]`, k/v `[b, g, sk, d]` -> `[b, h, sq, d]`."""
@@ -122,7 +130,11 @@ class SDPAttention(MegatronModule):
         mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
         causal = mask_type in (AttnMaskType.causal, getattr(AttnMaskType, "padding_causal", None))
         if packed_seq_params is not None and packed_seq_params.qkv_format == "thd":
+            if self.cp_size > 1:
+                return self._forward_packed_context_parallel(query, key, value, packed_seq_params, causal)
             return self._forward_packed(query, key, value, packed_seq_params, causal)
+        if self.cp_size > 1:
+            return self._forward_context_parallel(query, key, value, attention_mask, causal)
         # [s, b, h, d] -> [b, h, s, d]
         q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))
         allowed = None if attention_mask is None else ~attention_mask.to(torch.bool)
@@ -131,6 +143,114 @@ class SDPAttention(MegatronModule):
         out = self._sdpa(q, k, v, allowed, causal)
         sq, b = query.shape[0], query.shape[1]
         return out.permute(2, 0, 1, 3).reshape(sq, b, self.num_heads * self.head_dim)
+
+    def _cp_group(self):
+        group = getattr(self._pg_collection, "cp", None) if self._pg_collection is not None else None
+        if group is not None:
+            return group
+        from megatron.core import parallel_state
+
+        return parallel_state.get_context_parallel_group()
+
+    def _forward_context_parallel(
+        self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, causal: bool
+    ) -> Tensor:
+        """Context parallelism (see module doc): this rank's queries `[2c, b, h, d]` (chunks r and 2 cp - 1 - r
+        of the sequence's 2 cp chunks of c tokens) against every rank's keys and values, all-gathered over the
+        context-parallel group (the gradient reduce-scattered back). The gathered keys stay in rank order; the
+        mask is built from the global positions of both sides (attention does not depend on key order)."""
+        from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+        from runtime.train.megatron.parallel import cp_columns, cp_gathered_columns
+
+        if attention_mask is not None:
+            raise ValueError("SDPAttention takes no attention mask with context parallelism")
+        group = self._cp_group()
+        rank = group.rank()
+        local = int(query.shape[0])
+        width = local * self.cp_size
+        key = gather_from_sequence_parallel_region(key, tensor_parallel_output_grad=True, group=group)
+        value = gather_from_sequence_parallel_region(value, tensor_parallel_output_grad=True, group=group)
+        # [s, b, h, d] -> [b, h, s, d]
+        q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))
+        allowed = None
+        if causal:
+            q_pos = cp_columns(width, self.cp_size, rank).to(q.device)
+            k_pos = cp_gathered_columns(width, self.cp_size).to(q.device)
+            allowed = (k_pos.unsqueeze(0) <= q_pos.unsqueeze(1)).view(1, 1, local, width)
+        out = self._sdpa(q, k, v, allowed, False)
+        b = query.shape[1]
+        return out.permute(2, 0, 1, 3).reshape(local, b, self.num_heads * self.head_dim)
+
+    def _forward_packed_context_parallel(
+        self, query: Tensor, key: Tensor, value: Tensor, params: PackedSeqParams, causal: bool
+    ) -> Tensor:
+        """Packed sequences under context parallelism: `cu_seqlens_q` are the whole pack's (each sequence a
+        multiple of 2 cp tokens) and this rank holds chunks r and 2 cp - 1 - r of every sequence, end to end
+        (`parallel.cp_packed_columns`; `[t / cp, h, d]`). Keys and values are all-gathered over the CP group
+        and put back in sequence order; each chunk of queries then attends to its sequence's keys up to its own
+        end, causally with the diagonal at the bottom right: 2 segments per sequence, through torch's varlen
+        flash kernel on CUDA (bf16/fp16, no dropout) and one SDPA call per segment elsewhere."""
+        from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+        from runtime.train.megatron.parallel import cp_packed_columns
+
+        if not causal:
+            raise ValueError("SDPAttention's context parallelism is causal only")
+        if params.cu_seqlens_q_padded is not None or params.cu_seqlens_kv_padded is not None:
+            raise ValueError("SDPAttention takes no padded cu_seqlens with context parallelism")
+        cp, group = self.cp_size, self._cp_group()
+        rank = group.rank()
+        cu = params.cu_seqlens_q
+        seqlens = (cu[1:] - cu[:-1]).tolist()
+        if any(n % (2 * cp) for n in seqlens):
+            raise ValueError(f"packed sequences under context parallelism {cp} must be multiples of {2 * cp}")
+        key = gather_from_sequence_parallel_region(key, tensor_parallel_output_grad=True, group=group)
+        value = gather_from_sequence_parallel_region(value, tensor_parallel_output_grad=True, group=group)
+        gathered = torch.cat([cp_packed_columns(seqlens, cp, r) for r in range(cp)])
+        order = torch.argsort(gathered).to(key.device)
+        key, value = key[order], value[order]  # [t, g, d], the pack in sequence order
+        # the segments: (local query start, length, key start, key length), two per sequence
+        segments, local, start = [], 0, 0
+        for n in seqlens:
+            c = n // (2 * cp)
+            segments.append((local, c, start, (rank + 1) * c))
+            segments.append((local + c, c, start, (2 * cp - rank) * c))
+            local, start = local + 2 * c, start + n
+        dropout = self.dropout_p if self.training else 0.0
+        if (
+            _varlen_attn is not None
+            and query.is_cuda
+            and query.dtype in (torch.float16, torch.bfloat16)
+            and dropout == 0.0
+        ):
+            keys = torch.cat([torch.arange(k0, k0 + nk) for _, _, k0, nk in segments]).to(key.device)
+            lengths_q = torch.tensor([0] + [nq for _, nq, _, _ in segments])
+            lengths_k = torch.tensor([0] + [nk for _, _, _, nk in segments])
+            out = _varlen_attn(
+                query,
+                key[keys],
+                value[keys],
+                lengths_q.cumsum(0).to(torch.int32).to(query.device),
+                lengths_k.cumsum(0).to(torch.int32).to(query.device),
+                int(lengths_q.max()),
+                int(lengths_k.max()),
+                scale=self.softmax_scale,
+                window_size=(-1, 0),
+                **({"enable_gqa": True} if _VARLEN_GQA_FLAG and self.num_heads != self.num_groups else {}),
+            )
+            return out.reshape(query.shape[0], self.num_heads * self.head_dim)
+        out = query.new_zeros(query.shape[0], self.num_heads, self.head_dim)
+        for q0, nq, k0, nk in segments:
+            if nq == 0:
+                continue
+            # [n, h, d] -> [1, h, n, d]; causal with the diagonal at the bottom right (the chunk's end)
+            q = query[q0 : q0 + nq].transpose(0, 1).unsqueeze(0)
+            k = key[k0 : k0 + nk].transpose(0, 1).unsqueeze(0)
+            v = value[k0 : k0 + nk].transpose(0, 1).unsqueeze(0)
+            mask = torch.ones(1, 1, nq, nk, dtype=torch.bool, device=q.device)
+            out[q0 : q0 + nq] = self._sdpa(q, k, v, mask, True)[0].transpose(0, 1)
+        return out.reshape(query.shape[0], self.num_heads * self.head_dim)
 
     def _forward_packed(
         self, query: Tensor, key: Tensor, value: Tensor, params: PackedSeqParams, causal: bool

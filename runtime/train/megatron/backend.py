@@ -52,7 +52,13 @@ from runtime.train.megatron.convert import gather_hf_state, load_hf_checkpoint, 
 from runtime.train.megatron.cpu import install_cpu_shims
 from runtime.train.megatron.kernels import compile_transformer_layers, token_log_probs_and_entropy
 from runtime.train.megatron.model import build_model, model_args_for, transformer_config
-from runtime.train.megatron.parallel import ParallelLayout, init_process_group, initialize_parallel
+from runtime.train.megatron.parallel import (
+    ParallelLayout,
+    cp_columns,
+    cp_packed_columns,
+    init_process_group,
+    initialize_parallel,
+)
 from runtime.train.torch_backend import TrainConfig, micro_batches
 from runtime.types import RolloutBatch, split_evenly
 
@@ -62,15 +68,107 @@ DEFAULT_CHUNK_TOKENS = 4096  # tokens per chunk of the loss head when `log-probs
 # `RELAX_HEAD_SAVE_LOGITS`: 1 = the loss head always keeps its chunk logits for backward, 0 = never (recompute
 # them), unset / auto = when they fit (`MegatronTrainBackend._head_save_budget`; never on CPU)
 HEAD_SAVE_LOGITS_ENV = "RELAX_HEAD_SAVE_LOGITS"
+COMPILE_BACKEND_ENV = "RELAX_KERNELS_COMPILE_BACKEND"  # compile the layers with this backend anywhere (tests)
 
 
 @dataclass
 class _Micro:
-    """One micro-batch as the model sees it: `tokens` padded to the schedule's shape, `batch` the real rows."""
+    """One micro-batch as the model sees it (`tokens`, `positions`, and for packed sequences `seqlens`) and how
+    its per-position outputs map back onto `batch`, the real rows (`targets`, `index`).
+
+    `--qkv-format bshd`: `tokens` are the rows, right-padded to the schedule's shape `[rows, width]`.
+    `--qkv-format thd` (Relax's default): `tokens` are `[1, t]`, the rows' real tokens end to end, each sequence
+    padded to a multiple of `2 x cp` under context parallelism (`seqlens`, padding included), with a trailing
+    padding sequence where the schedule needs a longer or rounder pack; positions restart at each sequence."""
 
     batch: RolloutBatch
-    tokens: torch.Tensor  # [rows, width] (rows >= batch rows, width >= batch width)
+    tokens: torch.Tensor  # [b, s] what the model is fed
+    positions: torch.Tensor  # [b, s]
+    targets: torch.Tensor  # [b, s] the token each position predicts (0 where there is none)
+    index: torch.Tensor  # [rows, width] flat position ([b * s], row-major) predicting token (i, j), or -1
+    seqlens: list[int] | None = None  # thd: the pack's sequence lengths; None: bshd
     weight: float = 0.0  # its share of the optimizer step's loss (the torch backend's weighting)
+
+    @property
+    def packed(self) -> bool:
+        return self.seqlens is not None
+
+    def columns(self, cp: int, rank: int) -> torch.Tensor:
+        """The positions of the fed sequence axis that context-parallel rank `rank` holds, in its order."""
+        if self.seqlens is not None:
+            return cp_packed_columns(self.seqlens, cp, rank)
+        return cp_columns(int(self.tokens.shape[1]), cp, rank)
+
+    def packed_seq_params(self, device: torch.device) -> Any:
+        """megatron's `PackedSeqParams` for the pack (the whole pack's `cu_seqlens`, also under CP)."""
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        assert self.seqlens is not None
+        cu = torch.tensor([0, *self.seqlens], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
+        longest = max(self.seqlens)
+        return PackedSeqParams(
+            qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest, max_seqlen_kv=longest
+        )
+
+    def unpack(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-position values `[s, b]` (sequence first, as megatron's outputs) -> `[rows, width]` aligned with
+        the batch's tokens: column j holds what position j - 1 predicted (column 0 and padding are 0)."""
+        flat = values.t().reshape(-1)
+        index = self.index.to(flat.device)
+        picked = flat[index.clamp(min=0)]
+        return torch.where(index >= 0, picked, torch.zeros_like(picked)).float()
+
+
+def padded_micro(part: RolloutBatch, rows: int, width: int) -> _Micro:
+    """`part`'s rows right-padded to `[rows, width]` (`bshd`)."""
+    tokens = torch.zeros((rows, width), dtype=torch.long)
+    tokens[: part.batch_size, : part.tokens.shape[1]] = part.tokens
+    targets = torch.zeros_like(tokens)
+    targets[:, :-1] = tokens[:, 1:]
+    real_rows, real_width = part.batch_size, int(part.tokens.shape[1])
+    index = torch.arange(real_rows).unsqueeze(1) * width + torch.arange(real_width).unsqueeze(0) - 1
+    index[:, 0] = -1
+    positions = torch.arange(width).unsqueeze(0).expand(rows, width)
+    return _Micro(part, tokens, positions, targets, index)
+
+
+def row_lengths(part: RolloutBatch) -> list[int]:
+    """Each row's length: up to its last real token (rows are right-padded)."""
+    mask = part.attention_mask.bool()
+    cols = torch.arange(mask.shape[1]).unsqueeze(0).expand_as(mask)
+    return [max(1, int(n)) for n in torch.where(mask, cols + 1, torch.zeros_like(cols)).max(dim=1).values]
+
+
+def packed_length(part: RolloutBatch, multiple: int, total_multiple: int) -> int:
+    """The pack `packed_micro(part, multiple, total_multiple)` builds, in tokens."""
+    total = sum(-(-n // multiple) * multiple for n in row_lengths(part))
+    return -(-total // total_multiple) * total_multiple
+
+
+def packed_micro(part: RolloutBatch, multiple: int, total_multiple: int, total: int = 0) -> _Micro:
+    """`part`'s rows packed end to end (`thd`): each row's real tokens padded to a multiple of `multiple` (2 x cp
+    under context parallelism), then a padding sequence up to `total` (the schedule's uniform length) and a
+    multiple of `total_multiple` (which `multiple` divides)."""
+    lengths = row_lengths(part)
+    seqlens = [-(-n // multiple) * multiple for n in lengths]
+    used = sum(seqlens)
+    size = -(-max(used, total) // total_multiple) * total_multiple
+    if size > used:
+        seqlens.append(size - used)
+    tokens = torch.zeros((1, size), dtype=torch.long)
+    targets = torch.zeros_like(tokens)
+    positions = torch.zeros_like(tokens)
+    width = int(part.tokens.shape[1])
+    index = torch.full((part.batch_size, width), -1, dtype=torch.long)
+    start = 0
+    for row, (n, slot) in enumerate(zip(lengths + [0], seqlens, strict=False)):
+        positions[0, start : start + slot] = torch.arange(slot)
+        if row < part.batch_size:
+            tokens[0, start : start + n] = part.tokens[row, :n]
+            targets[0, start : start + n - 1] = part.tokens[row, 1:n]
+            index[row, 1:n] = torch.arange(start, start + n - 1)
+        start += slot
+    return _Micro(part, tokens, positions, targets, index, seqlens=seqlens)
 
 
 def _get(values: Mapping[str, Any], name: str, default: Any) -> Any:
@@ -138,6 +236,8 @@ class MegatronModelRunner:
         self.dp_size = ps.get_data_parallel_world_size()
         self.is_last_stage = ps.is_pipeline_last_stage(ignore_virtual=True)
         self.tp_rank = ps.get_tensor_model_parallel_rank()
+        self.cp_rank = ps.get_context_parallel_rank()
+        self.cp_group = ps.get_context_parallel_group() if self.layout.cp > 1 else None
         self.model_config = transformer_config(self.args, self.layout, values=self.values)
         self.optimizer_steps = 0
         self.offloaded = False
@@ -176,8 +276,15 @@ class MegatronModelRunner:
         """torch.compile every `TransformerLayer` of `models` on CUDA (`kernels.compile_transformer_layers`: not
         on CPU, not with `RELAX_KERNELS_COMPILE=0`); measured on the H200 at Qwen2 shapes: 41.6% -> 45.7% MFU
         (docs/benchmarks.md). Dense models only: an MoE layer's token routing gives every step new expert
-        shapes (recompiles), which was not measured. Returns the number of layers compiled."""
-        if self.on_cpu or self.args.is_moe:
+        shapes (recompiles), which was not measured. `RELAX_KERNELS_COMPILE_BACKEND=<torch.compile backend>`
+        compiles them with that backend on any device (tests trace the CUDA path's graphs on CPU with `eager`
+        or `aot_eager`). Returns the number of layers compiled."""
+        if self.args.is_moe:
+            return 0
+        forced = os.environ.get(COMPILE_BACKEND_ENV)
+        if forced:
+            return sum(compile_transformer_layers(model, backend=forced) for model in models)
+        if self.on_cpu:
             return 0
         return sum(compile_transformer_layers(model) for model in models)
 
@@ -285,39 +392,61 @@ class MegatronModelRunner:
             return batch
         return batch.select(self._dp_rows(batch)[self.dp_rank])
 
+    @property
+    def packs_sequences(self) -> bool:
+        """`--qkv-format thd` (Relax's default): micro-batches are packed sequences, not padded rows."""
+        return _get(self.values, "qkv_format", "thd") == "thd"
+
     def _schedule_micros(self, parts: list[RolloutBatch]) -> tuple[list[_Micro], int, int]:
-        """Pad micro-batches to the shapes the schedule needs: widths to a multiple of the tensor-parallel
-        size under sequence parallelism; with pipeline parallelism every micro-batch to one shape (the
-        stages exchange fixed-shape activations)."""
-        multiple = self.layout.tp if self.layout.sequence_parallel else 1
+        """The micro-batches in the shapes the schedule needs, with the schedule's `seq_length` and
+        `micro_batch_size`. Under sequence parallelism the sequence axis is a multiple of the tensor-parallel
+        size, and under context parallelism every sequence one of 2 x the context-parallel size (each CP rank's
+        two chunks, `parallel.cp_columns`); with pipeline parallelism every micro-batch has one shape (the stages
+        exchange fixed-shape activations). `thd`: one pack per micro-batch (`packed_micro`); `bshd`: padded rows
+        (`padded_micro`)."""
+        sp = self.layout.tp if self.layout.sequence_parallel else 1
+        cp = self.layout.cp
         uniform = self.layout.pp > 1
+        if self.packs_sequences:
+            multiple = 2 * cp if cp > 1 else 1
+            total_multiple = math.lcm(multiple, sp * cp)
+            total = max(packed_length(p, multiple, total_multiple) for p in parts) if uniform else 0
+            micros = [packed_micro(p, multiple, total_multiple, total) for p in parts]
+            return micros, max(int(m.tokens.shape[1]) for m in micros), 1
+        multiple = sp * (2 * cp if cp > 1 else 1)
         max_rows = max(p.batch_size for p in parts)
         max_width = max(int(p.tokens.shape[1]) for p in parts)
         micros = []
         for part in parts:
             rows = max_rows if uniform else part.batch_size
             width = max_width if uniform else int(part.tokens.shape[1])
-            width = -(-width // multiple) * multiple
-            tokens = torch.zeros((rows, width), dtype=torch.long)
-            tokens[: part.batch_size, : part.tokens.shape[1]] = part.tokens
-            micros.append(_Micro(part, tokens))
+            micros.append(padded_micro(part, rows, -(-width // multiple) * multiple))
         seq = max(int(m.tokens.shape[1]) for m in micros)
         return micros, seq, max(int(m.tokens.shape[0]) for m in micros)
 
     # -- the schedule ------------------------------------------------------------------------------------------
     def _forward_step(self, loss_for: Any, data_iterator: Iterator[_Micro], model: Any) -> tuple[Any, Any]:
         """megatron's `forward_step_func`: the chunk's forward with the final hidden states as output on the
-        last stage (the loss head is `kernels.token_log_probs_and_entropy`, not the output layer's logits)."""
+        last stage (the loss head is `kernels.token_log_probs_and_entropy`, not the output layer's logits).
+        Under context parallelism the model sees this CP rank's columns of the micro-batch
+        (`_Micro.columns`); megatron's RoPE takes the same slice of its frequencies itself."""
         micro = next(data_iterator)
         device = self.device.torch_device
         tokens = micro.tokens.to(device)
-        positions = torch.arange(tokens.shape[1], device=device).unsqueeze(0).expand_as(tokens)
+        positions = micro.positions.to(device)
+        if self.layout.cp > 1:
+            columns = micro.columns(self.layout.cp, self.cp_rank).to(device)
+            tokens, positions = tokens[:, columns], positions[:, columns]
         gpt = unwrap(model)
         last = gpt.post_process
         gpt.post_process = False  # GPTModel then returns the decoder's (normed) hidden states [s, b, h]
         # Float16Module would upcast the last stage's output to fp32, which the head casts straight back to
         # the weights' dtype: keep it in bf16/fp16 (the same values, one fp32 copy of the hidden states less)
-        kwargs = {"fp32_output": False} if self.model_config.bf16 or self.model_config.fp16 else {}
+        kwargs: dict[str, Any] = (
+            {"fp32_output": False} if self.model_config.bf16 or self.model_config.fp16 else {}
+        )
+        if micro.packed:
+            kwargs["packed_seq_params"] = micro.packed_seq_params(device)
         try:
             output = model(tokens, positions, None, **kwargs)
         finally:
@@ -367,7 +496,7 @@ class MegatronModelRunner:
                     model.train()
         width = int(batch.tokens.shape[1])
         mine = None
-        if self.is_last_stage and self.tp_rank == 0:
+        if self.is_last_stage and self.tp_rank == 0 and self.cp_rank == 0:  # CP ranks hold the same rows
             mine = (
                 self.dp_rank,
                 torch.cat([torch.nn.functional.pad(o[key], (0, width - o[key].shape[1])) for o in outputs]),
@@ -400,7 +529,11 @@ class MegatronModelRunner:
             total_tokens = float(global_batch.loss_mask.sum().clamp(min=1.0))
             share = self._dp_share(global_batch)
             micros, seq, rows = self._schedule_micros(
-                micro_batches(share, self.config.micro_batch_size, self.config.max_tokens_per_micro_batch)
+                micro_batches(
+                    share,
+                    self.config.micro_batch_size,
+                    self._token_budget(self.config.max_tokens_per_micro_batch),
+                )
             )
             for micro in micros:
                 if self.config.loss.per_token_loss:
@@ -431,16 +564,28 @@ class MegatronModelRunner:
             summary["loss_scale"] = float(self.optimizer.get_loss_scale())
         return summary
 
+    def _token_budget(self, per_gpu: int | None) -> int | None:
+        """A micro-batch's token budget from a per-GPU one (`max-tokens-per-gpu`,
+        `log-probs-max-tokens-per-gpu`): x the context-parallel size, as in Relax (each CP rank holds 1 / cp of
+        a micro-batch's tokens)."""
+        return per_gpu if per_gpu is None or self.layout.cp == 1 else int(per_gpu) * self.layout.cp
+
     def _loss_scale(self, micro: _Micro, num_micro: int) -> float:
         """What a micro-batch's loss is multiplied by before backward: the schedule divides by the number of
         micro-batches and DDP averages over data-parallel ranks; undoing both makes the gradient the torch
-        backend's sum of weighted micro-batch losses."""
+        backend's sum of weighted micro-batch losses.
+
+        Under context parallelism every CP rank computes the same loss over the whole sequences (`_token_stats`
+        gathers the per-token values) but its gradient holds only its own tokens' share; DDP sums the shares
+        over the data-parallel-with-CP group (dp x cp ranks) and divides by dp x cp, and megatron's schedule
+        multiplies a (loss, metrics) loss by the CP size (its legacy averaging, megatron-core 0.16 and 0.19),
+        so the factor stays dp (test_two_ranks_match_the_torch_backend[cp2])."""
         return micro.weight * num_micro * self.dp_size
 
     def _reduce_metrics(self, outputs: list[dict]) -> dict[str, float]:
         """Sum the weighted micro-batch metrics of every data-parallel replica's last pipeline stage."""
         mine: dict[str, float] = defaultdict(float)
-        if self.is_last_stage and self.tp_rank == 0:
+        if self.is_last_stage and self.tp_rank == 0 and self.cp_rank == 0:  # CP ranks report the same loss
             for item in outputs:
                 for name, (value, weight) in item.items():
                     mine[name] += float(value) * weight
@@ -710,12 +855,13 @@ class MegatronTrainBackend(MegatronModelRunner):
                 model.requires_grad_(False)
         self.head_save_budget = self._head_save_budget()
         log.info(
-            "megatron rank %d: tp=%d pp=%d vpp=%s dp=%d, %d layers, hidden %d, vocab %d (padded %d), %s, "
+            "megatron rank %d: tp=%d pp=%d vpp=%s cp=%d dp=%d, %d layers, hidden %d, vocab %d (padded %d), %s, "
             "%d layers compiled, loss head keeps logits up to %.1f GiB",
             self.rank,
             self.layout.tp,
             self.layout.pp,
             self.layout.vpp,
+            self.layout.cp,
             self.dp_size,
             self.args.num_layers,
             self.args.hidden_size,
@@ -815,19 +961,26 @@ class MegatronTrainBackend(MegatronModelRunner):
         self, micro: _Micro, gpt: Any, hidden: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token log-probs and entropies [rows, width] of the micro-batch's real rows (column 0 is 0, as
-        `runtime.algos.logprobs` aligns them)."""
+        `runtime.algos.logprobs` aligns them), from the hidden states of every fed position (`_Micro.targets`
+        says what each predicts, `_Micro.unpack` maps them back onto the rows, padded or packed). Under context
+        parallelism `hidden` holds this CP rank's columns (`_Micro.columns`): each predicts the next token of
+        its whole sequence, and the per-token values are all-gathered over the CP group into sequence order
+        (the gradient back to each rank is its own columns'), so the loss sees whole sequences as without CP."""
         from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 
         if self.layout.sequence_parallel:
             # the head all-reduces the hidden states' gradient itself: the gather's backward only splits
             hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
         device = hidden.device
-        targets = micro.tokens.to(device).t()[1:]  # [s - 1, b]: the token each position predicts
+        cp = self.layout.cp
+        targets = micro.targets.to(device).t()  # [s, b]: the token each position predicts (0: none)
+        if cp > 1:
+            targets = targets[micro.columns(cp, self.cp_rank).to(device)]
         weight = gpt.shared_embedding_or_output_weight() if self.args.tied else gpt.output_layer.weight
-        tokens = (int(hidden.shape[0]) - 1) * int(hidden.shape[1])
+        tokens = int(hidden.shape[0]) * int(hidden.shape[1])
         save_logits = torch.is_grad_enabled() and self.keeps_head_logits(tokens)
         log_probs, entropy = token_log_probs_and_entropy(
-            hidden[:-1],
+            hidden,
             weight,
             targets,
             vocab_size=self.args.vocab_size,
@@ -837,12 +990,17 @@ class MegatronTrainBackend(MegatronModelRunner):
             with_entropy=True,
             save_logits=save_logits,
         )
-        rows, width = micro.batch.batch_size, int(micro.batch.tokens.shape[1])
+        if cp > 1:
+            order = torch.argsort(torch.cat([micro.columns(cp, r) for r in range(cp)])).to(device)
 
-        def aligned(values: torch.Tensor) -> torch.Tensor:
-            return torch.nn.functional.pad(values.t(), (1, 0))[:rows, :width].float()
+            def whole(values: torch.Tensor) -> torch.Tensor:
+                gathered = gather_from_sequence_parallel_region(
+                    values.contiguous(), tensor_parallel_output_grad=False, group=self.cp_group
+                )
+                return gathered[order]  # [s, b] in sequence order
 
-        return aligned(log_probs), aligned(entropy)  # type: ignore[arg-type]
+            log_probs, entropy = whole(log_probs), whole(entropy)  # type: ignore[arg-type]
+        return micro.unpack(log_probs), micro.unpack(entropy)  # type: ignore[arg-type]
 
     def _train_loss(
         self, num_micro: int, micro: _Micro, gpt: Any, hidden: torch.Tensor
@@ -884,11 +1042,15 @@ class MegatronTrainBackend(MegatronModelRunner):
         when set, else the training micro-batches."""
         install_cpu_shims()
         share = self._dp_share(batch)
-        budget = self.config.log_probs_max_tokens
+        budget = self._token_budget(self.config.log_probs_max_tokens)
         parts = (
             share.token_budget_batches(int(budget))
             if budget
-            else micro_batches(share, self.config.micro_batch_size, self.config.max_tokens_per_micro_batch)
+            else micro_batches(
+                share,
+                self.config.micro_batch_size,
+                self._token_budget(self.config.max_tokens_per_micro_batch),
+            )
         )
         return self._per_token(models, batch, parts, self._log_prob_loss, "log_probs")
 

@@ -83,7 +83,8 @@ def _set_rng_states(states: dict[str, Any]) -> None:
 
 
 def rng_sharded_object(states: dict[str, Any] | None = None) -> Any:
-    """This rank's RNG states, one object per (pipeline, tensor) rank, as Megatron-LM keeps them."""
+    """This rank's RNG states, one object per (pipeline, tensor) rank, as Megatron-LM keeps them (the
+    data-parallel and context-parallel ranks of one (pipeline, tensor) rank are its replicas)."""
     from megatron.core import parallel_state as ps
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
@@ -92,7 +93,7 @@ def rng_sharded_object(states: dict[str, Any] | None = None) -> Any:
         _rng_states() if states is None else states,
         (ps.get_pipeline_model_parallel_world_size(), ps.get_tensor_model_parallel_world_size()),
         (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()),
-        replica_id=ps.get_data_parallel_rank(),
+        replica_id=ps.get_data_parallel_rank(with_context_parallel=True),
     )
 
 

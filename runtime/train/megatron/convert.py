@@ -485,12 +485,17 @@ def gather_hf_state(
 ) -> dict[str, Tensor] | None:
     """The whole model as Hugging Face tensors (CPU) on global rank `dst` (None: on every rank); other
     ranks get None. Each stage is assembled by `stage_hf_state`, then one rank per stage (tensor-parallel
-    rank 0 of data-parallel replica 0) sends it. A collective: every rank must call it."""
+    rank 0, context-parallel rank 0 of data-parallel replica 0) sends it. A collective: every rank must call
+    it."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
     stage = stage_hf_state(models, args, layout)
-    leader = ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
+    leader = (
+        ps.get_tensor_model_parallel_rank() == 0
+        and ps.get_context_parallel_rank() == 0
+        and ps.get_data_parallel_rank() == 0
+    )
     mine = {k: v.to("cpu", copy=True) for k, v in stage.items()} if leader else None
     if dst is None:
         everything: list[Any] = [None] * dist.get_world_size()

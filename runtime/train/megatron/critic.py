@@ -113,9 +113,8 @@ class MegatronCriticBackend(MegatronModelRunner):
         if self.layout.sequence_parallel:
             # every tensor-parallel rank computes the whole head and loss: the gather's backward only splits
             hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
-        per_prefix = gpt.output_layer(hidden).squeeze(-1).t()  # [b, s]: V(tokens[:, : t + 1])
-        rows, width = micro.batch.batch_size, int(micro.batch.tokens.shape[1])
-        return torch.nn.functional.pad(per_prefix[:, :-1], (1, 0))[:rows, :width].float()
+        per_prefix = gpt.output_layer(hidden).squeeze(-1)  # [s, b]: V of the prefix up to each position
+        return micro.unpack(per_prefix)  # column t: the position of token t - 1 (padded rows or a pack)
 
     def _value_outputs(self, micro: _Micro, gpt: Any, hidden: torch.Tensor) -> tuple[torch.Tensor, dict]:
         values = self._values(micro, gpt, hidden)

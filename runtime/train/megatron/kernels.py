@@ -726,18 +726,17 @@ def _rope_packed_thd(
     cp_rank: int = 0,
     interleaved: bool = False,
 ) -> Tensor:
-    """The packed-sequence (thd) form: each sequence takes positions 0..len-1 of `packed` (or, when `packed`
-    covers every token, its own slice), as megatron's `_apply_rotary_pos_emb_thd` does without context
-    parallelism (the only case this backend runs)."""
-    if cp_size != 1:
-        raise NotImplementedError("precomputed RoPE with context parallelism")
-    total = int(cu_seqlens[-1])
-    if packed.size(0) == total:
-        per_token = packed[:total]
-    else:
-        seqlens = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
-        per_token = torch.cat([packed[:n] for n in seqlens], dim=0)
-    return _rope_packed_bshd(t.unsqueeze(1), per_token, interleaved).squeeze(1)
+    """The packed-sequence (thd) form: `packed` holds one row per token of `t` (`[t, 1, 1, 2 * rot]`, each
+    token's position within its sequence already looked up by `precompute_rope`'s rotary embedding from the
+    model's `position_ids`), so nothing here depends on `cu_seqlens` or the context-parallel split: one
+    pointwise pass, no host sync, nothing for a compiled layer to break on. The positions are what megatron's
+    `_apply_rotary_pos_emb_thd` gives each token (0..len-1 per sequence; under CP this rank's chunks of it)."""
+    if packed.size(0) != t.size(0):
+        raise ValueError(
+            f"precomputed RoPE for packed sequences: {packed.size(0)} rows for {t.size(0)} tokens (the model "
+            "must be called with the pack's position_ids)"
+        )
+    return _rope_packed_bshd(t.unsqueeze(1), packed, interleaved).squeeze(1)
 
 
 def precompute_rope(models: list[torch.nn.Module], *, force: bool = False) -> int:
@@ -748,14 +747,18 @@ def precompute_rope(models: list[torch.nn.Module], *, force: bool = False) -> in
     cos/sin of the [s, 1, 1, d] frequencies into the pointwise RoPE kernel over every query and key element:
     4% of the H200's time per step at Qwen2-0.5B (docs/benchmarks.md). All models sharing a
     `TransformerConfig` must go through here together (the switch is the config's). CUDA with compilation on
-    by default (`RELAX_ROPE_PRECOMPUTE=0` turns it off); `force`: anywhere (tests). Does nothing where
+    by default (`RELAX_ROPE_PRECOMPUTE=0` turns it off, `=1` on anywhere); `force`: anywhere (tests). For
+    packed sequences (thd) the model's `position_ids` are each token's position within its sequence (the
+    backend's packs, under CP this rank's share): the rotary embedding looks each token's row up once per
+    forward, and the model must be called with them. Does nothing where
     TransformerEngine fills the hook, or for rope variants other than plain RoPE. Returns models changed."""
     from megatron.core.models.common.embeddings import rope_utils
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 
-    if not force:
+    setting = os.environ.get(ROPE_PRECOMPUTE_ENV)
+    if not force and setting != "1":
         probe = next((p for m in models for p in m.parameters()), None)
-        if probe is None or not compiled_kernels_enabled(probe) or os.environ.get(ROPE_PRECOMPUTE_ENV) == "0":
+        if probe is None or not compiled_kernels_enabled(probe) or setting == "0":
             return 0
     for name, ours in (
         ("fused_apply_rotary_pos_emb", _rope_packed_bshd),
@@ -779,11 +782,14 @@ def precompute_rope(models: list[torch.nn.Module], *, force: bool = False) -> in
                 continue
             if getattr(config, "multi_latent_attention", False) or getattr(config, "mrope_section", None):
                 continue
+            if getattr(config, "_relax_rope_fusion", True) is False:
+                continue  # --no-rope-fusion: megatron's own RoPE (model.transformer_config)
             if getattr(config, "apply_rope_fusion", False) and not getattr(
                 config, "_relax_packed_rope", False
             ):
                 continue  # fused RoPE asked for by the model's own config: leave it to megatron
-            rotary.forward = _packed_forward(rotary.forward)
+            rotary.forward = _packed_forward(rotary.forward, rotary)
+            gpt.forward = _with_positions(gpt.forward, rotary)
             rotary._relax_packed = True
             config.apply_rope_fusion = True
             config._relax_packed_rope = True
@@ -791,7 +797,23 @@ def precompute_rope(models: list[torch.nn.Module], *, force: bool = False) -> in
     return changed
 
 
-def _packed_forward(forward: Callable[..., Tensor]) -> Callable[..., Tensor]:
+def _with_positions(forward: Callable[..., Tensor], rotary: torch.nn.Module) -> Callable[..., Tensor]:
+    """GPTModel.forward, with its `position_ids` left on the rotary embedding for the call (packed sequences'
+    per-token RoPE rows, `_packed_forward`)."""
+
+    def call(input_ids: Any, position_ids: Any, *args: Any, **kwargs: Any) -> Tensor:
+        rotary._relax_positions = position_ids
+        try:
+            return forward(input_ids, position_ids, *args, **kwargs)
+        finally:
+            rotary._relax_positions = None
+
+    return call
+
+
+def _packed_forward(forward: Callable[..., Tensor], rotary: torch.nn.Module) -> Callable[..., Tensor]:
+    """The rotary embedding's forward returning cat(cos, sin) of its frequencies (cached per frequency
+    tensor); for packed sequences (`packed_seq=True`) one row per token of the call's `position_ids`."""
     cache: dict[int, tuple[Tensor, Tensor]] = {}
 
     def packed(*args: Any, **kwargs: Any) -> Tensor:
@@ -802,6 +824,12 @@ def _packed_forward(forward: Callable[..., Tensor]) -> Callable[..., Tensor]:
                 cache.clear()
             hit = (freqs, torch.cat([torch.cos(freqs), torch.sin(freqs)], dim=-1))
             cache[id(freqs)] = hit
-        return hit[1]
+        packed_seq = kwargs.get("packed_seq", args[2] if len(args) > 2 else False)
+        if not packed_seq:
+            return hit[1]
+        positions = getattr(rotary, "_relax_positions", None)
+        if positions is None:
+            raise ValueError("precomputed RoPE for packed sequences needs the model's position_ids")
+        return hit[1][positions.reshape(-1).to(hit[1].device)]  # [t, 1, 1, 2 * rot]
 
     return packed

@@ -367,20 +367,6 @@ def transformer_config(args: ModelArgs, layout: ParallelLayout, *, values: Mappi
 
     values = dict(values or {})
     layout.check_layers(args.num_layers)
-    if layout.cp > 1:
-        raise ValueError(
-            f"--context-parallel-size {layout.cp}: context parallelism needs TransformerEngine's attention, "
-            "which this backend does not use (SDPA core attention); use 1"
-        )
-    if args.is_moe and layout.expert_tp != layout.tp:
-        # Measured (megatron-core 0.16, gloo, TP=2 + sequence parallel, --expert-tensor-parallel-size 1, DP=1):
-        # the forward matches the one-rank model, but after finalize_model_grads each rank's expert gradients
-        # hold only its own tokens' share (57-84% of the norm), not the sum over the TP ranks, with and
-        # without the distributed optimizer; training drifts from the reference after the first step.
-        raise ValueError(
-            f"--expert-tensor-parallel-size {layout.expert_tp} differs from --tensor-model-parallel-size "
-            f"{layout.tp}: not supported by this backend yet (leave it unset: it defaults to the TP size)"
-        )
     if args.is_moe and args.moe_token_dispatcher_type == "flex" and not torch.cuda.is_available():
         raise ValueError("--moe-token-dispatcher-type flex (DeepEP) needs CUDA; use alltoall or allgather")
     dtype = _dtype(values)
@@ -472,7 +458,11 @@ def transformer_config(args: ModelArgs, layout: ParallelLayout, *, values: Mappi
     unknown = sorted(k for k in kwargs if k not in known)
     if unknown:
         raise ValueError(f"the installed megatron-core's TransformerConfig lacks {', '.join(unknown)}")
-    return TransformerConfig(**kwargs)
+    config = TransformerConfig(**kwargs)
+    # Megatron's rope fusion (on unless --no-rope-fusion): here `kernels.precompute_rope` fills megatron's
+    # fused-RoPE hook on CUDA; --no-rope-fusion keeps megatron's own RoPE in every layer
+    config._relax_rope_fusion = bool(get("apply_rope_fusion", True))
+    return config
 
 
 # -- layer spec and build ------------------------------------------------------------------------------------
@@ -557,6 +547,35 @@ def decoder_spec(args: ModelArgs, config, *, vp_stage: int | None = None, pp_ran
     return TransformerBlockSubmodules(layer_specs=specs, layer_norm=TorchNorm)
 
 
+def mark_expert_data_parallel(model: torch.nn.Module, layout: ParallelLayout) -> int:
+    """With one expert-parallel rank and an expert-tensor size other than the tensor-parallel size
+    (`--expert-tensor-parallel-size 1 --tensor-model-parallel-size 2`), mark the experts' parameters as
+    megatron marks them under expert parallelism (`allreduce = False`), and return how many were marked.
+
+    megatron-core (0.16 and 0.19) marks expert weights by `expert_model_parallel_size > 1` alone
+    (`tensor_parallel/layers.py`, `moe/experts.py`), so with EP = 1 its DDP reduces their gradients over the
+    dense data-parallel group. When ETP != TP the experts' replicas are the *expert* data-parallel group
+    (world / (etp x ep x pp) ranks), a different one: with TP = 2, ETP = 1 each TP rank's experts then kept
+    only its own tokens' share of the gradient and the replicas drifted apart (measured, gloo:
+    tests/unit/runtime/megatron/test_parallel.py `tp2-sp-etp1-moe`). Marked, DDP puts them in its expert
+    buffers over the expert data-parallel group and the optimizer takes their norm over the expert groups,
+    as it does for EP > 1."""
+    if layout.ep > 1 or layout.expert_tp == layout.tp:
+        return 0
+    from megatron.core.transformer.moe.experts import GroupedMLP
+
+    marked = 0
+    for module in model.modules():
+        # routed experts' linear layers (`is_expert=True`; shared experts' are not), or grouped-GEMM experts
+        if not (getattr(module, "is_expert", False) or isinstance(module, GroupedMLP)):
+            continue
+        for param in module.parameters(recurse=False):
+            if getattr(param, "allreduce", True):
+                param.allreduce = False
+                marked += 1
+    return marked
+
+
 def build_model(args: ModelArgs, layout: ParallelLayout, config) -> list:
     """This rank's `GPTModel`s, one per virtual pipeline chunk (one without interleaving), each with the
     right embedding (first stage) and output layer (last stage); tied embeddings are shared by megatron
@@ -592,6 +611,7 @@ def build_model(args: ModelArgs, layout: ParallelLayout, config) -> list:
         )
         if torch.cuda.is_available():  # as Megatron-LM's get_model: anything built on the host moves over
             model.cuda(torch.cuda.current_device())
+        mark_expert_data_parallel(model, layout)
         models.append(model)
     precompute_rope(models)  # CUDA: cos/sin once per forward, not inside every compiled layer
     return models

@@ -144,6 +144,34 @@ class ParallelLayout:
             raise ValueError(f"--num-layers {num_layers} is not a multiple of {what}")
 
 
+def cp_columns(width: int, cp: int, rank: int) -> torch.Tensor:
+    """The sequence positions context-parallel rank `rank` of `cp` holds of a sequence of `width` (a multiple
+    of 2 x cp): megatron's load-balanced layout, chunks `rank` and `2 cp - 1 - rank` of the 2 x cp equal
+    chunks (the order its RoPE slices the frequencies in, `get_pos_emb_on_this_cp_rank`)."""
+    if width % (2 * cp):
+        raise ValueError(f"a width of {width} does not split into 2 x {FLAGS['cp']} {cp} chunks")
+    chunk = width // (2 * cp)
+    first, second = rank * chunk, (2 * cp - 1 - rank) * chunk
+    return torch.cat([torch.arange(first, first + chunk), torch.arange(second, second + chunk)])
+
+
+def cp_gathered_columns(width: int, cp: int) -> torch.Tensor:
+    """The sequence position of each row of the context-parallel ranks' parts concatenated in rank order
+    (what an all-gather over the context-parallel group returns): `cp_columns` of rank 0, 1, ..."""
+    return torch.cat([cp_columns(width, cp, rank) for rank in range(cp)])
+
+
+def cp_packed_columns(seqlens: list[int], cp: int, rank: int) -> torch.Tensor:
+    """The positions of a pack (`thd`: sequences of `seqlens` tokens, each a multiple of 2 x cp, laid end to
+    end) that context-parallel rank `rank` holds, in its order: `cp_columns` of every sequence, offset by the
+    sequence's start (megatron's and TransformerEngine's layout for packed sequences under CP)."""
+    parts, start = [], 0
+    for length in seqlens:
+        parts.append(cp_columns(int(length), cp, rank) + start)
+        start += int(length)
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on the loopback interface right now (for rank 0 to rendezvous on)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -180,9 +208,9 @@ def init_process_group(
 
 def initialize_parallel(layout: ParallelLayout, seed: int, *, timeout_minutes: int = 10) -> None:
     """Megatron's model-parallel groups for `layout` and its RNG tracker, over the default process group
-    (`init_process_group` first). Installs the CPU shims when CUDA is absent. On CPU every layout but context
-    parallelism runs over gloo: torch 2.13's gloo has the all-to-all and reduce-scatter that expert and
-    sequence parallelism use (measured; tests/unit/runtime/megatron/test_parallel.py)."""
+    (`init_process_group` first). Installs the CPU shims when CUDA is absent. On CPU every layout runs over
+    gloo: torch 2.13's gloo has the all-to-all and reduce-scatter that expert, sequence and context
+    parallelism use (measured; tests/unit/runtime/megatron/test_parallel.py)."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import random as mp_random
 
@@ -193,10 +221,6 @@ def initialize_parallel(layout: ParallelLayout, seed: int, *, timeout_minutes: i
             f"the layout is for {layout.world_size} ranks but the process group has {dist.get_world_size()}"
         )
     on_cpu = install_cpu_shims()
-    if on_cpu and layout.cp > 1:
-        raise ValueError(
-            f"{FLAGS['cp']} {layout.cp}: context parallelism needs CUDA (TransformerEngine attention)"
-        )
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,

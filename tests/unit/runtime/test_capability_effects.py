@@ -711,14 +711,15 @@ def loss_head(values: dict[str, Any]) -> Any:
 
     fake = SimpleNamespace(
         values=values,
-        layout=SimpleNamespace(sequence_parallel=False, tp=1),
+        layout=SimpleNamespace(sequence_parallel=False, tp=1, cp=1),
         args=SimpleNamespace(tied=False, vocab_size=8),
         config=SimpleNamespace(log_probs_temperature=1.0),
         tp_group=None,
     )
-    micro = SimpleNamespace(
-        tokens=torch.zeros((1, 4), dtype=torch.long),
-        batch=SimpleNamespace(batch_size=1, tokens=torch.zeros((1, 4), dtype=torch.long)),
+    micro = backend.padded_micro(
+        SimpleNamespace(batch_size=1, tokens=torch.zeros((1, 4), dtype=torch.long)),  # type: ignore[arg-type]
+        1,
+        4,
     )
     if hasattr(backend.MegatronTrainBackend, "_chunk_tokens"):
         fake._chunk_tokens = functools.partial(backend.MegatronTrainBackend._chunk_tokens, fake)
@@ -768,7 +769,8 @@ def checkpoint_load(values: dict[str, Any]) -> Any:
     found = (3, FOLDER / "iter_0000003", {"has_optimizer": True, "has_reference": False})
     with mock.patch.object(backend.ckpt, "latest", lambda load_dir: found):
         with pytest.raises(_Stop):
-            backend.MegatronTrainBackend.load_checkpoint(fake, str(FOLDER / "ckpt"))  # type: ignore[arg-type]
+            # the load itself (`load_checkpoint` only wraps it in `_on_device`)
+            backend.MegatronTrainBackend._load_checkpoint(fake, str(FOLDER / "ckpt"))  # type: ignore[arg-type]
     return seen
 
 
@@ -1009,6 +1011,18 @@ EFFECTS: dict[str, Evidence | dict[str, Evidence]] = {
     "expert_model_parallel_size": Probe(layout),
     "expert_tensor_parallel_size": Probe(layout, value=1),
     "sequence_parallel": Probe(layout),
+    # megatron: packed sequences (thd, the default) or padded rows (bshd); both train as the torch backend does
+    "qkv_format": {
+        "megatron": ExistingTest(
+            "tests/unit/runtime/test_megatron_backend.py::test_packed_micro_batches_hold_the_rows_end_to_end"
+        )
+    },
+    # the torch backend refuses anything but 1; on megatron, CP=2 trains as the torch backend does
+    "context_parallel_size": {
+        "megatron": ExistingTest(
+            "tests/unit/runtime/test_megatron_backend.py::test_two_ranks_match_the_torch_backend"
+        )
+    },
     # -- megatron: the architecture --
     **{
         name: Probe(model_args, base=MODEL, before=MODEL[name], value=2 * MODEL[name])
@@ -1119,6 +1133,27 @@ EFFECTS: dict[str, Evidence | dict[str, Evidence]] = {
         ("save", "load"),
         "Relax derives it on; torch_dist checkpoints are written in the installed megatron-core's layout and "
         "loaded by the layout they record",
+    ),
+    "apply_rope_fusion": ExistingTest(
+        "tests/unit/runtime/megatron/test_model.py::test_no_rope_fusion_keeps_megatrons_own_rope"
+    ),
+    "use_rotary_position_embeddings": Derived(
+        ("position_embedding_type",),
+        "Megatron-LM's legacy flag: the spec derives --position-embedding-type rope from it, which the backend reads",
+    ),
+    "attention_backend": Derived(
+        (),
+        "auto and flash only: the core attention is SDPA, whose dispatcher runs the flash kernel on CUDA in "
+        "bf16/fp16 (the other backends are TransformerEngine's and refused)",
+    ),
+    "attention_softmax_in_fp32": Derived(
+        (),
+        "always so here: SDPA's kernels keep the softmax in fp32 (transformer_config sets it on)",
+    ),
+    "recompute_activations": Derived(
+        ("recompute_granularity",),
+        "Megatron-LM's shorthand: the spec derives --recompute-granularity selective from it, which the backend "
+        "reads",
     ),
     "megatron_to_hf_mode": Derived(
         ("save_hf",),

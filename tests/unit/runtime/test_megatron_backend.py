@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from tests.unit.runtime import ranks
 
 TOLERANCE = {"log_probs": 1e-5, "metrics": 1e-4, "weights": 1e-4}
 
@@ -61,6 +62,9 @@ def _batch(n: int = 8, seed: int = 0):
     return batch
 
 
+# padded rows instead of packed sequences (Relax wants --micro-batch-size with bshd; _config's is 2)
+BSHD = {"qkv-format": "bshd", "micro-batch-size": 2}
+
 # dynamic batch size (micro-batches of at most 24 tokens, so ranks get different micro-batch counts) with a
 # per-token loss: the other weighting of micro-batches
 DYNAMIC = {"max_tokens_per_micro_batch": 24, "per_token_loss": True}
@@ -103,6 +107,7 @@ def _worker(
         "metrics": metrics,
         "weights": backend.named_weights(),
         "checksum": backend.parameter_checksum(),
+        "compiled_layers": backend.compiled_layers,
     }
     if checkpoints:
         save = Path(out).parent / "ckpt"
@@ -156,7 +161,7 @@ def _spawn(model: Path, tmp_path: Path, overrides: dict, *, checkpoints: bool = 
     from runtime.train.megatron.parallel import free_port
 
     out = tmp_path / "result.pt"
-    mp.spawn(_worker, args=(2, free_port(), str(model), overrides, str(out), checkpoints), nprocs=2)
+    ranks.spawn(_worker, (2, free_port(), str(model), overrides, str(out), checkpoints))
     return torch.load(out, weights_only=False)
 
 
@@ -224,8 +229,32 @@ def _assert_matches(got: dict[str, Any], want: dict[str, Any]) -> None:
             "resource": {"actor": [1, 2], "rollout": [1, 2]},
         },
         {"balance-data": True, "resource": {"actor": [1, 2], "rollout": [1, 2]}},
+        # CP=2 (Relax's rule wants --calculate-per-token-loss with it; this test's TrainConfig is _config's)
+        {
+            "context-parallel-size": 2,
+            "calculate-per-token-loss": True,
+            "resource": {"actor": [1, 2], "rollout": [1, 2]},
+        },
+        # the cases above pack each micro-batch's sequences (`thd`, Relax's default); these pad rows
+        {**BSHD, "tensor-model-parallel-size": 2, "resource": {"actor": [1, 2], "rollout": [1, 2]}},
+        {
+            **BSHD,
+            "context-parallel-size": 2,
+            "calculate-per-token-loss": True,
+            "resource": {"actor": [1, 2], "rollout": [1, 2]},
+        },
     ],
-    ids=["tp2", "dp2", "pp2", "tp2-sp-overlap", "dp2-overlap", "dp2-balance-data"],
+    ids=[
+        "tp2",
+        "dp2",
+        "pp2",
+        "tp2-sp-overlap",
+        "dp2-overlap",
+        "dp2-balance-data",
+        "cp2",
+        "tp2-bshd",
+        "cp2-bshd",
+    ],
 )
 def test_two_ranks_match_the_torch_backend(tiny: Path, reference: dict, tmp_path: Path, layout: dict) -> None:
     got = _spawn(tiny, tmp_path, layout)
@@ -238,16 +267,75 @@ def test_two_ranks_match_the_torch_backend(tiny: Path, reference: dict, tmp_path
 @pytest.mark.parametrize(
     "layout",
     [
+        {"context-parallel-size": 2, "calculate-per-token-loss": True},
+    ],
+    ids=["cp2"],
+)
+def test_the_cuda_paths_traced_on_cpu_match_the_torch_backend(
+    tiny: Path, reference: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: dict
+) -> None:
+    """What CUDA runs, forced on here: RoPE's rows precomputed (`kernels.precompute_rope`: each token's rotary
+    row from its position in its sequence, this rank's chunks of it under CP, packed or padded) and every
+    TransformerLayer torch.compile'd, traced by dynamo and AOT autograd (`aot_eager`: the graphs inductor
+    would compile on CUDA, packed-sequence parameters included, run eagerly)."""
+    monkeypatch.setenv("RELAX_ROPE_PRECOMPUTE", "1")  # inherited by the spawned ranks
+    monkeypatch.setenv("RELAX_KERNELS_COMPILE_BACKEND", "aot_eager")
+    got = _spawn(tiny, tmp_path, {**layout, "resource": {"actor": [1, 2], "rollout": [1, 2]}})
+    _assert_matches(got, reference)
+    assert got["compiled_layers"] == 2  # the tiny model's layers
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
         {"resource": {"actor": [1, 2], "rollout": [1, 2]}},  # DP=2: each rank its own micro-batch count
         {"pipeline-model-parallel-size": 2, "resource": {"actor": [1, 2], "rollout": [1, 2]}},
+        # CP=2: micro-batches of 2 x 24 tokens (max-tokens-per-gpu x CP, as Relax), each rank half of them
+        {
+            "context-parallel-size": 2,
+            "calculate-per-token-loss": True,
+            "resource": {"actor": [1, 2], "rollout": [1, 2]},
+        },
     ],
-    ids=["dp2", "pp2"],
+    ids=["dp2", "pp2", "cp2"],
 )
 def test_dynamic_batches_and_per_token_loss_match_the_torch_backend(
     tiny: Path, dynamic_reference: dict, tmp_path: Path, layout: dict
 ) -> None:
     got = _spawn(tiny, tmp_path, {**layout, "config": DYNAMIC})
     _assert_matches(got, dynamic_reference)
+
+
+def test_packed_micro_batches_hold_the_rows_end_to_end() -> None:
+    """`qkv_format` thd (Relax's default): a micro-batch's rows become one pack of their real tokens (each padded to a multiple of 2 x cp,
+    then a padding sequence up to the schedule's length), positions restart per sequence, and per-position
+    outputs map back onto the rows as the padded (`bshd`) form maps them: column j is what position j - 1
+    predicted, 0 in column 0 and past a row's end. (Both forms train as the torch backend does:
+    test_two_ranks_match_the_torch_backend, `tp2` / `tp2-bshd`, `cp2` / `cp2-bshd`.)"""
+    from runtime.train.megatron.backend import packed_length, packed_micro, padded_micro
+
+    batch = _batch(3)
+    lengths = [int(n) for n in batch.attention_mask.sum(dim=1)]
+    assert lengths == [8, 10, 12] and batch.tokens.shape[1] == 12
+    packed = packed_micro(batch, 4, 8, total=40)  # CP=2: sequences of multiples of 4, the pack one of 8
+    assert packed.seqlens == [8, 12, 12, 8] and packed.tokens.shape == (1, 40)
+    assert packed_length(batch, 4, 8) == 32
+    assert packed.positions[0].tolist() == [*range(8), *range(12), *range(12), *range(8)]
+    for row, (start, n) in enumerate(zip([0, 8, 20], lengths, strict=True)):
+        assert packed.tokens[0, start : start + n].tolist() == batch.tokens[row, :n].tolist()
+        assert packed.targets[0, start : start + n - 1].tolist() == batch.tokens[row, 1:n].tolist()
+        assert packed.targets[0, start + n - 1] == 0  # a sequence's last position predicts nothing
+    padded = padded_micro(batch, 3, 12)
+
+    # the same per-token "log-prob" under both forms: a function of the (prefix, next token) pair
+    def per_position(micro):
+        return (micro.tokens * 1000 + micro.targets).t().float()  # [s, b]
+
+    got, want = packed.unpack(per_position(packed)), padded.unpack(per_position(padded))
+    valid = batch.attention_mask.bool() & (torch.arange(12) > 0)
+    assert torch.equal(got[valid], want[valid]) and not got[~valid].any()
+    columns = torch.cat([packed.columns(2, 0), packed.columns(2, 1)])
+    assert sorted(columns.tolist()) == list(range(40))  # the CP ranks hold the pack between them
 
 
 def test_balance_data_balances_the_data_parallel_shares() -> None:
@@ -268,8 +356,18 @@ def test_balance_data_balances_the_data_parallel_shares() -> None:
     assert all(p.tolist() == sorted(p.tolist()) for p in parts)  # batch order inside each share
 
 
-def test_checkpoint_round_trip_and_load_flags(tiny: Path, reference: dict, tmp_path: Path) -> None:
-    layout = {"tensor-model-parallel-size": 2, "resource": {"actor": [1, 2], "rollout": [1, 2]}}
+@pytest.mark.parametrize(
+    "parallel",
+    [
+        {"tensor-model-parallel-size": 2},
+        {"context-parallel-size": 2, "calculate-per-token-loss": True},  # replicas over the CP ranks
+    ],
+    ids=["tp2", "cp2"],
+)
+def test_checkpoint_round_trip_and_load_flags(
+    tiny: Path, reference: dict, tmp_path: Path, parallel: dict
+) -> None:
+    layout = {**parallel, "resource": {"actor": [1, 2], "rollout": [1, 2]}}
     got = _spawn(tiny, tmp_path, layout, checkpoints=True)
     _assert_matches(got, reference)
     folder = tmp_path / "ckpt" / "iter_0000000"
@@ -457,7 +555,7 @@ def precision_runs(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     from runtime.train.megatron.parallel import free_port
 
     out = tmp_path_factory.mktemp("precision") / "runs.pt"
-    mp.spawn(_precision_worker, args=(2, free_port(), str(tiny), str(out)), nprocs=2)
+    ranks.spawn(_precision_worker, (2, free_port(), str(tiny), str(out)))
     return torch.load(out, weights_only=False)
 
 

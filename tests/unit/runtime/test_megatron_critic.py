@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+
+from tests.unit.runtime import ranks
 
 TOLERANCE = {"values": 1e-4, "metrics": 1e-4}
 STEPS = 6
@@ -133,7 +134,7 @@ def test_megatron_critic_matches_the_torch_critic_learns_and_round_trips(tiny: P
     from runtime.train.megatron.parallel import free_port
 
     out = tmp_path / "result.pt"
-    mp.spawn(_worker, args=(2, free_port(), str(tiny), str(out)), nprocs=2)
+    ranks.spawn(_worker, (2, free_port(), str(tiny), str(out)))
     got = torch.load(out, weights_only=False)
     want = _torch_critic(tiny)
     batch = _batch()

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from tests.unit.runtime import ranks
 
 PROMPT, RESPONSE, PROMPTS, SAMPLES_PER_PROMPT, ROUNDS = 4, 6, 4, 4, 6
 
@@ -177,7 +178,7 @@ def test_megatron_teacher_log_probs_and_distillation(
     out = tmp_path / "result.pt"
     # the spawned ranks import this module (by its importlib-mode name) from the repository root
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[3]))
-    mp.spawn(_worker, args=(2, free_port(), str(tiny), str(out)), nprocs=2)
+    ranks.spawn(_worker, (2, free_port(), str(tiny), str(out)))
     got = torch.load(out, weights_only=False)
 
     # iteration 0 of the checkpoint root (not the latest, 1) is the teacher: an HF forward of its export

@@ -118,6 +118,11 @@ def test_capabilities_name_what_is_refused() -> None:
     assert unsupported_parameters({"rm_type": "boxed_f1", "rm_url": "http://rm"}, defaults) == []
     assert unsupported_parameters({"rollout_external": True}, defaults) == ["rollout_external=True"]
     assert unsupported_parameters({"debug_train_only": True}, defaults) == ["debug_train_only=True"]
+    # Relax's SFT scripts set it (SFT starts no engines), unless predictions need them
+    assert unsupported_parameters({"debug_train_only": True, "loss_type": "sft"}, defaults) == []
+    assert unsupported_parameters(
+        {"debug_train_only": True, "loss_type": "sft", "sft_predict_interval": 5}, defaults
+    ) == ["debug_train_only=True"]
     assert unsupported_parameters({"eval_config": "e.yaml", "loss_type": "sft"}, defaults) == [
         "eval_config='e.yaml'"
     ]

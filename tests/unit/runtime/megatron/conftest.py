@@ -4,9 +4,6 @@ in-process megatron world of size 1 (gloo), and a launcher for multi-process run
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -127,39 +124,19 @@ def hf_reference_losses(
 
 @pytest.fixture
 def run_ranks(tmp_path: Path) -> Callable[..., list[dict[str, Any]]]:
-    """`run_ranks(world, job)`: run `dist_worker.py` on `world` local processes (gloo on a loopback port);
-    returns each rank's JSON result."""
+    """`run_ranks(world, job)`: run `dist_worker.run` on `world` local processes (gloo on a loopback port),
+    forked from the session's warm server (tests/unit/runtime/ranks.py); returns each rank's JSON result."""
 
     def run(world: int, job: dict[str, Any], timeout: float = 120) -> list[dict[str, Any]]:
         from runtime.train.megatron.parallel import free_port
+        from tests.unit.runtime import ranks
+        from tests.unit.runtime.megatron import dist_worker
 
         out = tmp_path / "out"
         out.mkdir(exist_ok=True)
         job_path = tmp_path / "job.json"
         job_path.write_text(json.dumps({**job, "out": str(out)}))
-        port = free_port()
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-        procs = [
-            subprocess.Popen(
-                [sys.executable, str(HERE / "dist_worker.py"), str(r), str(world), str(port), str(job_path)],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            for r in range(world)
-        ]
-        logs = []
-        try:
-            for proc in procs:
-                logs.append(proc.communicate(timeout=timeout)[0])
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-        for r, proc in enumerate(procs):
-            assert proc.returncode == 0, f"rank {r} failed:\n{logs[r][-4000:] if r < len(logs) else ''}"
+        ranks.spawn(dist_worker.run, (world, free_port(), str(job_path)), nprocs=world, timeout=timeout)
         return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
 
     return run

@@ -1,7 +1,6 @@
-"""One rank of a multi-process megatron test (run as a script by test_parallel.py; not collected).
-
-argv: rank world_size master_port job.json. The job names a Hugging Face folder, a layout, a token batch and
-a number of steps; the rank loads the HF weights sharded, gathers them back (checks they equal the folder's),
+"""One rank of a multi-process megatron test (`run`, forked by the conftest's `run_ranks`; also a script:
+argv rank world_size master_port job.json; not collected). The job names a Hugging Face folder, a layout, a
+token batch and a number of steps; the rank loads the HF weights sharded, gathers them back (checks they equal the folder's),
 trains with megatron's schedule, DDP and optimizer (fp32 Adam, no weight decay), and writes
 `<out>/rank<r>.json` with the per-step losses (last pipeline stage) and timings.
 """
@@ -20,7 +19,11 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
-    rank, world, port, job_path = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    run(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+
+
+def run(rank: int, world: int, port: int, job_path: str) -> None:
+    """One rank (the conftest's `run_ranks` forks it from the warm server, tests/unit/runtime/ranks.py)."""
     job = json.loads(Path(job_path).read_text())
     t0 = time.perf_counter()
     import torch
@@ -39,6 +42,7 @@ def main() -> None:
     from runtime.train.megatron.model import build_model, model_args_for, transformer_config
     from runtime.train.megatron.parallel import (
         ParallelLayout,
+        cp_columns,
         destroy_parallel,
         init_process_group,
         initialize_parallel,
@@ -103,11 +107,16 @@ def main() -> None:
     micro = [mine] if packed else [mine[i : i + 1] for i in range(mine.shape[0])]
     tokens_per_micro = mine.shape[0] * seq if packed else seq
 
+    cp, cp_rank = ps.get_context_parallel_world_size(), ps.get_context_parallel_rank()
+
     def forward_step(data_iterator, model):
         batch = next(data_iterator)
         ids, labels = batch[:, :-1], batch[:, 1:]
         positions = torch.arange(seq).repeat(ids.shape[0], 1)
         extra = {}
+        if cp > 1:  # this CP rank's two chunks of every sequence (labels taken before the split)
+            columns = cp_columns(seq, cp, cp_rank)
+            ids, labels, positions = ids[:, columns], labels[:, columns], positions[:, columns]
         if packed:
             n = ids.shape[0]
             cu = torch.arange(0, (n + 1) * seq, seq, dtype=torch.int32)
@@ -118,8 +127,17 @@ def main() -> None:
         per_token = model(ids, positions, None, labels=labels, **extra)  # [b, s] (vocab-parallel CE)
 
         def loss_func(output):
-            loss = output.float().mean()
-            return loss, {"loss": loss.detach()}
+            if cp == 1:
+                loss = output.float().mean()
+                return loss, {"loss": loss.detach()}
+            # as Megatron-LM: this rank's token losses over the whole sequences' count (the CP ranks' gradients
+            # add up to the mean's); the schedule multiplies by the CP size, which DDP's average divides out
+            count = output.numel() * cp
+            loss = output.float().sum() / count
+            whole = loss.detach().clone()
+            dist.all_reduce(whole, group=ps.get_context_parallel_group())
+            # divided by the micro-batch count, as the schedule's in-place division does to `loss.detach()`
+            return loss, {"loss": whole / len(micro)}
 
         return per_token, loss_func
 

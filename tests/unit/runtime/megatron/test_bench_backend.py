@@ -39,11 +39,14 @@ def test_bench_tiny_backend_rows_run_on_cpu(tmp_path):
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     rows = json.loads(out_json.read_text())
-    assert [r["loop"] for r in rows] == [
-        "ours (megatron-core + our kernels)",
-        "ours (megatron backend: MegatronTrainBackend.train_step, sft), head recomputes logits",  # CPU: auto
-        "ours (megatron backend: MegatronTrainBackend.train_step, sft), head keeps bf16 logits",
-    ], out.stdout
+    assert (
+        [r["loop"] for r in rows]
+        == [
+            "ours (megatron-core + our kernels)",
+            "ours (megatron backend: MegatronTrainBackend.train_step, sft), head recomputes logits, thd",  # CPU: auto
+            "ours (megatron backend: MegatronTrainBackend.train_step, sft), head keeps bf16 logits, thd",
+        ]
+    ), out.stdout
     recompute, save = rows[1]["losses"], rows[2]["losses"]
     assert len(recompute) == len(save) == 3  # 1 warm-up + 2 timed steps
     # random init: the first loss is about log(vocab) (1000 ids); training moves it

@@ -158,10 +158,8 @@ def test_transformer_config_precision_recompute_and_fusions(megatron_world):
     assert transformer_config(args, layout, values={}).params_dtype is torch.float32
     with pytest.raises(ValueError, match="mutually exclusive"):
         transformer_config(args, layout, values={"bf16": True, "fp16": True})
-    with pytest.raises(
-        ValueError, match="--context-parallel-size 2: context parallelism needs TransformerEngine"
-    ):
-        transformer_config(args, ParallelLayout(cp=2, world_size=2), values={})
+    # context parallelism is SDPAttention's (dense models; MoE is refused: test_parallel.py)
+    assert transformer_config(args, ParallelLayout(cp=2, world_size=2), values={}).context_parallel_size == 2
     with pytest.raises(
         ValueError, match="--num-layers 2 is not a multiple of --pipeline-model-parallel-size 4"
     ):
@@ -256,13 +254,22 @@ def test_sdpa_attention_masks_and_gqa(megatron_world):
     out_masked = attn(q, k, v, mask)
     torch.testing.assert_close(out_masked[:, 0], out[:, 0])
     assert not torch.allclose(out_masked[1:, 1], out[1:, 1])
-    with pytest.raises(ValueError, match="context parallelism"):
-        SDPAttention(
-            TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=4, context_parallel_size=2),
-            1,
-            AttnMaskType.causal,
-            "self",
-        )
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    cp_attn = SDPAttention(
+        TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=4, context_parallel_size=2),
+        1,
+        AttnMaskType.causal,
+        "self",
+    )
+    cu = torch.tensor([0, s], dtype=torch.int32)
+    packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu)
+    # under CP=2 every packed sequence is a multiple of 2 x 2 tokens (each rank holds 2 of its 4 chunks)
+    assert s % 4
+    with pytest.raises(
+        ValueError, match="packed sequences under context parallelism 2 must be multiples of 4"
+    ):
+        cp_attn(q[:, 0], k[:, 0], v[:, 0], None, packed_seq_params=packed)
 
 
 @pytest.mark.parametrize(
@@ -328,3 +335,16 @@ def test_precomputed_rope_gives_megatrons_logits_and_gradients(hf_folder, megatr
     assert got[2].keys() == want[2].keys()
     for name in want[2]:
         torch.testing.assert_close(got[2][name], want[2][name], atol=0, rtol=0, msg=name)
+
+
+def test_no_rope_fusion_keeps_megatrons_own_rope(hf_folder, megatron_world):
+    """`apply_rope_fusion` (Megatron's default; `--no-rope-fusion` turns it off): with it, RoPE goes through
+    megatron's fused-RoPE hook, which `kernels.precompute_rope` fills (on CUDA, or forced as here); without it
+    the model keeps megatron's own RoPE in every layer."""
+    from runtime.train.megatron.kernels import precompute_rope
+
+    folder = hf_folder("qwen3")
+    _, fused = _megatron_from(folder)
+    _, plain = _megatron_from(folder, {"apply_rope_fusion": False})
+    assert precompute_rope([fused], force=True) == 1 and fused.config.apply_rope_fusion
+    assert precompute_rope([plain], force=True) == 0 and not plain.config.apply_rope_fusion

@@ -1,5 +1,5 @@
 """ParallelLayout rules, and training equality across layouts on gloo (2 processes): TP=2, PP=2, DP=2, VPP,
-sequence parallel and EP=2 give the per-step losses of the Hugging Face model trained alone."""
+sequence parallel, CP=2 and EP=2 give the per-step losses of the Hugging Face model trained alone."""
 
 from __future__ import annotations
 
@@ -65,6 +65,25 @@ def test_layout_from_values():
     assert ParallelLayout.from_values({}, world_size=4).dp == 4  # every dest unset: pure data parallel
 
 
+def test_cp_columns_are_megatrons_load_balanced_chunks():
+    from runtime.train.megatron.parallel import cp_columns, cp_gathered_columns
+
+    assert cp_columns(8, 2, 0).tolist() == [0, 1, 6, 7]
+    assert cp_columns(8, 2, 1).tolist() == [2, 3, 4, 5]
+    assert cp_gathered_columns(12, 3).tolist() == [0, 1, 10, 11, 2, 3, 8, 9, 4, 5, 6, 7]
+    with pytest.raises(ValueError, match="does not split into 2 x --context-parallel-size 2"):
+        cp_columns(6, 2, 0)
+
+
+def test_cp_packed_columns_are_each_sequences_chunks():
+    from runtime.train.megatron.parallel import cp_packed_columns
+
+    # two sequences of 8 and 4 tokens under CP=2: chunks of 2 and 1
+    assert cp_packed_columns([8, 4], 2, 0).tolist() == [0, 1, 6, 7, 8, 11]
+    assert cp_packed_columns([8, 4], 2, 1).tolist() == [2, 3, 4, 5, 9, 10]
+    assert cp_packed_columns([], 2, 0).tolist() == []
+
+
 def test_free_port_is_bindable_on_loopback():
     port = free_port()
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -105,9 +124,18 @@ CASES = {
     "pp2-untied-qk-norm": ("qwen3", {"pp": 2}, {}),
     # MoE with TP needs sequence parallelism (megatron's rule); experts split over the TP ranks as well
     "tp2-sequence-parallel-moe": ("qwen3_moe", {"tp": 2, "sequence_parallel": True}, {}),
+    # experts whole on each rank (--expert-tensor-parallel-size 1) under TP=2: with EP=1 their gradients
+    # reduce over the expert data-parallel group (model.mark_expert_data_parallel), with EP=2 megatron's own
+    "tp2-sp-etp1-moe": ("qwen3_moe", {"tp": 2, "etp": 1, "sequence_parallel": True}, {}),
+    "tp2-sp-ep2-etp1-moe": ("qwen3_moe", {"tp": 2, "ep": 2, "etp": 1, "sequence_parallel": True}, {}),
     # packed sequences (`thd`, cu_seqlens) through tensor / pipeline parallelism
     "tp2-packed": ("qwen3", {"tp": 2}, {"packed": True}),
     "pp2-packed": ("qwen2", {"pp": 2}, {"packed": True}),
+    # context parallelism: each rank 2 of the 4 chunks of every sequence, K/V all-gathered (SDPAttention)
+    "cp2": ("qwen2", {"cp": 2}, {}),
+    "cp2-qk-norm-untied": ("qwen3", {"cp": 2}, {}),
+    # MoE under CP: each rank routes its own chunks' tokens (the experts' replicas span the CP ranks)
+    "cp2-moe": ("qwen3_moe", {"cp": 2}, {}),
     # bf16 parameters (Float16Module) with fp32 main weights: near the fp32 reference, not equal to it
     "tp2-bf16": ("qwen2", {"tp": 2}, {"values": {"bf16": True}}),
 }
@@ -176,16 +204,20 @@ def test_layout_from_a_normalized_spec():
     assert (layout.tp, layout.pp, layout.cp, layout.ep, layout.vpp, layout.dp) == (2, 1, 1, 1, None, 2)
 
 
-def test_expert_tensor_size_other_than_tp_is_refused(hf_folder):
-    """TP=2 with experts unsplit (--expert-tensor-parallel-size 1) trained away from the one-rank reference
-    after the first step (measured): refused by name until understood."""
-    import json
+def test_experts_are_marked_expert_data_parallel_only_when_megatron_does_not(hf_folder, megatron_world):
+    """megatron marks expert weights `allreduce=False` only under EP > 1; with EP = 1 and ETP != TP their
+    replicas are the expert data-parallel group all the same, so `mark_expert_data_parallel` marks them
+    (every routed expert weight, nothing else); with ETP = TP or EP > 1 it leaves megatron's marks alone."""
+    from runtime.train.megatron.model import mark_expert_data_parallel
 
-    from runtime.train.megatron.model import ModelArgs, transformer_config
-
-    folder = hf_folder("qwen3_moe")
-    args = ModelArgs.from_hf_config(json.loads((folder / "config.json").read_text()))
-    with pytest.raises(
-        ValueError, match="--expert-tensor-parallel-size 1 differs from --tensor-model-parallel-size 2"
-    ):
-        transformer_config(args, ParallelLayout(tp=2, etp=1, sequence_parallel=True, world_size=2), values={})
+    layers = torch.nn.Module()
+    layers.expert = torch.nn.Linear(2, 2)
+    layers.expert.is_expert = True
+    layers.dense = torch.nn.Linear(2, 2)
+    layers.dense.is_expert = False
+    layers.dense.expert_parallel = False  # megatron's linear layers all carry this; not a mark of experts
+    assert mark_expert_data_parallel(layers, ParallelLayout(tp=2, world_size=2)) == 0
+    assert mark_expert_data_parallel(layers, ParallelLayout(tp=2, ep=2, etp=1, world_size=2)) == 0
+    assert mark_expert_data_parallel(layers, ParallelLayout(tp=2, etp=1, world_size=2)) == 2
+    assert [p.allreduce for p in layers.expert.parameters()] == [False, False]
+    assert all(getattr(p, "allreduce", True) for p in layers.dense.parameters())
