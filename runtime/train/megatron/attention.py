@@ -217,40 +217,15 @@ class SDPAttention(MegatronModule):
             segments.append((local, c, start, (rank + 1) * c))
             segments.append((local + c, c, start, (2 * cp - rank) * c))
             local, start = local + 2 * c, start + n
-        dropout = self.dropout_p if self.training else 0.0
-        if (
-            _varlen_attn is not None
-            and query.is_cuda
-            and query.dtype in (torch.float16, torch.bfloat16)
-            and dropout == 0.0
-        ):
+        if self._varlen_applies(query):
+            # each segment's keys laid end to end (a sequence's prefix appears once per chunk)
             keys = torch.cat([torch.arange(k0, k0 + nk) for _, _, k0, nk in segments]).to(key.device)
             lengths_q = torch.tensor([0] + [nq for _, nq, _, _ in segments])
             lengths_k = torch.tensor([0] + [nk for _, _, _, nk in segments])
-            out = _varlen_attn(
-                query,
-                key[keys],
-                value[keys],
-                lengths_q.cumsum(0).to(torch.int32).to(query.device),
-                lengths_k.cumsum(0).to(torch.int32).to(query.device),
-                int(lengths_q.max()),
-                int(lengths_k.max()),
-                scale=self.softmax_scale,
-                window_size=(-1, 0),
-                **({"enable_gqa": True} if _VARLEN_GQA_FLAG and self.num_heads != self.num_groups else {}),
-            )
-            return out.reshape(query.shape[0], self.num_heads * self.head_dim)
-        out = query.new_zeros(query.shape[0], self.num_heads, self.head_dim)
-        for q0, nq, k0, nk in segments:
-            if nq == 0:
-                continue
-            # [n, h, d] -> [1, h, n, d]; causal with the diagonal at the bottom right (the chunk's end)
-            q = query[q0 : q0 + nq].transpose(0, 1).unsqueeze(0)
-            k = key[k0 : k0 + nk].transpose(0, 1).unsqueeze(0)
-            v = value[k0 : k0 + nk].transpose(0, 1).unsqueeze(0)
-            mask = torch.ones(1, 1, nq, nk, dtype=torch.bool, device=q.device)
-            out[q0 : q0 + nq] = self._sdpa(q, k, v, mask, True)[0].transpose(0, 1)
-        return out.reshape(query.shape[0], self.num_heads * self.head_dim)
+            cu_q, cu_k = lengths_q.cumsum(0).to(query.device), lengths_k.cumsum(0).to(query.device)
+            max_q, max_k = int(lengths_q.max()), int(lengths_k.max())
+            return self._varlen(query, key[keys], value[keys], cu_q, cu_k, max_q, max_k, True)
+        return self._attend_segments(query, key, value, segments, True)
 
     def _forward_packed(
         self, query: Tensor, key: Tensor, value: Tensor, params: PackedSeqParams, causal: bool
@@ -260,38 +235,69 @@ class SDPAttention(MegatronModule):
         `cu_seqlens_*_padded` slot are left at zero."""
         cu_q = params.cu_seqlens_q
         cu_kv = params.cu_seqlens_kv if params.cu_seqlens_kv is not None else cu_q
-        dropout = self.dropout_p if self.training else 0.0
         if (
-            _varlen_attn is not None
-            and query.is_cuda
-            and query.dtype in (torch.float16, torch.bfloat16)
-            and dropout == 0.0
+            self._varlen_applies(query)
             and params.cu_seqlens_q_padded is None
             and params.cu_seqlens_kv_padded is None
         ):
-            return self._varlen(query, key, value, cu_q, cu_kv, params, causal)
+            max_q = params.max_seqlen_q or int((cu_q[1:] - cu_q[:-1]).max())
+            max_kv = params.max_seqlen_kv or int((cu_kv[1:] - cu_kv[:-1]).max())
+            return self._varlen(query, key, value, cu_q, cu_kv, max_q, max_kv, causal)
         start_q = params.cu_seqlens_q_padded if params.cu_seqlens_q_padded is not None else cu_q
         start_kv = params.cu_seqlens_kv_padded if params.cu_seqlens_kv_padded is not None else cu_kv
         len_q = (cu_q[1:] - cu_q[:-1]).tolist()
         len_kv = (cu_kv[1:] - cu_kv[:-1]).tolist()
-        start_q, start_kv = start_q[:-1].tolist(), start_kv[:-1].tolist()
+        segments = list(zip(start_q[:-1].tolist(), len_q, start_kv[:-1].tolist(), len_kv, strict=True))
+        return self._attend_segments(query, key, value, segments, causal)
+
+    def _varlen_applies(self, query: Tensor) -> bool:
+        """torch's varlen flash kernel runs this: CUDA, fp16/bf16, no attention dropout."""
+        dropout = self.dropout_p if self.training else 0.0
+        return (
+            _varlen_attn is not None
+            and query.is_cuda
+            and query.dtype in (torch.float16, torch.bfloat16)
+            and dropout == 0.0
+        )
+
+    def _attend_segments(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        segments: list[tuple[int, int, int, int]],
+        causal: bool,
+    ) -> Tensor:
+        """`[t, h, d]` -> `[t, h * d]`: one SDPA call per segment (query start, length, key start, length),
+        causal with the diagonal at the bottom right when the lengths differ; query rows no segment covers
+        stay 0."""
         out = query.new_zeros(query.shape[0], self.num_heads, self.head_dim)
-        for sq0, nq, sk0, nk in zip(start_q, len_q, start_kv, len_kv, strict=True):
+        for q0, nq, k0, nk in segments:
             if nq == 0:
                 continue
             # [n, h, d] -> [1, h, n, d]
-            q = query[sq0 : sq0 + nq].transpose(0, 1).unsqueeze(0)
-            k = key[sk0 : sk0 + nk].transpose(0, 1).unsqueeze(0)
-            v = value[sk0 : sk0 + nk].transpose(0, 1).unsqueeze(0)
+            q = query[q0 : q0 + nq].transpose(0, 1).unsqueeze(0)
+            k = key[k0 : k0 + nk].transpose(0, 1).unsqueeze(0)
+            v = value[k0 : k0 + nk].transpose(0, 1).unsqueeze(0)
             mask = None
             if causal and nq != nk:
                 mask = torch.ones(1, 1, nq, nk, dtype=torch.bool, device=q.device)
-            out[sq0 : sq0 + nq] = self._sdpa(q, k, v, mask, causal)[0].transpose(0, 1)
+            out[q0 : q0 + nq] = self._sdpa(q, k, v, mask, causal)[0].transpose(0, 1)
         return out.reshape(query.shape[0], self.num_heads * self.head_dim)
 
-    def _varlen(self, query, key, value, cu_q, cu_kv, params: PackedSeqParams, causal: bool) -> Tensor:
-        max_q = params.max_seqlen_q or int((cu_q[1:] - cu_q[:-1]).max())
-        max_kv = params.max_seqlen_kv or int((cu_kv[1:] - cu_kv[:-1]).max())
+    def _varlen(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        cu_q: Tensor,
+        cu_kv: Tensor,
+        max_q: int,
+        max_kv: int,
+        causal: bool,
+    ) -> Tensor:
+        """torch's varlen flash kernel over the pack (`cu_*` its sequences' offsets); causal from the bottom
+        right where a sequence's query and key lengths differ (flash's convention)."""
         extra = {"enable_gqa": True} if _VARLEN_GQA_FLAG and self.num_heads != self.num_groups else {}
         out = _varlen_attn(
             query,

@@ -668,13 +668,16 @@ def compile_transformer_layers(
     *,
     backend: str | None = None,
     mode: str | None = None,
-    dynamic: bool = False,
+    dynamic: bool | None = None,
 ) -> int:
     """torch.compile every megatron `TransformerLayer` under `model` in place (`nn.Module.compile`, so parameter
     names and checkpoints are unchanged). Default: only when the model is on CUDA and compilation is not
     turned off (`RELAX_KERNELS_COMPILE=0`); naming a `backend` (e.g. "eager" on CPU) always compiles.
     Returns the number of layers compiled. Dynamo's cache limits are raised so that one compiled graph per
-    layer never falls back to eager."""
+    layer never falls back to eager. `dynamic=None` (torch's automatic dynamic shapes): the first shape is
+    compiled static (what the fixed-shape benchmarks measure), a second shape once more with the changed sizes
+    symbolic, and no more after that; `False` would compile again for every micro-batch width or pack length
+    an RL batch brings."""
     from megatron.core.transformer.transformer_layer import TransformerLayer
 
     layers = [m for m in model.modules() if isinstance(m, TransformerLayer)]
