@@ -2,7 +2,7 @@
 
 A launch script is run by the real `bash` in a scratch environment where `python`, `python3`,
 `python3.N`, `ray` and `torchrun` capture their argv instead of running anything, and where the
-commands that would change the user's machine (pkill, rm, mkdir, git, pip, curl, ...) do nothing.
+commands that would change the user's machine (pkill, rm, mkdir, git, pip, curl, ulimit, ...) do nothing.
 Everything else (`source`d model files, arrays, `$(...)`, branches on the environment, heredocs)
 behaves exactly as it does for the user, so the training command's argv is the one bash would
 really pass. The server never runs a shell: it receives that argv.
@@ -83,6 +83,9 @@ NEUTRALISED = (
     "huggingface-cli",
     "hf",
     "modelscope",
+    # `ulimit -n 65535` at the top of Relax's NPU scripts: raising a limit past the hard one fails without
+    # privileges (under `set -e` the script stops there), and it changes nothing the training command reads
+    "ulimit",
 )
 _FAILING = {"nvidia-smi": 1}
 

@@ -54,6 +54,8 @@ COMMON_PARAMETERS: frozenset[str] = RuntimeSpec.field_names() | {
     # backend's one trainer has nothing to balance, so there only where Relax derives it (SFT)
     "balance_data",
     "dump_details",  # Relax derives save-debug-rollout-data and save-debug-train-data under it
+    # every role's process reads the job's checkpoints into the page cache first (runtime/models/page_cache.py)
+    "warm_hf_checkpoint_page_cache",
     "train_memory_margin_bytes",  # restricted below
     "sglang",  # restricted below: SGLang server arguments, on every engine server's command line
     # read by `runtime.rewards.RewardModel.from_spec` from the spec's values

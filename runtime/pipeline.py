@@ -695,7 +695,16 @@ def role_plan(spec: RuntimeSpec, total: int, device: Device | None = None) -> Ro
         critic=critic_plan(spec, total, initial),
         train_world=trainer_world(spec, device),
         values=spec.values() if is_multi_rank(spec.train_backend) else {},
+        warm_page_cache=_warmed_folders(spec, initial),
     )
+
+
+def _warmed_folders(spec: RuntimeSpec, initial: str) -> tuple[str, ...]:
+    """`--warm-hf-checkpoint-page-cache`: the Hugging Face folders the roles load (the policy's, and the
+    reference's / initial weights' when they differ)."""
+    if not spec.values().get("warm_hf_checkpoint_page_cache"):
+        return ()
+    return tuple(dict.fromkeys((str(spec.hf_checkpoint), initial)))
 
 
 def build_pipeline(

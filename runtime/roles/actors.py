@@ -19,6 +19,7 @@ import torch
 from ray.actor import ActorHandle
 
 from runtime.devices import Device
+from runtime.models.page_cache import warm_from_env
 from runtime.roles.logs import install_actor_logging, log_exceptions
 from runtime.rollout.engine import GenerationResult, SamplingParams, TorchRolloutEngine
 from runtime.rollout.sglang.engine_actor import SGLangEngineActor
@@ -37,6 +38,8 @@ def _setup_process(num_threads: int, log_sink: ActorHandle | None, source: str) 
     torch.set_num_threads(max(1, num_threads))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     install_actor_logging(log_sink, source)
+    # `--warm-hf-checkpoint-page-cache`: the job's checkpoints read once per node before a role loads them
+    warm_from_env()
 
 
 def _placement_group_id() -> str | None:

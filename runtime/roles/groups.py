@@ -15,6 +15,7 @@ from ray.actor import ActorHandle
 from ray.util.placement_group import PlacementGroup
 
 from runtime.devices import Device
+from runtime.models.page_cache import WARM_ENV
 from runtime.roles.actors import (
     CriticActor,
     ForwardActor,
@@ -314,6 +315,8 @@ class RolePlan:
     # `rollout-external-engine-addrs`: drive these running servers instead of starting engines
     external_engines: tuple[str, ...] = ()
     critic: CriticPlan | None = None
+    # `--warm-hf-checkpoint-page-cache`: the folders every role's process reads into the page cache first
+    warm_page_cache: tuple[str, ...] = ()
 
 
 def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | None = None) -> Roles:
@@ -329,6 +332,8 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
         train_world=plan.train_world,
     )
     pgs = reserve(topology)
+    if plan.warm_page_cache:
+        env_vars = {**(env_vars or {}), WARM_ENV: os.pathsep.join(plan.warm_page_cache)}
     runtime_env = {"env_vars": env_vars} if env_vars else None
     started: list[ActorHandle] = []
     sink = None

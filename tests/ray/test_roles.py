@@ -24,7 +24,12 @@ pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
-def roles(ray_local, artifacts: dict[str, Path]):  # type: ignore[no-untyped-def]
+def page_cache_markers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("node")
+
+
+@pytest.fixture(scope="module")
+def roles(ray_local, artifacts: dict[str, Path], page_cache_markers: Path):  # type: ignore[no-untyped-def]
     plan = RolePlan(
         backend="torch",
         hf_checkpoint=str(artifacts["warm"]),
@@ -33,8 +38,11 @@ def roles(ray_local, artifacts: dict[str, Path]):  # type: ignore[no-untyped-def
         resource={"actor": [1, 1], "rollout": [1, 2], "reference": [1, 1]},
         colocate=False,
         separate={Role.REFERENCE: str(artifacts["warm"])},
+        warm_page_cache=(str(artifacts["warm"]),),  # --warm-hf-checkpoint-page-cache
     )
-    running = start_roles(plan, device=Device.detect())
+    running = start_roles(
+        plan, device=Device.detect(), env_vars={"RELAX_PAGE_CACHE_DIR": str(page_cache_markers)}
+    )
     try:
         yield running
     finally:
@@ -80,6 +88,19 @@ def test_each_role_has_its_own_placement_group(roles: Roles) -> None:
         "reference": {pg_of["reference"]},
     }
     assert len(set(pg_of.values())) == 3
+
+
+def test_the_roles_warm_the_checkpoint_once_per_node(
+    roles: Roles, artifacts: dict[str, Path], page_cache_markers: Path
+) -> None:
+    """Every role's process (trainer, two engines, reference) asked to warm the policy's folder before loading
+    it; one of them streamed it, the others found it done."""
+    (done,) = (page_cache_markers / "relax-page-cache").glob("*.done")
+    folder, size = done.read_text().split()
+    size_on_disk = sum(
+        p.stat().st_size for p in artifacts["warm"].rglob("*") if p.is_file() and not p.is_symlink()
+    )
+    assert Path(folder) == artifacts["warm"].resolve() and int(size) == size_on_disk
 
 
 def test_rollout_log_probs_equal_trainer_log_probs_right_after_a_sync(

@@ -343,6 +343,17 @@ def test_neutralised_commands_leave_the_machine_alone(tmp_path: Path) -> None:
         sentinel.wait()
 
 
+def test_resource_limits_are_not_raised(tmp_path: Path) -> None:
+    """Relax's NPU scripts start with `ulimit -n 65535` under `set -e`: beyond the hard limit that fails
+    without privileges and stopped the script; neutralised, it is recorded and the script goes on."""
+    script = write(
+        tmp_path, "limits.sh", "set -e\nulimit -n 1048576\nulimit -u unlimited\npython3 train.py --seed 3\n"
+    )
+    res = resolve_launch_script(script)
+    assert res.argv == ["--seed", "3"]
+    assert [c.argv for c in res.neutralised] == [["ulimit", "-n", "1048576"], ["ulimit", "-u", "unlimited"]]
+
+
 def test_no_network(tmp_path: Path) -> None:
     res = resolve_launch_script(write(tmp_path, "probe.sh", "python3 train.py\n"))
     if not res.isolated:

@@ -896,6 +896,7 @@ EFFECTS: dict[str, Evidence | dict[str, Evidence]] = {
         base={"load_debug_rollout_data": str(FOLDER / "debug")},
     ),
     "load_debug_rollout_data": Probe(plan),
+    "warm_hf_checkpoint_page_cache": Probe(plan),
     "rollout_external": Probe(plan, base={"rollout_external_engine_addrs": ["127.0.0.1:30000"]}),
     "rollout_external_engine_addrs": Probe(plan, base={"rollout_external": True}),
     "sglang": Probe(server_args),
