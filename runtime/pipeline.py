@@ -522,6 +522,7 @@ def loss_config_from(spec: RuntimeSpec) -> LossConfig:
         tis_clip=spec.tis_clip,
         tis_clip_low=spec.tis_clip_low,
         custom_tis_function_path=spec.custom_tis_function_path,
+        get_mismatch_metrics=spec.get_mismatch_metrics,
         custom_pg_loss_reducer_function_path=spec.custom_pg_loss_reducer_function_path,
         use_opsm=spec.use_opsm,
         opsm_delta=spec.opsm_delta,

@@ -137,6 +137,7 @@ class RuntimeSpec:
     tis_clip: float = 2.0
     tis_clip_low: float = 0.0
     custom_tis_function_path: str | None = None
+    get_mismatch_metrics: bool = False  # the TIS function's metrics without its weights (Relax's flag)
     use_opsm: bool = False
     opsm_delta: float = 1e-4
     # on-policy distillation (runtime.algos.opd): a teacher checkpoint held by the trainer (`opd-type megatron`)

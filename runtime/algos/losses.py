@@ -76,6 +76,8 @@ class LossConfig:
     tis_clip: float = 2.0
     tis_clip_low: float = 0.0
     custom_tis_function_path: str | None = None
+    # `get-mismatch-metrics`: the TIS function's metrics (tis, mismatch_kl, ...) reported, the loss unweighted
+    get_mismatch_metrics: bool = False
     custom_pg_loss_reducer_function_path: str | None = None
     use_opsm: bool = False
     opsm_delta: float = 1e-4
@@ -179,7 +181,8 @@ def policy_loss(inputs: LossInputs, config: LossConfig) -> tuple[torch.Tensor, d
 
     pg per token from the estimator's surrogate, times the OPSM keep mask (use-opsm), times the TIS
     weights (use-tis), reduced by the pg reducer (custom, per-token, or per-sample mean). Metrics:
-    pg_loss, pg_clipfrac, ppo_kl, entropy, [kl_loss], [tis*, mismatch_*], [opsm_clipfrac],
+    pg_loss, pg_clipfrac, ppo_kl, entropy, [kl_loss], [tis*, mismatch_*: use-tis or get-mismatch-metrics],
+    [opsm_clipfrac],
     [opd_loss, opd_kl, opd_*_clipfrac], [train_rollout_logprob_abs_diff].
     """
     mask = inputs.loss_mask
@@ -199,9 +202,10 @@ def policy_loss(inputs: LossInputs, config: LossConfig) -> tuple[torch.Tensor, d
         metrics["opsm_clipfrac"] = reduce(1.0 - keep, mask)
 
     pg_mask = mask
-    if config.use_tis:
+    if config.use_tis or (config.get_mismatch_metrics and inputs.rollout_log_probs is not None):
         tis = _apply_tis(pg, inputs, config)
-        pg, pg_mask = tis.pg_loss, tis.loss_mask
+        if config.use_tis:  # else (get-mismatch-metrics alone) the metrics only: the loss is left as it is
+            pg, pg_mask = tis.pg_loss, tis.loss_mask
         for name, value in tis.metrics.items():  # over the pre-rejection mask, so rejections show
             metrics[name] = reduce(value.detach(), mask)
 

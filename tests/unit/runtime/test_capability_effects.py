@@ -848,6 +848,7 @@ EFFECTS: dict[str, Evidence | dict[str, Evidence]] = {
     "sapo_tau_neg": Probe(train_config),
     "use_rollout_logprobs": Probe(train_config),
     "use_tis": Probe(train_config),
+    "get_mismatch_metrics": Probe(train_config, base={"custom_tis_function_path": HOOK}),
     "tis_clip": Probe(train_config),
     "tis_clip_low": Probe(train_config),
     "custom_tis_function_path": Probe(train_config, value=HOOK),

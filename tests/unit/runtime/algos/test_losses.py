@@ -291,6 +291,31 @@ def test_tis_matches_naive_reference(fn) -> None:
     assert torch.equal(out.loss_mask, x["mask"])
 
 
+def test_get_mismatch_metrics_reports_the_tis_metrics_and_leaves_the_loss() -> None:
+    """`get-mismatch-metrics` without `use-tis`: the TIS function's metrics (tis, mismatch_kl, ...) are
+    reported, the loss and its gradient are the plain policy loss's; with `use-tis` the weights apply."""
+    x = random_loss_batch(7, drift=0.5)
+    policy = LOSS_TYPES.get("policy_loss")
+
+    def run(**config):
+        lp = x["log_probs"].clone().requires_grad_(True)
+        loss, metrics = policy(loss_inputs(x, log_probs=lp), LossConfig(**config))
+        loss.backward()
+        return loss.detach(), lp.grad, metrics
+
+    plain, plain_grad, plain_metrics = run()
+    seen, seen_grad, seen_metrics = run(get_mismatch_metrics=True)
+    weighted, _, weighted_metrics = run(use_tis=True)
+    assert "mismatch_kl" not in plain_metrics and "tis" not in plain_metrics
+    assert torch.equal(seen, plain) and torch.equal(seen_grad, plain_grad)
+    assert seen.item() != pytest.approx(weighted.item())  # use-tis reweights; the metrics alone do not
+    for name in ("tis", "tis_abs", "mismatch_kl", "mismatch_k3_kl", "tis_weight", "tis_clipfrac"):
+        assert_close(seen_metrics[name], weighted_metrics[name])
+    mask = x["mask"]
+    k1 = ((x["rollout"] - x["old"]) * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+    assert seen_metrics["mismatch_kl"].item() == pytest.approx(float(k1.mean()), rel=1e-5)
+
+
 def test_opsm_matches_naive_reference() -> None:
     x = random_loss_batch(4, drift=0.3)
     delta = 0.01
