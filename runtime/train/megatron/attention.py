@@ -29,8 +29,10 @@ Attention masks follow megatron: a boolean `attention_mask` is True where attent
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +62,41 @@ def _divide(numerator: int, denominator: int, what: str) -> int:
     if numerator % denominator:
         raise ValueError(f"{what} {numerator} is not divisible by the tensor-parallel size {denominator}")
     return numerator // denominator
+
+
+class _CPSegments(NamedTuple):
+    """Rank `rank`'s attention segments of a pack under context parallelism (`_cp_segments`)."""
+
+    segments: tuple[tuple[int, int, int, int], ...]  # (local query start, length, key start, key length)
+    keys: Tensor  # each segment's key positions laid end to end (a sequence's prefix once per chunk), varlen
+    cu_q: Tensor  # the segments' cumulative query lengths [2n + 1], varlen
+    cu_k: Tensor  # ... and key lengths
+    max_q: int
+    max_k: int
+
+
+@functools.lru_cache(maxsize=256)
+def _cp_segments(seqlens: tuple[int, ...], cp: int, rank: int) -> _CPSegments:
+    """Two segments per sequence of the pack: this rank's chunk r (its first local chunk) against the sequence's
+    keys up to the chunk's end, and its chunk 2 cp - 1 - r likewise. The same for every layer of a micro-batch:
+    cached (the tensors are on the host; callers must not modify them)."""
+    segments, local, start = [], 0, 0
+    for n in seqlens:
+        c = n // (2 * cp)
+        segments.append((local, c, start, (rank + 1) * c))
+        segments.append((local + c, c, start, (2 * cp - rank) * c))
+        local, start = local + 2 * c, start + n
+    keys = torch.cat([torch.arange(k0, k0 + nk) for _, _, k0, nk in segments])
+    lengths_q = torch.tensor([0] + [nq for _, nq, _, _ in segments])
+    lengths_k = torch.tensor([0] + [nk for _, _, _, nk in segments])
+    return _CPSegments(
+        tuple(segments),
+        keys,
+        lengths_q.cumsum(0),
+        lengths_k.cumsum(0),
+        int(lengths_q.max()),
+        int(lengths_k.max()),
+    )
 
 
 class SDPAttention(MegatronModule):
@@ -193,7 +230,7 @@ class SDPAttention(MegatronModule):
         flash kernel on CUDA (bf16/fp16, no dropout) and one SDPA call per segment elsewhere."""
         from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 
-        from runtime.train.megatron.parallel import cp_packed_columns
+        from runtime.train.megatron.parallel import cp_sequence_order
 
         if not causal:
             raise ValueError("SDPAttention's context parallelism is causal only")
@@ -207,25 +244,13 @@ class SDPAttention(MegatronModule):
             raise ValueError(f"packed sequences under context parallelism {cp} must be multiples of {2 * cp}")
         key = gather_from_sequence_parallel_region(key, tensor_parallel_output_grad=True, group=group)
         value = gather_from_sequence_parallel_region(value, tensor_parallel_output_grad=True, group=group)
-        gathered = torch.cat([cp_packed_columns(seqlens, cp, r) for r in range(cp)])
-        order = torch.argsort(gathered).to(key.device)
+        order = cp_sequence_order(tuple(seqlens), cp).to(key.device)
         key, value = key[order], value[order]  # [t, g, d], the pack in sequence order
-        # the segments: (local query start, length, key start, key length), two per sequence
-        segments, local, start = [], 0, 0
-        for n in seqlens:
-            c = n // (2 * cp)
-            segments.append((local, c, start, (rank + 1) * c))
-            segments.append((local + c, c, start, (2 * cp - rank) * c))
-            local, start = local + 2 * c, start + n
+        plan = _cp_segments(tuple(seqlens), cp, rank)
         if self._varlen_applies(query):
-            # each segment's keys laid end to end (a sequence's prefix appears once per chunk)
-            keys = torch.cat([torch.arange(k0, k0 + nk) for _, _, k0, nk in segments]).to(key.device)
-            lengths_q = torch.tensor([0] + [nq for _, nq, _, _ in segments])
-            lengths_k = torch.tensor([0] + [nk for _, _, _, nk in segments])
-            cu_q, cu_k = lengths_q.cumsum(0).to(query.device), lengths_k.cumsum(0).to(query.device)
-            max_q, max_k = int(lengths_q.max()), int(lengths_k.max())
-            return self._varlen(query, key[keys], value[keys], cu_q, cu_k, max_q, max_k, True)
-        return self._attend_segments(query, key, value, segments, True)
+            keys, cu_q, cu_k = (t.to(query.device) for t in (plan.keys, plan.cu_q, plan.cu_k))
+            return self._varlen(query, key[keys], value[keys], cu_q, cu_k, plan.max_q, plan.max_k, True)
+        return self._attend_segments(query, key, value, list(plan.segments), True)
 
     def _forward_packed(
         self, query: Tensor, key: Tensor, value: Tensor, params: PackedSeqParams, causal: bool

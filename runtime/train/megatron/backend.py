@@ -54,8 +54,8 @@ from runtime.train.megatron.kernels import compile_transformer_layers, token_log
 from runtime.train.megatron.model import build_model, model_args_for, transformer_config
 from runtime.train.megatron.parallel import (
     ParallelLayout,
-    cp_columns,
     cp_packed_columns,
+    cp_sequence_order,
     init_process_group,
     initialize_parallel,
 )
@@ -93,11 +93,14 @@ class _Micro:
     def packed(self) -> bool:
         return self.seqlens is not None
 
+    @property
+    def sequences(self) -> tuple[int, ...]:
+        """The sequences along the fed axis: the pack's (thd), or one of the padded width (bshd)."""
+        return tuple(self.seqlens) if self.seqlens is not None else (int(self.tokens.shape[1]),)
+
     def columns(self, cp: int, rank: int) -> torch.Tensor:
         """The positions of the fed sequence axis that context-parallel rank `rank` holds, in its order."""
-        if self.seqlens is not None:
-            return cp_packed_columns(self.seqlens, cp, rank)
-        return cp_columns(int(self.tokens.shape[1]), cp, rank)
+        return cp_packed_columns(self.sequences, cp, rank)
 
     def packed_seq_params(self, device: torch.device) -> Any:
         """megatron's `PackedSeqParams` for the pack (the whole pack's `cu_seqlens`, also under CP)."""
@@ -139,22 +142,32 @@ def row_lengths(part: RolloutBatch) -> list[int]:
     return [max(1, int(n)) for n in torch.where(mask, cols + 1, torch.zeros_like(cols)).max(dim=1).values]
 
 
-def packed_length(part: RolloutBatch, multiple: int, total_multiple: int) -> int:
-    """The pack `packed_micro(part, multiple, total_multiple)` builds, in tokens."""
-    total = sum(-(-n // multiple) * multiple for n in row_lengths(part))
-    return -(-total // total_multiple) * total_multiple
-
-
-def packed_micro(part: RolloutBatch, multiple: int, total_multiple: int, total: int = 0) -> _Micro:
-    """`part`'s rows packed end to end (`thd`): each row's real tokens padded to a multiple of `multiple` (2 x cp
-    under context parallelism), then a padding sequence up to `total` (the schedule's uniform length) and a
-    multiple of `total_multiple` (which `multiple` divides)."""
+def _pack_layout(
+    part: RolloutBatch, multiple: int, total_multiple: int, total: int = 0
+) -> tuple[list[int], list[int]]:
+    """(each row's real length, the pack's sequence lengths) of `packed_micro(part, multiple, total_multiple,
+    total)`: each row padded to a multiple of `multiple`, then a padding sequence up to `total` and a multiple
+    of `total_multiple`."""
     lengths = row_lengths(part)
     seqlens = [-(-n // multiple) * multiple for n in lengths]
     used = sum(seqlens)
     size = -(-max(used, total) // total_multiple) * total_multiple
     if size > used:
         seqlens.append(size - used)
+    return lengths, seqlens
+
+
+def packed_length(part: RolloutBatch, multiple: int, total_multiple: int) -> int:
+    """The pack `packed_micro(part, multiple, total_multiple)` builds, in tokens."""
+    return sum(_pack_layout(part, multiple, total_multiple)[1])
+
+
+def packed_micro(part: RolloutBatch, multiple: int, total_multiple: int, total: int = 0) -> _Micro:
+    """`part`'s rows packed end to end (`thd`): each row's real tokens padded to a multiple of `multiple` (2 x cp
+    under context parallelism), then a padding sequence up to `total` (the schedule's uniform length) and a
+    multiple of `total_multiple` (which `multiple` divides)."""
+    lengths, seqlens = _pack_layout(part, multiple, total_multiple, total)
+    size = sum(seqlens)
     tokens = torch.zeros((1, size), dtype=torch.long)
     targets = torch.zeros_like(tokens)
     positions = torch.zeros_like(tokens)
@@ -528,13 +541,7 @@ class MegatronModelRunner:
             global_batch = batch.select(slice(start, start + global_size))
             total_tokens = float(global_batch.loss_mask.sum().clamp(min=1.0))
             share = self._dp_share(global_batch)
-            micros, seq, rows = self._schedule_micros(
-                micro_batches(
-                    share,
-                    self.config.micro_batch_size,
-                    self._token_budget(self.config.max_tokens_per_micro_batch),
-                )
-            )
+            micros, seq, rows = self._schedule_micros(self._micro_batches(share))
             for micro in micros:
                 if self.config.loss.per_token_loss:
                     micro.weight = float(micro.batch.loss_mask.sum()) / total_tokens
@@ -563,6 +570,13 @@ class MegatronModelRunner:
         ):  # after the last step: halved by an overflow (skipped step), grown by a window
             summary["loss_scale"] = float(self.optimizer.get_loss_scale())
         return summary
+
+    def _micro_batches(self, share: RolloutBatch) -> list[RolloutBatch]:
+        """This rank's share in training micro-batches: `micro-batch-size` rows, or `max-tokens-per-gpu` tokens
+        (x cp, `_token_budget`) under dynamic batch size."""
+        return micro_batches(
+            share, self.config.micro_batch_size, self._token_budget(self.config.max_tokens_per_micro_batch)
+        )
 
     def _token_budget(self, per_gpu: int | None) -> int | None:
         """A micro-batch's token budget from a per-GPU one (`max-tokens-per-gpu`,
@@ -991,7 +1005,7 @@ class MegatronTrainBackend(MegatronModelRunner):
             save_logits=save_logits,
         )
         if cp > 1:
-            order = torch.argsort(torch.cat([micro.columns(cp, r) for r in range(cp)])).to(device)
+            order = cp_sequence_order(micro.sequences, cp).to(device)
 
             def whole(values: torch.Tensor) -> torch.Tensor:
                 gathered = gather_from_sequence_parallel_region(
@@ -1043,15 +1057,7 @@ class MegatronTrainBackend(MegatronModelRunner):
         install_cpu_shims()
         share = self._dp_share(batch)
         budget = self._token_budget(self.config.log_probs_max_tokens)
-        parts = (
-            share.token_budget_batches(int(budget))
-            if budget
-            else micro_batches(
-                share,
-                self.config.micro_batch_size,
-                self._token_budget(self.config.max_tokens_per_micro_batch),
-            )
-        )
+        parts = share.token_budget_batches(int(budget)) if budget else self._micro_batches(share)
         return self._per_token(models, batch, parts, self._log_prob_loss, "log_probs")
 
     def compute_log_probs(self, batch: RolloutBatch, *, old: bool = True, ref: bool = True) -> RolloutBatch:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,15 +162,24 @@ def cp_gathered_columns(width: int, cp: int) -> torch.Tensor:
     return torch.cat([cp_columns(width, cp, rank) for rank in range(cp)])
 
 
-def cp_packed_columns(seqlens: list[int], cp: int, rank: int) -> torch.Tensor:
+def cp_packed_columns(seqlens: Sequence[int], cp: int, rank: int) -> torch.Tensor:
     """The positions of a pack (`thd`: sequences of `seqlens` tokens, each a multiple of 2 x cp, laid end to
     end) that context-parallel rank `rank` holds, in its order: `cp_columns` of every sequence, offset by the
-    sequence's start (megatron's and TransformerEngine's layout for packed sequences under CP)."""
+    sequence's start (megatron's and TransformerEngine's layout for packed sequences under CP; a padded
+    `bshd` micro-batch is one sequence of its width)."""
     parts, start = [], 0
     for length in seqlens:
         parts.append(cp_columns(int(length), cp, rank) + start)
         start += int(length)
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+
+
+@functools.lru_cache(maxsize=256)
+def cp_sequence_order(seqlens: tuple[int, ...], cp: int) -> torch.Tensor:
+    """The index that puts what an all-gather over the context-parallel group returns (each rank's
+    `cp_packed_columns` of the sequences `seqlens`, in rank order) back in sequence order. Cached: every layer
+    and the loss head of a micro-batch ask for the same one; callers must not modify it."""
+    return torch.argsort(torch.cat([cp_packed_columns(seqlens, cp, r) for r in range(cp)]))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
