@@ -44,6 +44,7 @@ counted). N counts the tied embedding once (0.5B: 494,032,768; 1.5B: 1,543,714,3
 from __future__ import annotations
 
 import argparse
+import bisect
 import gc
 import json
 import os
@@ -160,8 +161,56 @@ def profile_step(step: Callable[[], float], device: torch.device, path: str, row
         Clock(device).sync()
     key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     text = prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=70)
+    if device.type == "cuda":
+        text += "\n" + idle_gaps(prof.events())
     with open(path, "w") as f:
         f.write(text)
+
+
+def idle_gaps(events: Any, min_us: float = 20.0, rows: int = 30) -> str:
+    """Where the device waits for the host during the profiled step: every gap of at least `min_us` between
+    kernels (or copies), charged to the host ops that were running when the device went idle (the
+    innermost op and its outermost caller), summed and sorted. A kernel table cannot show this: a step whose
+    kernels take 920 ms can take 1,000 ms."""
+    from torch.autograd import DeviceType
+
+    device_ops = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in events
+        if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start
+    )
+    host_ops = sorted(
+        (e for e in events if e.device_type == DeviceType.CPU), key=lambda e: e.time_range.start
+    )
+    starts = [e.time_range.start for e in host_ops]
+    if not device_ops:
+        return "no device activity recorded\n"
+    busy_until, gaps = device_ops[0][1], []
+    for start, end in device_ops[1:]:
+        if start - busy_until >= min_us:
+            gaps.append((busy_until, start))
+        busy_until = max(busy_until, end)
+    window = busy_until - device_ops[0][0]
+    charged: dict[str, list[float]] = {}
+    for start, end in gaps:
+        # host ops under way at `start`: started before it (the last 2,000 of them, nested calls are recent)
+        # and not yet ended, outermost first
+        last = bisect.bisect_right(starts, start)
+        running = [e for e in host_ops[max(0, last - 2000) : last] if e.time_range.end > start]
+        outer = running[0].name if running else "(no host op)"
+        inner = running[-1].name if running else "(no host op)"
+        label = outer if outer == inner else f"{outer[:40]} > {inner[:50]}"
+        charged.setdefault(label, []).append(end - start)
+    idle = sum(end - start for start, end in gaps)
+    lines = [
+        f"device idle in gaps >= {min_us:.0f} us: {idle / 1e3:.1f} ms of {window / 1e3:.1f} ms "
+        f"({len(gaps)} gaps), by the host op running when the device went idle:",
+        "| host op (outermost > innermost) | gaps | idle ms |",
+        "|---|---|---|",
+    ]
+    for label, times in sorted(charged.items(), key=lambda kv: -sum(kv[1]))[:rows]:
+        lines.append(f"| {label} | {len(times)} | {sum(times) / 1e3:.1f} |")
+    return "\n".join(lines) + "\n"
 
 
 def measure(

@@ -173,9 +173,10 @@ PLATFORM_DEVIATIONS: list[tuple[str, tuple[str, ...], str]] = [
 
 #: Codes that are no longer reported, and why (codes are an API: a retired code is never reused).
 RETIRED_RULES: dict[str, str] = {
-    "rule.ppo_needs_rollout_logprobs": "a limit of the torch backend's PPO (it takes the rollout log-probs "
-    "as the old-policy log-probs), not of Relax: the backend refuses PPO without --use-rollout-logprobs "
-    "(spec.unsupported_by_backend), so the spec of a Relax PPO script stays valid.",
+    "rule.ppo_needs_rollout_logprobs": "not a rule of Relax main, whose PPO scripts run without "
+    "--use-rollout-logprobs. Nor a limit of this platform: both backends recompute the old-policy log-probs "
+    "with the trainer before every update (the ratio's pi_old unless --use-rollout-logprobs picks the "
+    "engine's), so PPO runs with or without the flag.",
     "rule.torch_backend_is_platform_extension": "the note is listed among the deviations "
     "(PLATFORM_DEVIATIONS) instead of being a warning on every job that selects the torch backend.",
 }
@@ -403,6 +404,36 @@ def _agentic(ctx: RuleContext) -> None:
                 f"use a value >= {low}",
                 fields=(FIELDS[name].flag,),
             )
+
+
+# =============================================================================================
+# Relax's legacy per-role GPU flags (before every rule that reads --resource)
+
+#: The flags Relax sizes roles with when --resource is absent (slime's layout flags).
+LEGACY_LAYOUT_FLAGS = ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus")
+
+
+@rule(
+    "rule.legacy_layout_resource",
+    "actor-num-nodes",
+    "actor-num-gpus-per-node",
+    "rollout-num-gpus",
+    "resource",
+    summary="Without --resource, Relax's legacy --actor-num-nodes x --actor-num-gpus-per-node (and "
+    "--rollout-num-gpus, which --colocate overrides to the actor's GPUs) size the roles: the platform derives "
+    "the equivalent --resource from them, so placement and the demand read one layout.",
+)
+def _legacy_layout_resource(ctx: RuleContext) -> None:
+    if ctx.resource is not None or not any(ctx.given(name) for name in LEGACY_LAYOUT_FLAGS):
+        return
+    nodes = int(ctx.actor_num_nodes if ctx.actor_num_nodes is not None else 1)
+    total = actor_gpus(ctx.values)
+    resource: dict[str, list[int]] = {"actor": [nodes, total]}
+    if ctx.colocate:
+        resource["rollout"] = [1, total]  # Relax: colocated engines span the actor's GPUs
+    elif ctx.rollout_num_gpus is not None:
+        resource["rollout"] = [1, int(ctx.rollout_num_gpus)]
+    ctx.derive("resource", resource)
 
 
 # =============================================================================================

@@ -46,6 +46,11 @@ COMMON_PARAMETERS: frozenset[str] = RuntimeSpec.field_names() | {
     "offload_train",  # restricted below: colocated roles offload/onload at every turn, and only they do
     "offload_rollout",
     "num_gpus_per_node",  # placement is per slot here
+    # Relax's legacy per-role GPU flags: jobspec derives the equivalent `resource` from them
+    # (rule.legacy_layout_resource), which placement reads
+    "actor_num_nodes",
+    "actor_num_gpus_per_node",
+    "rollout_num_gpus",
     "rollout_num_gpus_per_engine",  # restricted below: the torch engine uses one device
     "checkpoint_engine_backend",  # restricted below: weights go through Ray's object store
     "distributed_backend",  # restricted below: the trainer ranks pick their collective backend by device
@@ -120,7 +125,10 @@ MEGATRON_ARGUMENTS: frozenset[str] = frozenset(
         "moe_router_score_function",
         "moe_layer_freq",
         "moe_router_pre_softmax",
+        # moe.py: the routed experts in torch's grouped GEMM; kernels.py: the token permutation in
+        # TransformerEngine's fused-permutation slots (ours without TE)
         "moe_grouped_gemm",
+        "moe_permute_fusion",
         "moe_token_dispatcher_type",
         "moe_router_dtype",
         "moe_router_topk_scaling_factor",
@@ -191,9 +199,10 @@ def _one_of(*allowed: Any) -> Callable[[Any, Mapping[str, Any]], bool]:
 
 
 def _resource_ok(value: Any, values: Mapping[str, Any]) -> bool:
-    """Roles the runtime runs; each forward-only role and the critic on one device (under megatron the critic
-    is one megatron-core rank); the trainer on one device (torch) or on any number of devices, one rank each
-    (megatron; jobspec checks the parallel sizes)."""
+    """Roles the runtime runs; each forward-only role on one device; the trainer on one device (torch) or on
+    any number of devices, one rank each (megatron; jobspec checks the parallel sizes); the critic on one
+    device (torch; under megatron one rank with model-parallel sizes 1), or under megatron on N devices, one
+    rank each in the job's parallel layout, when N ranks hold that layout (`_megatron_world_ok`)."""
     if not value:
         return True
     if not isinstance(value, Mapping) or not set(value) <= RESOURCE_ROLES:
@@ -204,7 +213,31 @@ def _resource_ok(value: Any, values: Mapping[str, Any]) -> bool:
     multi_rank = values.get("train_backend") == "megatron"
     if not values.get("debug_rollout_only") and not multi_rank and devices.get("actor", 1) != 1:
         return False
-    return all(devices.get(role, 1) <= 1 for role in ("reference", "actor_fwd", "critic"))
+    critic = devices.get("critic", 1)
+    if critic > 1 and not (multi_rank and _megatron_world_ok(critic, values)):
+        return False
+    return all(devices.get(role, 1) <= 1 for role in ("reference", "actor_fwd"))
+
+
+def _megatron_world_ok(world: int, values: Mapping[str, Any]) -> bool:
+    """`world` megatron-core ranks hold the job's layout: whole model replicas (TP x PP x CP; jobspec checks
+    this for the actor's and the critic's GPUs) and, per pipeline stage, whole expert groups (EP x ETP, which
+    jobspec checks for the actor only), as `runtime.train.megatron.parallel.ParallelLayout` requires."""
+
+    def size(name: str) -> int:
+        return int(values.get(name) or 1)
+
+    tp, pp, cp, ep = (
+        size(n)
+        for n in (
+            "tensor_model_parallel_size",
+            "pipeline_model_parallel_size",
+            "context_parallel_size",
+            "expert_model_parallel_size",
+        )
+    )
+    etp = int(values.get("expert_tensor_parallel_size") or tp)
+    return world % (tp * pp * cp) == 0 and world % (ep * etp * pp) == 0
 
 
 def _colocated(values: Mapping[str, Any]) -> bool:
@@ -287,7 +320,6 @@ RESTRICTIONS: dict[str, Callable[[Any, Mapping[str, Any]], bool]] = {
     "ckpt_format": _one_of("torch_dist"),
     "megatron_to_hf_mode": _one_of("raw", "bridge"),
     "rope_type": _one_of("rope"),
-    "moe_grouped_gemm": _one_of(False),
     "tokenizer_type": _one_of("HuggingFaceTokenizer"),
     "tokenizer_model": lambda value, values: _tokenizer_model_ok(value, values),
     "dist_ckpt_save_pre_mcore_014": lambda _value, _values: True,
@@ -312,8 +344,6 @@ RESTRICTIONS: dict[str, Callable[[Any, Mapping[str, Any]], bool]] = {
     # the built-in engine's server and SGLang itself, over SGLang's HTTP API; `rollout-external` only
     # with the servers' addresses
     "rollout_external": lambda value, values: not value or bool(values.get("rollout_external_engine_addrs")),
-    # this backend's PPO takes the rollout log-probs as the old-policy log-probs
-    "advantage_estimator": lambda value, values: value != "ppo" or bool(values.get("use_rollout_logprobs")),
     "num_iters_per_train_update": _one_of(1),
     "max_staleness": lambda value, values: not value or bool(values.get("fully_async")),
     "eval_config": lambda value, values: value is None or values.get("loss_type") not in ("sft", "sft_loss"),
@@ -326,6 +356,8 @@ RESTRICTIONS: dict[str, Callable[[Any, Mapping[str, Any]], bool]] = {
     ),
     # SDPA's dispatcher runs the flash kernel on CUDA (bf16/fp16); the other kernels are TransformerEngine's
     "attention_backend": _one_of("auto", "flash"),
+    # megatron's flex dispatcher runs DeepEP's or HybridEP's kernels, which the platform's hosts do not have
+    "moe_token_dispatcher_type": _one_of("alltoall", "allgather"),
     # no trainer memory is reserved; debug-rollout-only derives 0 (there is no trainer at all)
     "train_memory_margin_bytes": lambda value, values: (
         value in (None, 1 << 30) or bool(values.get("debug_rollout_only"))
@@ -343,8 +375,8 @@ RESTRICTIONS: dict[str, Callable[[Any, Mapping[str, Any]], bool]] = {
 
 #: What a refused value needs instead, where "use a value the backend implements" would not say it.
 RESTRICTION_HINTS: dict[str, str] = {
-    "advantage_estimator": "the torch backend's PPO takes the rollout log-probs as the old-policy log-probs: "
-    "add --use-rollout-logprobs",
+    "moe_token_dispatcher_type": "megatron's flex dispatcher needs DeepEP or HybridEP, which the platform's hosts "
+    "do not have: use --moe-token-dispatcher-type alltoall (the same routing, NCCL all-to-all)",
     # SGLang server flags the platform sets itself (`sglang_problems` names them `sglang_<flag>`), by flag
     # and alias
     **{
@@ -465,13 +497,11 @@ RESTRICTION_DOCS: dict[str, str | dict[str, str]] = {
     "ckpt_format": "torch_dist",
     "megatron_to_hf_mode": "raw, bridge (one mapping, runtime/train/megatron/convert.py)",
     "rope_type": "rope",
-    "moe_grouped_gemm": "off (needs TransformerEngine; the local expert path runs)",
     "tokenizer_type": "HuggingFaceTokenizer (the tokenizer is --hf-checkpoint's)",
     "tokenizer_model": "--hf-checkpoint (as Relax derives it)",
     "dist_ckpt_save_pre_mcore_014": "either (Relax derives it on): checkpoints are written in the installed "
     "megatron-core's layout (its ShardedTensor no longer writes the pre-0.14 one); loading reads the layout "
     "from the checkpoint",
-    "advantage_estimator": "every estimator; ppo with --use-rollout-logprobs",
     "rollout_num_gpus_per_engine": "1",
     "optimizer": "adam",
     "use_precision_aware_optimizer": "only with --optimizer-cpu-offload (which needs it; otherwise it needs "
@@ -484,8 +514,9 @@ RESTRICTION_DOCS: dict[str, str | dict[str, str]] = {
         "torch": "roles actor, rollout, reference, actor_fwd, critic, advantages; actor, reference, actor_fwd "
         "and critic on one device",
         "megatron": "roles actor, rollout, reference, actor_fwd, critic, advantages; the actor on any number of "
-        "devices (one rank each); reference, actor_fwd and critic on one device (the critic: one megatron-core "
-        "rank, so PPO runs with TP x PP x CP = 1)",
+        "devices (one rank each); reference and actor_fwd on one device; the critic on one device (one "
+        "megatron-core rank, model-parallel sizes 1) or on N devices, one rank each in the job's parallel "
+        "layout (N a multiple of TP x PP x CP and of EP x ETP x PP)",
     },
     "rm_type": "the rm-types of runtime/rewards (ifbench and dapo-genrm are not); any with --rm-type-fallback",
     "rm_type_fallback": "zero, or an rm-type of runtime/rewards",
@@ -495,6 +526,7 @@ RESTRICTION_DOCS: dict[str, str | dict[str, str]] = {
     "eval_config": "RL jobs (SFT takes --eval-prompt-data or --eval-size)",
     "debug_train_only": "with --load-debug-rollout-data, or for SFT without --sft-predict-interval",
     "attention_backend": "auto, flash (SDPA: its flash kernel on CUDA in bf16/fp16; the others are TransformerEngine's)",
+    "moe_token_dispatcher_type": "alltoall, allgather (flex needs DeepEP or HybridEP kernels, not installed)",
     "train_memory_margin_bytes": "the default, or 0 as --debug-rollout-only derives it",
     "rollout_global_dataset": "on; off under --loss-type sft (Relax turns it off there)",
     "opd_type": "megatron (the teacher is loaded by the trainer from --opd-teacher-load); not sglang (an "

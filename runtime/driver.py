@@ -168,6 +168,7 @@ def init_ray(address: str | None, spec: RuntimeSpec) -> bool:
         separate_roles=tuple(plan.separate),
         with_critic=spec.has_critic,
         train_world=plan.train_world,
+        critic_world=plan.critic.world if plan.critic is not None else None,
     )
     ray.init(
         address="local",

@@ -42,7 +42,7 @@ from runtime.reporter import EventKind, Phase, Reporter, RolloutSplit
 from runtime.rewards import RewardModel
 from runtime.roles.groups import CriticPlan, RolePlan, Roles, engine_kind_from_env, start_roles
 from runtime.roles.logs import LogRelay
-from runtime.roles.placement import Role, train_world_size
+from runtime.roles.placement import Role, critic_world_size, train_world_size
 from runtime.rollout.context import DEFAULT_MAX_RESPONSE_LEN, RolloutContext, RolloutOutput
 from runtime.rollout.engine import SamplingParams
 from runtime.rollout.generate import GenerateContext, LengthLimits, advance
@@ -166,7 +166,7 @@ class Pipeline:
 
     def train(self, rollout_id: int, batch: RolloutBatch) -> dict[str, float]:
         """One training step (none under `debug-rollout-only`); then `ref-update-interval`. PPO's critic
-        trains on the returns meanwhile, on its own device; the policy waits `num-critic-only-steps`
+        trains on the returns meanwhile, on its own devices; the policy waits `num-critic-only-steps`
         rollouts (and never trains with `critic-train-only`)."""
         if self.roles.train is None:
             return {}
@@ -179,7 +179,7 @@ class Pipeline:
             if interval and (rollout_id + 1) % interval == 0:
                 self.update_reference(rollout_id)
         if critic_step is not None:
-            critic = ray.get(critic_step)
+            critic = critic_step.get()
             metrics.update(
                 value_loss=critic["value_loss"],
                 value_clipfrac=critic["value_clipfrac"],
@@ -567,10 +567,13 @@ def advantage_config(spec: RuntimeSpec, *, rewards_normalization: bool) -> Advan
     )
 
 
-def critic_plan(spec: RuntimeSpec, total_rollouts: int, initial_weights: str) -> CriticPlan | None:
+def critic_plan(
+    spec: RuntimeSpec, total_rollouts: int, initial_weights: str, device: Device | None = None
+) -> CriticPlan | None:
     """PPO's critic: the policy's initial weights with a fresh value head, `critic-lr` (default lr) with
     its own `critic-lr-warmup-iters`, the policy's batching and optimizer settings; on the job's train
-    backend (megatron: one rank of megatron-core, which reads its architecture from the spec's values)."""
+    backend (megatron: megatron-core, which reads its architecture and layout from the spec's values, on
+    `placement.critic_world_size` ranks: one per device of the critic's `resource` entry)."""
     if not spec.has_critic:
         return None
     policy = train_config_from(spec, total_rollouts)
@@ -579,11 +582,17 @@ def critic_plan(spec: RuntimeSpec, total_rollouts: int, initial_weights: str) ->
         lr=spec.critic_lr if spec.critic_lr is not None else spec.lr,
         warmup_steps=spec.critic_lr_warmup_iters,
     )
+    multi_rank = is_multi_rank(spec.train_backend)
     return CriticPlan(
         model_path=initial_weights,
         backend=spec.train_backend,
         hf_checkpoint=str(spec.hf_checkpoint),
-        values=spec.values() if is_multi_rank(spec.train_backend) else {},
+        values=spec.values() if multi_rank else {},
+        world=(
+            critic_world_size(spec.resource, _model_parallel_size(spec), device or Device.for_roles())
+            if multi_rank
+            else None
+        ),
         config=CriticConfig(
             lr_schedule=schedule,
             loss=policy.loss,
@@ -654,11 +663,16 @@ def trainer_world(spec: RuntimeSpec, device: Device | None = None) -> int | None
     backend (one trainer). Reads the model-parallel sizes from the spec's values (Megatron's dests)."""
     if not is_multi_rank(spec.train_backend) or not spec.trains:
         return None
+    return train_world_size(spec.resource, _model_parallel_size(spec), device or Device.for_roles())
+
+
+def _model_parallel_size(spec: RuntimeSpec) -> int:
+    """Tensor x pipeline x context parallel sizes, from the spec's values (Megatron's dests)."""
     values = spec.values()
     model_parallel = 1
     for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
         model_parallel *= int(values.get(name) or 1)
-    return train_world_size(spec.resource, model_parallel, device or Device.for_roles())
+    return model_parallel
 
 
 def role_plan(spec: RuntimeSpec, total: int, device: Device | None = None) -> RolePlan:
@@ -693,7 +707,7 @@ def role_plan(spec: RuntimeSpec, total: int, device: Device | None = None) -> Ro
         engine_kind=engine_kind_from_env(),
         engine_args=server_argv(spec.extra.get("sglang")),
         external_engines=tuple(spec.rollout_external_engine_addrs or ()) if spec.rollout_external else (),
-        critic=critic_plan(spec, total, initial),
+        critic=critic_plan(spec, total, initial, device),
         train_world=trainer_world(spec, device),
         values=spec.values() if is_multi_rank(spec.train_backend) else {},
         warm_page_cache=_warmed_folders(spec, initial),

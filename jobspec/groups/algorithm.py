@@ -71,9 +71,8 @@ class PpoParams(ParamGroup):
     group = "ppo"
     title = "Algorithm: PPO"
     description = (
-        "PPO runs in synchronous colocate mode and needs 'critic' and 'advantages' entries in --resource "
-        "and --use-rollout-logprobs. Synchronous PPO resets a non-zero --kl-coef to 0 and turns "
-        "--use-kl-loss off."
+        "PPO runs in synchronous colocate mode and needs 'critic' and 'advantages' entries in --resource. "
+        "Synchronous PPO resets a non-zero --kl-coef to 0 and turns --use-kl-loss off."
     )
 
     gamma: float = param(1.0, "GAE discount factor (PPO).", ge=0, le=1)

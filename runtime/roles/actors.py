@@ -47,12 +47,16 @@ def _placement_group_id() -> str | None:
     return None if pg is None else pg.id.hex()
 
 
-def free_loopback_port() -> tuple[str, int]:
-    """A free TCP port on this node's loopback, for the trainer ranks' rendezvous (run in rank 0's slot,
-    before any rank starts: every rank gets it as a constructor argument)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return "127.0.0.1", int(sock.getsockname()[1])
+def free_loopback_port(avoid: tuple[int, ...] = ()) -> tuple[str, int]:
+    """A free TCP port on this node's loopback, for a multi-rank role's rendezvous (run in rank 0's slot,
+    before any rank starts: every rank gets it as a constructor argument). `avoid`: ports already handed
+    to another group of the job, free until its rank 0 binds them, so the OS may offer them again."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in avoid:
+            return "127.0.0.1", port
 
 
 @log_exceptions
@@ -245,9 +249,11 @@ class HttpEngineActor(SGLangEngineActor):
 
 @log_exceptions
 class CriticActor:
-    """The `critic` role (PPO): a value model with its own optimizer, on a device of its own, on the job's
-    train backend. Under `megatron` it is one rank of its own process group (a loopback port picked here,
-    in its own process: the policy's ranks have theirs), the policy's model-parallel sizes set to 1."""
+    """The `critic` role (PPO): a value model with its own optimizer, on devices of its own, on the job's
+    train backend. Under `megatron` it is one rank of the critic's own process group (never the policy's:
+    the two train at the same time), `rank` of `world_size`, meeting the others at `master_addr:master_port`
+    as the trainer's ranks do; a one-rank critic runs with the model-parallel sizes set to 1
+    (`critic.critic_context`), and picks its port here when none was given."""
 
     def __init__(
         self,
@@ -259,32 +265,43 @@ class CriticActor:
         values: Mapping[str, Any] | None = None,
         num_threads: int = 1,
         log_sink: ActorHandle | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        master_addr: str = "127.0.0.1",
+        master_port: int | None = None,
     ) -> None:
-        _setup_process(num_threads, log_sink, "actor:critic")
+        _setup_process(num_threads, log_sink, "actor:critic" if world_size == 1 else f"actor:critic{rank}")
         started = time.perf_counter()
         self.backend_name = backend
+        self.rank = rank
         self.backend: Any
         if backend == "megatron":
-            from runtime.train.megatron.critic import ONE_RANK_VALUES, MegatronCriticBackend
+            from runtime.train.megatron.critic import MegatronCriticBackend, critic_context
 
-            master_addr, master_port = free_loopback_port()
-            context = TrainContext(0, 1, master_addr, master_port, {**dict(values or {}), **ONE_RANK_VALUES})
+            if master_port is None:
+                master_addr, master_port = free_loopback_port()
+            context = critic_context(rank, world_size, master_addr, master_port, values or {})
             self.backend = MegatronCriticBackend(
                 model_path, config, device=Device.detect(), context=context, hf_checkpoint=hf_checkpoint
             )
+        elif world_size != 1:
+            raise ValueError(f"the {backend} critic runs in one process, not {world_size} ranks")
         else:
             self.backend = TorchCriticBackend(model_path, config, device=Device.detect())
         log.info(
-            "%s critic ready from %s in %.1fs (pid %d)",
+            "%s critic ready from %s in %.1fs (pid %d, rank %d of %d)",
             backend,
             model_path,
             time.perf_counter() - started,
             os.getpid(),
+            rank,
+            world_size,
         )
 
     def ready(self) -> dict[str, Any]:
         return {
             "role": "critic",
+            "rank": self.rank,
             "backend": self.backend_name,
             "pid": os.getpid(),
             "placement_group": _placement_group_id(),

@@ -36,13 +36,24 @@ from runtime.types import RolloutBatch, split_evenly
 log = logging.getLogger(__name__)
 
 
-class TrainGroup:
-    """The trainer actor(s): one for the torch backend, one per rank for a multi-rank backend (megatron).
+@dataclass(frozen=True)
+class RankCall:
+    """One call in flight on every rank of a group: `get()` waits for all of them (a failing rank fails
+    it) and answers rank 0's result."""
 
-    Every call goes to every rank with the same arguments (SPMD: a batch is put in the object store once
-    and each rank reads the same object, taking its data-parallel share itself), and the group answers
-    with rank 0's result; it waits for all ranks, so a failing rank fails the call. The driver never
-    addresses ranks itself."""
+    refs: list[ray.ObjectRef]
+
+    def get(self) -> Any:
+        return ray.get(self.refs)[0]
+
+
+class RankGroup:
+    """The actor(s) of a role that runs SPMD: one, or one per rank of a multi-rank backend (megatron).
+
+    Every call goes to every rank with the same arguments (a batch is put in the object store once and
+    each rank reads the same object, taking its data-parallel share itself), and the group answers with
+    rank 0's result; it waits for all ranks, so a failing rank fails the call. The driver never addresses
+    ranks itself."""
 
     def __init__(self, actors: list[ActorHandle]) -> None:
         self.actors = actors
@@ -61,7 +72,11 @@ class TrainGroup:
             return [getattr(actor, method).remote(*args) for actor in self.actors]
 
     def _leader_answer(self, method: str, *args: Any) -> Any:
-        return ray.get(self._all(method, *args))[0]
+        return RankCall(self._all(method, *args)).get()
+
+
+class TrainGroup(RankGroup):
+    """The trainer actor(s): one for the torch backend, one per rank for a multi-rank backend (megatron)."""
 
     # Batches go to the object store first: Ray 2.60 passes an argument holding torch tensors inline
     # ~100x slower than a reference to the same object (measured: 180 ms vs 8 ms for a few KB).
@@ -152,25 +167,23 @@ class RolloutGroup:
         ray.get([a.onload.remote() for a in self.actors])
 
 
-class CriticGroup:
-    """PPO's critic actor: values at rollout time, and its training step (which may run while the policy
-    trains: `async_train_step`)."""
-
-    def __init__(self, actors: list[ActorHandle]) -> None:
-        self.actors = actors
-        self.leader = actors[0]
+class CriticGroup(RankGroup):
+    """PPO's critic actor(s), one per rank as the trainer's (`RankGroup`): values at rollout time, and its
+    training step (which runs while the policy trains: `async_train_step`). Rank 0's answers are the
+    critic's: every rank holds the values (gathered from the last pipeline stage of each data-parallel
+    replica) and the metrics (reduced over the ranks), and rank 0 writes the checkpoint's record."""
 
     def compute_values(self, batch: RolloutBatch) -> Any:
-        return ray.get(self.leader.compute_values.remote(ray.put(batch)))
+        return self._leader_answer("compute_values", ray.put(batch))
 
-    def async_train_step(self, batch: RolloutBatch) -> ray.ObjectRef:
-        return self.leader.train_step.remote(ray.put(batch))
+    def async_train_step(self, batch: RolloutBatch) -> RankCall:
+        return RankCall(self._all("train_step", ray.put(batch)))
 
     def save_checkpoint(self, root: str, iteration: int) -> CheckpointRecord:
-        return ray.get(self.leader.save_checkpoint.remote(root, iteration))
+        return self._leader_answer("save_checkpoint", root, iteration)
 
     def load_checkpoint(self, root: str) -> int | None:
-        return ray.get(self.leader.load_checkpoint.remote(root))
+        return self._leader_answer("load_checkpoint", root)
 
 
 class ForwardGroup:
@@ -280,14 +293,17 @@ _ENGINE_ACTORS: dict[EngineKind, type] = {
 @dataclass(frozen=True)
 class CriticPlan:
     """PPO's critic: its initial weights (the policy's initial checkpoint), its training config, and the train
-    backend that runs it (`torch`: `TorchCriticBackend`; `megatron`: `MegatronCriticBackend` on one rank, with
-    the architecture from `hf_checkpoint`'s config and the spec's `values`)."""
+    backend that runs it (`torch`: `TorchCriticBackend`; `megatron`: `MegatronCriticBackend`, with the
+    architecture from `hf_checkpoint`'s config and the spec's `values`). `world`: a multi-rank backend's
+    critic ranks (`placement.critic_world_size`; 1: one rank with the model-parallel sizes set to 1); None:
+    the torch backend's one process."""
 
     model_path: str
     config: CriticConfig
     backend: str = "torch"
     hf_checkpoint: str | None = None
     values: dict[str, Any] = field(default_factory=dict)
+    world: int | None = None
 
 
 @dataclass(frozen=True)
@@ -330,6 +346,7 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
         separate_roles=tuple(plan.separate),
         with_critic=plan.critic is not None,
         train_world=plan.train_world,
+        critic_world=plan.critic.world if plan.critic is not None else None,
     )
     pgs = reserve(topology)
     if plan.warm_page_cache:
@@ -351,24 +368,28 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
     def _per_actor(role: Role, index: int) -> dict[str, Any]:
         if role is Role.ROLLOUT:
             return {"engine_index": index}
-        if role is Role.ACTOR and plan.train_world is not None:
+        if role is Role.CRITIC or (role is Role.ACTOR and plan.train_world is not None):
             return {"rank": index}
         return {}
+
+    def rendezvous(role: Role, avoid: tuple[int, ...] = ()) -> tuple[str, int]:
+        """A port for the role's process group, picked on its rank 0's node before any rank starts (and
+        not one already handed to another group of this job: those are not bound yet)."""
+        first = topology.role_slots(role)[0]
+        return ray.get(
+            ray.remote(free_loopback_port)
+            .options(num_cpus=0, scheduling_strategy=first.ray_options(pgs, device)["scheduling_strategy"])
+            .remote(avoid)
+        )
 
     try:
         sink = start_log_sink()
         common = {"num_threads": 1, "log_sink": sink}
         ranks: dict[str, Any] = {}
+        taken: tuple[int, ...] = ()
         if plan.with_train and plan.train_world is not None:
-            # rank 0 picks the rendezvous port on its own node before any rank starts
-            first = topology.train_slots[0]
-            master_addr, master_port = ray.get(
-                ray.remote(free_loopback_port)
-                .options(
-                    num_cpus=0, scheduling_strategy=first.ray_options(pgs, device)["scheduling_strategy"]
-                )
-                .remote()
-            )
+            master_addr, master_port = rendezvous(Role.ACTOR)
+            taken = (master_port,)
             ranks = {
                 "world_size": plan.train_world,
                 "master_addr": master_addr,
@@ -405,8 +426,17 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
             engine_actors = start(
                 _ENGINE_ACTORS[plan.engine_kind], Role.ROLLOUT, plan.hf_checkpoint, **common, **http
             )
-        critic_actors = (
-            start(
+        critic_actors: list[ActorHandle] = []
+        if plan.critic is not None:
+            critic_ranks: dict[str, Any] = {}
+            if plan.critic.world is not None:
+                critic_addr, critic_port = rendezvous(Role.CRITIC, taken)
+                critic_ranks = {
+                    "world_size": plan.critic.world,
+                    "master_addr": critic_addr,
+                    "master_port": critic_port,
+                }
+            critic_actors = start(
                 CriticActor,
                 Role.CRITIC,
                 plan.critic.model_path,
@@ -414,11 +444,9 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
                 backend=plan.critic.backend,
                 hf_checkpoint=plan.critic.hf_checkpoint,
                 values=plan.critic.values,
+                **critic_ranks,
                 **common,
             )
-            if plan.critic is not None
-            else []
-        )
         forward = {
             role: ForwardGroup(
                 role,
@@ -435,7 +463,8 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
             ray.kill(sink)
         raise
     log.info(
-        "roles ready: %d trainer rank(s), %d rollout engine(s) (%s), %d critic, %s, colocate=%s, placement groups %s",
+        "roles ready: %d trainer rank(s), %d rollout engine(s) (%s), %d critic rank(s), %s, colocate=%s, "
+        "placement groups %s",
         len(train_actors),
         len(engine_actors),
         f"external {list(plan.external_engines)}" if plan.external_engines else plan.engine_kind.value,

@@ -8,8 +8,9 @@ device; a multi-rank backend (megatron) runs one trainer actor per rank over the
 slot); `rollout` starts one engine per device. `reference` and `actor_fwd`, when listed and not
 colocated, are forward-only actors of their own (one device each); colocated, those models live in the
 trainer's process, sharing its device, as Relax swaps them into the actor's GPUs. PPO's `critic` trains
-on a device of its own (one), colocated or not; `advantages` (Relax: `[1, 0]`, a CPU-only role) runs in
-the driver and takes no slot.
+on devices of its own, colocated or not: one (the torch backend; a megatron critic entry of one device), or,
+under a multi-rank backend, one rank per device of its entry, laid out as the trainer's ranks
+(`critic_world_size`); `advantages` (Relax: `[1, 0]`, a CPU-only role) runs in the driver and takes no slot.
 """
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ def plan_topology(
     separate_roles: tuple[Role, ...] = (),
     with_critic: bool = False,
     train_world: int | None = None,
+    critic_world: int | None = None,
 ) -> Topology:
     """Slots for the trainer, the engines, the forward-only roles named in `separate_roles` (those the
     job needs and `resource` lists) and PPO's critic.
@@ -125,9 +127,13 @@ def plan_topology(
     number of trainer ranks (`train_world_size`), laid out contiguously over the actor's devices, each
     device holding `train_world / devices` ranks.
 
+    `critic_world`: None for a one-process critic (the torch backend, or one megatron-core rank), which
+    trains on one device; for a multi-rank critic its number of ranks (`critic_world_size`), laid out over
+    the critic's devices as the trainer's ranks are over the actor's.
+
     Colocated (`colocate` without hybrid): trainer and engines share one placement group, as many bundles
     as the actor has devices, each role taking half a slot. Otherwise each role has a placement group of
-    its own. The critic always has its own (one device).
+    its own. The critic always has its own: it trains while the policy trains, never taking turns.
     """
     resource = resource or DEFAULT_RESOURCE
     unknown = sorted(set(resource) - SUPPORTED_ROLES)
@@ -152,13 +158,14 @@ def plan_topology(
     slots: dict[Role, tuple[Slot, ...]] = {}
     if with_critic:
         replicas, devices = _pair(resource, Role.CRITIC) if Role.CRITIC in resource else (1, 1)
-        if replicas != 1 or devices > 1:
+        if replicas != 1 or (critic_world is None and devices > 1):
             raise UnsupportedTopology(
-                f"resource.critic={[replicas, devices]}: the critic trains on one device (one rank under megatron); "
-                "use [1, 1]"
+                f"resource.critic={[replicas, devices]}: the torch backend's critic trains on one device; "
+                "use [1, 1] (a multi-rank backend runs one critic rank per device)"
             )
-        groups[str(Role.CRITIC)] = 1
-        slots[Role.CRITIC] = (Slot(str(Role.CRITIC), 0, 1.0),)
+        bundles = max(devices, 1) if critic_world is not None else 1
+        groups[str(Role.CRITIC)] = bundles
+        slots[Role.CRITIC] = _rank_slots(str(Role.CRITIC), bundles, critic_world or 1, 1.0)
     if colocate and with_train and with_rollout:
         # Relax: colocated engines span the actor's devices, whatever resource.rollout says
         bundles = actor_devices if train_world is not None else 1
@@ -199,17 +206,31 @@ def train_world_size(resource: dict[str, Any] | None, model_parallel: int, devic
     a `tensor-model-parallel-size 2` job runs on one CPU slot as two processes. The world must be a
     multiple of `model_parallel` (the rest is data parallel) and of the device count (ranks share
     devices evenly)."""
-    devices = _pair(resource or DEFAULT_RESOURCE, Role.ACTOR)[1]
+    return _world_size(Role.ACTOR, _pair(resource or DEFAULT_RESOURCE, Role.ACTOR)[1], model_parallel, device)
+
+
+def critic_world_size(resource: dict[str, Any] | None, model_parallel: int, device: Device) -> int:
+    """How many ranks a multi-rank backend's critic runs: 1 when its `resource` entry has one device (or
+    none: one rank, with the model-parallel sizes set to 1, so a one-device critic keeps working whatever
+    the policy's layout), else as the trainer's ranks (`train_world_size`) over the critic's devices, in the
+    job's own parallel layout, as Relax runs its critic."""
+    pair = _pair(resource, Role.CRITIC) if resource and Role.CRITIC in resource else (1, 1)
+    if pair[1] <= 1:
+        return 1
+    return _world_size(Role.CRITIC, pair[1], model_parallel, device)
+
+
+def _world_size(role: Role, devices: int, model_parallel: int, device: Device) -> int:
     world = devices
     if device.kind is DeviceKind.CPU and world < model_parallel:
         world = model_parallel
     if world % model_parallel:
         raise UnsupportedTopology(
-            f"resource.actor has {devices} device(s): a multiple of the model-parallel size {model_parallel} "
+            f"resource.{role} has {devices} device(s): a multiple of the model-parallel size {model_parallel} "
             "(tensor x pipeline x context parallel) is needed"
         )
     if devices < 1 or world % devices:
-        raise UnsupportedTopology(f"resource.actor={devices} device(s) cannot hold {world} ranks evenly")
+        raise UnsupportedTopology(f"resource.{role}={devices} device(s) cannot hold {world} ranks evenly")
     return world
 
 

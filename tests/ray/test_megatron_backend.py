@@ -1,5 +1,6 @@
 """The megatron backend through the driver on a real local Ray, on CPU: two trainer ranks (TP=2 over gloo),
-colocated with two rollout engines; GRPO steps, weight sync, checkpoints in torch_dist, exact resume."""
+colocated with two rollout engines; GRPO steps, weight sync, checkpoints in torch_dist, exact resume; PPO with
+a critic of two ranks (and, for comparison, the torch backend's PPO)."""
 
 from __future__ import annotations
 
@@ -164,31 +165,60 @@ def test_sft_with_perplexity_eval(ray_local, artifacts: dict[str, Path], tmp_pat
     assert ppl[max(ppl)] < ppl[min(ppl)]
 
 
-def test_ppo_with_a_megatron_critic(ray_local, artifacts: dict[str, Path], tmp_path: Path) -> None:
-    """PPO on the megatron backend: the critic role is a megatron-core rank of its own (a value head on the
-    policy's GPTModel) on its own device; it trains alone for `num-critic-only-steps`, then beside the policy,
-    reports its value loss, and saves a torch_dist checkpoint beside the policy's."""
+# megatron-core's arguments, which the torch backend refuses by name
+MEGATRON_ONLY = ("tensor-model-parallel-size", "hidden-dropout", "attention-dropout")
+
+
+@pytest.mark.parametrize("backend", ["torch", "megatron"])
+def test_ppo_as_relax_scripts_run_it(
+    ray_local, artifacts: dict[str, Path], tmp_path: Path, backend: str
+) -> None:
+    """PPO without --use-rollout-logprobs (as Relax's PPO scripts run it) through the driver. The critic trains
+    alone for `num-critic-only-steps`, then beside the policy, reports its value loss and saves its checkpoint
+    beside the policy's. torch: one critic process on a device of its own; megatron: a critic entry of two
+    devices, so two megatron-core ranks of the critic's own process group (data parallel: the spec's TP is 1;
+    TP=2 + SP, as Relax's script runs it, is matched against the one-rank critic in
+    tests/unit/runtime/test_megatron_critic.py, and costs 24 s more here).
+
+    The ratio's pi_old is the trainer's recompute, not the engine's: with the engines updated every 3 steps,
+    rollout 2 is sampled by the initial weights while the policy trained at step 1, so the engine's log-probs
+    are a step behind (`rollout/logprob_abs_diff`, and the loss's own |old - rollout|), and still the policy's
+    first update of step 2 starts at ratio 1 (`ppo_kl` 0, nothing clipped)."""
     spec = megatron_spec(
         artifacts,
         tmp_path,
         **{
-            "tensor-model-parallel-size": 1,
             "advantage-estimator": "ppo",
-            "use-rollout-logprobs": True,
             "use-kl-loss": False,
             "kl-loss-coef": 0.0,
             "rollout-batch-size": 4,
             "global-batch-size": 16,
             "num-rollout": 3,
             "num-critic-only-steps": 1,
+            "update-weights-interval": 3,
             "value-clip": 0.2,
             "critic-lr": 3e-3,
-            "resource": {"actor": [1, 1], "critic": [1, 1], "rollout": [1, 1], "advantages": [1, 0]},
             "save-interval": 2,
         },
     )
     del spec["save-hf"]
-    report = _run(tmp_path, "megatron-ppo", spec)
+    if backend == "megatron":
+        spec.update(
+            {
+                "tensor-model-parallel-size": 1,
+                "resource": {"actor": [1, 1], "critic": [1, 2], "rollout": [1, 1], "advantages": [1, 0]},
+            }
+        )
+    else:
+        spec = {k: v for k, v in spec.items() if k not in MEGATRON_ONLY}
+        spec.update(
+            {
+                "train-backend": "torch",
+                "resource": {"actor": [1, 1], "critic": [1, 1], "rollout": [1, 1], "advantages": [1, 0]},
+            }
+        )
+    assert "use-rollout-logprobs" not in spec
+    report = _run(tmp_path, f"{backend}-ppo", spec)
 
     metrics = read_metrics(report)
     steps = range(3)
@@ -197,12 +227,21 @@ def test_ppo_with_a_megatron_critic(ray_local, artifacts: dict[str, Path], tmp_p
     assert all(metrics["train/critic_grad_norm"][s] > 0 for s in steps)
     assert metrics["train/value_loss"][0] > 0  # a fresh critic predicts 0: the first loss is the returns'
     assert set(metrics["train/pg_loss"]) == {1, 2}  # the policy waited one critic-only step
+    # step 2: the engine's log-probs are a step behind the trainer's, and the loss took the trainer's
+    stale = metrics["rollout/logprob_abs_diff"][2]
+    assert stale > 10 * metrics["rollout/logprob_abs_diff"][1], metrics["rollout/logprob_abs_diff"]
+    assert metrics["train/train_rollout_logprob_abs_diff"][2] > 0.5 * stale
+    assert abs(metrics["train/ppo_kl"][2]) < 0.05 * stale and metrics["train/pg_clipfrac"][2] == 0
     logs = [item for r in read_reports(report) for item in r.get("logs", [])]
-    assert any(i["source"] == "actor:critic" and "megatron critic ready" in i["message"] for i in logs)
+    sources = {i["source"] for i in logs if f"{backend} critic ready" in i["message"]}
+    assert sources == ({"actor:critic0", "actor:critic1"} if backend == "megatron" else {"actor:critic"})
     critic = tmp_path / "ckpt" / "critic"
     latest = int((critic / "latest_checkpointed_iteration.txt").read_text())
     folder = critic / f"iter_{latest:07d}"
-    assert (folder / ".metadata").is_file() and list(folder.glob("*.distcp"))
     state = json.loads((folder / "critic_state.json").read_text())
     # one optimizer step per rollout (16 samples, global batch 16)
-    assert state["layout"] == "relax-megatron-critic/1" and state["optimizer_steps"] == latest + 1
+    assert latest == 2 and state["optimizer_steps"] == latest + 1
+    if backend == "megatron":
+        assert (folder / ".metadata").is_file() and list(folder.glob("*.distcp"))
+        assert state["layout"] == "relax-megatron-critic/1"
+        assert state["parallel"]["tp"] == 1 and state["parallel"]["dp"] == 2  # the two ranks share the data

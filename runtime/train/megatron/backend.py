@@ -107,7 +107,9 @@ class _Micro:
         from megatron.core.packed_seq_params import PackedSeqParams
 
         assert self.seqlens is not None
-        cu = torch.tensor([0, *self.seqlens], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
+        cu = to_device(
+            torch.tensor([0, *self.seqlens], dtype=torch.int32).cumsum(0, dtype=torch.int32), device
+        )
         longest = max(self.seqlens)
         return PackedSeqParams(
             qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest, max_seqlen_kv=longest
@@ -117,7 +119,7 @@ class _Micro:
         """Per-position values `[s, b]` (sequence first, as megatron's outputs) -> `[rows, width]` aligned with
         the batch's tokens: column j holds what position j - 1 predicted (column 0 and padding are 0)."""
         flat = values.t().reshape(-1)
-        index = self.index.to(flat.device)
+        index = to_device(self.index, flat.device)
         picked = flat[index.clamp(min=0)]
         return torch.where(index >= 0, picked, torch.zeros_like(picked)).float()
 
@@ -445,10 +447,10 @@ class MegatronModelRunner:
         (`_Micro.columns`); megatron's RoPE takes the same slice of its frequencies itself."""
         micro = next(data_iterator)
         device = self.device.torch_device
-        tokens = micro.tokens.to(device)
-        positions = micro.positions.to(device)
+        tokens = to_device(micro.tokens, device)
+        positions = to_device(micro.positions, device)
         if self.layout.cp > 1:
-            columns = micro.columns(self.layout.cp, self.cp_rank).to(device)
+            columns = to_device(micro.columns(self.layout.cp, self.cp_rank), device)
             tokens, positions = tokens[:, columns], positions[:, columns]
         gpt = unwrap(model)
         last = gpt.post_process
@@ -512,7 +514,9 @@ class MegatronModelRunner:
         if self.is_last_stage and self.tp_rank == 0 and self.cp_rank == 0:  # CP ranks hold the same rows
             mine = (
                 self.dp_rank,
-                torch.cat([torch.nn.functional.pad(o[key], (0, width - o[key].shape[1])) for o in outputs]),
+                torch.cat(
+                    [torch.nn.functional.pad(o[key], (0, width - o[key].shape[1])) for o in outputs]
+                ).cpu(),
             )
         gathered: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine)
@@ -987,9 +991,9 @@ class MegatronTrainBackend(MegatronModelRunner):
             hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
         device = hidden.device
         cp = self.layout.cp
-        targets = micro.targets.to(device).t()  # [s, b]: the token each position predicts (0: none)
+        targets = to_device(micro.targets, device).t()  # [s, b]: the token each position predicts (0: none)
         if cp > 1:
-            targets = targets[micro.columns(cp, self.cp_rank).to(device)]
+            targets = targets[to_device(micro.columns(cp, self.cp_rank), device)]
         weight = gpt.shared_embedding_or_output_weight() if self.args.tied else gpt.output_layer.weight
         tokens = int(hidden.shape[0]) * int(hidden.shape[1])
         save_logits = torch.is_grad_enabled() and self.keeps_head_logits(tokens)
@@ -1005,7 +1009,7 @@ class MegatronTrainBackend(MegatronModelRunner):
             save_logits=save_logits,
         )
         if cp > 1:
-            order = cp_sequence_order(micro.sequences, cp).to(device)
+            order = to_device(cp_sequence_order(micro.sequences, cp), device)
 
             def whole(values: torch.Tensor) -> torch.Tensor:
                 gathered = gather_from_sequence_parallel_region(
@@ -1028,7 +1032,7 @@ class MegatronTrainBackend(MegatronModelRunner):
         inputs = LossInputs(
             log_probs=log_probs,
             entropy=entropy,
-            loss_mask=part.loss_mask.to(device),
+            loss_mask=to_device(part.loss_mask, device),
             old_log_probs=_to(part.old_log_probs, device),
             ref_log_probs=_to(part.ref_log_probs, device),
             advantages=_to(part.advantages, device),
@@ -1046,7 +1050,9 @@ class MegatronTrainBackend(MegatronModelRunner):
 
     def _log_prob_loss(self, micro: _Micro, gpt: Any, hidden: torch.Tensor) -> tuple[torch.Tensor, dict]:
         log_probs, _ = self._token_stats(micro, gpt, hidden)
-        return log_probs.sum() * 0.0, {"log_probs": log_probs.detach().cpu()}
+        # kept on the device: `_per_token` moves the whole pass's values to the host once, after the last
+        # micro-batch (a `.cpu()` here would wait for each micro-batch before the next is queued)
+        return log_probs.sum() * 0.0, {"log_probs": log_probs.detach()}
 
     # -- log-probs -----------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -1218,5 +1224,18 @@ class MegatronTrainBackend(MegatronModelRunner):
         return iteration, dict(state.get("extra", {}))
 
 
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`tensor` on `device` without making the host wait for the device. `.to("cuda")` of pageable host memory
+    synchronizes the stream: each micro-batch's inputs (tokens, positions, targets, masks) would let the device's
+    queue run dry before the next forward is launched (54 such waits, 11.6 ms of idle device per 0.5B step on the
+    H200: `bench.gpu_train --profile-dir`, docs/benchmarks.md). Through pinned memory the copy is queued instead
+    (torch's caching host allocator keeps the pinned block until the copy has run). An expanded view, such as the
+    positions' rows, is made whole first: its pinned copy would alias."""
+    device = torch.device(device)
+    if device.type != "cuda" or tensor.device.type != "cpu":
+        return tensor.to(device)
+    return tensor.contiguous().pin_memory().to(device, non_blocking=True)
+
+
 def _to(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
-    return tensor.to(device) if tensor is not None else None
+    return to_device(tensor, device) if tensor is not None else None

@@ -15,6 +15,7 @@ fresh critic predicts 0, so PPO's first advantages are the plain returns. Checkp
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -34,7 +35,8 @@ from runtime.types import RolloutBatch
 log = logging.getLogger(__name__)
 
 CRITIC_LAYOUT = "relax-megatron-critic/1"
-# The critic role runs one rank: the policy's model-parallel sizes (spec values, by dest) do not apply to it.
+# A critic of one rank (its `resource` entry has one device): the policy's model-parallel sizes (spec values,
+# by dest) do not apply to it.
 ONE_RANK_VALUES: dict[str, Any] = {
     "tensor_model_parallel_size": 1,
     "pipeline_model_parallel_size": 1,
@@ -45,6 +47,17 @@ ONE_RANK_VALUES: dict[str, Any] = {
     "num_layers_per_virtual_pipeline_stage": None,
     "sequence_parallel": False,
 }
+
+
+def critic_context(
+    rank: int, world_size: int, master_addr: str, master_port: int, values: Mapping[str, Any]
+) -> TrainContext:
+    """Where one critic rank stands: on several ranks, in the job's own parallel layout (the values as they
+    are, as the policy's ranks read them, so a critic of the actor's size splits the model as the actor
+    does); alone, with `ONE_RANK_VALUES` over them, so a one-device critic runs whatever layout the policy
+    has (what the critic role always did before it had ranks)."""
+    layout = dict(values) if world_size > 1 else {**dict(values), **ONE_RANK_VALUES}
+    return TrainContext(rank, world_size, master_addr, master_port, layout)
 
 
 class ValueHead(torch.nn.Linear):

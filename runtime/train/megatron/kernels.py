@@ -35,6 +35,13 @@ max; the gradient as one pointwise pass, in place over recomputed logits), else 
 (CPU); `RELAX_HEAD_KERNEL=triton|compile|eager` forces one. On CUDA the output weight's gradient is one GEMM per
 chunk accumulating into an fp32 buffer (`addmm` with `out_dtype`; `RELAX_HEAD_ADDMM=0` turns it off).
 
+**MoE token permutation** (`--moe-permute-fusion`): TransformerEngine's fused permute / unpermute / chunk-sort
+kernels, which megatron calls under that flag, as torch autograd functions of our own (one gather forward, one
+index_add backward each, routing probabilities in the same call), installed in megatron's slots for them by
+`install_moe_permute_fusion` when TE is absent. Unlike megatron's unfused path they never copy split sizes to
+the host, so the all-to-all dispatcher moves its host synchronisation from before the sort of tokens by local
+expert to after it (megatron's `cuda_sync_point` logic under the flag).
+
 Everything here runs on CPU (eager) with the same math as on CUDA; `RELAX_KERNELS_COMPILE=0` turns every
 torch.compile and Triton use off.
 """
@@ -42,8 +49,10 @@ torch.compile and Triton use off.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import os
+import re
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -58,6 +67,12 @@ __all__ = [
     "compile_transformer_layers",
     "compiled_kernels_enabled",
     "cuda_fusions",
+    "fused_permute",
+    "fused_permute_with_probs",
+    "fused_sort_chunks_by_index",
+    "fused_sort_chunks_by_index_with_probs",
+    "fused_unpermute",
+    "install_moe_permute_fusion",
     "precompute_rope",
     "reference_log_probs_and_entropy",
     "rms_norm",
@@ -836,3 +851,247 @@ def _packed_forward(forward: Callable[..., Tensor], rotary: torch.nn.Module) -> 
         return hit[1][positions.reshape(-1).to(hit[1].device)]  # [t, 1, 1, 2 * rot]
 
     return packed
+
+
+# ---------------------------------------------------------------------------------- MoE token permutation
+#
+# `--moe-permute-fusion`: megatron's `moe_utils.permute` / `unpermute` / `sort_chunks_by_idxs` call
+# TransformerEngine's fused permutation kernels (module-level names of `moe_utils`, bound only with TE). The
+# functions below take TE's arguments and return what TE returns, as megatron's call sites (0.16 and 0.19,
+# alltoall and allgather dispatchers) use them; `install_moe_permute_fusion` binds them there when TE is absent.
+# Each is one autograd function: one gather (`index_select`) forward and one scatter-add (`index_add_`)
+# backward, or the reverse for unpermute; routing probabilities are gathered / scattered with the same row
+# indices in the same call, where TE handles them. Sums (of a token's top-k expert outputs in unpermute, of its
+# copies' gradients in permute's backward) are taken in the tensors' own dtype, as megatron's unfused path
+# takes them. The row map handed from permute to unpermute is ours: a [2, rows] long tensor of each permuted
+# row's token and expert; megatron only passes it along.
+
+
+def _routed_rows(routing_map: Tensor, num_out: int) -> tuple[Tensor, Tensor]:
+    """(token, expert) of the first `num_out` set entries of `routing_map` [tokens, experts], expert-major
+    (each expert's tokens in token order: megatron's permutation order). No host sync and no sort: with c the
+    running count of set entries in expert-major order, the j-th set entry is where c first reaches j + 1 (a
+    binary search per output row)."""
+    tokens = routing_map.shape[0]
+    counts = torch.cumsum(routing_map.t().reshape(-1), 0)  # int64
+    wanted = torch.arange(1, num_out + 1, device=routing_map.device, dtype=counts.dtype)
+    order = torch.searchsorted(counts, wanted).clamp_(max=max(counts.numel() - 1, 0))
+    return order % tokens, order.div(tokens, rounding_mode="floor")
+
+
+class _Permute(torch.autograd.Function):
+    """tokens [T, H] (and probs [T, E]) -> their rows per routed (token, expert), expert-major."""
+
+    @staticmethod
+    def forward(ctx: Any, tokens: Tensor, routing_map: Tensor, num_out: int, probs: Tensor | None):  # type: ignore[override]
+        token, expert = _routed_rows(routing_map, num_out)
+        ctx.save_for_backward(token, expert)
+        ctx.shape, ctx.experts = tokens.shape, routing_map.shape[1]
+        rows = torch.stack([token, expert])
+        ctx.mark_non_differentiable(rows)
+        permuted_probs = None
+        if probs is not None:
+            ctx.probs_dtype = probs.dtype
+            permuted_probs = probs.reshape(-1).index_select(0, token * ctx.experts + expert)
+        return tokens.index_select(0, token), permuted_probs, rows
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor, grad_probs: Tensor | None, _rows: Any):  # type: ignore[override]
+        token, expert = ctx.saved_tensors
+        grad_tokens = grad.new_zeros(ctx.shape).index_add_(0, token, grad)
+        grad_all_probs = None
+        if grad_probs is not None and ctx.needs_input_grad[3]:
+            flat = grad_probs.new_zeros(ctx.shape[0] * ctx.experts)
+            grad_all_probs = flat.index_add_(0, token * ctx.experts + expert, grad_probs)
+            grad_all_probs = grad_all_probs.view(ctx.shape[0], ctx.experts)
+        return grad_tokens, None, None, grad_all_probs
+
+
+class _Unpermute(torch.autograd.Function):
+    """Permuted rows [rows, H] -> tokens [T, H]: each token the sum of its rows (each times its merging
+    probability, when given)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, rows: Tensor, row_map: Tensor, shape: tuple[int, int], merging_probs: Tensor | None
+    ):  # type: ignore[override]
+        token, expert = row_map[0], row_map[1]
+        ctx.shape, ctx.dtype = tuple(shape), rows.dtype
+        weights = None
+        source = rows
+        if merging_probs is not None:
+            ctx.experts = merging_probs.shape[1]
+            weights = merging_probs.reshape(-1).index_select(0, token * ctx.experts + expert)
+            source = rows * weights.unsqueeze(-1)  # promotes to the probabilities' dtype, as megatron's path
+        ctx.save_for_backward(token, expert, weights, rows if merging_probs is not None else None)
+        out = source.new_zeros(ctx.shape).index_add_(0, token, source)
+        return out.to(rows.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor):  # type: ignore[override]
+        token, expert, weights, rows = ctx.saved_tensors
+        grad_rows = grad.index_select(0, token)
+        grad_probs = None
+        if weights is not None:
+            if ctx.needs_input_grad[3]:
+                per_row = (grad_rows.to(weights.dtype) * rows.to(weights.dtype)).sum(-1)
+                flat = per_row.new_zeros(ctx.shape[0] * ctx.experts)
+                grad_probs = flat.index_add_(0, token * ctx.experts + expert, per_row).view(
+                    ctx.shape[0], ctx.experts
+                )
+            grad_rows = (grad_rows * weights.unsqueeze(-1)).to(ctx.dtype)
+        return grad_rows, None, None, grad_probs
+
+
+def _chunk_rows(split_sizes: Tensor, sorted_index: Tensor, rows: int, device: torch.device) -> Tensor:
+    """Source row of each output row when chunk i of the output is input chunk `sorted_index[i]` (chunks of
+    `split_sizes` rows); computed on `device` without a host sync (megatron keeps both on the GPU under fusion)."""
+    sizes = split_sizes.to(device=device, dtype=torch.long)
+    order = sorted_index.to(device=device, dtype=torch.long)
+    starts = torch.cumsum(sizes, 0) - sizes
+    out_sizes = sizes.index_select(0, order)
+    out_starts = torch.cumsum(out_sizes, 0) - out_sizes
+    chunk = torch.repeat_interleave(torch.arange(order.numel(), device=device), out_sizes, output_size=rows)
+    offset = torch.arange(rows, device=device) - out_starts.index_select(0, chunk)
+    return starts.index_select(0, order).index_select(0, chunk) + offset
+
+
+class _SortChunks(torch.autograd.Function):
+    """Rows [N, ...] (and probs [N]) reordered chunk-wise: output chunk i is input chunk `sorted_index[i]`."""
+
+    @staticmethod
+    def forward(ctx: Any, rows: Tensor, split_sizes: Tensor, sorted_index: Tensor, probs: Tensor | None):  # type: ignore[override]
+        index = _chunk_rows(split_sizes, sorted_index, rows.shape[0], rows.device)
+        ctx.save_for_backward(index)
+        ctx.shape = rows.shape
+        ctx.probs_shape = None if probs is None else probs.shape
+        sorted_probs = None if probs is None else probs.index_select(0, index)
+        return rows.index_select(0, index), sorted_probs
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor, grad_probs: Tensor | None):  # type: ignore[override]
+        (index,) = ctx.saved_tensors
+        grad_rows = grad.new_zeros(ctx.shape).index_add_(0, index, grad)
+        grad_all_probs = None
+        if grad_probs is not None and ctx.needs_input_grad[3]:
+            grad_all_probs = grad_probs.new_zeros(ctx.probs_shape).index_add_(0, index, grad_probs)
+        return grad_rows, None, None, grad_all_probs
+
+
+def _num_out(routing_map: Tensor, num_out_tokens: Any) -> int:
+    if num_out_tokens is None or int(num_out_tokens) < 0:
+        return int(routing_map.sum())
+    return int(num_out_tokens)
+
+
+def fused_permute(
+    inp: Tensor,
+    routing_map: Tensor,
+    num_out_tokens: Any = -1,
+    max_token_num: int = -1,
+    map_type: str = "mask",
+) -> tuple[Tensor, Tensor]:
+    """TransformerEngine's `moe_permute` (mask map): (tokens' rows per routed expert, expert-major; row map)."""
+    if map_type != "mask":
+        raise ValueError(f"fused_permute: map_type {map_type!r} (only megatron's routing mask is handled)")
+    out, _, rows = _Permute.apply(inp, routing_map, _num_out(routing_map, num_out_tokens), None)
+    return out, rows
+
+
+def fused_permute_with_probs(
+    inp: Tensor, probs: Tensor, routing_map: Tensor, num_out_tokens: Any = -1
+) -> tuple[Tensor, Tensor, Tensor]:
+    """TransformerEngine's `moe_permute_with_probs`: (permuted rows, each row's probability, row map)."""
+    return _Permute.apply(inp, routing_map, _num_out(routing_map, num_out_tokens), probs)
+
+
+def fused_unpermute(
+    inp: Tensor,
+    row_id_map: Tensor,
+    merging_probs: Tensor | None = None,
+    restore_shape: Any = None,
+    map_type: str = "mask",
+    probs: Tensor | None = None,
+    pad_offsets: Tensor | None = None,
+) -> Tensor:
+    """TransformerEngine's `moe_unpermute`: the permuted rows summed back onto their tokens (`restore_shape`),
+    each weighted by its `merging_probs` [tokens, experts] entry when given (`probs` is TE's old name)."""
+    if map_type != "mask" or pad_offsets is not None:
+        raise ValueError("fused_unpermute: only megatron's routing mask without padding is handled")
+    if restore_shape is None:
+        raise ValueError("fused_unpermute: restore_shape is required (megatron always passes it)")
+    return _Unpermute.apply(
+        inp, row_id_map, tuple(restore_shape), merging_probs if merging_probs is not None else probs
+    )
+
+
+def fused_sort_chunks_by_index(inp: Tensor, split_sizes: Tensor, sorted_index: Tensor) -> Tensor:
+    """TransformerEngine's `moe_sort_chunks_by_index`."""
+    return _SortChunks.apply(inp, split_sizes, sorted_index, None)[0]
+
+
+def fused_sort_chunks_by_index_with_probs(
+    inp: Tensor, probs: Tensor, split_sizes: Tensor, sorted_index: Tensor
+) -> tuple[Tensor, Tensor]:
+    """TransformerEngine's `moe_sort_chunks_by_index_with_probs`."""
+    return _SortChunks.apply(inp, split_sizes, sorted_index, probs)
+
+
+PERMUTE_FUSION = {
+    "fused_permute": fused_permute,
+    "fused_permute_with_probs": fused_permute_with_probs,
+    "fused_unpermute": fused_unpermute,
+    "fused_sort_chunks_by_index": fused_sort_chunks_by_index,
+    "fused_sort_chunks_by_index_with_probs": fused_sort_chunks_by_index_with_probs,
+}
+# the other TransformerEngine kernels `moe_utils` guards with `HAVE_TE`; 0.16 leaves them unbound without TE
+_OTHER_TE_KERNELS = (
+    "fused_moe_aux_loss",
+    "fused_topk_with_score_function",
+    "fused_compute_score_for_moe_aux_loss",
+    "fused_permute_and_pad_with_probs",
+)
+# how `moe_utils` may read HAVE_TE for the switch below to be safe: its binding (0.16), its import (0.19), the
+# module-level choice of what to import (done by then), and `not HAVE_TE or <that kernel is None>` guards
+_HAVE_TE_READS = (
+    re.compile(r"^\s*HAVE_TE = (True|False)\s*$"),
+    re.compile(r"^\s*from [\w.]+ import HAVE_TE\s*$"),
+    re.compile(r"^if HAVE_TE:\s*$"),
+    re.compile(r"^\s+if not HAVE_TE or\b"),
+)
+
+
+def install_moe_permute_fusion() -> bool:
+    """Make megatron's `--moe-permute-fusion` path run our permutation functions when TransformerEngine is not
+    installed: bind them as `moe_utils.fused_permute` & co. (the names `TransformerConfig.__post_init__` checks
+    and `permute` / `unpermute` / `sort_chunks_by_idxs` call), and set `moe_utils.HAVE_TE`.
+
+    That flag is the narrow part: megatron (0.16 and 0.19) tests `not HAVE_TE or fused_<kernel> is None` before
+    each fused call, so binding the kernels alone still raises "Please install TE". Every read of `HAVE_TE` in
+    `moe_utils` is checked to be such a per-kernel guard (or its binding / import-time use) before it is set,
+    and the TE kernels we do not provide are bound to None (as 0.19 binds them), so their guards still refuse
+    them. `TransformerConfig.__post_init__` needs no change: it refuses `moe_permute_fusion` only while those
+    names are None, so this must run before the config is built (`model.transformer_config` does). Where TE
+    provides the kernels, nothing is changed and megatron uses TE's. Process-wide and idempotent; returns
+    whether our functions are the ones megatron calls."""
+    from megatron.core.transformer.moe import moe_utils
+
+    current = getattr(moe_utils, "fused_permute", None)
+    if current is fused_permute:
+        return True
+    if current is not None:
+        return False  # TransformerEngine's kernels
+    reads = [line for line in inspect.getsource(moe_utils).splitlines() if re.search(r"\bHAVE_TE\b", line)]
+    odd = [line.strip() for line in reads if not any(p.match(line) for p in _HAVE_TE_READS)]
+    if odd:
+        raise ValueError(
+            "--moe-permute-fusion without TransformerEngine: the installed megatron-core reads "
+            f"moe_utils.HAVE_TE for more than kernel guards ({odd[0]!r}); not supported"
+        )
+    for name in _OTHER_TE_KERNELS:
+        if not hasattr(moe_utils, name):
+            setattr(moe_utils, name, None)
+    for name, function in PERMUTE_FUSION.items():
+        setattr(moe_utils, name, function)
+    moe_utils.HAVE_TE = True
+    return True

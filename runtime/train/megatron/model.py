@@ -10,6 +10,7 @@ its default value counts as unset (and the config's value is used).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from typing import Any
 
 import torch
 
-from runtime.train.megatron.kernels import precompute_rope
+from runtime.train.megatron.kernels import install_moe_permute_fusion, precompute_rope
 from runtime.train.megatron.parallel import ParallelLayout
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama", "qwen3_moe")
@@ -60,7 +61,7 @@ class ModelArgs:
     moe_router_score_function: str = "softmax"
     moe_layer_freq: int | tuple[int, ...] = 1  # every Nth layer is MoE, or a 0/1 pattern per layer
     moe_router_pre_softmax: bool = False  # softmax over all experts before top-k (no renormalisation)
-    moe_grouped_gemm: bool = False
+    moe_grouped_gemm: bool = False  # routed experts through torch's grouped GEMM (moe.GroupedGemmMLP)
     moe_token_dispatcher_type: str = "alltoall"  # Relax's (jobspec derives it: variable sequence lengths)
     model_type: str | None = None  # the Hugging Face `model_type` this came from (conversion needs it)
 
@@ -69,10 +70,6 @@ class ModelArgs:
             raise ValueError(
                 f"--num-attention-heads {self.num_attention_heads} is not a multiple of "
                 f"--num-query-groups {self.num_query_groups}"
-            )
-        if self.moe_grouped_gemm:
-            raise ValueError(
-                "--moe-grouped-gemm needs TransformerEngine; the local expert path is used instead"
             )
 
     @property
@@ -445,10 +442,17 @@ def transformer_config(args: ModelArgs, layout: ParallelLayout, *, values: Mappi
                 "moe_router_score_function": args.moe_router_score_function,
                 "moe_layer_freq": list(args.moe_layer_pattern()),
                 "moe_router_pre_softmax": args.moe_router_pre_softmax,
+                # megatron's own grouped experts need TransformerEngine or the grouped_gemm package; ours are
+                # chosen in the layer spec (`layer_spec`), so megatron's switch stays off
                 "moe_grouped_gemm": False,
                 "moe_token_dispatcher_type": args.moe_token_dispatcher_type,
             }
         )
+        if values.get("moe_permute_fusion"):
+            # TransformerEngine's permutation kernels, or ours bound in their place (kernels.py) before the
+            # config is built: megatron refuses the flag while those names are empty
+            install_moe_permute_fusion()
+            kwargs["moe_permute_fusion"] = True
         router_dtype = values.get("moe_router_dtype")
         if router_dtype is not None:
             kwargs["moe_router_dtype"] = router_dtype
@@ -512,10 +516,40 @@ def _with_local_modules(spec):
     return dataclasses.replace(spec, submodules=sub)
 
 
+def _with_grouped_experts(spec):
+    """A copy of a local MoE layer spec whose routed experts are `moe.GroupedGemmMLP` instead of megatron's
+    `SequentialMLP`. megatron 0.16 describes the MoE layer and its experts as `ModuleSpec`s, 0.19 as
+    `functools.partial`s of the classes; both are handled, anything else is an error."""
+    from megatron.core.transformer.moe.experts import SequentialMLP
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    from runtime.train.megatron.moe import GroupedGemmMLP
+
+    def grouped(experts):
+        if isinstance(experts, ModuleSpec) and experts.module is SequentialMLP:
+            return dataclasses.replace(experts, module=GroupedGemmMLP)
+        if isinstance(experts, functools.partial) and experts.func is SequentialMLP:
+            return functools.partial(GroupedGemmMLP, *experts.args, **experts.keywords)
+        raise ValueError(f"--moe-grouped-gemm: unexpected experts in megatron's local MoE spec: {experts!r}")
+
+    mlp = spec.submodules.mlp
+    if isinstance(mlp, functools.partial):
+        moe_sub = mlp.keywords["submodules"]
+        moe_sub = dataclasses.replace(moe_sub, experts=grouped(moe_sub.experts))
+        mlp = functools.partial(mlp.func, *mlp.args, **{**mlp.keywords, "submodules": moe_sub})
+    else:
+        mlp = dataclasses.replace(
+            mlp, submodules=dataclasses.replace(mlp.submodules, experts=grouped(mlp.submodules.experts))
+        )
+    return dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules, mlp=mlp))
+
+
 def layer_spec(args: ModelArgs, *, moe: bool | None = None):
     """megatron-core's local (TransformerEngine-free) spec of one layer, with `SDPAttention` as core
-    attention, `TorchNorm` norms and, for an MoE layer (`moe`, default: the model is MoE), experts on the
-    local `SequentialMLP` path (TE's grouped GEMM is not available)."""
+    attention, `TorchNorm` norms and, for an MoE layer (`moe`, default: the model is MoE), the routed experts
+    on megatron's local `SequentialMLP`, or with `--moe-grouped-gemm` on `moe.GroupedGemmMLP` (the same
+    parameters, computed with torch's grouped GEMM). megatron's spec builder is asked for its local experts
+    (`moe_grouped_gemm=False`): its own grouped experts need TransformerEngine or the grouped_gemm package."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     moe = args.is_moe if moe is None else moe
@@ -525,7 +559,8 @@ def layer_spec(args: ModelArgs, *, moe: bool | None = None):
         qk_layernorm=args.qk_layernorm,
         normalization=args.normalization,
     )
-    return _with_local_modules(spec)
+    spec = _with_local_modules(spec)
+    return _with_grouped_experts(spec) if moe and args.moe_grouped_gemm else spec
 
 
 def decoder_spec(args: ModelArgs, config, *, vp_stage: int | None = None, pp_rank: int | None = None):

@@ -20,14 +20,9 @@ REFUSED = {
     "run-qwen3-4B-sft-exec.sh": [],
     # the rollout engines' tensor parallelism is SGLang's (GPU only)
     "run-qwen3-4B-grpo.sh": ["--rollout-num-gpus-per-engine=2"],
-    # Relax's legacy resource flags; TransformerEngine's grouped GEMM and fused permutation
-    "run-qwen3-30B-A3B-async.sh": [
-        "--actor-num-gpus-per-node",
-        "--moe-grouped-gemm=True",
-        "--moe-permute-fusion",
-        "--rollout-num-gpus",
-        "--rollout-num-gpus-per-engine=4",
-    ],
+    # Relax's legacy layout flags size the roles (rule.legacy_layout_resource), grouped GEMM and permute fusion
+    # run without TransformerEngine: only the engines' tensor parallelism is left
+    "run-qwen3-30B-A3B-async.sh": ["--rollout-num-gpus-per-engine=4"],
 }
 
 

@@ -215,10 +215,15 @@ def test_missing_resource_says_plainly_that_relax_legacy_default_applies() -> No
 
 
 def test_relax_legacy_per_role_flags_size_the_job_without_resource() -> None:
-    d = demand(colocate=True, actor_num_nodes=2, actor_num_gpus_per_node=4)
-    assert d.total_gpus == 8 and d.legacy_layout and "per-role flags" in d.summary
+    """Given, the legacy flags become the job's --resource (rule.legacy_layout_resource); not given, Relax's
+    legacy default (1 x 8 GPUs) is what the demand says applies."""
+    res = normalize(obj={**BASE, "colocate": True, "actor_num_nodes": 2, "actor_num_gpus_per_node": 4})
+    assert res.derived["resource"] == {"actor": [2, 8], "rollout": [1, 8]}
+    assert res.demand.total_gpus == 8 and not res.demand.legacy_layout
     d = demand(actor_num_gpus_per_node=2, rollout_num_gpus=2)
     assert groups(d)["rollout"] == (2, 1, True, None) and d.total_gpus == 4
+    d = demand(colocate=True)
+    assert d.total_gpus == 8 and d.legacy_layout and "legacy default" in d.summary
 
 
 def test_a_managed_opd_teacher_keeps_its_own_rollout_gpus_in_colocate_mode() -> None:

@@ -116,6 +116,12 @@ CASES: list[tuple[str, dict, Any, dict]] = [
         {"debug-rollout-only": True, "colocate": DROP},
     ),
     ("rule.debug_rollout_only_topology", {"debug-rollout-only": True}, ("derived", "colocate", False), {}),
+    (
+        "rule.legacy_layout_resource",
+        {"resource": DROP, "colocate": True, "actor-num-gpus-per-node": 2, "rollout-num-gpus": 8},
+        ("derived", "resource", {"actor": [1, 2], "rollout": [1, 2]}),
+        {"actor-num-gpus-per-node": DROP, "rollout-num-gpus": DROP},
+    ),
     ("rule.ppo_topology", {"advantage-estimator": "ppo", "use-rollout-logprobs": True}, "error", PPO),
     ("rule.ppo_topology", merge(PPO, {"colocate": DROP}), "error", PPO),
     ("rule.ppo_disables_kl", merge(PPO, {"kl-coef": 0.1}), "warning", PPO),

@@ -657,6 +657,27 @@ def megatron_config(values: dict[str, Any]) -> Any:
     return {f.name: repr(getattr(config, f.name, None)) for f in dataclasses.fields(config)}
 
 
+def moe_experts(values: dict[str, Any]) -> Any:
+    """`model.layer_spec` of an MoE layer: the class megatron builds its routed experts from (megatron 0.16
+    describes it by a ModuleSpec, 0.19 by a partial)."""
+    from runtime.train.megatron.model import layer_spec, model_args_for
+
+    mlp = layer_spec(model_args_for(values, None), moe=True).submodules.mlp
+    experts = (mlp.keywords["submodules"] if isinstance(mlp, functools.partial) else mlp.submodules).experts
+    return getattr(experts, "module", getattr(experts, "func", None)).__name__
+
+
+def permute_fusion(values: dict[str, Any]) -> Any:
+    """`model.transformer_config`'s moe_permute_fusion, and whether megatron's fused-permutation slot
+    (`moe_utils.fused_permute`, TransformerEngine's) then holds ours (kernels.install_moe_permute_fusion)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    from runtime.train.megatron import kernels
+
+    on = megatron_config(values)["moe_permute_fusion"] == "True"
+    return on, on and getattr(moe_utils, "fused_permute", None) is kernels.fused_permute
+
+
 def ddp_config(values: dict[str, Any]) -> Any:
     """`MegatronTrainBackend._wrap_ddp`: megatron's DistributedDataParallelConfig."""
     from runtime.train.megatron.backend import MegatronTrainBackend
@@ -780,7 +801,7 @@ def server_args(values: dict[str, Any]) -> Any:
 
 
 # -- the evidence of each honoured parameter -------------------------------------------------------------------
-PPO = {"advantage_estimator": "ppo", "use_rollout_logprobs": True}
+PPO = {"advantage_estimator": "ppo"}
 SFT = {"loss_type": "sft", "use_kl_loss": False, "eval_prompt_data": None, "rollout_global_dataset": False}
 HOOK = "json.dumps"  # a dotted path to a callable, where the hook is loaded
 # on-policy distillation with the trainer's teacher, in advantage mode and in loss mode
@@ -908,6 +929,13 @@ EFFECTS: dict[str, Evidence | dict[str, Evidence]] = {
     "critic_train_only": Probe(pipeline_schedule, base=PPO),
     "num_critic_only_steps": Probe(pipeline_schedule, base=PPO),
     "num_gpus_per_node": Probe(demand, value=1, base={"resource": {"actor": [1, 2], "rollout": [1, 2]}}),
+    **{
+        name: ExistingTest(
+            "tests/unit/runtime/test_megatron_backend_plan.py::"
+            "test_legacy_layout_flags_size_the_roles_as_resource_does"
+        )
+        for name in ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus")
+    },
     # -- rollout sampling and limits --
     "rollout_top_p": Probe(sampling),
     "rollout_top_k": Probe(sampling),
@@ -1067,6 +1095,8 @@ EFFECTS: dict[str, Evidence | dict[str, Evidence]] = {
         )
     },
     "moe_layer_freq": Probe(megatron_config, base=MOE, value="[1,0,1,0]"),
+    "moe_grouped_gemm": Probe(moe_experts, base=MOE),  # SequentialMLP -> GroupedGemmMLP
+    "moe_permute_fusion": Probe(permute_fusion, base=MOE),
     # -- megatron: TransformerConfig --
     "bf16": Probe(megatron_config, base=MODEL),
     "fp16": ExistingTest(

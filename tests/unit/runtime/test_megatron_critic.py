@@ -1,7 +1,8 @@
 """MegatronCriticBackend on CPU (gloo), two ranks (TP=2 with sequence parallelism: the value head replicated
 across tensor-parallel ranks), against TorchCriticBackend on the same tiny model in fp32: a fresh critic
 predicts 0; with the same value-head weights both predict the same values and take the same first step;
-the value loss falls over a few steps; a torch_dist save -> load round trip gives back the same values."""
+the value loss falls over a few steps; a torch_dist save -> load round trip gives back the same values.
+Two ranks (TP=2 + SP, and DP=2) train as the one-rank critic does over several steps."""
 
 from __future__ import annotations
 
@@ -115,6 +116,59 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny", seed=0)
 
 
+COMPARED_STEPS = 3
+
+
+def _steps_worker(rank: int, world: int, port: int, model: str, out: str, overrides: dict[str, Any]) -> None:
+    """A critic rank as the critic role starts it (`critic_context`): the head set as `_worker` sets it, the
+    values, `COMPARED_STEPS` training steps on them, the values after them."""
+    torch.set_num_threads(1)
+    from runtime.devices import Device
+    from runtime.train.megatron.convert import unwrap
+    from runtime.train.megatron.critic import MegatronCriticBackend, critic_context
+
+    values = _values(Path(model), **overrides)
+    context = critic_context(rank, world, "127.0.0.1", port, values)
+    critic = MegatronCriticBackend(model, _config(), device=Device.detect(), context=context)
+    weight, bias = _head(critic.args.hidden_size)
+    with torch.no_grad():
+        for chunk in critic.models:
+            head = unwrap(chunk).output_layer
+            head.weight.copy_(weight)
+            head.bias.copy_(bias)
+    batch = _batch()
+    batch.values = critic.compute_values(batch)
+    result: dict[str, Any] = {"values": batch.values, "layout": (critic.layout.tp, critic.dp_size)}
+    result["steps"] = [critic.train_step(batch) for _ in range(COMPARED_STEPS)]
+    result["trained"] = critic.compute_values(batch)
+    if rank == 0:
+        torch.save(result, out)
+
+
+@pytest.fixture(scope="module")
+def one_rank(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The one-rank critic of a TP=2 + SP job (a critic entry of one device: model-parallel sizes set to 1)."""
+    from runtime.train.megatron.parallel import free_port
+
+    out = tmp_path_factory.mktemp("one-rank") / "result.pt"
+    tp2 = {"tensor-model-parallel-size": 2, "sequence-parallel": True}
+    ranks.spawn(_steps_worker, (1, free_port(), str(tiny), str(out), tp2), nprocs=1)
+    result = torch.load(out, weights_only=False)
+    assert result["layout"] == (1, 1)
+    return result
+
+
+def _assert_same_training(got: dict[str, Any], want: dict[str, Any]) -> None:
+    assert float((got["values"] - want["values"]).abs().max()) < TOLERANCE["values"]
+    for step, (mine, theirs) in enumerate(zip(got["steps"], want["steps"], strict=False)):
+        for name in ("value_loss", "value_clipfrac", "grad_norm", "lr"):
+            assert mine[name] == pytest.approx(theirs[name], abs=TOLERANCE["metrics"], rel=1e-4), (step, name)
+    assert (
+        len(want["steps"]) == COMPARED_STEPS
+        and want["steps"][-1]["value_loss"] < want["steps"][0]["value_loss"]
+    )
+
+
 def _torch_critic(model: Path) -> dict[str, Any]:
     from runtime.devices import Device
     from runtime.train.critic import TorchCriticBackend
@@ -130,7 +184,9 @@ def _torch_critic(model: Path) -> dict[str, Any]:
     return {"values": batch.values, "first": critic.train_step(batch)}
 
 
-def test_megatron_critic_matches_the_torch_critic_learns_and_round_trips(tiny: Path, tmp_path: Path) -> None:
+def test_megatron_critic_matches_the_torch_critic_learns_and_round_trips(
+    tiny: Path, tmp_path: Path, one_rank: dict[str, Any]
+) -> None:
     from runtime.train.megatron.parallel import free_port
 
     out = tmp_path / "result.pt"
@@ -151,6 +207,8 @@ def test_megatron_critic_matches_the_torch_critic_learns_and_round_trips(tiny: P
     first = got["steps"][0]
     for name in ("value_loss", "value_clipfrac", "grad_norm", "lr"):
         assert first[name] == pytest.approx(want["first"][name], abs=TOLERANCE["metrics"], rel=1e-4), name
+    # two tensor-parallel ranks train as the one-rank critic does, step after step
+    _assert_same_training(got, one_rank)
     # it learns the fixed returns
     losses = [step["value_loss"] for step in got["steps"]]
     assert losses[-1] < 0.5 * losses[0], losses
@@ -162,13 +220,31 @@ def test_megatron_critic_matches_the_torch_critic_learns_and_round_trips(tiny: P
     assert torch.equal(got["loaded"], got["saved"])
 
 
-def test_a_megatron_ppo_job_plans_a_one_rank_megatron_critic(tiny: Path) -> None:
-    """`train-backend megatron`: the critic role runs `MegatronCriticBackend` with the spec's values, on one
-    rank (whatever model-parallel sizes the values name are set to 1 for it); under the torch backend it
-    stays the torch critic."""
+def test_a_critic_on_two_data_parallel_ranks_matches_the_one_rank_critic(
+    tiny: Path, tmp_path: Path, one_rank: dict[str, Any]
+) -> None:
+    """A critic entry of two devices in a TP=1 job: two ranks, each with half of every optimizer step's
+    samples (and of the values), gradients averaged by megatron's DDP: the one-rank critic's values, losses
+    and gradient norms over `COMPARED_STEPS` steps, and its values after them."""
+    from runtime.train.megatron.parallel import free_port
+
+    out = tmp_path / "result.pt"
+    ranks.spawn(_steps_worker, (2, free_port(), str(tiny), str(out), {}))
+    got = torch.load(out, weights_only=False)
+    assert got["layout"] == (1, 2)  # tp 1, dp 2
+    _assert_same_training(got, one_rank)
+    assert float((got["trained"] - one_rank["trained"]).abs().max()) < TOLERANCE["values"]
+    assert float((got["trained"] - got["values"]).abs().max()) > 1e-3  # it trained
+
+
+def test_a_megatron_ppo_job_plans_its_critic_in_the_jobs_layout_or_on_one_rank(tiny: Path) -> None:
+    """`train-backend megatron`: the critic role runs `MegatronCriticBackend` with the spec's values; a critic
+    of one device is one rank (whatever model-parallel sizes the values name are set to 1 for it), one of
+    several devices splits the model as the job's values say; under the torch backend it stays the torch
+    critic, in one process."""
     from runtime.pipeline import critic_plan
     from runtime.spec import load_spec
-    from runtime.train.megatron.critic import ONE_RANK_VALUES
+    from runtime.train.megatron.critic import critic_context
     from runtime.train.megatron.parallel import ParallelLayout
 
     raw = {
@@ -180,14 +256,19 @@ def test_a_megatron_ppo_job_plans_a_one_rank_megatron_critic(tiny: Path) -> None
         "rm-type": "math",
         "colocate": True,
         "advantage-estimator": "ppo",
-        "use-rollout-logprobs": True,
         "resource": {"actor": [1, 1], "critic": [1, 1], "rollout": [1, 1], "advantages": [1, 0]},
     }
     plan = critic_plan(load_spec(raw), 1, str(tiny))
     assert plan is not None and plan.backend == "megatron" and plan.hf_checkpoint == str(tiny)
-    assert plan.values["hf_checkpoint"] == str(tiny)
+    assert plan.values["hf_checkpoint"] == str(tiny) and plan.world == 1
     tp2 = {**plan.values, "tensor_model_parallel_size": 2, "sequence_parallel": True}
-    layout = ParallelLayout.from_values({**tp2, **ONE_RANK_VALUES}, 1)
+    alone = critic_context(0, 1, "127.0.0.1", 1, tp2)
+    layout = ParallelLayout.from_values(alone.values, 1)
     assert (layout.tp, layout.pp, layout.dp, layout.sequence_parallel) == (1, 1, 1, False)
+    ranked = critic_context(1, 4, "127.0.0.1", 1, tp2)
+    assert ranked.rank == 1 and ranked.values == tp2
+    layout = ParallelLayout.from_values(ranked.values, 4)
+    assert (layout.tp, layout.dp, layout.sequence_parallel) == (2, 2, True)
     torch_plan = critic_plan(load_spec({**raw, "train-backend": "torch"}), 1, str(tiny))
     assert torch_plan is not None and torch_plan.backend == "torch" and torch_plan.values == {}
+    assert torch_plan.world is None

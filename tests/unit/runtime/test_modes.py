@@ -103,15 +103,18 @@ def test_capabilities_name_what_is_refused() -> None:
     assert unsupported_parameters({"resource": {"actor": [1, 1], "genrm": [1, 1]}}, defaults) == [
         "resource={'actor': [1, 1], 'genrm': [1, 1]}"
     ]
-    assert unsupported_parameters({"resource": {"actor": [1, 1], "critic": [1, 2]}}, defaults) == [
+    # a critic on two devices: two megatron-core ranks (data parallel here); the torch critic is one process
+    two = {"resource": {"actor": [1, 1], "critic": [1, 2]}}
+    assert unsupported_parameters(two, defaults) == []
+    assert unsupported_parameters({**two, "train_backend": "torch"}, defaults) == [
         "resource={'actor': [1, 1], 'critic': [1, 2]}"
     ]
+    # PPO takes the trainer's old log-probs without --use-rollout-logprobs, the engine's with it
     ppo = {"resource": {"actor": [1, 1], "critic": [1, 1], "rollout": [1, 2], "advantages": [1, 0]}}
-    assert unsupported_parameters({**ppo, "advantage_estimator": "ppo", "use_tis": True}, defaults) == [
-        "advantage_estimator='ppo'"
-    ]
-    ppo["use_rollout_logprobs"] = True
-    assert unsupported_parameters({**ppo, "advantage_estimator": "ppo", "use_tis": True}, defaults) == []
+    for backend in ("torch", "megatron"):
+        job = {**ppo, "advantage_estimator": "ppo", "use_tis": True, "train_backend": backend}
+        assert unsupported_parameters(job, defaults) == []
+        assert unsupported_parameters({**job, "use_rollout_logprobs": True}, defaults) == []
     assert unsupported_parameters({"rm_type": "ifbench"}, defaults) == ["rm_type='ifbench'"]
     assert unsupported_parameters({"rm_type": "mathh"}, defaults) == ["rm_type='mathh'"]
     assert unsupported_parameters({"rm_type": "mathh", "rm_type_fallback": "zero"}, defaults) == []

@@ -60,6 +60,11 @@ def run(rank: int, world: int, port: int, job_path: str) -> None:
     convert.load_hf_checkpoint(models, folder, args, layout)
     gathered = convert.gather_hf_state(models, args, layout, dst=0)
     result: dict = {"rank": rank, "setup_s": round(time.perf_counter() - t0, 2)}
+    # which routed-experts module ran and whether megatron's permute-fusion path was on (MoE cases check them)
+    result["experts"] = sorted(
+        {type(m).__name__ for g in models for n, m in g.named_modules() if n.endswith(".experts")}
+    )
+    result["permute_fusion"] = bool(getattr(config, "moe_permute_fusion", False))
     disk = convert.SafetensorsFolder(folder)
     stage = convert.stage_hf_state(models, args, layout)  # this rank's pipeline stage, every TP/EP shard
     result["stage_equal"] = bool(stage) and all(torch.equal(v, disk[k].to(v.dtype)) for k, v in stage.items())

@@ -105,3 +105,35 @@ def test_bench_backend_values_are_what_the_spec_derives(tmp_path):
         if values.get(k) not in (None, False) and k not in mine and k != "optimizer_offload_fraction"
     }
     assert not unset, unset
+
+
+def test_idle_gaps_charges_device_waits_to_the_host_op_running_when_they_began():
+    """`bench.gpu_train.idle_gaps` over hand-made profiler events: kernels at [0, 10), [10, 20), [50, 60) and
+    [61, 70) us; a host `aten::to` (with a `cudaStreamSynchronize` inside) spans the 20..50 gap, nothing spans
+    the 60..61 one (under the 20 us threshold either way)."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from bench.gpu_train import idle_gaps
+
+    def event(name, start, end, device):
+        return SimpleNamespace(
+            name=name, time_range=SimpleNamespace(start=start, end=end), device_type=device
+        )
+
+    cuda, cpu = DeviceType.CUDA, DeviceType.CPU
+    events = [
+        event("k1", 0, 10, cuda),
+        event("k2", 10, 20, cuda),
+        event("k3", 50, 60, cuda),
+        event("k4", 61, 70, cuda),
+        event("aten::to", 15, 52, cpu),
+        event("cudaStreamSynchronize", 18, 49, cpu),
+        event("aten::mm", 0, 5, cpu),
+    ]
+    text = idle_gaps(events)
+    assert "30.0 us" not in text  # reported in ms
+    assert "device idle in gaps >= 20 us: 0.0 ms of 0.1 ms (1 gaps)" in text
+    assert "| aten::to > cudaStreamSynchronize | 1 | 0.0 |" in text
+    assert idle_gaps([event("aten::mm", 0, 5, cpu)]) == "no device activity recorded\n"

@@ -3,6 +3,7 @@ gather from a live model, and an exported folder Hugging Face loads."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import warnings
@@ -116,12 +117,18 @@ def test_moe_round_trip_and_expert_placement(layout, hf_folder):
     assert torch.equal(last[local], hf[expert].chunk(layout.tp, dim=1)[0])
 
 
-def test_gather_after_load_equals_the_folder(hf_folder, megatron_world):
+@pytest.mark.parametrize("grouped", [False, True], ids=["per-expert", "moe-grouped-gemm"])
+def test_gather_after_load_equals_the_folder(grouped, hf_folder, megatron_world):
+    """HF -> Megatron -> HF is exact, also with --moe-grouped-gemm (GroupedGemmMLP keeps SequentialMLP's
+    parameters and names)."""
     from runtime.train.megatron.model import build_model, transformer_config
+    from runtime.train.megatron.moe import GroupedGemmMLP
 
     folder = hf_folder("qwen3_moe")
-    args, layout = _args(folder), ParallelLayout()
+    args, layout = dataclasses.replace(_args(folder), moe_grouped_gemm=grouped), ParallelLayout()
     models = build_model(args, layout, transformer_config(args, layout, values={}))
+    experts = [m for m in models[0].modules() if isinstance(m, GroupedGemmMLP)]
+    assert len(experts) == (args.num_layers if grouped else 0)
     convert.load_hf_checkpoint(models, folder, args, layout)
     gathered = convert.gather_hf_state(models, args, layout, dst=None)
     _assert_same(gathered, dict(convert.SafetensorsFolder(folder)))

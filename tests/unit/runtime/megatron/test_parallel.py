@@ -121,9 +121,28 @@ CASES = {
     "tp2-sequence-parallel-qk-norm": ("qwen3", {"tp": 2, "sequence_parallel": True}, {}),
     "ep2-moe-alltoall": ("qwen3_moe", {"ep": 2}, {"values": {"moe_token_dispatcher_type": "alltoall"}}),
     "ep2-moe-allgather": ("qwen3_moe", {"ep": 2}, {"values": {"moe_token_dispatcher_type": "allgather"}}),
+    # the two local experts of each rank in grouped GEMMs (moe.GroupedGemmMLP), the tokens permuted by our
+    # functions in TransformerEngine's slots (kernels.install_moe_permute_fusion)
+    "ep2-moe-grouped-gemm-permute-fusion": (
+        "qwen3_moe",
+        {"ep": 2},
+        {
+            "values": {
+                "moe_token_dispatcher_type": "alltoall",
+                "moe_grouped_gemm": True,
+                "moe_permute_fusion": True,
+            }
+        },
+    ),
     "pp2-untied-qk-norm": ("qwen3", {"pp": 2}, {}),
     # MoE with TP needs sequence parallelism (megatron's rule); experts split over the TP ranks as well
     "tp2-sequence-parallel-moe": ("qwen3_moe", {"tp": 2, "sequence_parallel": True}, {}),
+    # grouped GEMMs over each expert's tensor-parallel shards (ETP = TP = 2): the dispatcher reduces, as before
+    "tp2-sp-moe-grouped-gemm": (
+        "qwen3_moe",
+        {"tp": 2, "sequence_parallel": True},
+        {"values": {"moe_grouped_gemm": True}},
+    ),
     # experts whole on each rank (--expert-tensor-parallel-size 1) under TP=2: with EP=1 their gradients
     # reduce over the expert data-parallel group (model.mark_expert_data_parallel), with EP=2 megatron's own
     "tp2-sp-etp1-moe": ("qwen3_moe", {"tp": 2, "etp": 1, "sequence_parallel": True}, {}),
@@ -167,6 +186,11 @@ def test_two_ranks_train_like_one(case, hf_folder, batch, reference_losses, run_
         **extra,
     }
     results = run_ranks(2, job)
+    values = extra.get("values", {})
+    if model == "qwen3_moe":
+        grouped = values.get("moe_grouped_gemm", False)
+        assert all(r["experts"] == ["GroupedGemmMLP" if grouped else "SequentialMLP"] for r in results)
+        assert all(r["permute_fusion"] is values.get("moe_permute_fusion", False) for r in results)
     # HF weights loaded sharded and gathered back bit for bit (in the parameters' dtype)
     assert results[0]["gathered_equal"] is True
     assert all(r["stage_equal"] for r in results)  # each rank's stage, shards all-gathered
