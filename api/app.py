@@ -12,6 +12,7 @@ from fastapi.staticfiles import StaticFiles
 
 from api.audit import install_audit
 from api.errors import install_error_handlers
+from api.limits import RequestLimits
 from api.routes import grants, health, internal, jobs, platform, sessions, specs
 from runtime.redaction import install_log_redaction
 from scheduler.celery_app import make_celery
@@ -39,6 +40,9 @@ def create_app(
     app.state.settings = settings
     app.state.db = db or Database(settings.database_url, echo=settings.database.echo)
     app.state.dispatcher = dispatcher or CeleryDispatcher(make_celery(settings, with_tasks=False))
+
+    # innermost: its refusals carry the request id and are audited (the middlewares below are outer)
+    app.add_middleware(RequestLimits, settings=settings.api)
 
     @app.middleware("http")
     async def request_id(request: Request, call_next):  # type: ignore[no-untyped-def]

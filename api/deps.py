@@ -48,6 +48,17 @@ def get_session(db: DatabaseDep, request: Request, response: Response) -> Iterat
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
+def get_read_session(db: DatabaseDep) -> Iterator[Session]:
+    """A read-only unit of work for what a mutating request reads before it writes, or instead: the dry
+    run, and the judging of a submission's spec (`JobService.judge`). On SQLite it takes no write lock, so
+    a long judgement does not stop other writers (a 120,000-key spec held the lock for 71 s)."""
+    with db.session(read_only=True) as session:
+        yield session
+
+
+ReadSessionDep = Annotated[Session, Depends(get_read_session, scope="function")]
+
+
 def bearer(authorization: Annotated[str | None, Header()] = None) -> str | None:
     if authorization and authorization.lower().startswith("bearer "):
         return authorization[7:].strip()
@@ -57,8 +68,11 @@ def bearer(authorization: Annotated[str | None, Header()] = None) -> str | None:
 BearerDep = Annotated[str | None, Depends(bearer)]
 
 
-def get_principal(request: Request, session: SessionDep, token: BearerDep) -> Principal:
-    key = find_api_key(session, token)
+def get_principal(request: Request, db: DatabaseDep, token: BearerDep) -> Principal:
+    """The caller, looked up in a read-only unit of work of its own: a mutating request's unit of work
+    (`SessionDep`, on SQLite the write lock) begins only when its route first uses it."""
+    with db.session(read_only=True) as session:
+        key = find_api_key(session, token)
     entry = audit_entry(request)
     if key is not None and entry is not None:  # who called, even when the key is refused below
         entry.caller(key.id, key.role, key.team_id)
@@ -94,3 +108,10 @@ def get_job_service(session: SessionDep, settings: SettingsDep) -> JobService:
 
 
 JobServiceDep = Annotated[JobService, Depends(get_job_service)]
+
+
+def get_read_job_service(session: ReadSessionDep, settings: SettingsDep) -> JobService:
+    return JobService(session, artifact_root=settings.artifacts, home=settings.home)
+
+
+ReadJobServiceDep = Annotated[JobService, Depends(get_read_job_service)]

@@ -31,8 +31,10 @@ def envelope(request: Request, status: int, code: str, message: str, details: An
 
 
 def _field_of(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
-    return ".".join(parts) or "body"
+    """The field an error names, without where it came from (a path parameter may be called `path`)."""
+    if loc and loc[0] in ("body", "query", "path", "header", "cookie"):
+        loc = loc[1:]
+    return ".".join(str(p) for p in loc) or "body"
 
 
 async def _domain_error(request: Request, exc: DomainError) -> JSONResponse:
@@ -69,9 +71,12 @@ async def _integrity_error(request: Request, exc: sqlalchemy.exc.IntegrityError)
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    code = {404: "not_found", 405: "method_not_allowed", 401: "unauthenticated"}.get(
-        exc.status_code, "http_error"
-    )
+    code = {
+        400: "request.malformed",  # a body that is not JSON (or not UTF-8) where JSON is expected
+        404: "not_found",
+        405: "method_not_allowed",
+        401: "unauthenticated",
+    }.get(exc.status_code, "http_error")
     return envelope(request, exc.status_code, code, str(exc.detail))
 
 

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field
 
+from jobspec.bounds import INT_MAX, INT_MIN
 from jobspec.generated.arguments import (
     MEGATRON_ARGUMENTS,
     RELAX_ARGUMENTS,
@@ -151,14 +152,20 @@ def layer_pattern(value: Any) -> list[int] | int:
     return result
 
 
+def _in_range(numbers: list[int]) -> None:
+    if any(not INT_MIN <= n <= INT_MAX for n in numbers):
+        raise ValueError(f"integers from {INT_MIN} to {INT_MAX}")
+
+
 def _pattern_text(value: Any) -> Any:
     """Layer patterns are kept as the text Megatron reads; YAML integers become that text."""
     if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
+        value = str(value) if value.bit_length() < 64 else "too large"
     if isinstance(value, str):
         try:
-            layer_pattern(value)
-        except (ValueError, SyntaxError, RecursionError) as exc:
+            pattern = layer_pattern(value)
+            _in_range(pattern if isinstance(pattern, list) else [pattern])
+        except (ValueError, SyntaxError, RecursionError, MemoryError) as exc:
             raise ValueError(
                 f"not a layer pattern (an integer or a list expression such as [1]*48): {exc}"
             ) from None
@@ -166,13 +173,16 @@ def _pattern_text(value: Any) -> Any:
 
 
 def _tuple_text(value: Any) -> Any:
-    if isinstance(value, (list, tuple)):
-        return ",".join(str(int(v)) for v in value)
-    if isinstance(value, str):
-        try:
-            [int(v) for v in value.strip("()").split(",")]
-        except ValueError:
-            raise ValueError("expects integers separated by commas, e.g. 128,0") from None
+    try:
+        if isinstance(value, (list, tuple)):
+            _in_range([int(v) for v in value])
+            return ",".join(str(int(v)) for v in value)
+        if isinstance(value, str):
+            _in_range([int(v) for v in value.strip("()").split(",")])
+    except (ValueError, TypeError):
+        raise ValueError(
+            f"expects integers separated by commas, e.g. 128,0 (from {INT_MIN} to {INT_MAX})"
+        ) from None
     return value
 
 

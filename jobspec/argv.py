@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobspec.arguments import NOT_AT_PINNED_MEGATRON
+from jobspec.bounds import MAX_ARGV_WORDS, MAX_JSON_DEPTH, MAX_SUGGESTIONS, json_too_deep, shown
 from jobspec.issues import SpecIssue
 from jobspec.spec import FIELDS, FieldSpec, field_for_flag
 from jobspec.suggest import suggest_flag
@@ -61,8 +62,9 @@ def _is_flag_token(token: str) -> bool:
 
 
 def parse_passthrough_scalar(token: str) -> Any:
-    """Type an untyped (SGLang passthrough) value: integers and finite decimals become numbers."""
-    if _INT_RE.match(token):
+    """Type an untyped (SGLang passthrough) value: integers and finite decimals become numbers (an integer
+    longer than Python reads, 4,300 digits, stays text)."""
+    if _INT_RE.match(token) and len(token) <= 4300:
         return int(token)
     if _FLOAT_RE.match(token):
         value = float(token)
@@ -80,6 +82,8 @@ def _convert(spec: FieldSpec, token: str) -> tuple[Any, SpecIssue | None]:
         if kind == "float":
             return float(token), None
         if kind == "json":
+            if json_too_deep(token):
+                raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
             return json.loads(token), None
         if kind == "bool_value":
             return _parse_bool_value(spec, token)
@@ -93,7 +97,7 @@ def _convert(spec: FieldSpec, token: str) -> tuple[Any, SpecIssue | None]:
         return None, SpecIssue(
             code=code,
             field=spec.flag,
-            message=f"--{spec.flag} expects {expected}, got {token!r}{detail}",
+            message=f"--{spec.flag} expects {expected}, got {shown(token)}{detail}",
             hint=_type_hint(spec),
         )
 
@@ -119,7 +123,7 @@ def _parse_bool_value(spec: FieldSpec, token: str) -> tuple[Any, SpecIssue | Non
     return None, SpecIssue(
         code="spec.invalid_type",
         field=spec.flag,
-        message=f"--{spec.flag} expects a boolean, got {token!r}",
+        message=f"--{spec.flag} expects a boolean, got {shown(token)}",
         hint="use true or false",
     )
 
@@ -135,6 +139,17 @@ def _type_hint(spec: FieldSpec) -> str:
 def decode_argv(argv: list[str]) -> DecodedArgv:
     """Decode Relax flags into field values (typed, not yet validated) and issues."""
     out = DecodedArgv()
+    if len(argv) > MAX_ARGV_WORDS:
+        out.issues.append(
+            SpecIssue(
+                "argv.too_long",
+                None,
+                f"the command line has {len(argv)} words; at most {MAX_ARGV_WORDS} are read",
+                "give each parameter once; put long lists in a file the job reads",
+            )
+        )
+        return out
+    unknown = 0
     seen: set[str] = set()
     passthrough: dict[str, dict[str, Any]] = {}
     i, n = 0, len(argv)
@@ -145,7 +160,7 @@ def decode_argv(argv: list[str]) -> DecodedArgv:
                 SpecIssue(
                     "argv.unexpected_token",
                     None,
-                    f"argv items must be strings, got {token!r}",
+                    f"argv items must be strings, got {shown(token)}",
                     "pass the command line as a list of strings",
                 )
             )
@@ -156,7 +171,7 @@ def decode_argv(argv: list[str]) -> DecodedArgv:
                 SpecIssue(
                     "argv.unexpected_token",
                     None,
-                    f"unexpected argument {token!r}: it follows no flag that takes a value",
+                    f"unexpected argument {shown(token)}: it follows no flag that takes a value",
                     "every value must follow its --flag; quote values that contain spaces",
                 )
             )
@@ -196,7 +211,8 @@ def decode_argv(argv: list[str]) -> DecodedArgv:
             )
             continue
         if spec is None:
-            out.issues.append(unknown_flag_issue(body))
+            unknown += 1
+            out.issues.append(unknown_flag_issue(body, suggest=unknown <= MAX_SUGGESTIONS))
             continue
         if spec.name in seen and spec.kind != "append":
             out.issues.append(_repeated(body))
@@ -262,7 +278,9 @@ def decode_argv(argv: list[str]) -> DecodedArgv:
     return out
 
 
-def unknown_flag_issue(flag: str) -> SpecIssue:
+def unknown_flag_issue(flag: str, *, suggest: bool = True) -> SpecIssue:
+    """`spec.unknown_key` for `flag`, with a did-you-mean when `suggest` (a search over every flag: callers
+    suggest for the first MAX_SUGGESTIONS unknown flags of a spec only)."""
     if flag in NOT_AT_PINNED_MEGATRON:
         return SpecIssue(
             "spec.unknown_key",
@@ -271,7 +289,7 @@ def unknown_flag_issue(flag: str) -> SpecIssue:
             "(the commit Relax pins), whose parser Relax uses; Relax would ignore it",
             f"remove --{flag}",
         )
-    suggestion = suggest_flag(flag)
+    suggestion = suggest_flag(flag) if suggest else None
     hint = (
         f"did you mean --{suggestion}?"
         if suggestion

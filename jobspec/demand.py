@@ -18,6 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from jobspec.bounds import MAX_DEMAND_GPUS
+
 __all__ = [
     "GpuGroup",
     "ResourceDemand",
@@ -198,8 +200,7 @@ def rollout_gpus(v: dict[str, Any]) -> int | None:
 # Demand
 
 
-#: Beyond this a layout is not computed (packing enumerates replicas).
-MAX_DEMAND_GPUS = 100_000
+# Beyond MAX_DEMAND_GPUS a layout is not computed (packing enumerates replicas).
 
 
 def _pack_nodes(groups: list[GpuGroup], node: int) -> int:

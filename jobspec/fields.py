@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import re
+import typing
 from typing import Annotated, Any, ClassVar, Literal
 
+import annotated_types
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic.fields import FieldInfo
+
+from jobspec import bounds
 
 PathKind = Literal["input", "output"]
 Origin = Literal["relax", "megatron", "platform"]
@@ -159,3 +164,68 @@ class ParamGroup(BaseModel, metaclass=_GroupMeta):
                 info.json_schema_extra = extra
             extra["group"] = cls.group
             extra.setdefault("flag", name.replace("_", "-"))
+        if any([_bound_field(name, cls.model_fields[name]) for name in own]):
+            cls.model_rebuild(force=True)
+
+
+_BOUND_TYPES = {"ge": annotated_types.Ge, "gt": annotated_types.Gt, "le": annotated_types.Le}
+
+
+def _constraint(metadata: list[Any], key: str) -> Any:
+    return next((getattr(m, key) for m in metadata if getattr(m, key, None) is not None), None)
+
+
+def _bound_field(name: str, info: FieldInfo) -> bool:
+    """Give a field the range its declaration does not state (`jobspec.bounds`): numbers their kind's
+    range, strings their length; for a list, its items. Returns whether anything was added."""
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    number, is_list = bounds.number_kind(info.annotation)
+    if number is not None:
+        if not is_list:
+            missing = bounds.number_range(
+                name,
+                number,
+                info.default,
+                size=bool(extra.get("size")),
+                **{k: _constraint(info.metadata, k) for k in _BOUND_TYPES},
+            )
+            # before any validator of the field: a constraint after one would judge nothing
+            info.metadata[0:0] = [_BOUND_TYPES[k](v) for k, v in missing.items()]
+            return bool(missing)
+        return _bound_items(
+            info,
+            lambda meta: bounds.number_range(
+                name, number, None, **{k: _constraint(meta, k) for k in _BOUND_TYPES}
+            ),
+        )
+    text, is_list = bounds.string_kind(info.annotation)
+    if not text:
+        return False
+    longest = (
+        bounds.MAX_PATH_LENGTH
+        if extra.get("path_kind") or extra.get("function_path")
+        else bounds.MAX_WORD_LENGTH
+    )
+    if not is_list:
+        if _constraint(info.metadata, "max_length") is not None:
+            return False
+        info.metadata.insert(0, annotated_types.MaxLen(longest))
+        return True
+    return _bound_items(info, lambda meta: {} if _constraint(meta, "max_length") else {"max_length": longest})
+
+
+def _bound_items(info: FieldInfo, missing_for: Any) -> bool:
+    """Rewrite `list[T] | None` as `list[Annotated[T, Field(<missing bounds>)]] | None`."""
+    inner = bounds.unwrap_optional(info.annotation)
+    optional = inner != info.annotation
+    (item,) = typing.get_args(inner)
+    meta: list[Any] = []
+    if typing.get_origin(item) is Annotated:
+        rest = typing.get_args(item)[1:]
+        meta = [m for r in rest for m in (r.metadata if isinstance(r, FieldInfo) else [r])]
+    missing = missing_for(meta)
+    if not missing:
+        return False
+    annotation: Any = list[Annotated[item, Field(**missing)]]  # type: ignore[valid-type]
+    info.annotation = annotation | None if optional else annotation
+    return True

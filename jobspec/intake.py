@@ -18,6 +18,17 @@ from jobspec.argv import (
     passthrough_prefix,
     unknown_flag_issue,
 )
+from jobspec.bounds import (
+    INT_MAX,
+    INT_MIN,
+    MAX_DEMAND_GPUS,
+    MAX_JSON_DEPTH,
+    MAX_SPEC_KEYS,
+    MAX_SUGGESTIONS,
+    MAX_WORD_LENGTH,
+    shown,
+    untyped_problem,
+)
 from jobspec.issues import SpecIssue
 from jobspec.spec import FIELDS, FIELDS_BY_FLAG, FieldSpec, JobSpec
 
@@ -27,6 +38,8 @@ __all__ = [
     "promote_typed_sglang",
     "validate_values",
     "check_representable",
+    "check_untyped",
+    "issues_from_validation",
 ]
 
 PASSTHROUGH_FIELDS = frozenset(PASSTHROUGH.values())
@@ -61,6 +74,10 @@ def values_from_obj(obj: Any) -> tuple[dict[str, Any], list[SpecIssue]]:
             )
         )
         return values, issues
+    if len(obj) > MAX_SPEC_KEYS:
+        issues.append(_too_many_keys(None, len(obj)))
+        return values, issues
+    unknown = 0
     for raw_key, value in obj.items():
         if not isinstance(raw_key, str):
             issues.append(
@@ -84,6 +101,9 @@ def values_from_obj(obj: Any) -> tuple[dict[str, Any], list[SpecIssue]]:
                         f"write {name}: {{mem_fraction_static: 0.7}}",
                     )
                 )
+                continue
+            if len(value) > MAX_SPEC_KEYS:
+                issues.append(_too_many_keys(FIELDS[name].flag, len(value)))
                 continue
             target_map = passthrough.setdefault(name, {})
             prefix = next(p for p, n in PASSTHROUGH.items() if n == name).replace("-", "_")
@@ -120,7 +140,8 @@ def values_from_obj(obj: Any) -> tuple[dict[str, Any], list[SpecIssue]]:
             target_map[key] = value
             continue
         if target is None:
-            issue = unknown_flag_issue(flag)
+            unknown += 1
+            issue = unknown_flag_issue(flag, suggest=unknown <= MAX_SUGGESTIONS)
             if "_" in raw_key and issue.hint.startswith("did you mean --"):
                 suggestion = issue.hint[len("did you mean --") : -1].replace("-", "_")
                 issue = SpecIssue(
@@ -152,6 +173,16 @@ def _lift(spec: FieldSpec, value: Any) -> Any:
     if isinstance(value, (str, int, float)) and not isinstance(value, bool):
         return [value]
     return value
+
+
+def _too_many_keys(flag: str | None, count: int) -> SpecIssue:
+    where = f"--{flag}" if flag else "the spec"
+    return SpecIssue(
+        "spec.too_many_keys",
+        flag,
+        f"{where} has {count} keys; at most {MAX_SPEC_KEYS} are read",
+        "give each parameter once (the reference has about 1,100)",
+    )
 
 
 def _duplicate(flag: str, keys: tuple[str, str] | None = None) -> SpecIssue:
@@ -267,6 +298,40 @@ def _unrepresentable(flag: str, item: str) -> SpecIssue:
     )
 
 
+def check_untyped(values: dict[str, Any]) -> list[SpecIssue]:
+    """The values the model does not type (JSON parameters other than --resource, each SGLang passthrough
+    value) within the bounds of any value (`jobspec.bounds.untyped_problem`): depth, numbers, strings.
+    A value out of bounds is removed from `values` (the parameter stays at its default), so that nothing
+    after this step walks it (a JSON dump of 1,000 levels fails with RecursionError)."""
+    issues: list[SpecIssue] = []
+
+    def judge(flag: str, value: Any) -> bool:
+        problem = untyped_problem(value)
+        if problem is not None:
+            issues.append(
+                SpecIssue(
+                    "spec.out_of_range",
+                    flag,
+                    f"--{flag} {problem}",
+                    f"nest at most {MAX_JSON_DEPTH} levels; integers from {INT_MIN} to {INT_MAX}, finite "
+                    f"numbers, strings of at most {MAX_WORD_LENGTH} characters",
+                )
+            )
+        return problem is None
+
+    for name, value in list(values.items()):
+        spec = FIELDS.get(name)
+        if spec is None or name == "resource":
+            continue
+        if spec.kind == "json" and not judge(spec.flag, value):
+            del values[name]
+        elif spec.kind == "passthrough" and isinstance(value, dict):
+            prefix = next(p for p, n in PASSTHROUGH.items() if n == name)
+            for key in [k for k, v in value.items() if not judge(f"{prefix}{str(k).replace('_', '-')}", v)]:
+                del value[key]
+    return issues
+
+
 def check_representable(values: dict[str, Any]) -> list[SpecIssue]:
     """List items that cannot be written on a Relax command line (they would parse as flags)."""
     issues = []
@@ -287,27 +352,35 @@ def validate_values(values: dict[str, Any]) -> tuple[dict[str, Any], list[SpecIs
         spec = JobSpec.model_validate(values, strict=True)
         return spec.model_dump(), [], set()
     except ValidationError as exc:
-        issues: list[SpecIssue] = []
-        bad: set[str] = set()
-        for err in exc.errors(include_url=False):
-            name = str(err["loc"][0]) if err["loc"] else ""
-            if name in bad or name not in FIELDS:
-                continue
-            bad.add(name)
-            issues.append(_issue_from_error(FIELDS[name], err, values.get(name)))
+        issues, bad = issues_from_validation(exc, values)
         clean = {k: v for k, v in values.items() if k not in bad}
         return JobSpec.model_validate(clean, strict=True).model_dump(), issues, bad
 
 
+def issues_from_validation(exc: ValidationError, values: dict[str, Any]) -> tuple[list[SpecIssue], set[str]]:
+    """One issue per field `exc` refuses, and those fields' names."""
+    issues: list[SpecIssue] = []
+    bad: set[str] = set()
+    for err in exc.errors(include_url=False):
+        name = str(err["loc"][0]) if err["loc"] else ""
+        if name in bad or name not in FIELDS:
+            continue
+        bad.add(name)
+        issues.append(_issue_from_error(FIELDS[name], err, values.get(name)))
+    return issues, bad
+
+
 def _issue_from_error(spec: FieldSpec, err: Any, value: Any) -> SpecIssue:
     etype = err["type"]
-    where = f"--{spec.flag}" + "".join(f"[{p!r}]" for p in err["loc"][1:])
+    where = f"--{spec.flag}" + "".join(f"[{shown(p)}]" for p in err["loc"][1:])
     bad = err.get("input", value)
     if spec.name == "resource":
+        ranged = etype in ("greater_than_equal", "less_than_equal")
         return SpecIssue(
-            "spec.invalid_type",
+            "spec.out_of_range" if ranged else "spec.invalid_type",
             spec.flag,
-            f"{where} must map each role to [replicas, gpus] (two non-negative integers), got {bad!r}",
+            f"{where} must map each role to [replicas, gpus] (two integers from 0 to {MAX_DEMAND_GPUS}), "
+            f"got {shown(bad)}",
             'e.g. --resource \'{"actor": [1, 8], "rollout": [1, 8]}\'',
         )
     if etype == "literal_error":
@@ -319,14 +392,21 @@ def _issue_from_error(spec: FieldSpec, err: Any, value: Any) -> SpecIssue:
         return SpecIssue(
             "spec.invalid_choice",
             spec.flag,
-            f"{where} got {bad!r}; allowed values: {', '.join(allowed)}",
+            f"{where} got {shown(bad)}; allowed values: {', '.join(allowed)}",
             hint,
         )
     if etype in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         return SpecIssue(
             "spec.out_of_range",
             spec.flag,
-            f"{where} is {bad!r} but must be {spec.expected()}",
+            f"{where} is {shown(bad)} but must be {spec.expected()}",
+            f"give --{spec.flag} {spec.expected()}",
+        )
+    if etype == "string_too_long":
+        return SpecIssue(
+            "spec.bad_path" if spec.path_kind else "spec.too_long",  # the path resolver's code for it too
+            spec.flag,
+            f"{where} is {len(bad)} characters long; at most {spec.max_length} are allowed",
             f"give --{spec.flag} {spec.expected()}",
         )
     if etype in ("too_short", "finite_number"):
@@ -334,12 +414,12 @@ def _issue_from_error(spec: FieldSpec, err: Any, value: Any) -> SpecIssue:
         return SpecIssue(
             "spec.invalid_value",
             spec.flag,
-            f"{where} is {bad!r} but must be {what}",
+            f"{where} is {shown(bad)} but must be {what}",
             f"give --{spec.flag} {spec.expected()}",
         )
     return SpecIssue(
         "spec.invalid_type",
         spec.flag,
-        f"{where} expects {spec.expected()}, got {bad!r} ({type(bad).__name__})",
+        f"{where} expects {spec.expected()}, got {shown(bad)} ({type(bad).__name__})",
         f"give --{spec.flag} {spec.expected()}",
     )

@@ -101,7 +101,7 @@ def one_per_mistake(issues: list[SpecIssue]) -> list[SpecIssue]:
         if not issue.is_error or issue.code.startswith("rule.") or not issue.field:
             continue
         refused.add(issue.field)
-        if issue.code == "spec.unknown_key":
+        if issue.code == "spec.unknown_key" and "did you mean" in issue.hint:  # only these were searched
             guess = suggest_flag(issue.field)
             name = FIELDS_BY_FLAG.get(guess) if guess else None
             if name is not None:

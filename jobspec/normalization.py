@@ -5,10 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from jobspec.argv import PASSTHROUGH, decode_argv
 from jobspec.demand import ResourceDemand, compute_demand
 from jobspec.intake import (
     check_representable,
+    check_untyped,
+    issues_from_validation,
     normalize_passthrough,
     promote_typed_sglang,
     validate_values,
@@ -18,7 +22,10 @@ from jobspec.issues import SpecError, SpecIssue, Understood, one_per_mistake
 from jobspec.rules import run_input_rules, run_rules
 from jobspec.spec import FIELDS, JobSpec
 
-__all__ = ["NormalizedSpec", "normalize"]
+__all__ = ["NormalizedSpec", "normalize", "TOO_LARGE"]
+
+#: Codes of a spec over the size limits of jobspec/bounds.py.
+TOO_LARGE = ("spec.too_many_keys", "argv.too_long")
 
 
 @dataclass(frozen=True)
@@ -61,7 +68,11 @@ def normalize(
         values, issues = decoded.values, list(decoded.issues)
     else:
         values, issues = values_from_obj(obj)
+    too_large = [i for i in issues if i.code in TOO_LARGE]
+    if too_large:  # not read at all: judging it would cost what the limit is there to prevent
+        raise SpecError(too_large)
     issues += promote_typed_sglang(values)
+    issues += check_untyped(values)
     explicit = set(values)
     issues += [
         SpecIssue(
@@ -97,7 +108,17 @@ def normalize(
     issues = one_per_mistake(issues)
     if any(i.is_error for i in issues):
         raise SpecError(issues, understood=_understood(values, ctx.values, derived))
-    spec = JobSpec.model_validate(ctx.values, strict=True)
+    try:
+        spec = JobSpec.model_validate(ctx.values, strict=True)
+    except ValidationError as exc:  # a derived value beyond its range, e.g. a vocabulary padded past 2^31
+        derived_issues, _ = issues_from_validation(exc, ctx.values)
+        raise SpecError(
+            [
+                SpecIssue(i.code, i.field, f"{i.message} (derived by Relax's rules)", i.hint, fields=i.fields)
+                for i in derived_issues
+            ]
+            + issues
+        ) from None
     try:
         demand = compute_demand(spec)
     except ValueError as exc:

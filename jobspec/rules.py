@@ -2306,11 +2306,17 @@ def _router_opts(ctx: RuleContext) -> None:
     "rule.max_global_restart_needs_health_check",
     "max-global-restart",
     "use-health-check",
-    summary="--max-global-restart only applies with --use-health-check (warning).",
+    "use-fault-tolerance",
+    summary="--max-global-restart only applies with --use-health-check or --use-fault-tolerance (warning).",
 )
 def _restart(ctx: RuleContext) -> None:
-    if ctx.non_default("max_global_restart") and not ctx.use_health_check:
-        ctx.warn("--max-global-restart only applies with --use-health-check", "add --use-health-check")
+    # On the platform, --use-fault-tolerance makes it the number of times a lost driver is resumed from the
+    # job's checkpoint (scheduler/recovery.py).
+    if ctx.non_default("max_global_restart") and not (ctx.use_health_check or ctx.use_fault_tolerance):
+        ctx.warn(
+            "--max-global-restart only applies with --use-health-check or --use-fault-tolerance",
+            "add --use-fault-tolerance (the platform resumes a lost driver at most this many times)",
+        )
 
 
 @rule(

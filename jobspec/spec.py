@@ -62,9 +62,12 @@ class FieldSpec:
     value_aliases: dict[str, str]
     unset: str | None
     size: bool
+    # The range of a number (for a list of numbers: of each item), as declared or derived (jobspec/bounds.py).
     ge: float | None
     gt: float | None
     le: float | None
+    # The longest a string (for a list of strings: each item) may be.
+    max_length: int | None
     # Flags that take no value and the value each stores (store_true/store_false/--x/--no-x).
     switches: dict[str, Any]
     # Arity of list and append flags: "+", "*" or an exact count (argparse nargs).
@@ -146,8 +149,14 @@ class FieldSpec:
             bounds.append(f"> {_num(self.gt)}")
         if self.le is not None:
             bounds.append(f"<= {_num(self.le)}")
-        if bounds and self.kind in ("int", "float"):
-            base = f"{base}, {' and '.join(bounds)}"
+        if bounds and (self.kind in ("int", "float") or self.item_type in ("int", "float")):
+            base = f"{base}, {'each ' if self.kind == 'list' else ''}{' and '.join(bounds)}"
+        if (
+            self.max_length is not None
+            and (self.kind == "str" or self.item_type == "str")
+            and not self.choices
+        ):
+            base = f"{base}, {'each ' if self.kind == 'list' else ''}at most {self.max_length} characters"
         return base or "a value"
 
 
@@ -200,8 +209,24 @@ def _literal_choices(tp: Any) -> tuple[str, ...] | None:
     return None
 
 
+def _item_type(item: Any) -> str:
+    """The item type ("int" or "str") of a list's item annotation (bounds may wrap it in Annotated)."""
+    if typing.get_origin(item) is typing.Annotated:
+        item = typing.get_args(item)[0]
+    return "int" if item is int else "str"
+
+
 def _bound(info: FieldInfo, name: str) -> float | None:
-    for meta in info.metadata:
+    """A constraint (ge, gt, le, max_length) of the field; for a list, of its items."""
+    metadata = list(info.metadata)
+    inner, _ = _unwrap(info.annotation)
+    if typing.get_origin(inner) is list:
+        (item,) = typing.get_args(inner)
+        metadata = []
+        if typing.get_origin(item) is typing.Annotated:
+            for extra in typing.get_args(item)[1:]:
+                metadata += extra.metadata if isinstance(extra, FieldInfo) else [extra]
+    for meta in metadata:
         value = getattr(meta, name, None)
         if value is not None:
             return value
@@ -219,7 +244,7 @@ def _field_spec(name: str, info: FieldInfo) -> FieldSpec:
         if kind == "list":
             (item,) = typing.get_args(inner)
             choices = _literal_choices(item)
-            item_type = str(extra.get("item_type") or ("int" if item is int else "str"))
+            item_type = str(extra.get("item_type") or _item_type(item))
     elif inner is bool:
         kind = "flag"
     elif inner is int:
@@ -232,7 +257,7 @@ def _field_spec(name: str, info: FieldInfo) -> FieldSpec:
         kind = "list"
         (item,) = typing.get_args(inner)
         choices = _literal_choices(item)
-        item_type = "int" if item is int else "str"
+        item_type = _item_type(item)
     elif typing.get_origin(inner) is dict:
         kind = "json"
     else:  # pragma: no cover - a new annotation shape must be taught to the codec
@@ -267,6 +292,7 @@ def _field_spec(name: str, info: FieldInfo) -> FieldSpec:
         ge=_bound(info, "ge"),
         gt=_bound(info, "gt"),
         le=_bound(info, "le"),
+        max_length=_bound(info, "max_length"),
         switches=switches,
         nargs=nargs,  # type: ignore[arg-type]
         pattern=extra.get("pattern"),  # type: ignore[arg-type]

@@ -20,6 +20,7 @@ def _candidates() -> tuple[str, ...]:
     return tuple(names)
 
 
+@lru_cache(maxsize=256)  # one_per_mistake asks again about the flags it was asked about first
 def suggest_flag(flag: str) -> str | None:
     """The closest known flag to `flag` (hyphen form), or None when nothing is close."""
     wanted = flag.strip().lstrip("-").replace("_", "-").lower()

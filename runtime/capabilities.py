@@ -71,6 +71,10 @@ COMMON_PARAMETERS: frozenset[str] = RuntimeSpec.field_names() | {
     "reward_max_concurrency",
     "reward_num_workers",  # restricted below: Relax's sync-reward actors; rewards run inline here
     "rollout_global_dataset",  # restricted below: Relax turns it off for SFT, which reads --prompt-data itself
+    # the platform's reconciler (scheduler/recovery.py): a lost driver (killed, its node or Ray gone) is resumed
+    # from the job's latest checkpoint, at most --max-global-restart times with --use-fault-tolerance
+    "use_fault_tolerance",
+    "max_global_restart",
 }
 
 # The torch backend reads nothing beyond the common parameters. (`distributed-timeout-minutes` is not

@@ -23,8 +23,11 @@ from runtime.redaction import install_log_redaction
 from runtime.reporter import EventKind, HttpReporter, LocalReporter, Reporter
 from runtime.roles.placement import plan_topology
 from runtime.spec import RuntimeSpec, load_spec, parameter_defaults, read_spec_file
+from runtime.spool import spool_dir
 
 log = logging.getLogger("runtime.driver")
+DRAIN_ENV = "RELAX_REPORT_DRAIN_SECONDS"
+DEFAULT_DRAIN_S = 60.0
 
 
 # ---- the loops: one screen each ------------------------------------------------------------------------------
@@ -120,13 +123,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def fetch_spec(api_url: str, job_id: str, token: str, *, deadline_s: float = 120.0) -> dict[str, Any]:
     """GET the normalized spec, retrying while the API is briefly unavailable."""
+    return dict(fetch_job(api_url, job_id, token, deadline_s=deadline_s)["spec"])
+
+
+def fetch_job(api_url: str, job_id: str, token: str, *, deadline_s: float = 120.0) -> dict[str, Any]:
+    """GET `{job_id, name, attempt, spec, output_dir}`, retrying while the API is briefly unavailable."""
     url = f"{api_url.rstrip('/')}/v1/internal/jobs/{job_id}/spec"
     delay, give_up = 0.5, time.monotonic() + deadline_s
     while True:
         try:
             response = httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=10.0)
             if response.is_success:
-                return dict(response.json()["spec"])
+                return dict(response.json())
             if response.status_code in (401, 403, 404):
                 raise RuntimeError(f"GET {url}: HTTP {response.status_code} {response.text[:200]}")
             problem = f"HTTP {response.status_code}"
@@ -179,6 +187,28 @@ def init_ray(address: str | None, spec: RuntimeSpec) -> bool:
     return True
 
 
+def drain_seconds() -> float:
+    """How long the driver's exit waits for the platform to acknowledge its last reports
+    (`$RELAX_REPORT_DRAIN_SECONDS`, default 60); what is left then stays in the spool, which the platform
+    collects once the Ray job has ended."""
+    try:
+        return max(0.0, float(os.environ.get(DRAIN_ENV, "") or DEFAULT_DRAIN_S))
+    except ValueError:
+        return DEFAULT_DRAIN_S
+
+
+def attach_spool(reporter: HttpReporter, job: dict[str, Any], attempt: int) -> None:
+    """Put the reporter's queue on disk under the job's folder (runtime/spool.py)."""
+    output_dir = job.get("output_dir")
+    if not output_dir:
+        log.warning("the platform named no job folder: reports wait in memory only (no spool)")
+        return
+    try:
+        reporter.attach_spool(spool_dir(output_dir, attempt))
+    except OSError as exc:
+        log.warning("no report spool under %s (%s): reports wait in memory only", output_dir, exc)
+
+
 def main(argv: list[str] | None = None, *, credential: JobCredential | None = None) -> int:
     """`credential`: the attempt's token, already exchanged by runtime.bootstrap (the Ray job's entrypoint);
     without it, platform mode exchanges the bootstrap secret of the environment here."""
@@ -211,8 +241,10 @@ def main(argv: list[str] | None = None, *, credential: JobCredential | None = No
     code = 0
     try:
         if not standalone:
-            assert credential is not None
-            raw = fetch_spec(args.api_url, args.job_id, credential.token)
+            assert credential is not None and isinstance(reporter, HttpReporter)
+            fetched = fetch_job(args.api_url, args.job_id, credential.token)
+            attach_spool(reporter, fetched, credential.attempt)
+            raw = dict(fetched["spec"])
         spec = load_spec(raw, name=name, normalized=not standalone)
         check_capabilities(spec)
         log.info(
@@ -235,7 +267,10 @@ def main(argv: list[str] | None = None, *, credential: JobCredential | None = No
     finally:
         if pipeline is not None:
             pipeline.close()
-        reporter.close()
+        # The last report carries the end marker: the platform marks the job SUCCEEDED only once it is
+        # stored (scheduler/tasks.py::reconcile_pool), whether it arrives now or from the spool later.
+        outcome = "failed" if code else ("stopped" if reporter.stop_requested else "finished")
+        reporter.close(timeout=drain_seconds(), final=f"exit {code}: {outcome}")
         if owns_ray and ray.is_initialized():
             ray.shutdown()
     return code

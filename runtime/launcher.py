@@ -23,6 +23,10 @@ RAY_PENDING, RAY_RUNNING, RAY_STOPPED, RAY_SUCCEEDED, RAY_FAILED = (
 class RayJobInfo:
     status: str  # one of the RAY_* values
     message: str | None
+    # Ray's JobErrorType of a FAILED job (e.g. JOB_ENTRYPOINT_COMMAND_ERROR, JOB_SUPERVISOR_ACTOR_DIED) and the
+    # entrypoint's exit code (negative: killed by that signal; 128+N from the shell: killed by signal N)
+    error_type: str | None = None
+    exit_code: int | None = None
 
 
 def driver_entrypoint(python: str, job_id: str, api_url: str) -> str:
@@ -88,9 +92,12 @@ class RayJobLauncher:
             if "does not exist" in str(err) or "404" in str(err):
                 return None
             raise
+        error_type = getattr(info, "error_type", None)
         return RayJobInfo(
             status=str(info.status.value if hasattr(info.status, "value") else info.status),
             message=info.message,
+            error_type=str(getattr(error_type, "value", error_type)) if error_type else None,
+            exit_code=getattr(info, "driver_exit_code", None),
         )
 
     def stop(self, sub_id: str) -> bool:

@@ -1,9 +1,12 @@
-"""How the driver reports to the platform (HTTP) or to the console and JSONL (standalone), never raising into training."""
+"""How the driver reports to the platform (HTTP) or to the console and JSONL (standalone), never raising into
+training and, with a spool on disk (`runtime/spool.py`), never losing a report the platform has not
+acknowledged."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import sys
 import threading
@@ -17,6 +20,7 @@ from typing import Any, TextIO
 import httpx
 
 from runtime.redaction import redact
+from runtime.spool import DiskSpool, MemoryQueue, spool_key
 from runtime.train.checkpoint import CheckpointRecord
 
 # The reporter's own trouble goes to stderr only: forwarding it through the reporter would loop.
@@ -29,6 +33,9 @@ if not _internal.handlers:
 REPORT_LISTS = ("metrics", "logs", "checkpoints", "rollouts", "predictions", "events")
 MAX_ITEMS_PER_REPORT = 1000  # per list, keeps request bodies small after an outage
 MAX_PENDING_LOGS = 20_000  # beyond this the oldest log lines are dropped (metrics never are)
+MAX_PENDING_ITEMS = 200_000  # other items waiting for room in a full spool: past this, their producer waits
+DEFAULT_SPOOL_MAX_BYTES = 256 * 1024 * 1024
+SPOOL_MAX_BYTES_ENV = "RELAX_REPORT_SPOOL_MAX_BYTES"
 
 
 class Phase(StrEnum):
@@ -45,6 +52,7 @@ class EventKind(StrEnum):
     STOP_REQUESTED = "stop_requested"  # the platform asked the driver to stop between steps
     FINISHED = "finished"  # the loop ended normally
     FAILED = "failed"  # the driver is exiting on an error
+    FINAL_REPORT = "final_report"  # in the driver's last report (Reporter.close): nothing follows it
 
 
 class RolloutSplit(StrEnum):
@@ -57,18 +65,43 @@ class _Pending:
     lists: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {k: [] for k in REPORT_LISTS})
     phase: str | None = None
     dropped_logs: int = 0
+    final: dict[str, Any] | None = None  # the end-of-run marker: goes out last, in the last report
 
     def empty(self) -> bool:
-        return self.phase is None and not any(self.lists.values())
+        return self.phase is None and self.final is None and not any(self.lists.values())
+
+    def count(self) -> int:
+        return sum(len(items) for kind, items in self.lists.items() if kind != "logs")
+
+
+class ReportRefused(RuntimeError):
+    """The platform will never take this attempt's reports (the attempt ended, or the token is not its)."""
+
+
+def _env_number(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, "") or default)
+    except ValueError:
+        return default
 
 
 class Reporter(ABC):
-    """Collects report items from the training thread; a background thread ships them in batches.
+    """Collects report items from any thread; two background threads number and deliver them.
 
-    Every ~`flush_interval` s whatever is pending goes out as one report with the next sequence number;
-    a failed report is retried as is (same seq) with exponential backoff while new items wait behind it.
-    With nothing to say, a heartbeat (an empty report) goes out every `heartbeat_interval` s: its answer
-    is how the platform asks the driver to stop.
+    The *cutter* moves what is pending into one report (at most MAX_ITEMS_PER_REPORT per list) with the
+    next sequence number every ~`flush_interval` s (at once on `flush`, `set_phase` and `close`) and appends
+    it to the queue: on disk (`runtime/spool.py`, once `attach_spool` named the folder) or in memory. The
+    *sender* delivers the queue's head, resending it unchanged (same seq) with exponential backoff until it
+    is acknowledged, then drops it (on disk: deletes its segment). With nothing queued, a heartbeat (an
+    empty report) goes out every `heartbeat_interval` s: its answer is how the platform asks the driver to
+    stop. So an unreachable platform never stops training: reports pile up in the queue.
+
+    The bound: while the queue holds `spool_max_bytes` (default 256 MiB, `$RELAX_REPORT_SPOOL_MAX_BYTES`)
+    nothing more is cut; items wait in memory, and once `max_pending_items` metrics, checkpoints, rollouts,
+    predictions and events wait, the call that adds one waits for room (training pauses, and a log line
+    says for how long). Log lines never wait: past MAX_PENDING_LOGS the oldest are dropped and a log line
+    says how many. Nothing is dropped silently. `close(final=...)` ends the run with a `final_report` event
+    in the very last report: the platform marks a job SUCCEEDED only once that report is stored.
     """
 
     def __init__(
@@ -78,30 +111,65 @@ class Reporter(ABC):
         flush_interval: float = 1.0,
         heartbeat_interval: float = 5.0,
         max_backoff: float = 10.0,
+        spool_max_bytes: int | None = None,
+        max_pending_items: int = MAX_PENDING_ITEMS,
     ) -> None:
         self.attempt = attempt
         self.flush_interval = flush_interval
         self.heartbeat_interval = heartbeat_interval
         self.max_backoff = max_backoff
+        self.spool_max_bytes = int(
+            spool_max_bytes
+            if spool_max_bytes is not None
+            else _env_number(SPOOL_MAX_BYTES_ENV, DEFAULT_SPOOL_MAX_BYTES)
+        )
+        self.max_pending_items = max_pending_items
         self._cond = threading.Condition()
+        self._qlock = threading.Lock()  # the queue: appends, peeks, acknowledgements, the swap to disk
+        self._queue: MemoryQueue | DiskSpool = MemoryQueue()
         self._pending = _Pending()
+        self._unwritten: list[dict[str, Any]] = []  # numbered, not yet in the queue (a write failed)
         self._progress: dict[str, int] | None = None
-        self._inflight: dict[str, Any] | None = None
         self._seq = 0
         self._last_sent = 0.0
         self._flush_now = False
-        self._closed = False
+        self._hurry = False  # flush()/close(): retry now instead of after the backoff
+        self._closing = False  # close() began: no new items; everything pending is cut
+        self._closed = False  # close() ended: the threads leave
         self._abandoned = False  # close() gave up on what is left
+        self._refused: str | None = None
         self._stop = threading.Event()
         self.sent_reports = 0
         self.failed_sends = 0
-        self._thread = threading.Thread(target=self._run, name=f"{type(self).__name__}-sender", daemon=True)
-        self._thread.start()
+        self.blocked_seconds = 0.0  # how long producers waited for room in a full spool
+        self.late_items = 0  # added after close() began: not sent
+        self.spool_full = False
+        self._cutter = threading.Thread(
+            target=self._cut_loop, name=f"{type(self).__name__}-cutter", daemon=True
+        )
+        self._sender = threading.Thread(
+            target=self._send_loop, name=f"{type(self).__name__}-sender", daemon=True
+        )
+        self._cutter.start()
+        self._sender.start()
 
     # -- what the driver calls ---------------------------------------------------------------------------
     @property
     def stop_requested(self) -> bool:
         return self._stop.is_set()
+
+    @property
+    def refused(self) -> str | None:
+        """Why the platform refuses this attempt's reports for good (None while it takes them)."""
+        return self._refused
+
+    @property
+    def spool_location(self) -> str | None:
+        return self._queue.location
+
+    @property
+    def unsent_reports(self) -> int:
+        return len(self._queue) + len(self._unwritten)
 
     def request_stop(self) -> None:
         """Mark a stop as requested from this side (e.g. on SIGTERM)."""
@@ -143,40 +211,119 @@ class Reporter(ABC):
             self._progress = {"step": step, "total_steps": total_steps}
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Send everything pending now; True if it all went out within `timeout`."""
+        """Send everything pending now; True if it all was acknowledged within `timeout`."""
         deadline = time.monotonic() + timeout
         with self._cond:
             self._flush_now = True
+            self._hurry = True
             self._cond.notify_all()
-            while not (self._pending.empty() and self._inflight is None):
+            while not self._drained():
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self._thread.is_alive():
+                if remaining <= 0 or self._refused is not None or not self._sender.is_alive():
                     return False
                 self._cond.wait(min(remaining, 0.1))
         return True
 
-    def close(self, timeout: float = 30.0) -> bool:
-        """Flush (giving up after `timeout`) and stop the sender thread; True if nothing was left unsent."""
+    def close(self, timeout: float = 30.0, *, final: str | None = None) -> bool:
+        """Stop taking items, send everything (with `final`: the run's end marker, in the last report),
+        waiting up to `timeout` s for the platform, then stop the threads. True if nothing was left unsent;
+        otherwise what is left stays in the spool on disk (when there is one) for the platform to collect
+        after the driver's Ray job has ended."""
+        with self._cond:
+            if final is not None and not self._closing:
+                self._pending.final = {
+                    "time": time.time(),
+                    "kind": str(EventKind.FINAL_REPORT),
+                    "message": redact(final),
+                }
+            self._closing = True
+            self._cond.notify_all()
         done = self.flush(timeout)
         with self._cond:
             self._closed = True
             self._abandoned = not done
             self._cond.notify_all()
-        self._thread.join(timeout=15.0)
+        self._cutter.join(timeout=15.0)
+        self._sender.join(timeout=15.0)
+        with self._qlock:
+            left, where = len(self._queue) + len(self._unwritten), self._queue.location
+            self._queue.close()
         if not done:
-            _internal.warning("reporter closed with unsent reports (%d failed sends)", self.failed_sends)
+            why = (
+                f"the platform refused them ({self._refused})"
+                if self._refused
+                else f"{self.failed_sends} failed sends"
+            )
+            if where:
+                _internal.warning(
+                    "reporter closed with %d unsent reports (%s); they stay in the spool at %s, which the "
+                    "platform collects once the driver's Ray job has ended",
+                    left,
+                    why,
+                    where,
+                )
+            else:
+                _internal.warning(
+                    "reporter closed with %d unsent reports (%s) and no spool: they are lost", left, why
+                )
+        if self.late_items:
+            _internal.warning("%d report items came after close() and were not sent", self.late_items)
         self._on_close()
         return done
 
-    # -- the sender thread ---------------------------------------------------------------------------
+    # -- the threads ---------------------------------------------------------------------------------------
+    def _drained(self) -> bool:
+        return self._pending.empty() and not self._unwritten and len(self._queue) == 0
+
     def _add(self, kind: str, items: list[dict[str, Any]]) -> None:
         with self._cond:
+            if self._closing:
+                self.late_items += len(items)
+                return
             bucket = self._pending.lists[kind]
-            bucket.extend(items)
-            if kind == "logs" and len(bucket) > MAX_PENDING_LOGS:
-                excess = len(bucket) - MAX_PENDING_LOGS
-                del bucket[:excess]
-                self._pending.dropped_logs += excess
+            if kind == "logs":
+                bucket.extend(items)
+                if len(bucket) > MAX_PENDING_LOGS:
+                    excess = len(bucket) - MAX_PENDING_LOGS
+                    del bucket[:excess]
+                    self._pending.dropped_logs += excess
+                return
+            if self._pending.count() >= self.max_pending_items and self._may_wait():
+                self._wait_for_room()
+            self._pending.lists[kind].extend(items)  # not `bucket`: cutting replaced the list meanwhile
+
+    def _may_wait(self) -> bool:
+        return (
+            threading.current_thread() not in (self._cutter, self._sender)
+            and self._refused is None
+            and not self._closing
+            and self._cutter.is_alive()
+            and self._sender.is_alive()
+        )
+
+    def _wait_for_room(self) -> None:
+        """The spool is full and the items waiting to enter it hit their bound: wait (caller holds the lock)."""
+        started = time.monotonic()
+        _internal.warning(
+            "report spool full (%.0f MiB at %s): waiting for the platform to take reports before going on",
+            self._queue.bytes / 2**20,
+            self._queue.location or "memory",
+        )
+        while self._pending.count() >= self.max_pending_items and self._may_wait():
+            self._flush_now = True
+            self._cond.notify_all()
+            self._cond.wait(1.0)
+        waited = time.monotonic() - started
+        self.blocked_seconds += waited
+        self._pending.lists["logs"].append(
+            {
+                "time": time.time(),
+                "level": "WARNING",
+                "source": "reporter",
+                "message": f"the driver waited {waited:.1f}s for room in its report spool (full at "
+                f"{self.spool_max_bytes / 2**20:.0f} MiB) while the platform took no reports",
+            }
+        )
 
     def _take_batch(self, heartbeat_due: bool) -> dict[str, Any] | None:
         """Move up to MAX_ITEMS_PER_REPORT of each list into a new numbered report (caller holds the lock)."""
@@ -202,30 +349,98 @@ class Reporter(ABC):
         for kind in REPORT_LISTS:
             bucket = pending.lists[kind]
             payload[kind], pending.lists[kind] = bucket[:MAX_ITEMS_PER_REPORT], bucket[MAX_ITEMS_PER_REPORT:]
+        if (
+            pending.final is not None
+            and not any(pending.lists.values())
+            and len(payload["events"]) < MAX_ITEMS_PER_REPORT
+        ):
+            payload["events"].append(pending.final)  # the last report: nothing can follow it
+            pending.final = None
         pending.phase = None
         self._seq += 1
         return payload
 
-    def _run(self) -> None:
+    def _cut_loop(self) -> None:
+        write_failures = 0
+        while True:
+            with self._cond:
+                nothing_to_cut = self._pending.empty() and not self._unwritten
+                if not self._flush_now and (not self._closing or nothing_to_cut):
+                    self._cond.wait(self.flush_interval)
+                if self._closed:
+                    return
+                self._flush_now = False
+                closing = self._closing
+                while True:
+                    full = self._queue.bytes >= self.spool_max_bytes
+                    self.spool_full = full
+                    if full and not closing:
+                        break  # items wait in memory (bounded by _add) until the sender makes room
+                    idle = not self._unwritten and len(self._queue) == 0
+                    due = (
+                        idle and not closing and time.monotonic() - self._last_sent >= self.heartbeat_interval
+                    )
+                    payload = self._take_batch(heartbeat_due=due)
+                    if payload is None:
+                        break
+                    self._unwritten.append(payload)
+                    if due:
+                        break
+                todo = list(self._unwritten)
+            written = 0
+            for payload in todo:
+                try:
+                    with self._qlock:
+                        self._queue.append(payload)
+                except OSError as exc:
+                    write_failures += 1
+                    if write_failures in (1, 10) or write_failures % 100 == 0:
+                        _internal.warning(
+                            "cannot write report seq=%s to the spool (%s); retrying", payload["seq"], exc
+                        )
+                    break
+                written += 1
+            with self._cond:
+                del self._unwritten[:written]
+                self._cond.notify_all()
+
+    def _send_loop(self) -> None:
         backoff = 0.0
         while True:
             with self._cond:
-                if backoff == 0.0 and not self._flush_now and not self._closed:
+                if backoff:
+                    retry_at = time.monotonic() + backoff
+                    while not (self._hurry or self._closed) and time.monotonic() < retry_at:
+                        self._cond.wait(retry_at - time.monotonic())
+                elif len(self._queue) == 0 and not self._closed:
                     self._cond.wait(self.flush_interval)
-                elif backoff:
-                    self._cond.wait(backoff)  # close() or flush() wakes us early for one more try
-                if self._abandoned or (self._closed and self._inflight is None and self._pending.empty()):
+                self._hurry = False
+                if self._closed and (self._abandoned or len(self._queue) == 0):
                     return
-                if self._inflight is None:
-                    due = time.monotonic() - self._last_sent >= self.heartbeat_interval
-                    self._inflight = self._take_batch(heartbeat_due=due)
-                payload = self._inflight
-                self._flush_now = False
+            try:
+                with self._qlock:
+                    payload = self._queue.peek()
+            except OSError as exc:
+                _internal.warning("cannot read the report spool (%s); retrying", exc)
+                backoff = min(self.max_backoff, max(0.25, backoff * 2))
+                continue
             if payload is None:
+                backoff = 0.0
                 continue
             try:
                 stop = self._deliver(payload)
-            except Exception as exc:  # noqa: BLE001 - any failure means "keep the batch and retry"
+            except ReportRefused as exc:
+                _internal.error(
+                    "the platform refuses this attempt's reports (%s): stopping; %d reports not delivered",
+                    exc,
+                    len(self._queue),
+                )
+                self._stop.set()
+                with self._cond:
+                    self._refused = str(exc)
+                    self._cond.notify_all()
+                return
+            except Exception as exc:  # noqa: BLE001 - any other failure means "keep the report and retry"
                 self.failed_sends += 1
                 backoff = min(self.max_backoff, max(0.25, backoff * 2)) * (1 + 0.2 * random.random())
                 if self.failed_sends in (1, 10) or self.failed_sends % 100 == 0:
@@ -236,17 +451,17 @@ class Reporter(ABC):
             backoff = 0.0
             if stop:
                 self._stop.set()
+            with self._qlock:
+                self._queue.ack(int(payload["seq"]))
             with self._cond:
-                self._inflight = None
                 self._last_sent = time.monotonic()
                 self.sent_reports += 1
-                if not self._pending.empty():
-                    self._flush_now = True
                 self._cond.notify_all()
 
     @abstractmethod
     def _deliver(self, payload: dict[str, Any]) -> bool:
-        """Send one report; return whether the platform asked to stop. Raise to have it retried."""
+        """Send one report; return whether the platform asked to stop. Raise to have it retried;
+        ReportRefused when it never will be taken."""
 
     def _on_close(self) -> None:  # noqa: B027 - an optional hook, empty by default
         """Release resources after the last send."""
@@ -254,19 +469,45 @@ class Reporter(ABC):
 
 class HttpReporter(Reporter):
     """Reports to `POST {api_url}/v1/internal/jobs/{job_id}/report` with the attempt's bearer token (kept
-    in the HTTP client's headers only; httpx leaves it out of their repr)."""
+    in the HTTP client's headers only; httpx leaves it out of their repr). `attach_spool` moves the queue
+    onto disk, signed with a key derived from the token (`runtime.spool.spool_key`)."""
 
     def __init__(
         self, api_url: str, job_id: str, token: str, *, attempt: int = 0, timeout: float = 10.0, **kwargs: Any
     ) -> None:
         self.url = f"{api_url.rstrip('/')}/v1/internal/jobs/{job_id}/report"
         self._client = httpx.Client(timeout=timeout, headers={"Authorization": f"Bearer {token}"})
+        self._spool_key = spool_key(token)
         super().__init__(attempt=attempt, **kwargs)
+
+    def attach_spool(self, directory: str | Path) -> None:
+        """From now on every report is on disk under `directory` until acknowledged (those numbered so far
+        are moved there first). Raises OSError when the folder cannot be used (the queue stays in memory)."""
+        directory = Path(directory)
+        for part in (directory.parent.parent, directory.parent, directory):
+            if part.is_symlink():
+                raise OSError(f"{part} is a symbolic link: the report spool never follows one")
+        if directory.exists() and any(directory.iterdir()):
+            # Another process of this attempt spooled there (it cannot have: one driver per attempt), or
+            # the folder is not what it seems: keep it aside rather than mix two numberings.
+            directory.rename(directory.with_name(f"{directory.name}.stale-{int(time.time())}"))
+        spool = DiskSpool(directory, self._spool_key)
+        with self._qlock:
+            old = self._queue
+            if isinstance(old, DiskSpool):
+                raise RuntimeError("the reporter already spools to disk")
+            for payload in old.items():
+                spool.append(payload)
+            self._queue = spool
+            old.drain()
 
     def _deliver(self, payload: dict[str, Any]) -> bool:
         response = self._client.post(self.url, json=payload)
         if not response.is_success:
-            raise RuntimeError(f"HTTP {response.status_code}")
+            code = _error_code(response)
+            if response.status_code == 401 or code in ("job.not_running", "job.stale_attempt"):
+                raise ReportRefused(f"HTTP {response.status_code} {code}".strip())
+            raise RuntimeError(f"HTTP {response.status_code} {code}".strip())
         try:
             return bool(response.json().get("stop_requested", False))
         except ValueError:
@@ -274,6 +515,13 @@ class HttpReporter(Reporter):
 
     def _on_close(self) -> None:
         self._client.close()
+
+
+def _error_code(response: httpx.Response) -> str:
+    try:
+        return str(response.json()["error"]["code"])
+    except Exception:  # noqa: BLE001 - any body: name none
+        return ""
 
 
 class LocalReporter(Reporter):

@@ -2,10 +2,55 @@
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 from celery import Celery
+from celery.beat import PersistentScheduler
 
 from scheduler.dispatch import SCHEDULER_QUEUE, TASK_TICK
 from scheduler.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class TickScheduler(PersistentScheduler):
+    """Celery's beat scheduler, except that no tick is sent while `max_waiting` messages already wait in the
+    scheduler queue: no worker takes them (it is down), and ticks piled up for it serve nothing (the issue
+    saw 123). Each tick also expires after two periods, so a worker that comes back drops stale ones at
+    once (docs/reliability.md)."""
+
+    max_waiting = 3
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._holding = False
+
+    def apply_entry(self, entry: Any, producer: Any = None) -> None:
+        if entry.task == TASK_TICK:
+            waiting = self.waiting()
+            if waiting is not None and waiting >= self.max_waiting:
+                if not self._holding:
+                    log.warning(
+                        "%d messages wait in queue %s (no worker takes them): ticks held back",
+                        waiting,
+                        SCHEDULER_QUEUE,
+                    )
+                self._holding = True
+                return
+            if self._holding:
+                log.warning("queue %s is taken again: ticks resume", SCHEDULER_QUEUE)
+            self._holding = False
+        super().apply_entry(entry, producer=producer)
+
+    def waiting(self) -> int | None:
+        """Messages waiting in the scheduler queue; None when the broker does not say (then ticks go out)."""
+        try:
+            with self.app.connection_for_read() as conn:
+                ok = conn.default_channel.queue_declare(queue=SCHEDULER_QUEUE, passive=True)
+                return int(ok.message_count)
+        except Exception as err:  # noqa: BLE001 - a queue not declared yet holds nothing; else unknown
+            return 0 if "NOT_FOUND" in str(err) or "no queue" in str(err) else None
 
 
 def make_celery(settings: Settings, *, with_tasks: bool = True) -> Celery:
@@ -37,6 +82,7 @@ def make_celery(settings: Settings, *, with_tasks: bool = True) -> Celery:
             }
         },
         beat_schedule_filename=str(settings.home / "celerybeat-schedule"),
+        beat_scheduler="scheduler.celery_app:TickScheduler",
     )
     if broker.startswith("redis"):
         # Redis re-delivers an unacknowledged task after this long; longer than any task runs.

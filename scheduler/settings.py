@@ -36,6 +36,18 @@ class ApiSettings(BaseSettings):
         description="Bearer token that Prometheus scrapers send to /metrics (RELAX_METRICS_TOKEN); "
         "admin API keys work too. Unset: admin keys only.",
     )
+    max_body_bytes: int = Field(
+        1024 * 1024,
+        ge=1024,
+        description="Largest request body the API reads (RELAX_MAX_BODY_BYTES); a larger one is refused with "
+        "413. A job spec, its flags and a launch script's text (256 KiB at most) fit the default.",
+    )
+    max_report_body_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1024,
+        description="Largest body of a driver's report (RELAX_MAX_REPORT_BODY_BYTES): up to 1,000 log lines, "
+        "metrics and records of each kind a batch, which a driver resends until accepted.",
+    )
 
 
 class DatabaseSettings(BaseSettings):
@@ -81,6 +93,33 @@ class SchedulerSettings(BaseSettings):
     launch_grace_seconds: float = Field(
         60.0,
         description="How long a STARTING job may have no Ray job before the reconciler resubmits it.",
+    )
+    # Supervision and recovery (docs/reliability.md) ------------------------------------------------
+    heartbeat_seconds: float = Field(
+        2.0,
+        gt=0,
+        description="How often each Celery worker records its heartbeat in the database (`/readyz` judges a "
+        "worker down when its newest heartbeat is older than max(5 x this, 10 s)).",
+    )
+    driver_silence_seconds: float = Field(
+        120.0,
+        gt=0,
+        description="A RUNNING job whose driver has sent nothing (a report or its 5 s heartbeat) for this long "
+        "while the API answers is lost: its Ray job is stopped and it is resumed from its latest checkpoint "
+        "(also when the pool's Ray does not answer). Measured from the worker's own start at the earliest.",
+    )
+    max_driver_restarts: int = Field(
+        3,
+        ge=0,
+        description="How many times a job whose driver was lost (killed, its node or Ray gone, silent) is "
+        "resumed from its latest checkpoint before it is FAILED as `lost`; a job with --use-fault-tolerance "
+        "sets its own limit with --max-global-restart.",
+    )
+    final_report_grace_seconds: float = Field(
+        300.0,
+        description="How long a job whose Ray job ended without error waits for its driver's final report "
+        "(delivered late, or collected from the driver's spool) before it is FAILED as lost; it is SUCCEEDED "
+        "only once that report is stored.",
     )
 
 

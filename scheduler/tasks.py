@@ -7,14 +7,17 @@ a task twice (a redelivery after a worker died) is harmless.
 from __future__ import annotations
 
 import logging
+import os
 import re
+import socket
 import sys
-from dataclasses import dataclass
-from datetime import timedelta
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from functools import cached_property
 
 import sqlalchemy as sa
-from celery import Celery
+from celery import Celery, signals
 
 from runtime.launcher import (
     RAY_FAILED,
@@ -25,6 +28,8 @@ from runtime.launcher import (
     submission_id,
 )
 from runtime.redaction import redact
+from runtime.spool import spool_dir
+from scheduler import health, recovery
 from scheduler.db.engine import Database
 from scheduler.db.models import Job, Pool, utcnow
 from scheduler.dispatch import (
@@ -50,6 +55,7 @@ class WorkerContext:
 
     settings: Settings
     app: Celery
+    started_at: datetime = field(default_factory=utcnow)  # a driver's silence is counted from here at most
 
     @cached_property
     def db(self) -> Database:
@@ -72,6 +78,7 @@ def register_tasks(app: Celery, settings: Settings) -> WorkerContext:
 
     @app.task(name=TASK_TICK)
     def tick() -> None:
+        health.record(ctx.db, health.TICK, f"{socket.gethostname()} pid {os.getpid()}")  # for /readyz
         run_scheduling_pass(ctx.db, ctx.dispatcher, artifact_root=settings.artifacts)
         with ctx.db.session() as s:
             pools = set(s.scalars(sa.select(Job.pool).where(Job.status.in_(list(ON_CLUSTER)))))
@@ -98,6 +105,16 @@ def register_tasks(app: Celery, settings: Settings) -> WorkerContext:
     def reconcile(pool: str) -> None:
         reconcile_pool(ctx, pool)
 
+    def start_heartbeat(sender: object = None, **_: object) -> None:
+        """In a worker process, once it consumes: its heartbeat row, every `heartbeat_seconds` (/readyz)."""
+        if sender is None or getattr(sender, "app", None) is not app:
+            return
+        nodename = str(getattr(sender, "hostname", None) or socket.gethostname())
+        ctx.__dict__["heartbeat"] = health.WorkerHeartbeat(
+            ctx.db, nodename, ctx.settings.scheduler.heartbeat_seconds
+        ).start()
+
+    signals.worker_ready.connect(start_heartbeat, weak=False)
     return ctx
 
 
@@ -185,20 +202,53 @@ def reconcile_pool(ctx: WorkerContext, pool_name: str) -> None:
             )
             for j in s.scalars(sa.select(Job).where(Job.pool == pool_name, Job.status.in_(list(ON_CLUSTER))))
         ]
-    launcher = launcher_for(address, ctx.settings.ray_token(pool_name))
+    try:
+        launcher = launcher_for(address, ctx.settings.ray_token(pool_name))
+    except Exception as err:  # the pool's Ray does not answer: its drivers are judged by their reports
+        log.warning("pool %s: Ray at %s does not answer: %s", pool_name, address, err)
+        lost = [
+            _lost_if_silent(
+                ctx, job_id, status, f"the pool's Ray at {address} does not answer ({str(err)[:200]})"
+            )
+            for job_id, status, *_ in jobs
+        ]
+        freed = any(lost)
+        if freed:
+            ctx.dispatcher.request_pass()
+        return
     freed = False
     grace = timedelta(seconds=ctx.settings.scheduler.launch_grace_seconds)
     preempt_grace = timedelta(seconds=ctx.settings.scheduler.preempt_grace_seconds)
     for job_id, status, sub_id, launched_at, changed_at, all_steps_done in jobs:
-        info = launcher.status(sub_id) if sub_id else None
+        try:
+            info = launcher.status(sub_id) if sub_id else None
+        except Exception as err:  # noqa: BLE001 - as above, for this job
+            freed |= _lost_if_silent(
+                ctx, job_id, status, f"the pool's Ray at {address} does not answer ({str(err)[:200]})"
+            )
+            continue
         if info is None:
             late = launched_at is None or utcnow() - launched_at > grace
+            gone = f"Ray job {sub_id} is gone: the pool's Ray at {address} does not know it (restarted?)"
             if status == JobStatus.CANCELLING and late:
                 freed |= _move(
                     ctx, job_id, status, JobStatus.CANCELLED, "cancelled; the Ray job never started"
                 )
+            elif status == JobStatus.RUNNING or (
+                status == JobStatus.STARTING and late and _driver_started(ctx, job_id)
+            ):  # it ran on a Ray that is gone: what its driver left, then a new attempt resumes it
+                _final, done = _collect_run_end(ctx, job_id, all_steps_done)
+                if done and recovery.finished_cleanly(ctx.db, job_id):
+                    why = "the driver finished (exit 0, final report stored); its Ray job is gone since"
+                    freed |= _move(ctx, job_id, status, JobStatus.SUCCEEDED, why)
+                else:
+                    freed |= _lost(ctx, job_id, status, gone)
             elif status == JobStatus.STARTING and late:
                 launch_job(ctx, job_id)  # the worker that launched it died before submitting
+            elif status == JobStatus.PREEMPTING:
+                freed |= _move(
+                    ctx, job_id, status, JobStatus.QUEUED, "preempted; its Ray job is gone, waiting to resume"
+                )
             continue
         ended = info.status in (RAY_SUCCEEDED, RAY_FAILED, RAY_STOPPED)
         if status == JobStatus.CANCELLING and not ended:
@@ -209,28 +259,35 @@ def reconcile_pool(ctx: WorkerContext, pool_name: str) -> None:
             if utcnow() - changed_at > preempt_grace:
                 launcher.stop(sub_id)
             continue
+        if status == JobStatus.RUNNING and not ended:  # Ray says it runs: does the driver still report?
+            silence = _silence(ctx, job_id)
+            if silence is not None and _api_answers(ctx):
+                launcher.stop(sub_id)
+                why = f"the driver sent nothing for {silence:.0f}s while Ray job {sub_id} was {info.status}; stopped"
+                freed |= _lost(ctx, job_id, status, why)
+            continue
+        final_stored = False
+        if ended:  # before the job moves on: what its driver could not deliver, and its checkpoints on disk
+            final_stored, all_steps_done = _collect_run_end(ctx, job_id, all_steps_done)
         if info.status == RAY_SUCCEEDED:
             if status == JobStatus.PREEMPTING and not all_steps_done:
                 reason = "preempted; the driver checkpointed and exited, waiting to resume"
                 freed |= _move(ctx, job_id, status, JobStatus.QUEUED, reason)
+            elif status == JobStatus.CANCELLING:
+                freed |= _move(ctx, job_id, status, JobStatus.CANCELLED, "the driver finished")
+            elif not final_stored:  # SUCCEEDED only once the driver's last report is stored
+                freed |= _await_final_report(ctx, job_id, status)
             else:
-                target = JobStatus.CANCELLED if status == JobStatus.CANCELLING else JobStatus.SUCCEEDED
-                freed |= _move(ctx, job_id, status, target, "the driver finished")
+                reason = "the driver finished and its final report is stored"
+                freed |= _move(ctx, job_id, status, JobStatus.SUCCEEDED, reason)
         elif info.status == RAY_STOPPED:
             if status == JobStatus.CANCELLING:
                 freed |= _move(ctx, job_id, status, JobStatus.CANCELLED, "the Ray job was stopped")
             elif status == JobStatus.PREEMPTING:
                 freed |= _move(ctx, job_id, status, JobStatus.QUEUED, "preempted; waiting to resume")
-            else:
-                freed |= _move(
-                    ctx,
-                    job_id,
-                    status,
-                    JobStatus.FAILED,
-                    "the Ray job was stopped outside the platform",
-                    failure=FailureReason.CONTROLLER,
-                    log_tail=launcher.logs_tail(sub_id),
-                )
+            else:  # stopped outside the platform: the driver is lost, not done
+                why = recovery.judge_ended(sub_id, info).why
+                freed |= _lost(ctx, job_id, status, why, log_tail=launcher.logs_tail(sub_id))
         elif info.status == RAY_FAILED:
             if status == JobStatus.CANCELLING:
                 freed |= _move(ctx, job_id, status, JobStatus.CANCELLED, "cancelled")
@@ -238,27 +295,155 @@ def reconcile_pool(ctx: WorkerContext, pool_name: str) -> None:
                 freed |= _move(ctx, job_id, status, JobStatus.QUEUED, "preempted; waiting to resume")
             else:
                 tail = launcher.logs_tail(sub_id)
-                freed |= _move(
-                    ctx,
-                    job_id,
-                    status,
-                    JobStatus.FAILED,
-                    failure_summary(info.message, tail),
-                    failure=FailureReason.USER_CODE,
-                    log_tail=tail,
-                )
+                verdict = recovery.judge_ended(sub_id, info)
+                if verdict.lost:  # killed, or its node or job supervisor died: resumed from its checkpoint
+                    freed |= _lost(ctx, job_id, status, verdict.why, log_tail=tail)
+                else:
+                    freed |= _move(
+                        ctx,
+                        job_id,
+                        status,
+                        JobStatus.FAILED,
+                        failure_summary(info.message, tail),
+                        failure=verdict.failure or FailureReason.USER_CODE,
+                        log_tail=tail,
+                    )
     if freed:
         ctx.dispatcher.request_pass()
+
+
+def _collect_run_end(ctx: WorkerContext, job_id: str, all_steps_done: bool) -> tuple[bool, bool]:
+    """The driver's Ray job has ended: apply the reports it left in its spool (the API was down when it
+    ended), reconcile the checkpoint records with the files, and say whether its final report is stored
+    and whether it trained every step (progress may have come from the spool just now)."""
+    collected = None
+    with ctx.db.session() as s:
+        svc = ctx.jobs(s)
+        job = s.get(Job, job_id)
+        if job is None or JobStatus(job.status) not in ON_CLUSTER:
+            return False, all_steps_done
+        try:
+            with s.begin_nested():
+                collected = svc.collect_spool(job, ctx.settings.signing_key())
+            if collected.applied or collected.problem:
+                log.info("job %s: %s", job_id, collected.summary(job.attempt))
+        except Exception:  # noqa: BLE001 - never let one job's spool stop the pool's reconciler
+            log.exception("job %s: collecting the report spool failed", job_id)
+        try:
+            with s.begin_nested():
+                svc.reconcile_checkpoints(job)
+        except Exception:  # noqa: BLE001
+            log.exception("job %s: reconciling checkpoints with the disk failed", job_id)
+        s.refresh(job)
+        done = job.total_steps is not None and (job.progress_step or 0) >= job.total_steps
+        final = svc.final_report_stored(job)
+    if collected is not None and collected.complete:
+        collected.discard()  # stored and committed: the spool's job is done
+    return final, done
+
+
+def _await_final_report(ctx: WorkerContext, job_id: str, src: JobStatus) -> bool:
+    """The Ray job ended without error but the driver's final report is not stored: the job keeps its
+    status (its reason says it waits) for `final_report_grace_seconds`, collecting the spool on each pass;
+    then it FAILED (`lost`), saying so. Returns whether it moved."""
+    grace = timedelta(seconds=ctx.settings.scheduler.final_report_grace_seconds)
+    with ctx.db.session() as s:
+        svc = ctx.jobs(s)
+        job = s.get(Job, job_id)
+        if job is None:
+            return False
+        since = svc.awaiting_final_report_since(job)
+        if utcnow() - since < grace:
+            return False
+        reason = (
+            f"the driver's Ray job ended without error, but its final report never reached the platform in "
+            f"{grace.total_seconds():.0f}s (last stored report seq {job.report_seq}); what it could not "
+            f"deliver stays in {spool_dir(job.output_dir, job.attempt)}"
+        )
+        return svc.transition(
+            job_id, JobStatus.FAILED, expected_from=src, reason=reason, failure=FailureReason.LOST
+        )
+
+
+def _lost(
+    ctx: WorkerContext, job_id: str, src: JobStatus, why: str, *, log_tail: list[str] | None = None
+) -> bool:
+    """The job's driver is lost: requeued to resume from its checkpoint, or FAILED past its restart limit
+    (scheduler/recovery.py). Returns whether the job moved (its slots are then free). What the lost driver
+    left in its spool is applied first: the next attempt's token could not deliver it (a repeat finds nothing
+    new, where the run's end already collected it)."""
+    _collect_run_end(ctx, job_id, False)
+    moved = recovery.recover(
+        ctx.db,
+        job_id,
+        src,
+        why,
+        default_limit=ctx.settings.scheduler.max_driver_restarts,
+        artifact_root=ctx.settings.artifacts,
+        log_tail=log_tail,
+    )
+    return moved is not None
+
+
+def _driver_started(ctx: WorkerContext, job_id: str) -> bool:
+    """Whether the job's current attempt got as far as exchanging its bootstrap secret (a relaunch of the
+    same attempt would be refused)."""
+    with ctx.db.session(read_only=True) as s:
+        job = s.get(Job, job_id)
+        return job is not None and job.token_claimed_attempt == job.attempt
+
+
+def _silence(ctx: WorkerContext, job_id: str) -> float | None:
+    """Seconds since the job's driver was last heard of (its last report or heartbeat, its launch, or this
+    worker's start, whichever is latest) when that is more than `driver_silence_seconds`; else None."""
+    with ctx.db.session(read_only=True) as s:
+        job = s.get(Job, job_id)
+        if job is None:
+            return None
+        heard = max(t for t in (job.last_report_at, job.launched_at, ctx.started_at) if t is not None)
+    silence = (utcnow() - heard).total_seconds()
+    return silence if silence > ctx.settings.scheduler.driver_silence_seconds else None
+
+
+def _lost_if_silent(ctx: WorkerContext, job_id: str, status: JobStatus, why: str) -> bool:
+    """The pool's Ray does not answer: a STARTING or RUNNING job whose driver is silent too is lost."""
+    if status not in (JobStatus.STARTING, JobStatus.RUNNING):
+        return False
+    silence = _silence(ctx, job_id)
+    if silence is None or not _api_answers(ctx):
+        return False
+    return _lost(ctx, job_id, status, f"{why}, and the driver sent nothing for {silence:.0f}s")
+
+
+def _api_answers(ctx: WorkerContext) -> bool:
+    """Whether the platform's API answers (`/healthz` at the URL drivers report to): a driver is judged
+    silent only while it could have reported."""
+    try:
+        with urllib.request.urlopen(f"{ctx.settings.public_url.rstrip('/')}/healthz", timeout=3) as r:
+            return r.status == 200
+    except OSError:
+        return False
 
 
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*")
 
 
+_DRIVER_FAILED = re.compile(r"\bdriver failed: (.+)$")  # runtime/driver.py's last word on an exception
+_TRACEBACK = "Traceback (most recent call last):"
+
+
 def failure_summary(ray_message: str | None, log_tail: list[str]) -> str:
-    """One line saying why a driver failed: Ray's first line, and the last exception in its log."""
+    """One line saying why a driver failed: Ray's first line, and the exception the driver failed with (its
+    `driver failed: ...` line, else the exception line of the log's last traceback), else the log's last line.
+    An exception line outside the last traceback (a warning logged earlier, another process's noise) is never
+    taken for the cause."""
     head = (ray_message or "the driver failed").strip().splitlines()[0]
     head = head.split(", last available logs")[0].rstrip(",.: ")
-    cause = next((ln.strip() for ln in reversed(log_tail) if _EXCEPTION_LINE.match(ln.strip())), "")
+    cause = next((m.group(1).strip() for ln in reversed(log_tail) if (m := _DRIVER_FAILED.search(ln))), "")
+    if not cause:
+        starts = [i for i, ln in enumerate(log_tail) if ln.strip() == _TRACEBACK]
+        after = log_tail[starts[-1] :] if starts else []
+        cause = next((ln.strip() for ln in reversed(after) if _EXCEPTION_LINE.match(ln.strip())), "")
     if not cause:
         cause = next((ln.strip() for ln in reversed(log_tail) if ln.strip()), "")
     return redact(f"{head}: {cause[:500]}" if cause else head)

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+import os
+
 import sqlalchemy as sa
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 from fastapi.responses import PlainTextResponse
 
-from api.deps import DatabaseDep, MetricsReaderDep
+from api.deps import DatabaseDep, MetricsReaderDep, SettingsDep
 from scheduler.db.models import Allocation, Job, Node
+from scheduler.health import SUPERVISOR_STATE_ENV, readiness
+
+log = logging.getLogger("relax.api.health")
 
 router = APIRouter(tags=["health"])
 
@@ -18,10 +24,21 @@ def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-def readyz(db: DatabaseDep) -> dict[str, str]:
-    with db.session(read_only=True) as s:
-        s.execute(sa.text("SELECT 1"))
-    return {"status": "ready", "database": db.dialect}
+def readyz(db: DatabaseDep, settings: SettingsDep, response: Response) -> dict[str, str]:
+    """Every part of the platform, each `up`, `down` or `unknown` (never seen: not judged); 503 while one is
+    down, naming it under `down` (scheduler/health.py, docs/reliability.md). `database` says the database's
+    dialect when it is up. Terse: it answers without a credential."""
+    r = readiness(settings, db, supervisor_state=os.environ.get(SUPERVISOR_STATE_ENV))
+    body = {"status": "ready" if r.ready else "not ready"}
+    for name, part in r.parts.items():
+        body[name] = "unknown" if part.ok is None else "up" if part.ok else "down"
+    if body.get("database") == "up":
+        body["database"] = db.dialect
+    if not r.ready:
+        body["down"] = ",".join(r.down)
+        response.status_code = 503
+        log.warning("not ready: %s", "; ".join(f"{n}: {r.parts[n].detail}" for n in r.down))
+    return body
 
 
 @router.get("/metrics", response_class=PlainTextResponse)

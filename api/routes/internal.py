@@ -80,5 +80,5 @@ def driver_spec(job: TokenJob, svc: JobServiceDep) -> dict[str, Any]:
 
 @router.post("/{job_id}/report", response_model=ReportAck)
 def driver_report(job: TokenJob, body: ReportCreate, svc: JobServiceDep) -> ReportAck:
-    stop = svc.ingest_report(job, Report(**body.model_dump()))
+    stop = svc.ingest_report(job, Report(**body.model_dump(exclude_none=True)))  # absent: the defaults
     return ReportAck(stop_requested=stop)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -19,6 +20,7 @@ from api.deps import (
     DispatcherDep,
     JobServiceDep,
     PrincipalDep,
+    ReadJobServiceDep,
     SettingsDep,
 )
 from api.schemas import ERROR_RESPONSES
@@ -40,6 +42,8 @@ from api.schemas.jobs import (
     RolloutPublic,
     RolloutsPage,
 )
+from jobspec.bounds import MAX_PATH_LENGTH
+from scheduler.db.models import BIGINT_MAX, INTEGER_MAX, INTEGER_MIN
 from scheduler.domain.errors import DomainError, NotFound
 from scheduler.domain.jobs import JobStatus
 from scheduler.services.auth import authenticate
@@ -60,6 +64,7 @@ def _detail(svc: JobService, job) -> JobDetail:  # type: ignore[no-untyped-def]
 @router.post("", status_code=201, response_model=JobDetail)
 def submit_job(
     body: JobCreate,
+    reader: ReadJobServiceDep,
     svc: JobServiceDep,
     principal: PrincipalDep,
     dispatcher: DispatcherDep,
@@ -68,22 +73,22 @@ def submit_job(
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> JobDetail:
     """Submit a job (the key's team, or `team` for an admin) to one of the team's queues at a priority
-    class the team was granted."""
+    class the team was granted. The spec is judged with reads only, then the job is written in a short
+    transaction (`JobService.judge`)."""
     audit.note(name=body.name, team=body.team, queue=body.queue, priority_class=body.priority_class)
-    job, created = svc.submit(
-        principal,
-        Submission(
-            name=body.name,
-            team=body.team,
-            queue=body.queue,
-            priority_class=body.priority_class,
-            labels=body.labels,
-            spec=body.spec,
-            args=body.args,
-            idempotency_key=idempotency_key,
-            launch_script=body.launch_script.model_dump() if body.launch_script else None,
-        ),
+    sub = Submission(
+        name=body.name,
+        team=body.team,
+        queue=body.queue,
+        priority_class=body.priority_class,
+        labels=body.labels,
+        spec=body.spec,
+        args=body.args,
+        idempotency_key=idempotency_key,
+        launch_script=body.launch_script.model_dump() if body.launch_script else None,
     )
+    judged = reader.judge(principal, sub)
+    job, created = svc.submit(principal, sub, judged)
     audit.note(
         target=job.id, name=job.name, queue=job.queue, priority_class=job.priority_class, created=created
     )
@@ -141,7 +146,7 @@ def job_metrics(
     svc: JobServiceDep,
     principal: PrincipalDep,
     names: Annotated[list[str] | None, Query(description="Metric names; repeat or comma-separate.")] = None,
-    since_step: int | None = None,
+    since_step: Annotated[int | None, Query(ge=INTEGER_MIN, le=INTEGER_MAX)] = None,
 ) -> JobMetrics:
     job = svc.get(job_id, principal)
     wanted = [n for item in names or [] for n in item.split(",") if n]
@@ -156,7 +161,7 @@ def job_logs(
     job_id: str,
     svc: JobServiceDep,
     principal: PrincipalDep,
-    after: Annotated[int, Query(ge=0, description="Id of the last line already seen.")] = 0,
+    after: Annotated[int, Query(ge=0, le=BIGINT_MAX, description="Id of the last line already seen.")] = 0,
     limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
     tail: Annotated[int | None, Query(ge=1, le=10000, description="Only the last N lines.")] = None,
 ) -> LogsPage:
@@ -187,18 +192,35 @@ def job_predictions(job_id: str, svc: JobServiceDep, principal: PrincipalDep) ->
     return PredictionsPage(data=[PredictionPublic.model_validate(p) for p in svc.predictions(job)])
 
 
-@router.get("/{job_id}/artifacts/{path:path}")
-def download_artifact(job_id: str, path: str, svc: JobServiceDep, principal: PrincipalDep) -> FileResponse:
+@router.get(
+    "/{job_id}/artifacts/{path:path}",
+    response_class=FileResponse,
+    responses={200: {"content": {"*/*": {}}, "description": "The file (its type guessed from its name)."}},
+)
+def download_artifact(
+    job_id: str,
+    path: Annotated[str, PathParam(max_length=MAX_PATH_LENGTH)],
+    svc: JobServiceDep,
+    principal: PrincipalDep,
+) -> FileResponse:
     """A file under the job's output directory (checkpoint shards, rollout records, exports)."""
     job = svc.get(job_id, principal)
     root = Path(job.output_dir).resolve()
-    target = (root / path).resolve()
-    if root not in target.parents or not target.is_file():
-        raise NotFound(f"no file {path!r} in the outputs of job {job_id}", code="artifact.not_found")
+    missing = NotFound(f"no file {path!r} in the outputs of job {job_id}", code="artifact.not_found")
+    try:
+        target = (root / path).resolve()
+        if root not in target.parents or not target.is_file():
+            raise missing
+    except OSError:  # a name longer than the file system's NAME_MAX, a loop of links: no such file either
+        raise missing from None
     return FileResponse(target, filename=target.name)
 
 
-@router.get("/{job_id}/stream")
+@router.get(
+    "/{job_id}/stream",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "Server-sent events."}},
+)
 async def stream_job(
     job_id: str,
     request: Request,
@@ -208,7 +230,8 @@ async def stream_job(
     token: BearerDep,
     last_event_id: Annotated[str | None, Header()] = None,
     after: Annotated[
-        str | None, Query(description="Resume from an event id seen before (as Last-Event-ID).")
+        str | None,
+        Query(max_length=200, description="Resume from an event id seen before (as Last-Event-ID)."),
     ] = None,
 ) -> StreamingResponse:
     """Server-sent events: `status` on every change, then `event`, `metric`, `log`, `checkpoint`,
@@ -281,9 +304,10 @@ _CURSOR_KEYS = ("e", "m", "l", "c", "r", "p")
 
 def _parse_cursor(text: str | None) -> dict[str, int]:
     cursor = dict.fromkeys(_CURSOR_KEYS, 0)
-    for part in (text or "").split("."):
-        if part[:1] in cursor and part[1:].isdigit():
-            cursor[part[0]] = int(part[1:])
+    for part in (text or "")[:200].split("."):
+        digits = part[1:]
+        if part[:1] in cursor and digits.isascii() and digits.isdigit() and int(digits) <= BIGINT_MAX:
+            cursor[part[0]] = int(digits)
     return cursor
 
 

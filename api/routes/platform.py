@@ -37,7 +37,7 @@ from api.schemas.platform import (
     TeamsPage,
     TeamUpdate,
 )
-from scheduler.db.models import utcnow
+from scheduler.db.models import BIGINT_MAX, utcnow
 from scheduler.domain.errors import InvalidRequest
 from scheduler.domain.jobs import JobStatus
 from scheduler.services import audit, platform
@@ -137,7 +137,9 @@ def list_audit_events(
     key: Annotated[str | None, Query(description="Key id of the caller.")] = None,
     team: Annotated[str | None, Query(description="The caller's team (name or id).")] = None,
     path: Annotated[str | None, Query(description="Route template, or its start (/v1/jobs).")] = None,
-    after: Annotated[int | None, Query(description="Id of the last row of the previous page.")] = None,
+    after: Annotated[
+        int | None, Query(ge=0, le=BIGINT_MAX, description="Id of the last row of the previous page.")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> AuditEventsPage:
     """The audit log, newest first (admin): every POST, PUT, PATCH and DELETE under /v1 except the

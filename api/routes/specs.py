@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.deps import AuditDep, JobServiceDep, PrincipalDep
+from api.deps import AuditDep, PrincipalDep, ReadJobServiceDep
 from api.schemas import ERROR_RESPONSES
 from api.schemas.jobs import SpecValidate, SpecValidation
 from scheduler.services.jobs import Submission
@@ -14,10 +14,11 @@ router = APIRouter(prefix="/v1/specs", tags=["specs"], responses=ERROR_RESPONSES
 
 @router.post("/validate", response_model=SpecValidation)
 def validate_spec(
-    body: SpecValidate, svc: JobServiceDep, principal: PrincipalDep, audit: AuditDep
+    body: SpecValidate, svc: ReadJobServiceDep, principal: PrincipalDep, audit: AuditDep
 ) -> SpecValidation:
     """Dry run: the normalized spec, derived defaults, warnings, errors, resource demand and the
-    queue and pool the job would wait in. 200 for any spec; `valid` says whether a submit would pass."""
+    queue and pool the job would wait in. 200 for any spec; `valid` says whether a submit would pass.
+    It only reads (its audit row is written after it, in a short transaction of its own)."""
     audit.note(team=body.team, queue=body.queue)
     result = svc.dry_run(
         principal,

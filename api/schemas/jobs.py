@@ -8,6 +8,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from api.schemas import Labels
+from jobspec.bounds import MAX_ARGV_WORDS, MAX_PATH_LENGTH, MAX_SPEC_KEYS, MAX_WORD_LENGTH
+from scheduler.db.models import BIGINT_MAX, INTEGER_MAX, INTEGER_MIN
+
 JobStatusName = Literal[
     "QUEUED",
     "ADMITTED",
@@ -24,7 +28,13 @@ FailureReasonName = Literal["setup", "user_code", "no_resource", "controller", "
 
 LAUNCH_SCRIPT_TEXT_MAX = 256 * 1024  # bytes of UTF-8
 _LAUNCH_SCRIPT_JSON_MAX = 64 * 1024  # bytes of the JSON of env, script_args, runtime_env
-_Path = Annotated[str, Field(max_length=4096)]
+_Path = Annotated[str, Field(max_length=MAX_PATH_LENGTH)]
+#: A spec object: at most as many keys as jobspec reads (jobspec/bounds.py), refused here before it is judged.
+SpecObject = Annotated[dict[str, Any], Field(max_length=MAX_SPEC_KEYS)]
+#: Relax flags as a list (each item one command-line word) or as one shell-quoted string.
+Argv = (
+    Annotated[list[Annotated[str, Field(max_length=MAX_WORD_LENGTH)]], Field(max_length=MAX_ARGV_WORDS)] | str
+)
 
 
 class LaunchScriptIn(BaseModel):
@@ -47,7 +57,7 @@ class LaunchScriptIn(BaseModel):
     file: _Path | None = Field(
         None, description="The file (the script or one it sources) of the training command."
     )
-    line: int | None = Field(None, ge=1, description="Its line.")
+    line: int | None = Field(None, ge=1, le=INTEGER_MAX, description="Its line.")
     entrypoint: str | None = Field(
         None, max_length=4096, description="e.g. `python3 -m relax.entrypoints.train`."
     )
@@ -96,12 +106,12 @@ class JobCreate(BaseModel):
         validation_alias=AliasChoices("priority_class", "priority-class"),
         description="Priority class (default `normal`): orders jobs within a queue; some are not preemptible.",
     )
-    labels: dict[str, str] = Field(default_factory=dict)
-    spec: dict[str, Any] | None = Field(
+    labels: Labels = Field(default_factory=dict)
+    spec: SpecObject | None = Field(
         None,
         description="Relax parameters, keys as in the reference ('rollout-batch-size' or 'rollout_batch_size').",
     )
-    args: list[str] | str | None = Field(
+    args: Argv | None = Field(
         None,
         description="Relax CLI flags, as a list or one shell-quoted string: ['--rollout-batch-size', '8', ...].",
     )
@@ -251,8 +261,8 @@ class PredictionsPage(BaseModel):
 class SpecValidate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    spec: dict[str, Any] | None = None
-    args: list[str] | str | None = None
+    spec: SpecObject | None = None
+    args: Argv | None = None
     queue: str | None = None
     team: str | None = None
     launch_script: LaunchScriptIn | None = Field(
@@ -287,19 +297,76 @@ class SpecValidation(BaseModel):
     pool: str | None = None
 
 
+#: An integer column's range (a step, an attempt, a count): scheduler/db/models.py.
+Integer = Annotated[int, Field(ge=INTEGER_MIN, le=INTEGER_MAX)]
+Count = Annotated[int, Field(ge=0, le=INTEGER_MAX)]
+#: Seconds since the epoch, up to the last second of year 9999 (what a datetime holds).
+Timestamp = Annotated[float, Field(ge=0, le=253402300799, allow_inf_nan=False)]
+
+
+class _ReportItem(BaseModel):
+    """An item of a driver's report (runtime/reporter.py sends them). Keys this version does not know are
+    ignored, so that a newer driver's reports are still taken."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class MetricIn(_ReportItem):
+    step: Integer
+    name: str
+    value: float  # a loss may be NaN or infinite: the driver reports what it measured
+    time: Timestamp | None = None
+
+
+class LogIn(_ReportItem):
+    time: Timestamp | None = None
+    level: str = "INFO"
+    source: str | None = None
+    message: str = ""
+
+
+class CheckpointIn(_ReportItem):
+    step: Integer
+    path: str
+    size_bytes: Annotated[int, Field(ge=0, le=BIGINT_MAX)] = 0
+    format: Annotated[str, Field(max_length=20)] = "torch"
+    time: Timestamp | None = None
+
+
+class RolloutIn(_ReportItem):
+    rollout_id: Integer
+    split: Annotated[str, Field(max_length=10)] = "train"
+    path: str
+    num_samples: Count = 0
+    time: Timestamp | None = None
+
+
+class PredictionIn(_ReportItem):
+    step: Integer
+    path: str
+    num_samples: Count = 0
+    time: Timestamp | None = None
+
+
+class EventIn(_ReportItem):
+    time: Timestamp | None = None
+    kind: str = "driver"
+    message: str = ""
+
+
 class ReportCreate(BaseModel):
     """One batch from a job's driver."""
 
-    attempt: int
-    seq: int
+    attempt: Count
+    seq: Count
     phase: str | None = None
-    progress: dict[str, int] | None = None
-    metrics: list[dict[str, Any]] = Field(default_factory=list)
-    logs: list[dict[str, Any]] = Field(default_factory=list)
-    checkpoints: list[dict[str, Any]] = Field(default_factory=list)
-    rollouts: list[dict[str, Any]] = Field(default_factory=list)
-    predictions: list[dict[str, Any]] = Field(default_factory=list)
-    events: list[dict[str, Any]] = Field(default_factory=list)
+    progress: dict[str, Integer] | None = None
+    metrics: list[MetricIn] = Field(default_factory=list)
+    logs: list[LogIn] = Field(default_factory=list)
+    checkpoints: list[CheckpointIn] = Field(default_factory=list)
+    rollouts: list[RolloutIn] = Field(default_factory=list)
+    predictions: list[PredictionIn] = Field(default_factory=list)
+    events: list[EventIn] = Field(default_factory=list)
 
 
 class ReportAck(BaseModel):

@@ -3,9 +3,32 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from api.schemas import Labels
+from jobspec.bounds import MAX_DEMAND_GPUS, MAX_GPUS_PER_NODE
+from scheduler.db.models import Pool
+
+#: GPUs (slots) of one node: the scheduling pass sizes its tables by a node's count, so it is bounded as a
+#: spec's per-node GPU count is (a node of 2^63-1 GPUs made a pass allocate until its worker had 16.6 GB).
+NodeGpus = Annotated[int, Field(ge=0, le=MAX_GPUS_PER_NODE)]
+#: A queue's quota in GPUs: at most what one job may ask for, beyond any cluster.
+GpuQuota = Annotated[int, Field(ge=0, le=MAX_DEMAND_GPUS)]
+#: Fair-share weight: only ratios between queues matter; the bound keeps shares finite.
+MAX_QUEUE_WEIGHT = 1e6
+QueueWeight = Annotated[float, Field(gt=0, le=MAX_QUEUE_WEIGHT, allow_inf_nan=False)]
+
+
+def _column_length(column: Any) -> int:
+    """The length of a String column: the schema states what the table holds (PostgreSQL refuses more)."""
+    return int(column.property.columns[0].type.length)
+
+
+Accelerator = Annotated[str, Field(max_length=_column_length(Pool.accelerator))]
+RayAddress = Annotated[str, Field(max_length=_column_length(Pool.ray_address))]
+PythonPath = Annotated[str, Field(max_length=_column_length(Pool.python))]
 
 
 class TeamCreate(BaseModel):
@@ -150,14 +173,14 @@ class QueuesPage(BaseModel):
 class NodeCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(max_length=100)
-    gpus: int = Field(ge=0, description="GPUs of the node (slots on a CPU pool).")
-    labels: dict[str, str] = Field(default_factory=dict)
+    gpus: NodeGpus = Field(description="GPUs of the node (slots on a CPU pool).")
+    labels: Labels = Field(default_factory=dict)
 
 
 class NodeUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    gpus: int | None = Field(None, ge=0)
-    labels: dict[str, str] | None = None
+    gpus: NodeGpus | None = None
+    labels: Labels | None = None
     cordoned: bool | None = Field(None, description="No new jobs are placed on a cordoned node.")
     alive: bool | None = Field(None, description="false marks the node down: its jobs are requeued.")
 
@@ -165,19 +188,21 @@ class NodeUpdate(BaseModel):
 class PoolCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(max_length=63, pattern=r"^[a-z0-9][a-z0-9-]*$")
-    accelerator: str = Field(description="e.g. h200, a100, cpu")
-    ray_address: str | None = Field(None, description="Ray Jobs API address, e.g. http://ray-head:8265")
-    python: str | None = Field(
+    accelerator: Accelerator = Field(description="e.g. h200, a100, cpu")
+    ray_address: RayAddress | None = Field(
+        None, description="Ray Jobs API address, e.g. http://ray-head:8265"
+    )
+    python: PythonPath | None = Field(
         None, description="Interpreter of the drivers on the cluster (default: python)."
     )
-    nodes: list[NodeCreate] = Field(default_factory=list)
+    nodes: list[NodeCreate] = Field(default_factory=list, max_length=10_000)
 
 
 class PoolUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    accelerator: str | None = None
-    ray_address: str | None = None
-    python: str | None = None
+    accelerator: Accelerator | None = None
+    ray_address: RayAddress | None = None
+    python: PythonPath | None = None
     cordoned: bool | None = None
 
 
@@ -186,22 +211,22 @@ class QueueCreate(BaseModel):
     name: str = Field(max_length=63, pattern=r"^[a-z0-9][a-z0-9-]*$")
     pool: str
     team: str = Field(description="Team name or id that owns the queue.")
-    nominal_gpus: int = Field(ge=0, description="Guaranteed GPUs of the queue in its pool.")
-    borrowing_limit: int | None = Field(
-        None, ge=0, description="Most GPUs above nominal it may borrow (none: no limit)."
+    nominal_gpus: GpuQuota = Field(description="Guaranteed GPUs of the queue in its pool.")
+    borrowing_limit: GpuQuota | None = Field(
+        None, description="Most GPUs above nominal it may borrow (none: no limit)."
     )
-    lending_limit: int | None = Field(
-        None, ge=0, description="Most of its idle nominal GPUs others may borrow (none: all)."
+    lending_limit: GpuQuota | None = Field(
+        None, description="Most of its idle nominal GPUs others may borrow (none: all)."
     )
-    weight: float = Field(1.0, gt=0, description="Fair-share weight.")
+    weight: QueueWeight = Field(1.0, description="Fair-share weight.")
 
 
 class QueueUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    nominal_gpus: int | None = Field(None, ge=0)
-    borrowing_limit: int | None = Field(None, ge=0)
-    lending_limit: int | None = Field(None, ge=0)
-    weight: float | None = Field(None, gt=0)
+    nominal_gpus: GpuQuota | None = None
+    borrowing_limit: GpuQuota | None = None
+    lending_limit: GpuQuota | None = None
+    weight: QueueWeight | None = None
 
 
 class PriorityClassCreate(BaseModel):

@@ -7,12 +7,15 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from jobspec.arguments import megatron
+from jobspec.bounds import MAX_DEMAND_GPUS
 from jobspec.fields import ParamGroup, param
 
 __all__ = ["ClusterParams", "TransferQueueParams", "BackendParams", "CheckpointParams"]
 
 #: role -> [replicas, gpus]; Relax reads `gpus` as the role's total GPU count.
-ResourceMap = dict[str, Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=2, max_length=2)]]
+ResourceMap = dict[
+    str, Annotated[list[Annotated[int, Field(ge=0, le=MAX_DEMAND_GPUS)]], Field(min_length=2, max_length=2)]
+]
 
 
 class ClusterParams(ParamGroup):

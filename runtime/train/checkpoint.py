@@ -13,8 +13,18 @@ from enum import StrEnum
 from pathlib import Path
 
 from runtime.access import LOCAL_OWNER, OWNER_FILE
+from runtime.layout import (  # noqa: F401 - the layout's read side (the platform reads it too), re-exported
+    LATEST_FILE,
+    TRAINER_STATE_FILE,
+    directory_size,
+    folder_owner,
+    is_complete_checkpoint,
+    iteration_dir,
+    latest_complete_iteration,
+    list_iterations,
+    read_latest_iteration,
+)
 
-LATEST_FILE = "latest_checkpointed_iteration.txt"
 ROLLOUT_ID_PLACEHOLDER = "{rollout_id}"  # allowed in `save-hf`: one HF folder per export
 
 
@@ -37,20 +47,6 @@ class CheckpointRecord:
         return {**asdict(self), "format": str(self.format)}
 
 
-def iteration_dir(root: str | Path, iteration: int) -> Path:
-    """`<root>/iter_0000005`: seven digits, as Megatron and Relax name them."""
-    return Path(root) / f"iter_{iteration:07d}"
-
-
-def read_latest_iteration(root: str | Path) -> int | None:
-    """The iteration recorded in `<root>/latest_checkpointed_iteration.txt`, or None when there is none."""
-    path = Path(root) / LATEST_FILE
-    if not path.is_file():
-        return None
-    text = path.read_text().strip()
-    return int(text) if text.isdigit() else None
-
-
 def write_latest_iteration(root: str | Path, iteration: int) -> None:
     """Point `latest_checkpointed_iteration.txt` at `iteration` (atomic: a reader sees old or new)."""
     root = Path(root)
@@ -59,20 +55,8 @@ def write_latest_iteration(root: str | Path, iteration: int) -> None:
     os.replace(tmp, root / LATEST_FILE)
 
 
-def directory_size(path: str | Path) -> int:
-    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
-
-
 class NotOwnedError(PermissionError):
     """A folder this job did not write is in the way: it is never replaced nor deleted."""
-
-
-def folder_owner(folder: str | Path) -> str | None:
-    """The job that wrote `folder` (its `OWNER_FILE`), or None: not a folder an export or checkpoint made."""
-    marker = Path(folder) / OWNER_FILE
-    if marker.is_symlink() or not marker.is_file():
-        return None
-    return marker.read_text(encoding="utf-8", errors="replace").strip() or None
 
 
 def check_replaceable(final: str | Path, owner: str) -> None:
@@ -144,19 +128,6 @@ def record(path: Path, step: int, fmt: CheckpointFormat) -> CheckpointRecord:
     )
 
 
-def list_iterations(root: str | Path) -> list[int]:
-    """The iterations with a (complete) `iter_NNNNNNN` folder under `root`, ascending."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    found = []
-    for child in root.iterdir():
-        name = child.name
-        if child.is_dir() and name.startswith("iter_") and len(name) == 12 and name[5:].isdigit():
-            found.append(int(name[5:]))
-    return sorted(found)
-
-
 @dataclass(frozen=True)
 class RetentionPolicy:
     """Which checkpoints stay (`max-actor-ckpt-to-keep`, `rotate-ckpt`).
@@ -215,6 +186,11 @@ def prune_checkpoints(root: str | Path, policy: RetentionPolicy, *, owner: str =
         folder = iteration_dir(root, iteration)
         if folder.is_symlink() or folder_owner(folder) != owner:
             continue
-        shutil.rmtree(folder, ignore_errors=True)
+        doomed = folder.parent / f".{folder.name}.del-{uuid.uuid4().hex[:8]}"
+        try:
+            os.replace(folder, doomed)  # gone from the layout at once: never half-deleted under its name
+        except OSError:
+            continue
+        shutil.rmtree(doomed, ignore_errors=True)
         removed.append(folder)
     return removed

@@ -27,7 +27,7 @@ from runtime.train.checkpoint import (
     CheckpointRecord,
     atomic_directory,
     iteration_dir,
-    read_latest_iteration,
+    latest_complete_iteration,
     record,
     resolve_model_folder,
     write_latest_iteration,
@@ -386,7 +386,7 @@ class TorchTrainBackend:
     def load_checkpoint(self, load_dir: str) -> tuple[int, dict[str, Any]] | None:
         """Restore the latest iteration under `load_dir`; returns (iteration, extra_state), or None if there
         is no checkpoint there yet (a first attempt starts from hf-checkpoint)."""
-        iteration = read_latest_iteration(load_dir)
+        iteration = latest_complete_iteration(load_dir, state_file=STATE_FILE)
         if iteration is None:
             return None
         folder = iteration_dir(load_dir, iteration)

@@ -32,6 +32,12 @@ class UtcDateTime(sa.types.TypeDecorator[datetime]):
 
 JsonType = sa.JSON().with_variant(JSONB(), "postgresql")
 
+#: What an integer column holds: `Mapped[int]` is PostgreSQL's INTEGER, the row ids are BIGINT (SQLite's
+#: INTEGER is 64-bit). A request's number beyond its column's range is refused before it is bound (the
+#: driver raises OverflowError or NumericValueOutOfRange, which would answer 500).
+INTEGER_MIN, INTEGER_MAX = -(2**31), 2**31 - 1
+BIGINT_MAX = 2**63 - 1
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)

@@ -35,8 +35,10 @@ _S = JobStatus
 ALLOWED_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     _S.QUEUED: frozenset({_S.ADMITTED, _S.CANCELLED, _S.FAILED}),
     _S.ADMITTED: frozenset({_S.STARTING, _S.CANCELLED, _S.FAILED, _S.QUEUED}),
-    _S.STARTING: frozenset({_S.RUNNING, _S.SUCCEEDED, _S.FAILED, _S.CANCELLING, _S.PREEMPTING}),
-    _S.RUNNING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.CANCELLING, _S.PREEMPTING}),
+    # -> QUEUED from STARTING/RUNNING: the driver was lost (killed, its Ray gone) and the job is requeued to
+    # resume from its latest checkpoint (scheduler/recovery.py)
+    _S.STARTING: frozenset({_S.RUNNING, _S.SUCCEEDED, _S.FAILED, _S.CANCELLING, _S.PREEMPTING, _S.QUEUED}),
+    _S.RUNNING: frozenset({_S.SUCCEEDED, _S.FAILED, _S.CANCELLING, _S.PREEMPTING, _S.QUEUED}),
     _S.CANCELLING: frozenset({_S.CANCELLED, _S.FAILED}),
     _S.PREEMPTING: frozenset({_S.QUEUED, _S.CANCELLING, _S.FAILED, _S.SUCCEEDED}),
     _S.SUCCEEDED: frozenset(),
@@ -54,4 +56,4 @@ class FailureReason(StrEnum):
     USER_CODE = "user_code"  # the driver exited non-zero: the pipeline or a user hook raised
     NO_RESOURCE = "no_resource"  # the demand can never fit the pool it was sent to
     CONTROLLER = "controller"  # the Ray job vanished or was stopped outside the platform
-    LOST = "lost"  # the node or heartbeat was lost
+    LOST = "lost"  # the driver was lost (killed, its node or Ray gone, silent; beyond its restart limit)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import shlex
+import shutil
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,15 @@ from sqlalchemy.orm import Session
 import jobspec
 from runtime.access import PATHS_KEY
 from runtime.capabilities import RESTRICTION_HINTS, unsupported_parameters
+from runtime.layout import (
+    directory_size,
+    folder_owner,
+    is_complete_checkpoint,
+    iteration_dir,
+    list_iterations,
+)
 from runtime.redaction import redact
+from runtime.spool import read_spool, spool_dir, spool_key
 from scheduler.db.models import (
     Allocation,
     Checkpoint,
@@ -46,6 +55,7 @@ from scheduler.domain.roles import Action
 from scheduler.policy.placement import PoolCapacity, place_demand
 from scheduler.policy.types import Node as PolicyNode
 from scheduler.services.auth import Principal, team_for
+from scheduler.services.job_tokens import job_token
 from scheduler.services.paths import TeamStorage, real, resolve_paths, team_storage
 from scheduler.services.platform import granted_priority_classes, granted_queues
 
@@ -76,6 +86,55 @@ class Submission:
 
 
 @dataclass(frozen=True)
+class Judged:
+    """A submission's spec, judged with reads only (`JobService.judge`): normalizing a spec takes time (a
+    large one, seconds), and on SQLite a write transaction holds the database's one write lock meanwhile.
+    `submit` takes it when the pool and its node size are still the ones it was judged for."""
+
+    pool: str
+    max_gpus_per_node: int | None
+    normalized: jobspec.NormalizedSpec
+    submitted: dict[str, Any]
+
+
+FINAL_REPORT_EVENT = "final_report"  # runtime.reporter.EventKind.FINAL_REPORT: the driver's last report
+AWAITING_FINAL_REPORT_EVENT = "awaiting_final_report"
+WAITING_FOR_FINAL_REPORT = "the driver's Ray job ended; waiting for the driver's final reports"
+
+
+@dataclass(frozen=True)
+class SpoolCollection:
+    """What `JobService.collect_spool` found in an attempt's report spool."""
+
+    location: str
+    found: bool
+    applied: int = 0  # stored now
+    stored: int = 0  # stored before (delivered over HTTP, or collected already)
+    left: int = 0  # not applied: see `problem`
+    problem: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        """Every report in the spool is stored: it may go (after the transaction that stored them)."""
+        return self.found and self.problem is None and not self.left
+
+    def discard(self) -> None:
+        shutil.rmtree(self.location, ignore_errors=True)
+
+    def summary(self, attempt: int) -> str:
+        text = f"attempt {attempt}: {self.applied} report(s) collected from the driver's spool at {self.location}"
+        if self.problem:
+            text += f"; {self.left} left there: {self.problem}"
+        return text
+
+
+@dataclass(frozen=True)
+class CheckpointReconciliation:
+    registered: list[int]  # steps of complete checkpoints on disk registered now
+    missing: list[str]  # paths of records removed: their folders are gone
+
+
+@dataclass(frozen=True)
 class Report:
     """One batch from a driver (see runtime/reporter.py for the sending side)."""
 
@@ -89,6 +148,9 @@ class Report:
     rollouts: Sequence[dict[str, Any]] = ()
     predictions: Sequence[dict[str, Any]] = ()
     events: Sequence[dict[str, Any]] = ()
+
+
+_REPORT_FIELDS = frozenset(f.name for f in fields(Report))
 
 
 def _ts(value: float | None) -> datetime:
@@ -151,23 +213,43 @@ class JobService:
         )
 
     # Submission ----------------------------------------------------------------------------
-    def submit(self, principal: Principal, sub: Submission) -> tuple[Job, bool]:
-        """Validate and store a job QUEUED. Returns (job, created); a repeated idempotency key
-        returns the original job with created=False."""
+    def judge(self, principal: Principal, sub: Submission) -> Judged | None:
+        """What `submit` would check, with reads only, and the normalized spec, for `submit` to take (see
+        `Judged`); call it in a read-only unit of work. None when the idempotency key names a job
+        already (`submit` answers with it). Raises what `submit` raises for a refused submission."""
         principal.require(Action.JOB_SUBMIT)
         team = team_for(self.session, principal, sub.team)
-        if sub.idempotency_key:
-            existing = self.session.scalar(
-                sa.select(Job).where(Job.team_id == team.id, Job.idempotency_key == sub.idempotency_key)
-            )
-            if existing is not None:
-                return existing, False
+        if self._idempotent_job(team, sub) is not None:
+            return None
+        queue = self._queue_for(principal, team, sub.queue)
+        pool = self.session.get(Pool, queue.pool)
+        assert pool is not None
+        self._priority_class(principal, team, sub.priority_class)
+        max_node = self._max_node(pool)
+        normalized, submitted = self._normalize_spec(sub, max_node)
+        self._refuse_what_cannot_run(normalized, pool)
+        return Judged(pool.name, max_node, normalized, submitted)
+
+    def submit(self, principal: Principal, sub: Submission, judged: Judged | None = None) -> tuple[Job, bool]:
+        """Validate and store a job QUEUED. Returns (job, created); a repeated idempotency key
+        returns the original job with created=False. With `judged` (from `judge`, in a unit of work of its
+        own before this one) the spec is not normalized again unless its pool changed meanwhile."""
+        principal.require(Action.JOB_SUBMIT)
+        team = team_for(self.session, principal, sub.team)
+        existing = self._idempotent_job(team, sub)
+        if existing is not None:
+            return existing, False
         queue = self._queue_for(principal, team, sub.queue)
         pool = self.session.get(Pool, queue.pool)
         assert pool is not None
         pclass = self._priority_class(principal, team, sub.priority_class)
 
-        normalized, submitted = self._normalize(sub, pool)
+        max_node = self._max_node(pool)
+        if judged is not None and (judged.pool, judged.max_gpus_per_node) == (pool.name, max_node):
+            normalized, submitted = judged.normalized, judged.submitted
+        else:
+            normalized, submitted = self._normalize_spec(sub, max_node)
+        self._refuse_what_cannot_run(normalized, pool)
         job_id = new_id("job")
         storage = self._storage(team, pool)
         job_dir = storage.job_dir(job_id)
@@ -212,8 +294,16 @@ class JobService:
         self._event(job, None, JobStatus.QUEUED, f"submitted to queue {queue.name} (pool {pool.name})")
         return job, True
 
+    def _idempotent_job(self, team: Team, sub: Submission) -> Job | None:
+        if not sub.idempotency_key:
+            return None
+        return self.session.scalar(
+            sa.select(Job).where(Job.team_id == team.id, Job.idempotency_key == sub.idempotency_key)
+        )
+
     def dry_run(self, principal: Principal, sub: Submission) -> dict[str, Any]:
-        """What submitting would do, without storing anything: the normalized spec, derived values,
+        """What submitting would do, without storing anything (it only reads: call it in a read-only unit
+        of work): the normalized spec, derived values,
         the resolved argv, warnings, errors, the resource demand, whether the pool can ever hold it,
         and the queue and pool it would wait in.
 
@@ -239,7 +329,7 @@ class JobService:
             "errors": [],
         }
         try:
-            normalized, _ = self._normalize_spec(sub, pool)
+            normalized, _ = self._normalize_spec(sub, self._max_node(pool))
         except InvalidSpec as err:
             issues = (err.details or {}).get("issues", [])
             errors = [i for i in issues if _is_error(i)]
@@ -283,11 +373,10 @@ class JobService:
         )
         return out
 
-    def _normalize(self, sub: Submission, pool: Pool) -> tuple[jobspec.NormalizedSpec, dict[str, Any]]:
-        """The normalized spec, or InvalidSpec: for spec errors, for parameters this platform does not
-        run (`spec.unsupported_by_backend`), and for a job no node layout of its pool can ever hold
-        (`job.unschedulable`), which would otherwise wait QUEUED forever."""
-        normalized, submitted = self._normalize_spec(sub, pool)
+    def _refuse_what_cannot_run(self, normalized: jobspec.NormalizedSpec, pool: Pool) -> None:
+        """InvalidSpec for parameters this platform does not run (`spec.unsupported_by_backend`) and for a
+        job no node layout of its pool can ever hold (`job.unschedulable`), which would otherwise wait
+        QUEUED forever."""
         demand = normalized.demand.model_dump(mode="json")
         refused = backend_refusals(normalized.spec.to_dict()) + _unschedulable(
             self._capacity(pool, demand), demand
@@ -296,10 +385,13 @@ class JobService:
             code = "job.unschedulable" if all(i["code"] == "job.unschedulable" for i in refused) else None
             issues = refused + [w.to_dict() for w in normalized.warnings]
             raise InvalidSpec(_summary(refused), code=code, details={"issues": issues})
-        return normalized, submitted
 
-    def _normalize_spec(self, sub: Submission, pool: Pool) -> tuple[jobspec.NormalizedSpec, dict[str, Any]]:
-        """Normalize the submitted spec or flags; InvalidSpec lists its issues, one per mistake."""
+    @staticmethod
+    def _normalize_spec(
+        sub: Submission, max_node: int | None
+    ) -> tuple[jobspec.NormalizedSpec, dict[str, Any]]:
+        """Normalize the submitted spec or flags for a pool whose largest node has `max_node` GPUs;
+        InvalidSpec lists its issues, one per mistake. No database: this is the part that takes time."""
         if (sub.spec is None) == (sub.args is None):
             raise InvalidSpec(
                 "give exactly one of 'spec' (an object) or 'args' (Relax CLI flags)",
@@ -316,7 +408,6 @@ class JobService:
                     ]
                 },
             )
-        max_node = self._max_node(pool)
         try:
             if sub.spec is not None:
                 normalized = jobspec.normalize(obj=sub.spec, max_gpus_per_node=max_node)
@@ -563,6 +654,8 @@ class JobService:
         latest checkpoint: `load` points at its own `save` when that holds a checkpoint."""
         spec = dict(job.spec)
         save = spec.get("save")
+        if job.attempt > 1 and save:
+            self.reconcile_checkpoints(job)  # the records say what is on disk before resuming from it
         if job.attempt > 1 and not spec.get("load") and save and self._has_checkpoint(job):
             spec["load"] = save
         if self.home is not None:  # what the driver may open, checked again there (runtime/access.py)
@@ -744,12 +837,12 @@ class JobService:
                 )
             )
         for e in report.events:
-            self.record_event(
-                job,
-                str(e.get("kind", "driver"))[:40],
-                redact(str(e.get("message", ""))),
-                at=_ts(e.get("time")),
-            )
+            kind, message = str(e.get("kind", "driver"))[:40], redact(str(e.get("message", "")))
+            if (
+                kind == FINAL_REPORT_EVENT
+            ):  # the driver's last report: names its attempt (final_report_stored)
+                message = f"attempt {attempt}: {message} (report seq {report.seq})"
+            self.record_event(job, kind, message, at=_ts(e.get("time")))
         self.session.flush()
         if report.phase == "running" and job.status == JobStatus.STARTING:
             self.transition(
@@ -760,6 +853,144 @@ class JobService:
     @staticmethod
     def _stop_requested(job: Job) -> bool:
         return JobStatus(job.status) in (JobStatus.CANCELLING, JobStatus.PREEMPTING)
+
+    # The end of a run: nothing acknowledged is lost (docs/reliability.md) ----------------------
+    def final_report_stored(self, job: Job) -> bool:
+        """Whether the driver of the job's current attempt has had its last report (the one carrying the
+        `final_report` event, runtime/reporter.py `close`) stored. Reports are applied strictly in
+        sequence, so then every report of the attempt is stored. A job is SUCCEEDED only after this."""
+        return bool(
+            self.session.scalar(
+                sa.select(sa.func.count())
+                .select_from(JobEvent)
+                .where(
+                    JobEvent.job_id == job.id,
+                    JobEvent.kind == FINAL_REPORT_EVENT,
+                    JobEvent.reason.like(f"attempt {job.attempt}: %"),
+                )
+            )
+        )
+
+    def awaiting_final_report_since(self, job: Job) -> datetime:
+        """When the platform first saw this attempt's Ray job end without the final report stored. The
+        first call records it (an `awaiting_final_report` event) and says so in the job's status reason;
+        the status itself stays (the job is not SUCCEEDED until the report is stored)."""
+        marker = f"attempt {job.attempt}: "
+        since = self.session.scalar(
+            sa.select(JobEvent.time)
+            .where(
+                JobEvent.job_id == job.id,
+                JobEvent.kind == AWAITING_FINAL_REPORT_EVENT,
+                JobEvent.reason.like(marker + "%"),
+            )
+            .order_by(JobEvent.id)
+            .limit(1)
+        )
+        if since is not None:
+            return since
+        now = utcnow()
+        self.record_event(
+            job,
+            AWAITING_FINAL_REPORT_EVENT,
+            marker + f"the driver's Ray job ended before its final report was stored (last stored report "
+            f"seq {job.report_seq}); waiting for the driver's spool",
+            at=now,
+        )
+        job.status_reason = WAITING_FOR_FINAL_REPORT
+        self.session.flush()
+        return now
+
+    def collect_spool(self, job: Job, signing_key: bytes) -> SpoolCollection:
+        """Apply what the job's current attempt left in its report spool (runtime/spool.py): the reports
+        its driver could not deliver before it ended (the API was down). For the reconciler, once the Ray
+        job has ended and while the job is still on the cluster.
+
+        Only lines signed with the key derived from the attempt's token count: nobody but the driver holding
+        that token can write one, so this path trusts exactly what `POST …/report` does. Reports go through
+        `ingest_report` in sequence order, each in a savepoint: one already stored is skipped, a gap or a
+        report that fails stops the collection (the earlier ones stay applied). The caller deletes a spool
+        that is `complete` once its transaction has committed (`SpoolCollection.discard`)."""
+        directory = spool_dir(job.output_dir, job.attempt)
+        if not directory.is_dir():
+            return SpoolCollection(str(directory), found=False)
+        key = spool_key(job_token(signing_key, job.id, job.attempt))
+        applied = stored = left = 0
+        problem: str | None = None
+        for item in read_spool(directory, key):
+            if problem is not None:
+                left += 1
+                continue
+            if item.payload is None:
+                problem = "a line does not verify (not written by this attempt's driver, or damaged)"
+                left += 1
+                continue
+            if item.seq <= job.report_seq:
+                stored += 1
+                continue
+            fields = {k: v for k, v in item.payload.items() if k in _REPORT_FIELDS}
+            try:
+                with self.session.begin_nested():
+                    self.ingest_report(job, Report(**fields))
+            except Exception as exc:  # noqa: BLE001 - a report the API would refuse: stop here, say why
+                self.session.refresh(job)
+                problem = redact(f"report seq {item.seq}: {type(exc).__name__}: {exc}")[:500]
+                left += 1
+                continue
+            applied += 1
+        result = SpoolCollection(
+            str(directory), found=True, applied=applied, stored=stored, left=left, problem=problem
+        )
+        if applied or problem:
+            self.record_event(job, "spool_collected", result.summary(job.attempt))
+        return result
+
+    def reconcile_checkpoints(self, job: Job) -> CheckpointReconciliation:
+        """Make the job's checkpoint records match the files: a record whose folder is gone (retention, a
+        person, a lost disk) is removed, and a complete `iter_NNNNNNN` checkpoint this job wrote under its
+        `save` folder without a record (its registration was lost with a report) is registered. Each change
+        is a job event. Run when the job's run ends and before it resumes (`driver_spec`)."""
+        missing: list[str] = []
+        known: set[str] = set()
+        for c in self.checkpoints(job):
+            if Path(c.path).is_dir():
+                known.add(c.path)
+                continue
+            missing.append(c.path)
+            self.session.delete(c)
+            self.record_event(
+                job, "checkpoint_missing", f"{c.format} checkpoint of step {c.step} is gone from {c.path}"
+            )
+        registered: list[int] = []
+        save = (job.spec or {}).get("save")
+        if save:
+            for iteration in list_iterations(save):
+                folder = iteration_dir(save, iteration)
+                if (
+                    str(folder) in known
+                    or not is_complete_checkpoint(folder)
+                    or folder_owner(folder) != job.id
+                ):
+                    continue
+                stat = folder.stat()
+                self.session.add(
+                    Checkpoint(
+                        job_id=job.id,
+                        attempt=job.attempt,
+                        step=iteration,
+                        path=str(folder),
+                        size_bytes=directory_size(folder),
+                        format="torch",
+                        time=_ts(stat.st_mtime),
+                    )
+                )
+                registered.append(iteration)
+                self.record_event(
+                    job,
+                    "checkpoint_registered",
+                    f"torch checkpoint of step {iteration} found on disk without a registration: {folder}",
+                )
+        self.session.flush()
+        return CheckpointReconciliation(registered=registered, missing=missing)
 
     # Outputs -------------------------------------------------------------------------------
     def metrics(

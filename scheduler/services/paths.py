@@ -31,6 +31,7 @@ import sqlalchemy as sa
 import yaml
 from sqlalchemy.orm import Session
 
+from jobspec.bounds import MAX_PATH_LENGTH
 from jobspec.spec import FIELDS
 from runtime.access import ROLLOUT_TEMPLATE, is_hub_id, within
 from scheduler.db.models import Job, PathGrant
@@ -40,7 +41,7 @@ ARTIFACTS = "artifacts://"
 JOB = "job://"
 TEAMS_DIR = "teams"  # <artifact_root>/teams/<team id>/: the teams' areas
 JOBS_DIR = "jobs"  # <area>/jobs/<job id>/: the output folder of each job of the team
-MAX_PATH_BYTES = 4096
+MAX_PATH_BYTES = MAX_PATH_LENGTH  # PATH_MAX: jobspec refuses longer path values in characters, this in bytes
 MAX_NAME_BYTES = 255
 MAX_EVAL_CONFIG_BYTES = 1 << 20
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):/")

@@ -13,7 +13,7 @@ import redis
 import sqlalchemy as sa
 
 from scheduler.db.engine import Database
-from scheduler.db.models import Job
+from scheduler.db.models import Job, SchedulerLock
 from scheduler.dispatch import CeleryDispatcher
 from scheduler.services.auth import Principal
 from scheduler.services.jobs import JobService, Submission
@@ -92,6 +92,11 @@ def test_worker_runs_the_pass_and_launch_through_the_broker(
             events = JobService(s, artifact_root=tmp_path).events(s.get(Job, job.id))
             assert [e.to_status for e in events] == ["QUEUED", "ADMITTED", "STARTING", "FAILED"]
             assert s.get(Job, job.id).failure_reason == "setup"
+            # the worker records its heartbeat (/readyz, scheduler/health.py)
+            beats = s.scalars(
+                sa.select(SchedulerLock.name).where(SchedulerLock.name.like("heartbeat:worker:%"))
+            )
+            assert list(beats), log[-3000:]
     finally:
         worker.terminate()
         worker.wait(30)

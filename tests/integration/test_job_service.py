@@ -177,6 +177,9 @@ def test_a_preempted_job_resumes_from_its_checkpoint(db: Database, tmp_path: Pat
         assert svc.ingest_report(job, Report(attempt=1, seq=1)) is True  # checkpoint and exit
         svc.transition(job_id, JobStatus.QUEUED, expected_from=JobStatus.PREEMPTING, reason="driver exited")
         assert svc.get(job_id).preemptions == 1
+        folder = Path(job.spec["save"]) / "iter_0000003"  # the files the record names (checked on resume)
+        folder.mkdir(parents=True)
+        (folder / "trainer_state.json").write_text("{}")
     run_scheduling_pass(db, broker[1], artifact_root=tmp_path)
     with db.session() as s:
         svc = JobService(s, artifact_root=tmp_path)

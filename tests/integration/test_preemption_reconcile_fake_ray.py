@@ -112,6 +112,11 @@ def test_a_preempted_driver_may_checkpoint_then_is_requeued_when_it_exits(world,
 def test_a_preempted_driver_that_had_finished_every_step_succeeds(world, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     ctx, ray = world
     job_id = _preempted_job(ctx, step=10, total=10)
+    with ctx.db.session() as s:  # its last report, the end marker, is stored (else it would wait for it)
+        JobService(s, artifact_root=ctx.settings.artifacts).ingest_report(
+            s.get(Job, job_id),
+            Report(attempt=1, seq=1, events=[{"kind": "final_report", "message": "exit 0"}]),
+        )
     ray.status_of[f"relax-{job_id}-1"] = RAY_SUCCEEDED
     tasks.reconcile_pool(ctx, "local")
     job, held = _job(ctx, job_id)

@@ -1,15 +1,34 @@
-"""SFT through the driver on a real local Ray, in platform mode: HTTP reports, stop, resume, HF export."""
+"""SFT through the driver on a real local Ray, in platform mode: HTTP reports, stop, resume, HF export; and
+against the real API, an outage of the API during training that loses no report."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import sqlalchemy as sa
 import torch
+import uvicorn
 
+from api.app import create_app
 from runtime import driver
+from runtime.reporter import Reporter
+from runtime.spool import spool_dir
+from scheduler.db.engine import Database
+from scheduler.db.migrate import upgrade
+from scheduler.db.models import Checkpoint, Job, Metric
+from scheduler.services.job_tokens import bootstrap_secret
+from scheduler.services.jobs import JobService
+from scheduler.services.paths import team_area
+from scheduler.settings import ApiSettings, DatabaseSettings, Settings
+from tests.factories import bootstrap, make_job
 from tests.ray.conftest import read_reports
 
 pytestmark = pytest.mark.ray
@@ -157,3 +176,161 @@ def test_sft_on_conversations_with_holdout_perplexity_and_predictions(
         "capacity 64: truncate_left" in line["message"] for line in logs
     )  # logged where the samples are built
     assert any(line["source"].startswith("actor:") for line in logs)  # actor logs reach the platform
+
+
+# -- the issue's outage (docs/reliability.md) ---------------------------------------------------------------
+# The API goes away while the driver trains (its process is gone: the uvicorn server stops) and comes back on
+# the same port later. The driver keeps training, spools what it cannot send on disk and delivers it when the
+# API is back: every metric point it produced is stored exactly once, its checkpoint registrations arrive,
+# and its final report is stored. Real driver, real API (uvicorn, SQLite); it shares this module's Ray.
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _NoDispatch:
+    def request_pass(self) -> None: ...
+    def launch(self, job_id: str, pool: str) -> None: ...
+    def stop(self, job_id: str, pool: str) -> None: ...
+    def reconcile(self, pool: str) -> None: ...
+
+
+class Api:
+    """The real API (uvicorn, SQLite) on a fixed port, stopped and started again like a killed process."""
+
+    def __init__(self, settings: Settings, db: Database) -> None:
+        self.settings, self.db = settings, db
+        self.server: uvicorn.Server | None = None
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        app = create_app(self.settings, db=self.db, dispatcher=_NoDispatch())
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.settings.api.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert self.server.started
+
+    def stop(self) -> None:
+        assert self.server is not None and self.thread is not None
+        self.server.should_exit = True
+        self.thread.join(15)
+        self.server = None
+
+
+@pytest.fixture
+def live_api(tmp_path: Path) -> Iterator[Api]:
+    home = tmp_path / "home"
+    settings = Settings(
+        home=home,
+        database=DatabaseSettings(url=f"sqlite:///{home / 'relax.db'}"),
+        api=ApiSettings(host="127.0.0.1", port=free_port()),
+    )
+    home.mkdir()
+    upgrade(settings.database_url)
+    db = Database(settings.database_url)
+    bootstrap(db, home)
+    api = Api(settings, db)
+    api.start()
+    yield api
+    if api.server is not None:
+        api.stop()
+    db.dispose()
+
+
+def _sft_job(api: Api, artifacts: dict[str, Path]) -> str:
+    """A STARTING SFT job (attempt 1) whose inputs are in its team's area, as submission would leave it."""
+    from runtime.spec import load_spec
+
+    settings, db = api.settings, api.db
+    job_id = make_job(db, artifact_root=settings.artifacts)
+    with db.session() as s:
+        job = s.get(Job, job_id)
+        area = team_area(settings.artifacts, job.team_id)
+        shutil.copytree(artifacts["model"], area / "tiny")
+        shutil.copy(artifacts["sft"], area / "sft.jsonl")
+        raw = {
+            "train_backend": "torch",
+            "hf_checkpoint": str(area / "tiny"),
+            "prompt_data": str(area / "sft.jsonl"),
+            "input_key": "input",
+            "label_key": "output",
+            "loss_type": "sft",
+            "rollout_batch_size": 32,
+            "global_batch_size": 32,
+            "use_dynamic_batch_size": True,
+            "max_tokens_per_gpu": 4096,
+            "num_rollout": 60,
+            "lr": 3e-3,
+            "resource": {"actor": [1, 1], "rollout": [1, 1]},
+            "save": str(Path(job.output_dir) / "ckpt"),
+            "save_interval": 30,
+        }
+        job.spec = load_spec(raw).values()
+        svc = JobService(s, artifact_root=settings.artifacts)
+        for src, dst in (("QUEUED", "ADMITTED"), ("ADMITTED", "STARTING")):
+            assert svc.transition(job_id, dst, expected_from=src, reason="test")
+    return job_id
+
+
+def test_the_api_dies_and_returns_and_every_report_of_the_driver_arrives_once(
+    ray_local, artifacts: dict[str, Path], live_api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job_id = _sft_job(live_api, artifacts)
+    produced: list[tuple[int, str, float]] = []
+    original = Reporter.metrics
+
+    def counting(self: Reporter, step: int, values: dict[str, float]) -> None:
+        produced.extend((step, name, float(value)) for name, value in values.items())
+        original(self, step, values)
+
+    monkeypatch.setattr(Reporter, "metrics", counting)
+    monkeypatch.setenv("RELAX_JOB_BOOTSTRAP", bootstrap_secret(live_api.settings.signing_key(), job_id, 1))
+    with live_api.db.session() as s:
+        output_dir = s.get(Job, job_id).output_dir
+    spool = spool_dir(output_dir, 1)
+    seen: dict[str, Any] = {}
+
+    def outage() -> None:
+        """Kill the API once the driver's first report is stored; bring it back once the driver has trained
+        20 steps into the spool."""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with live_api.db.session(read_only=True) as s:
+                if s.get(Job, job_id).report_seq >= 0:
+                    break
+            time.sleep(0.05)
+        live_api.stop()
+        seen["down_at_seq"] = len(produced)
+        while time.monotonic() < deadline and len({p[0] for p in produced}) < 20:
+            time.sleep(0.05)
+        seen["spooled_bytes"] = sum(f.stat().st_size for f in spool.glob("seg-*.jsonl"))
+        seen["steps_while_down"] = len({p[0] for p in produced})
+        live_api.start()
+
+    controller = threading.Thread(target=outage, daemon=True)
+    controller.start()
+    assert driver.main(["--job-id", job_id, "--api-url", live_api.settings.public_url]) == 0
+    controller.join(30)
+
+    assert seen["down_at_seq"] == 0  # the API died before any metric: all of them went through the outage
+    assert seen["steps_while_down"] >= 20 and seen["spooled_bytes"] > 0  # trained on, spooled on disk
+    with live_api.db.session() as s:
+        job = s.get(Job, job_id)
+        stored = [
+            (m.step, m.name, m.value) for m in s.scalars(sa.select(Metric).where(Metric.job_id == job_id))
+        ]
+        checkpoints = sorted(s.scalars(sa.select(Checkpoint.step).where(Checkpoint.job_id == job_id)))
+        final = JobService(s, artifact_root=live_api.settings.artifacts).final_report_stored(job)
+        assert job.status == "RUNNING" and job.progress_step == 60
+    assert len(produced) > 60 * 3
+    assert sorted(stored) == sorted(produced)  # every point the driver produced, exactly once
+    assert checkpoints == [29, 59]
+    assert final
+    assert not spool.exists()  # all acknowledged

@@ -33,6 +33,7 @@ from runtime.train.checkpoint import (
     CheckpointRecord,
     atomic_directory,
     iteration_dir,
+    latest_complete_iteration,
     read_latest_iteration,
     record,
     write_latest_iteration,
@@ -341,7 +342,7 @@ def latest(
 ) -> tuple[int, Path, dict[str, Any]] | None:
     """(iteration, folder, state) of the latest checkpoint under `load_dir`, or None; its `state_file` must
     name `layout` (when it names one)."""
-    iteration = read_latest_iteration(load_dir)
+    iteration = latest_complete_iteration(load_dir, state_file=state_file)
     if iteration is None:
         return None
     folder = iteration_dir(load_dir, iteration)

@@ -239,11 +239,18 @@ def test_a_managed_opd_teacher_keeps_its_own_rollout_gpus_in_colocate_mode() -> 
 
 
 def test_an_absurd_demand_is_refused_not_computed() -> None:
+    """Counts beyond any cluster are refused by their range; counts within it whose total is beyond any
+    cluster by the demand."""
     from jobspec import SpecError, normalize
 
     argv = ["--hf-checkpoint", "/m", "--prompt-data", "/d", "--rollout-batch-size", "8", "--num-rollout", "1"]
-    argv += ["--colocate", "--resource", '{"actor": [1, 200000], "rollout": [1, 200000]}']
-    argv += ["--num-gpus-per-node", "200000"]
+    absurd = ["--colocate", "--resource", '{"actor": [1, 200000], "rollout": [1, 200000]}']
     with pytest.raises(SpecError) as err:
-        normalize(argv=argv)
+        normalize(argv=[*argv, *absurd, "--num-gpus-per-node", "200000"])
+    assert {(i.code, i.field) for i in err.value.errors} == {
+        ("spec.out_of_range", "resource"),
+        ("spec.out_of_range", "num-gpus-per-node"),
+    }
+    with pytest.raises(SpecError) as err:
+        normalize(argv=[*argv, "--resource", '{"actor": [100000, 100000], "rollout": [1, 8]}'])
     assert [i.code for i in err.value.errors] == ["demand.too_large"]

@@ -58,6 +58,15 @@ def _number_bounds(f: FieldSpec) -> tuple[float | None, float | None]:
     return low, f.le
 
 
+def _within(f: FieldSpec, low: float, high: float) -> tuple[Any, Any]:
+    """[low, high] narrowed to the item range of a list field (jobspec/bounds.py)."""
+    kind = int if f.item_type == "int" else float
+    return (
+        kind(max(low, f.ge)) if f.ge is not None else kind(low),
+        kind(min(high, f.le)) if f.le is not None else kind(high),
+    )
+
+
 def _strategy(f: FieldSpec) -> st.SearchStrategy[Any]:
     if f.kind == "passthrough":
         return st.dictionaries(
@@ -92,9 +101,9 @@ def _strategy(f: FieldSpec) -> st.SearchStrategy[Any]:
         item = (
             st.sampled_from([int(c) for c in f.choices] if f.item_type == "int" else f.choices)
             if f.choices
-            else st.integers(-5, 10**6)
+            else st.integers(*_within(f, -5, 10**6))
             if f.item_type == "int"
-            else st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False)
+            else st.floats(*_within(f, -1e6, 1e6), allow_nan=False, allow_infinity=False)
             if f.item_type == "float"
             else _word
         )

@@ -832,6 +832,12 @@ CASES: list[tuple[str, dict, Any, dict]] = [
         {"max-global-restart": 5, "use-health-check": True},
     ),
     (
+        "rule.max_global_restart_needs_health_check",
+        {"max-global-restart": 5},
+        "warning",
+        {"max-global-restart": 5, "use-fault-tolerance": True},  # the platform's driver-loss restarts
+    ),
+    (
         "rule.dump_details_sets_debug_paths",
         {"dump-details": "/dump"},
         ("derived", "save_debug_rollout_data", "/dump/rollout_data/{rollout_id}.pt"),

@@ -964,6 +964,13 @@ EFFECTS: dict[str, Evidence | dict[str, Evidence]] = {
     "skip_eval_before_train": Probe(pipeline_schedule),
     "update_weights_interval": Probe(pipeline_schedule),
     "log_passrate": ExistingTest("tests/unit/runtime/test_eval.py::test_eval_metrics_names"),
+    # -- the platform's recovery of a lost driver (scheduler/recovery.py) --
+    "use_fault_tolerance": ExistingTest(
+        "tests/unit/scheduler/test_recovery.py::test_the_restart_limit_is_the_jobs_own_only_with_fault_tolerance"
+    ),
+    "max_global_restart": ExistingTest(
+        "tests/integration/test_recovery_reconcile_fake_ray.py::test_use_fault_tolerance_sets_the_limit_with_max_global_restart"
+    ),
     # -- rewards --
     "rm_type": Probe(rewards, value="gsm8k"),
     "rm_type_fallback": Probe(rewards, value="zero"),

@@ -10,11 +10,14 @@ import torch
 from runtime.access import LOCAL_OWNER, OWNER_FILE
 from runtime.devices import Device
 from runtime.train.checkpoint import (
+    TRAINER_STATE_FILE,
     RetentionPolicy,
     iteration_dir,
+    latest_complete_iteration,
     list_iterations,
     prune_checkpoints,
     read_latest_iteration,
+    write_latest_iteration,
 )
 from runtime.train.schedule import LRSchedule
 from runtime.train.torch_backend import REFERENCE_DIR, TorchTrainBackend, TrainConfig
@@ -60,6 +63,36 @@ def test_prune_keeps_checkpoints_another_job_wrote(tmp_path: Path) -> None:
     removed = prune_checkpoints(tmp_path, RetentionPolicy(keep=1), owner="job_me")
     assert [p.name for p in removed] == ["iter_0000002"]
     assert list_iterations(tmp_path) == [0, 1, 3]
+
+
+def test_prune_takes_a_folder_out_of_the_layout_before_deleting_it(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    for i in (0, 1):
+        iteration_dir(tmp_path, i).mkdir()
+        (iteration_dir(tmp_path, i) / OWNER_FILE).write_text(LOCAL_OWNER)
+        (iteration_dir(tmp_path, i) / TRAINER_STATE_FILE).write_text("{}")
+    import runtime.train.checkpoint as checkpoint
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", lambda *a, **k: None)  # killed mid-delete
+    prune_checkpoints(tmp_path, RetentionPolicy(keep=1))
+    assert list_iterations(tmp_path) == [1]  # the half-deleted one no longer looks like a checkpoint
+
+
+def test_resume_takes_the_newest_complete_checkpoint_on_disk(tmp_path: Path) -> None:
+    assert latest_complete_iteration(tmp_path) is None  # nothing yet: start from hf-checkpoint
+    for i in (1, 3, 4):
+        iteration_dir(tmp_path, i).mkdir()
+        if i != 4:  # iter 4 has no state file: not a complete checkpoint
+            (iteration_dir(tmp_path, i) / TRAINER_STATE_FILE).write_text("{}")
+    write_latest_iteration(tmp_path, 1)  # the tracker lags: a crash came between rename and its update
+    assert read_latest_iteration(tmp_path) == 1 and latest_complete_iteration(tmp_path) == 3
+    write_latest_iteration(tmp_path, 7)  # names a folder that is gone
+    assert latest_complete_iteration(tmp_path) == 3
+    other = tmp_path / "other"
+    other.mkdir()
+    write_latest_iteration(
+        other, 2
+    )  # no complete folder at all: the tracker, so loading says what is missing
+    assert latest_complete_iteration(other) == 2
 
 
 def _batch(tok) -> RolloutBatch:

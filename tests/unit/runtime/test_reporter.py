@@ -183,3 +183,217 @@ def test_local_reporter_prints_and_writes_jsonl(tmp_path: Path) -> None:
     (tmp_path / "STOP").touch()
     wait_for(lambda: again.stop_requested)
     again.close()
+
+
+# -- the spool: nothing acknowledged is lost (docs/reliability.md) ------------------------------------------
+class SequencedPlatform:
+    """The platform's rules for reports (scheduler/services/jobs.py::ingest_report) over real HTTP: a report
+    is stored when its seq is the next one, a resend of a stored one is acknowledged without storing it
+    again, one further ahead gets 422. `refuse` answers 401 to everything (the attempt ended). It can be
+    stopped and started again on the same port: an API that goes away and comes back."""
+
+    def __init__(self) -> None:
+        self.stored: list[dict] = []
+        self.resends = 0
+        self.refuse = False
+        self.lock = threading.Lock()
+        self.port = _free_port()
+        self.server: ThreadingHTTPServer | None = None
+
+    def start(self) -> None:
+        platform = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with platform.lock:
+                    expected = len(platform.stored)
+                    if platform.refuse:
+                        status, answer = 401, {"error": {"code": "job.bad_token"}}
+                    elif body["seq"] < expected:
+                        platform.resends += 1
+                        status, answer = 200, {"stop_requested": False}
+                    elif body["seq"] > expected:
+                        status, answer = 422, {"error": {"code": "report.seq_gap"}}
+                    else:
+                        platform.stored.append(body)
+                        status, answer = 200, {"stop_requested": False}
+                payload = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def items(self, kind: str) -> list[dict]:
+        with self.lock:
+            return [item for report in self.stored for item in report[kind]]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def sequenced() -> Iterator[SequencedPlatform]:
+    platform = SequencedPlatform()
+    yield platform
+    platform.stop()
+
+
+def _spool_files(folder: Path) -> list[Path]:
+    return sorted(folder.glob("seg-*.jsonl")) if folder.is_dir() else []
+
+
+def test_reports_made_while_the_api_is_down_arrive_once_and_in_order_when_it_returns(
+    sequenced: SequencedPlatform, tmp_path: Path
+) -> None:
+    spool = tmp_path / "job" / ".relax" / "reports" / "attempt-1"
+    reporter = HttpReporter(
+        sequenced.url,
+        "j",
+        "tok",
+        attempt=1,
+        flush_interval=0.02,
+        heartbeat_interval=0.05,
+        max_backoff=0.1,
+        timeout=1,
+    )
+    reporter.attach_spool(spool)
+    sequenced.start()
+    produced = []
+
+    def produce(steps: range) -> None:
+        for step in steps:
+            values = {"train/loss": 1.0 / (step + 1), "train/lr": 0.1}
+            reporter.metrics(step, values)
+            produced.extend((step, name, value) for name, value in values.items())
+            time.sleep(0.002)
+
+    produce(range(0, 50))
+    sequenced.stop()  # the API goes away (SIGKILL of the platform's process) while training goes on
+    produce(range(50, 300))
+    wait_for(lambda: len(_spool_files(spool)) > 0 and reporter.unsent_reports > 10)
+    on_disk = sum(f.stat().st_size for f in _spool_files(spool))
+    assert on_disk > 0  # what the platform has not acknowledged is on disk, not only in memory
+    sequenced.start()  # it comes back
+    produce(range(300, 350))
+    assert reporter.close(timeout=20, final="exit 0: finished")
+    seqs = [r["seq"] for r in sequenced.stored]
+    assert seqs == list(range(len(seqs)))  # in order, no gap
+    got = [(m["step"], m["name"], m["value"]) for m in sequenced.items("metrics")]
+    assert got == produced  # every point exactly once, in the order produced
+    assert reporter.failed_sends > 0
+    finals = [e for e in sequenced.items("events") if e["kind"] == "final_report"]
+    assert [e["message"] for e in finals] == ["exit 0: finished"]
+    assert finals[0] in sequenced.stored[-1]["events"]  # the end marker is in the very last report
+    assert not spool.exists() and not (tmp_path / "job" / ".relax").exists()  # all acknowledged: deleted
+
+
+def test_the_spool_bound_holds_and_the_driver_waits_instead_of_dropping(
+    sequenced: SequencedPlatform, tmp_path: Path
+) -> None:
+    spool = tmp_path / "spool"
+    bound = 16 * 1024
+    reporter = HttpReporter(
+        sequenced.url,
+        "j",
+        "tok",
+        flush_interval=0.01,
+        heartbeat_interval=60,
+        max_backoff=0.05,
+        timeout=1,
+        spool_max_bytes=bound,
+        max_pending_items=200,
+    )
+    reporter.attach_spool(spool)
+    produced = 0
+    largest = 0
+    done = threading.Event()
+
+    def produce() -> None:
+        nonlocal produced
+        for step in range(3000):
+            reporter.metrics(step, {"train/loss": float(step)})
+            produced += 1
+        done.set()
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    deadline = time.monotonic() + 1.5
+    longest_line = 0
+    while time.monotonic() < deadline:  # the API is down: the spool fills up to its bound, then stops
+        files = _spool_files(spool)
+        largest = max(largest, sum(f.stat().st_size for f in files))
+        longest_line = max([longest_line] + [len(x) for f in files for x in f.read_bytes().splitlines()])
+        time.sleep(0.01)
+    assert not done.is_set() and produced < 3000  # the producer waits for room; nothing was dropped
+    assert bound <= largest <= bound + longest_line  # the bound, plus the one report that crossed it
+    assert longest_line < 25 * 1024  # a report holds what waited: at most max_pending_items items
+    sequenced.start()
+    assert done.wait(20)
+    assert reporter.close(timeout=20)
+    assert [m["step"] for m in sequenced.items("metrics")] == list(range(3000))
+    assert reporter.blocked_seconds > 0.5
+    assert any(
+        "waited" in line["message"] and "report spool" in line["message"] for line in sequenced.items("logs")
+    )
+
+
+def test_a_refused_attempt_stops_the_driver_and_leaves_its_reports_on_disk(
+    sequenced: SequencedPlatform, tmp_path: Path
+) -> None:
+    sequenced.refuse = True
+    sequenced.start()
+    spool = tmp_path / "spool"
+    reporter = HttpReporter(sequenced.url, "j", "tok", flush_interval=0.02, heartbeat_interval=60, timeout=1)
+    reporter.attach_spool(spool)
+    reporter.metrics(0, {"train/loss": 1.0})
+    wait_for(lambda: reporter.stop_requested)  # the driver checkpoints and exits between steps
+    assert reporter.refused == "HTTP 401 job.bad_token"
+    started = time.monotonic()
+    assert reporter.close(timeout=10, final="exit 0: stopped") is False
+    assert time.monotonic() - started < 2  # no waiting for an answer that will never change
+    assert _spool_files(spool)  # kept for the record
+
+
+def test_spool_lines_are_signed_with_the_attempts_token(tmp_path: Path) -> None:
+    from runtime.spool import DiskSpool, read_spool, spool_key
+
+    key = spool_key("rjt_1_token")
+    spool = DiskSpool(tmp_path, key)
+    for seq in range(3):
+        spool.append({"attempt": 1, "seq": seq, "metrics": [{"step": seq, "name": "x", "value": 1.0}]})
+    spool.close()
+    assert [r.seq for r in read_spool(tmp_path, key)] == [0, 1, 2]
+    assert [r.payload for r in read_spool(tmp_path, spool_key("rjt_1_other"))] == [
+        None
+    ]  # another key: nothing
+    segment = next(tmp_path.glob("seg-*.jsonl"))
+    lines = segment.read_text().splitlines(keepends=True)
+    forged = lines[1].replace('"value":1.0', '"value":9.0')
+    segment.write_text(lines[0] + forged + lines[2] + lines[2][: len(lines[2]) // 2])
+    found = list(read_spool(tmp_path, key))
+    assert found[0].seq == 0 and found[1].payload is None and len(found) == 2  # a changed line ends it

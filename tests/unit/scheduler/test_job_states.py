@@ -21,10 +21,12 @@ EXPECTED_ALLOWED = {
     ("STARTING", "FAILED"),
     ("STARTING", "CANCELLING"),
     ("STARTING", "PREEMPTING"),
+    ("STARTING", "QUEUED"),  # its driver was lost: requeued to resume from its checkpoint
     ("RUNNING", "SUCCEEDED"),
     ("RUNNING", "FAILED"),
     ("RUNNING", "CANCELLING"),
     ("RUNNING", "PREEMPTING"),
+    ("RUNNING", "QUEUED"),  # its driver was lost: requeued to resume from its checkpoint
     ("CANCELLING", "CANCELLED"),
     ("CANCELLING", "FAILED"),
     ("PREEMPTING", "QUEUED"),

@@ -216,7 +216,7 @@ def test_hub_ids_are_taken_by_hf_checkpoint_only_and_never_as_paths(w: World) ->
         ("   ", "spec.bad_path"),
         ("/data/a\x00b", "spec.bad_path"),
         ("artifacts://datasets/a\x00b", "spec.bad_path"),
-        ("/" + "a" * 5000, "spec.bad_path"),
+        ("/" + "é" * 3000, "spec.bad_path"),  # within PATH_MAX characters, beyond it in bytes
         ("/data/" + "b" * 300 + "/x", "spec.bad_path"),
         ("~/data.jsonl", "spec.bad_path"),
         ("~team_b/data.jsonl", "spec.bad_path"),
@@ -228,6 +228,18 @@ def test_hub_ids_are_taken_by_hf_checkpoint_only_and_never_as_paths(w: World) ->
 )
 def test_malformed_values_are_refused_with_the_field_named(w: World, value: str, code: str) -> None:
     refused(w.resolve(**{"prompt-data": value}), "prompt-data", code)
+
+
+def test_a_path_beyond_path_max_is_refused_by_jobspec_and_by_the_resolver(w: World) -> None:
+    """jobspec refuses it first, with the resolver's code; the resolver does not rely on it."""
+    long = "/" + "a" * 5000
+    with pytest.raises(jobspec.SpecError) as err:
+        w.resolve(**{"prompt-data": long})
+    assert [(i.code, i.field) for i in err.value.errors] == [("spec.bad_path", "prompt-data")]
+    res = resolve_spec_paths(
+        {"prompt_data": long}, storage=w.a, job_dir=w.a.job_dir("job_new"), find_producer=w.a_jobs.get
+    )
+    assert "4096 bytes" in refused(res, "prompt-data", "spec.bad_path")
 
 
 def test_malformed_outputs_are_refused(w: World) -> None:

@@ -50,7 +50,12 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Readyz */
+        /**
+         * Readyz
+         * @description Every part of the platform, each `up`, `down` or `unknown` (never seen: not judged); 503 while one is
+         *     down, naming it under `down` (scheduler/health.py, docs/reliability.md). `database` says the database's
+         *     dialect when it is up. Terse: it answers without a credential.
+         */
         get: operations["readyz_readyz_get"];
         put?: never;
         post?: never;
@@ -276,7 +281,8 @@ export interface paths {
         /**
          * Submit Job
          * @description Submit a job (the key's team, or `team` for an admin) to one of the team's queues at a priority
-         *     class the team was granted.
+         *     class the team was granted. The spec is judged with reads only, then the job is written in a short
+         *     transaction (`JobService.judge`).
          */
         post: operations["submit_job_v1_jobs_post"];
         delete?: never;
@@ -622,6 +628,7 @@ export interface paths {
          * Validate Spec
          * @description Dry run: the normalized spec, derived defaults, warnings, errors, resource demand and the
          *     queue and pool the job would wait in. 200 for any spec; `valid` says whether a submit would pass.
+         *     It only reads (its audit row is written after it, in a short transaction of its own).
          */
         post: operations["validate_spec_v1_specs_validate_post"];
         delete?: never;
@@ -855,6 +862,25 @@ export interface components {
              */
             next_cursor: number | null;
         };
+        /** CheckpointIn */
+        CheckpointIn: {
+            /**
+             * Format
+             * @default torch
+             */
+            format: string;
+            /** Path */
+            path: string;
+            /**
+             * Size Bytes
+             * @default 0
+             */
+            size_bytes: number;
+            /** Step */
+            step: number;
+            /** Time */
+            time?: number | null;
+        };
         /** CheckpointPublic */
         CheckpointPublic: {
             /** Attempt */
@@ -917,6 +943,21 @@ export interface components {
          */
         ErrorEnvelope: {
             error: components["schemas"]["ErrorBody"];
+        };
+        /** EventIn */
+        EventIn: {
+            /**
+             * Kind
+             * @default driver
+             */
+            kind: string;
+            /**
+             * Message
+             * @default
+             */
+            message: string;
+            /** Time */
+            time?: number | null;
         };
         /** HTTPValidationError */
         HTTPValidationError: {
@@ -1249,6 +1290,23 @@ export interface components {
              */
             working_dir?: string | null;
         };
+        /** LogIn */
+        LogIn: {
+            /**
+             * Level
+             * @default INFO
+             */
+            level: string;
+            /**
+             * Message
+             * @default
+             */
+            message: string;
+            /** Source */
+            source?: string | null;
+            /** Time */
+            time?: number | null;
+        };
         /** LogLinePublic */
         LogLinePublic: {
             /** Attempt */
@@ -1286,6 +1344,17 @@ export interface components {
              * @description Pass as `after` to get the lines that follow.
              */
             next_after: number;
+        };
+        /** MetricIn */
+        MetricIn: {
+            /** Name */
+            name: string;
+            /** Step */
+            step: number;
+            /** Time */
+            time?: number | null;
+            /** Value */
+            value: number;
         };
         /** MetricPoint */
         MetricPoint: {
@@ -1493,6 +1562,20 @@ export interface components {
             /** Data */
             data: components["schemas"]["PoolPublic"][];
         };
+        /** PredictionIn */
+        PredictionIn: {
+            /**
+             * Num Samples
+             * @default 0
+             */
+            num_samples: number;
+            /** Path */
+            path: string;
+            /** Step */
+            step: number;
+            /** Time */
+            time?: number | null;
+        };
         /** PredictionPublic */
         PredictionPublic: {
             /** Attempt */
@@ -1647,37 +1730,44 @@ export interface components {
             /** Attempt */
             attempt: number;
             /** Checkpoints */
-            checkpoints?: {
-                [key: string]: unknown;
-            }[];
+            checkpoints?: components["schemas"]["CheckpointIn"][];
             /** Events */
-            events?: {
-                [key: string]: unknown;
-            }[];
+            events?: components["schemas"]["EventIn"][];
             /** Logs */
-            logs?: {
-                [key: string]: unknown;
-            }[];
+            logs?: components["schemas"]["LogIn"][];
             /** Metrics */
-            metrics?: {
-                [key: string]: unknown;
-            }[];
+            metrics?: components["schemas"]["MetricIn"][];
             /** Phase */
             phase?: string | null;
             /** Predictions */
-            predictions?: {
-                [key: string]: unknown;
-            }[];
+            predictions?: components["schemas"]["PredictionIn"][];
             /** Progress */
             progress?: {
                 [key: string]: number;
             } | null;
             /** Rollouts */
-            rollouts?: {
-                [key: string]: unknown;
-            }[];
+            rollouts?: components["schemas"]["RolloutIn"][];
             /** Seq */
             seq: number;
+        };
+        /** RolloutIn */
+        RolloutIn: {
+            /**
+             * Num Samples
+             * @default 0
+             */
+            num_samples: number;
+            /** Path */
+            path: string;
+            /** Rollout Id */
+            rollout_id: number;
+            /**
+             * Split
+             * @default train
+             */
+            split: string;
+            /** Time */
+            time?: number | null;
         };
         /** RolloutPublic */
         RolloutPublic: {
@@ -2019,6 +2109,15 @@ export interface operations {
                     "application/json": components["schemas"]["AuditEventsPage"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -2048,6 +2147,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2089,6 +2197,15 @@ export interface operations {
                     "application/json": components["schemas"]["PathGrantsPage"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -2118,6 +2235,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2160,6 +2286,15 @@ export interface operations {
                     "application/json": components["schemas"]["PathGrantPublic"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -2189,6 +2324,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2229,6 +2373,15 @@ export interface operations {
                     "application/json": components["schemas"]["PathGrantPublic"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -2258,6 +2411,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2299,6 +2461,15 @@ export interface operations {
                     "application/json": components["schemas"]["ApiKeysPage"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -2328,6 +2499,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2370,6 +2550,15 @@ export interface operations {
                     "application/json": components["schemas"]["ApiKeyCreated"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -2399,6 +2588,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2439,6 +2637,15 @@ export interface operations {
                     "application/json": components["schemas"]["ApiKeyPublic"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -2468,6 +2675,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2506,6 +2722,15 @@ export interface operations {
                     "application/json": components["schemas"]["LoginCodeCreated"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -2535,6 +2760,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2575,6 +2809,15 @@ export interface operations {
                     "application/json": components["schemas"]["SessionCreated"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -2604,6 +2847,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2648,6 +2900,15 @@ export interface operations {
                     "application/json": components["schemas"]["ReportAck"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -2677,6 +2938,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2719,6 +2989,15 @@ export interface operations {
                     };
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -2748,6 +3027,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2788,6 +3076,15 @@ export interface operations {
                     "application/json": components["schemas"]["JobTokenGrant"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -2817,6 +3114,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2863,6 +3169,15 @@ export interface operations {
                     "application/json": components["schemas"]["JobsPage"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -2892,6 +3207,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2935,6 +3259,15 @@ export interface operations {
                     "application/json": components["schemas"]["JobDetail"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -2964,6 +3297,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3004,6 +3346,15 @@ export interface operations {
                     "application/json": components["schemas"]["JobDetail"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -3033,6 +3384,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3065,13 +3425,22 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Successful Response */
+            /** @description The file (its type guessed from its name). */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": unknown;
+                    "*/*": unknown;
+                };
+            };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
             /** @description Missing or unknown API key. */
@@ -3103,6 +3472,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3143,6 +3521,15 @@ export interface operations {
                     "application/json": components["schemas"]["JobPublic"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -3172,6 +3559,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3212,6 +3608,15 @@ export interface operations {
                     "application/json": components["schemas"]["CheckpointsPage"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -3241,6 +3646,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3281,6 +3695,15 @@ export interface operations {
                     "application/json": components["schemas"]["JobEventsPage"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -3310,6 +3733,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3356,6 +3788,15 @@ export interface operations {
                     "application/json": components["schemas"]["LogsPage"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -3385,6 +3826,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3429,6 +3879,15 @@ export interface operations {
                     "application/json": components["schemas"]["JobMetrics"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -3458,6 +3917,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3498,6 +3966,15 @@ export interface operations {
                     "application/json": components["schemas"]["PredictionsPage"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -3527,6 +4004,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3567,6 +4053,15 @@ export interface operations {
                     "application/json": components["schemas"]["RolloutsPage"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -3596,6 +4091,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3631,13 +4135,22 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Successful Response */
+            /** @description Server-sent events. */
             200: {
                 headers: {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": unknown;
+                    "text/event-stream": unknown;
+                };
+            };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
             /** @description Missing or unknown API key. */
@@ -3669,6 +4182,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3707,6 +4229,15 @@ export interface operations {
                     "application/json": components["schemas"]["PoolsPage"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -3736,6 +4267,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3778,6 +4318,15 @@ export interface operations {
                     "application/json": components["schemas"]["PoolPublic"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -3807,6 +4356,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3851,6 +4409,15 @@ export interface operations {
                     "application/json": components["schemas"]["PoolPublic"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -3880,6 +4447,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3925,6 +4501,15 @@ export interface operations {
                     "application/json": components["schemas"]["PoolPublic"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -3954,6 +4539,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3999,6 +4593,15 @@ export interface operations {
                     "application/json": components["schemas"]["DrainResult"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -4028,6 +4631,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4069,6 +4681,15 @@ export interface operations {
                     "application/json": components["schemas"]["DrainResult"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -4098,6 +4719,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4136,6 +4766,15 @@ export interface operations {
                     "application/json": components["schemas"]["PriorityClassesPage"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -4165,6 +4804,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4207,6 +4855,15 @@ export interface operations {
                     "application/json": components["schemas"]["PriorityClassPublic"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -4236,6 +4893,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4274,6 +4940,15 @@ export interface operations {
                     "application/json": components["schemas"]["QueuesPage"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -4303,6 +4978,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4345,6 +5029,15 @@ export interface operations {
                     "application/json": components["schemas"]["QueuePublic"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -4374,6 +5067,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4418,6 +5120,15 @@ export interface operations {
                     "application/json": components["schemas"]["QueuePublic"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -4447,6 +5158,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4489,6 +5209,15 @@ export interface operations {
                     "application/json": components["schemas"]["SpecValidation"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -4518,6 +5247,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4561,6 +5299,15 @@ export interface operations {
                     "application/json": components["schemas"]["StoragePublic"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -4590,6 +5337,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4628,6 +5384,15 @@ export interface operations {
                     "application/json": components["schemas"]["TeamsPage"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -4657,6 +5422,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4699,6 +5473,15 @@ export interface operations {
                     "application/json": components["schemas"]["TeamPublic"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -4728,6 +5511,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4768,6 +5560,15 @@ export interface operations {
                     "application/json": components["schemas"]["TeamPublic"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -4797,6 +5598,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4841,6 +5651,15 @@ export interface operations {
                     "application/json": components["schemas"]["TeamPublic"];
                 };
             };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
             /** @description Missing or unknown API key. */
             401: {
                 headers: {
@@ -4870,6 +5689,15 @@ export interface operations {
             };
             /** @description Conflicts with the object's current state. */
             409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };

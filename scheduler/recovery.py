@@ -1,0 +1,184 @@
+"""Recovery of jobs whose driver is gone (docs/reliability.md).
+
+A pool's reconciler (`scheduler.tasks.reconcile_pool`, every beat tick) asks Ray about every job on the
+cluster. A STARTING or RUNNING job whose driver is *lost* — its Ray job unknown to the pool's Ray (Ray was
+restarted), ended by a signal (SIGKILL, the OOM killer), its job supervisor or node gone, stopped outside
+the platform, or silent past `driver_silence_seconds` — is requeued (-> QUEUED, slots freed) and its next
+attempt resumes from its latest checkpoint (`JobService.driver_spec` points `load` at its own `save`: the
+preemption path), at most `restart_limit` times; then it is FAILED (`lost`) with the true reason. A driver
+that failed by itself (it exited non-zero: the pipeline or a user hook raised) is not retried: FAILED as
+`user_code` with the exception its log ends with.
+
+Every change goes through `JobService.transition` (compare-and-set): a reconciler running twice moves a job
+once.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from runtime.launcher import RAY_STOPPED, RayJobInfo
+from runtime.redaction import redact
+from scheduler.db.engine import Database
+from scheduler.db.models import Checkpoint, Job, JobEvent
+from scheduler.domain.jobs import FailureReason, JobStatus
+from scheduler.services.jobs import JobService
+
+log = logging.getLogger(__name__)
+
+LOST_EVENT = "driver_lost"  # one job event per lost driver: their number is the job's restart count
+
+# Ray's error types of a FAILED job that mean the driver's process or node went away, not the job's code.
+_LOST_ERROR_TYPES = frozenset({"JOB_SUPERVISOR_ACTOR_DIED", "JOB_SUPERVISOR_ACTOR_UNKNOWN_FAILURE"})
+# ... and those that mean it could not start (the same setup would fail again).
+_SETUP_ERROR_TYPES = frozenset(
+    {
+        "RUNTIME_ENV_SETUP_FAILURE",
+        "JOB_SUPERVISOR_ACTOR_START_TIMEOUT",
+        "JOB_SUPERVISOR_ACTOR_START_FAILURE",
+        "JOB_SUPERVISOR_ACTOR_UNSCHEDULABLE",
+        "JOB_ENTRYPOINT_COMMAND_START_ERROR",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Why a driver's Ray job ended: `lost` (resume it) or a failure of the job itself (`failure`)."""
+
+    lost: bool
+    why: str  # one line, the true reason
+    failure: FailureReason | None = None
+
+
+def killed_by(exit_code: int | None) -> str | None:
+    """The signal that ended the entrypoint, by name: a negative exit code (Ray ran the command directly) or
+    128+N (the shell reported its child killed by signal N); None for an ordinary exit."""
+    if exit_code is None or exit_code == 0:
+        return None
+    number = -exit_code if exit_code < 0 else exit_code - 128 if 128 < exit_code < 128 + 65 else None
+    if number is None:
+        return None
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def ray_head(message: str | None) -> str:
+    """Ray's message, first line, without the log tail it appends."""
+    head = (message or "").strip().splitlines()[0] if (message or "").strip() else ""
+    return head.split(", last available logs")[0].split(". No logs available")[0].rstrip(",.: ")
+
+
+def judge_ended(sub_id: str, info: RayJobInfo) -> Verdict:
+    """A Ray job that ended FAILED, or STOPPED without the platform asking: was its driver lost?"""
+    head = ray_head(info.message)
+    if info.status == RAY_STOPPED:
+        return Verdict(
+            True, f"Ray job {sub_id} ended STOPPED outside the platform" + (f": {head}" if head else "")
+        )
+    sig = killed_by(info.exit_code)
+    if sig is not None:
+        return Verdict(
+            True, f"Ray job {sub_id} ended FAILED: the driver was killed by {sig} ({head or 'no message'})"
+        )
+    if info.error_type in _LOST_ERROR_TYPES:
+        return Verdict(True, f"Ray job {sub_id} ended FAILED: {head or info.error_type}")
+    if info.error_type in _SETUP_ERROR_TYPES:
+        return Verdict(
+            False, f"Ray job {sub_id} could not start: {head or info.error_type}", FailureReason.SETUP
+        )
+    return Verdict(False, head or "the driver failed", FailureReason.USER_CODE)
+
+
+def finished_cleanly(db: Database, job_id: str) -> bool:
+    """Whether the driver of the job's current attempt said, in its final report, that it finished every
+    step and exited 0 (runtime/driver.py: `exit 0: finished`): a job whose Ray job is gone after that is done,
+    not lost."""
+    with db.session(read_only=True) as s:
+        job = s.get(Job, job_id)
+        if job is None:
+            return False
+        return bool(
+            s.scalar(
+                sa.select(sa.func.count())
+                .select_from(JobEvent)
+                .where(
+                    JobEvent.job_id == job_id,
+                    JobEvent.kind == "final_report",
+                    JobEvent.reason.like(f"attempt {job.attempt}: exit 0: finished%"),
+                )
+            )
+        )
+
+
+def restart_limit(spec: dict[str, Any], default: int) -> int:
+    """How many times a lost driver is resumed: the job's `--max-global-restart` when it set
+    `--use-fault-tolerance` (what the flag means on this platform), else the platform's default."""
+    if spec.get("use_fault_tolerance") and spec.get("max_global_restart") is not None:
+        return max(0, int(spec["max_global_restart"]))
+    return default
+
+
+def recover(
+    db: Database,
+    job_id: str,
+    src: JobStatus,
+    why: str,
+    *,
+    default_limit: int,
+    artifact_root: Any,
+    log_tail: list[str] | None = None,
+) -> JobStatus | None:
+    """The job's driver is lost (`why`): requeue it to resume from its latest checkpoint, or FAILED (`lost`)
+    once it was resumed `restart_limit` times. Returns the new status (None: someone moved it first)."""
+    why = redact(why)
+    with db.session() as s:
+        svc = JobService(s, artifact_root=artifact_root)
+        job = s.get(Job, job_id)
+        if job is None or job.status != src:
+            return None
+        restarts = s.scalar(
+            sa.select(sa.func.count())
+            .select_from(JobEvent)
+            .where(JobEvent.job_id == job_id, JobEvent.kind == LOST_EVENT)
+        )
+        limit = restart_limit(job.spec or {}, default_limit)
+        step = s.scalar(
+            sa.select(sa.func.max(Checkpoint.step)).where(
+                Checkpoint.job_id == job_id, Checkpoint.format != "hf"
+            )
+        )
+        if restarts < limit:
+            where = (
+                f"its latest checkpoint (step {step})"
+                if step is not None and (job.spec or {}).get("save")
+                else "the start (no checkpoint)"
+            )
+            target = JobStatus.QUEUED
+            reason = (
+                f"driver_lost: {why}; requeued to resume from {where} (restart {restarts + 1} of {limit})"
+            )
+            moved = svc.transition(job_id, target, expected_from=src, reason=reason)
+        else:
+            target = JobStatus.FAILED
+            reason = (
+                f"driver_lost: {why}; not resumed again: it was resumed {restarts} time(s), its limit "
+                f"(--max-global-restart with --use-fault-tolerance, else RELAX_SCHEDULER_MAX_DRIVER_RESTARTS) is {limit}"
+            )
+            moved = svc.transition(
+                job_id, target, expected_from=src, reason=reason, failure=FailureReason.LOST
+            )
+        if not moved:
+            return None
+        svc.record_event(job, LOST_EVENT, why)
+        if log_tail:
+            svc.add_logs(job, ({"message": line, "level": "INFO"} for line in log_tail), source="ray")
+    log.warning("job %s: %s", job_id, reason)
+    return target
