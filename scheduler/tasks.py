@@ -239,7 +239,7 @@ def reconcile_pool(ctx: WorkerContext, pool_name: str) -> None:
             ):  # it ran on a Ray that is gone: what its driver left, then a new attempt resumes it
                 _final, done = _collect_run_end(ctx, job_id, all_steps_done)
                 if done and recovery.finished_cleanly(ctx.db, job_id):
-                    why = "the driver finished (exit 0, final report stored); its Ray job is gone since"
+                    why = "the driver finished (exit 0, its final report stored); its Ray job is gone now"
                     freed |= _move(ctx, job_id, status, JobStatus.SUCCEEDED, why)
                 else:
                     freed |= _lost(ctx, job_id, status, gone)
