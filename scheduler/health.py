@@ -173,47 +173,30 @@ def readiness(settings: Settings, db: Database, *, supervisor_state: str | Path 
     newest_holder, newest = max(
         workers, key=lambda w: w[1] or datetime.min.replace(tzinfo=UTC), default=(None, None)
     )
-    newest_age = _age(newest, now)
-    sup_worker = sup_parts.get("worker")
-    if sup_worker is not None and sup_worker.get("state") != "running":
-        r.parts["worker"] = Part(False, _sup_detail("worker", sup_worker))
-    elif newest_age is None:
-        r.parts["worker"] = (
-            Part(False, "no worker heartbeat yet")
-            if sup_worker is not None
-            else Part(None, "no worker has recorded a heartbeat yet")
-        )
-    elif newest_age > worker_stale:
-        r.parts["worker"] = Part(False, f"no worker heartbeat for {newest_age:.0f}s (last: {newest_holder})")
-    elif (
-        sup_worker is not None
-        and (since := _since(sup_worker.get("since")))
-        and newest
-        and _aware(newest) < since
-    ):
-        r.parts["worker"] = Part(False, "the worker was restarted and has not recorded a heartbeat yet")
-    else:
-        r.parts["worker"] = Part(True, f"heartbeat {newest_age:.1f}s ago ({newest_holder})")
+    r.parts["worker"] = _judge_signal(
+        "worker",
+        sup_parts.get("worker"),
+        newest,
+        now,
+        stale=worker_stale,
+        none=("no worker heartbeat yet", "no worker has recorded a heartbeat yet"),
+        old=f"no worker heartbeat for {{age:.0f}}s (last: {newest_holder})",
+        restarted="the worker was restarted and has not recorded a heartbeat yet",
+        fresh=f"heartbeat {{age:.1f}}s ago ({newest_holder})",
+    )
 
     # Beat: the last tick a worker ran.
-    sup_beat = sup_parts.get("beat")
-    tick_at = tick[1] if tick else None
-    tick_age = _age(tick_at, now)
-    if sup_beat is not None and sup_beat.get("state") != "running":
-        r.parts["beat"] = Part(False, _sup_detail("beat", sup_beat))
-    elif tick_age is None:
-        r.parts["beat"] = Part(False, "no tick yet") if sup_beat is not None else Part(None, "no tick yet")
-    elif tick_age > tick_stale:
-        r.parts["beat"] = Part(False, f"no tick ran for {tick_age:.0f}s (a beat or a worker is down)")
-    elif (
-        sup_beat is not None
-        and (since := _since(sup_beat.get("since")))
-        and tick_at
-        and _aware(tick_at) < since
-    ):
-        r.parts["beat"] = Part(False, "the beat was restarted and no tick has run since")
-    else:
-        r.parts["beat"] = Part(True, f"last tick {tick_age:.1f}s ago")
+    r.parts["beat"] = _judge_signal(
+        "beat",
+        sup_parts.get("beat"),
+        tick[1] if tick else None,
+        now,
+        stale=tick_stale,
+        none=("no tick yet", "no tick yet"),
+        old="no tick ran for {age:.0f}s (a beat or a worker is down)",
+        restarted="the beat was restarted and no tick has run since",
+        fresh="last tick {age:.1f}s ago",
+    )
 
     # The rest of the supervisor's parts (the Ray head, the API itself).
     for name, part in sup_parts.items():
@@ -253,3 +236,32 @@ def _broker(settings: Settings) -> Part:
         return Part(True, url.split("://", 1)[0])
     except Exception as err:  # noqa: BLE001 - any failure to connect is the broker being down
         return Part(False, redact(f"{type(err).__name__}: {err}")[:300])
+
+
+def _judge_signal(
+    name: str,
+    supervised: dict[str, Any] | None,
+    signal_at: datetime | None,
+    now: datetime,
+    *,
+    stale: float,
+    none: tuple[str, str],
+    old: str,
+    restarted: str,
+    fresh: str,
+) -> Part:
+    """A part judged by its last signal (the worker's heartbeat, the beat's tick): down while its supervised
+    process is not running, or with no signal yet (unknown when no supervisor watches it: `none` is (down,
+    unknown) detail), or a signal older than `stale` seconds, or none since the supervisor restarted it;
+    else up. `old` and `fresh` are formatted with `age` (seconds)."""
+    age = _age(signal_at, now)
+    if supervised is not None and supervised.get("state") != "running":
+        return Part(False, _sup_detail(name, supervised))
+    if age is None:
+        return Part(False, none[0]) if supervised is not None else Part(None, none[1])
+    if age > stale:
+        return Part(False, old.format(age=age))
+    since = _since(supervised.get("since")) if supervised is not None else None
+    if since and signal_at and _aware(signal_at) < since:
+        return Part(False, restarted)
+    return Part(True, fresh.format(age=age))
