@@ -49,12 +49,11 @@ test: $(VENV)/.chromium
 run: install  ## start the embedded platform on http://127.0.0.1:8400
 	$(VENV)/bin/relaxctl up
 
-# Serial by default. `make test PYTEST_XDIST="-n 2 --dist loadgroup"` runs two pytest-xdist workers: everything
-# that starts Ray, a Celery worker or a platform runs on one of them, in order (tests/conftest.py groups it),
-# the rest is spread over both. Measured on this 2-core machine it was not faster (that group alone is most of
-# the suite's time) and tests/unit/client/test_cli.py's wrapped-path check fails under xdist's longer tmp paths:
-# see README.md. `make test PYTEST_ARGS="-n 0"` is serial whatever PYTEST_XDIST says.
-PYTEST_XDIST ?=
+# Three pytest-xdist workers: the tests that start Ray, a Celery worker or a whole platform form three heavy
+# groups, one per worker, each run in order; everything else goes to whichever worker is free (tests/conftest.py
+# says why and how). The suite mostly waits on subprocesses and Ray, so three workers fit two cores.
+# `make test PYTEST_XDIST=` runs it serially; `make test PYTEST_ARGS="-n 0"` too.
+PYTEST_XDIST ?= -n 3 --dist loadgroup
 test: install  ## the whole suite (unit, integration on SQLite+PostgreSQL and Redis, Ray, end to end)
 	$(PY) -m pytest -q -ra $(PYTEST_XDIST) $(PYTEST_ARGS)
 

@@ -84,33 +84,55 @@ def relax_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
-# Running in parallel (pytest-xdist `-n 2 --dist loadgroup`; see the Makefile): what starts Ray, a Celery
-# worker or a whole platform runs on one worker, one test after another, as in a serial run. These tests
-# assume they have the machine's cores to themselves (Ray sizes itself to them, a platform has two slots,
-# learning runs and their timeouts were measured alone), and some read the process tree or the logs a
-# neighbour would add to. Everything else (unit tests, the API over SQLite and PostgreSQL, subprocesses of
-# the API or the scheduler, gloo worlds on free loopback ports) shares the machine: each test's PostgreSQL
-# schema and tmp_path are its own, each worker has its own Redis database (REDIS_URL), the Hypothesis
-# database (.hypothesis/) writes atomically under keys of its own per test, and pytest's cache is off (-p
-# no:cacheprovider).
-SERIAL_GROUP = "ray-platform"
-_SERIAL_PATHS = (
-    "tests/ray/",
-    "tests/e2e/",
-    "tests/browser/",
-    "tests/integration/test_celery_worker.py",  # a real Celery worker process (and Redis's flushdb)
+# Running in parallel (`make test` runs three pytest-xdist workers, `-n 3 --dist loadgroup`; see the Makefile):
+# what starts Ray, a Celery worker or a whole platform is in one of three heavy groups, and each group runs on
+# one worker, its tests one after another as in a serial run: two Rays started by `ray.init(address="local")`
+# would share Ray's fixed default ports (the embedded platform's Ray takes free ports, so one of those beside
+# one of these is fine), a Celery test flushes its worker's Redis database, and a module's platform is shared
+# by its tests. The groups are balanced by their measured time and handed out first (they are collected
+# first), one per worker; everything else (unit tests, the API over SQLite and PostgreSQL, subprocesses of the
+# API or the scheduler, gloo worlds on free loopback ports) is handed out one test at a time to whichever
+# worker is free. Each test's PostgreSQL schema and tmp_path are its own, each worker has its own Redis
+# database (REDIS_URL), the Hypothesis database (.hypothesis/) writes atomically under keys of its own per
+# test, and pytest's cache is off (-p no:cacheprovider). Timeouts in the heavy tests allow for two
+# neighbours on two cores.
+HEAVY_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "heavy-megatron",
+        (
+            "tests/e2e/test_megatron_learns.py",
+            "tests/e2e/test_preemption.py",
+            "tests/e2e/test_network_exposure.py",
+        ),
+    ),
+    (
+        "heavy-ray",
+        (
+            "tests/ray/",
+            "tests/browser/",
+            "tests/integration/test_celery_worker.py",  # a real Celery worker process (and Redis's flushdb)
+        ),
+    ),
+    ("heavy-platform", ("tests/e2e/",)),  # every other end-to-end module
 )
 
 
-def _serial(nodeid: str) -> bool:
-    return nodeid.startswith(_SERIAL_PATHS)
+def heavy_group(nodeid: str) -> str | None:
+    for group, paths in HEAVY_GROUPS:
+        if nodeid.startswith(paths):
+            return group
+    return None
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    order = {group: i for i, (group, _) in enumerate(HEAVY_GROUPS)}
     for item in items:
-        if _serial(item.nodeid):
-            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP))
+        group = heavy_group(item.nodeid)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    # the heavy groups first, in their order; the rest as collected (a stable sort keeps each module together)
+    items.sort(key=lambda item: order.get(heavy_group(item.nodeid) or "", len(order)))
 
 
 try:
@@ -120,17 +142,17 @@ except ImportError:  # pytest-xdist is in the dev extra; without it the suite ru
 
 if LoadGroupScheduling is not None:
 
-    class _SerialGroupScheduling(LoadGroupScheduling):
+    class _HeavyGroupScheduling(LoadGroupScheduling):
         """--dist loadgroup, with the group of the tests above decided from their node ids on the controller:
         the `xdist_group` mark alone no longer reaches xdist's scheduler under pytest >= 9.2, which stopped
         honouring xdist's rewrite of `item._nodeid` (pytest-dev/pytest-xdist#1386)."""
 
         def _split_scope(self, nodeid: str) -> str:
-            if _serial(nodeid):
-                return SERIAL_GROUP
-            return super()._split_scope(nodeid)
+            return heavy_group(nodeid) or super()._split_scope(nodeid)
 
     def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-untyped-def]
         if config.getvalue("dist") == "loadgroup":
-            return _SerialGroupScheduling(config, log)
+            # in collection order (the heavy groups first), not xdist's default of the biggest groups first
+            config.option.loadscopereorder = False
+            return _HeavyGroupScheduling(config, log)
         return None

@@ -105,12 +105,13 @@ class TorchCriticBackend:
         self.model.eval()
         device = self.device.torch_device
         parts = [
-            self.model(part.tokens.to(device), part.attention_mask.to(device)).cpu()
+            self.model(part.tokens.to(device), part.attention_mask.to(device))
             for part in batch.micro_batches(chunk)
         ]
         self.model.train()
         width = batch.tokens.shape[1]
-        values = torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts])
+        # padded and joined where they were computed: one copy to the host, not one (and a sync) per part
+        values = torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts]).cpu()
         steps = batch.response_mask if batch.response_mask is not None else batch.loss_mask
         return values * steps
 

@@ -99,6 +99,48 @@ def _cp_segments(seqlens: tuple[int, ...], cp: int, rank: int) -> _CPSegments:
     )
 
 
+class _PaddedSegments(NamedTuple):
+    """A pack's attention segments laid out as padded rows for one batched SDPA call (`_padded_segments`)."""
+
+    q_index: Tensor  # [n, max_q]: the query row of each slot (padding slots repeat the segment's first row)
+    k_index: Tensor  # [n, max_k]: likewise for keys
+    allowed: Tensor  # [n, 1, max_q, max_k]: what each query slot may attend to
+    q_valid: Tensor  # [n, max_q]: the slots that are real query rows
+    q_rows: Tensor  # the real query rows, in the order of q_valid's True slots
+
+
+# A pack is padded into rows only while that costs at most this many times the segments' own score entries
+# (and always when that is under _PAD_FLOOR entries): a few long sequences among many short ones would
+# otherwise pay for max_len² in every row.
+_PAD_BUDGET, _PAD_FLOOR = 4, 1 << 16
+
+
+@functools.lru_cache(maxsize=64)
+def _padded_segments(segments: tuple[tuple[int, int, int, int], ...], causal: bool) -> _PaddedSegments | None:
+    """The segments (query start, length, key start, length; none empty) as padded rows, or None when padding
+    would cost too much (see _PAD_BUDGET). Causal segments see keys up to their diagonal at the bottom right;
+    a padding query slot sees its segment's first key only (its output is dropped; a row with nothing allowed
+    would make NaNs in the backward pass). The same for every layer of a micro-batch: cached (host tensors;
+    callers must not modify them)."""
+    n = len(segments)
+    max_q = max(nq for _, nq, _, _ in segments)
+    max_k = max(nk for _, _, _, nk in segments)
+    dense = sum(nq * nk for _, nq, _, nk in segments)
+    if n * max_q * max_k > max(_PAD_BUDGET * dense, _PAD_FLOOR):
+        return None
+    q0, nq, k0, nk = (torch.tensor(col).view(n, 1) for col in zip(*segments, strict=True))
+    i, j = torch.arange(max_q).view(1, max_q), torch.arange(max_k).view(1, max_k)
+    q_valid = i < nq
+    k_valid = j < nk
+    q_index = q0 + torch.where(q_valid, i, 0)
+    k_index = k0 + torch.where(k_valid, j, 0)
+    allowed = k_valid.unsqueeze(1).expand(n, max_q, max_k)
+    if causal:  # key j of a segment is visible to query i when j <= i + (nk - nq)
+        allowed = allowed & (j.view(1, 1, max_k) <= (i + nk - nq).view(n, max_q, 1))
+    allowed = allowed | (~q_valid.unsqueeze(2) & (j.view(1, 1, max_k) == 0))
+    return _PaddedSegments(q_index, k_index, allowed.unsqueeze(1).contiguous(), q_valid, q_index[q_valid])
+
+
 class SDPAttention(MegatronModule):
     """Causal (or masked) attention of one layer, GQA-aware, tensor-parallel by heads (see module doc)."""
 
@@ -293,13 +335,24 @@ class SDPAttention(MegatronModule):
         segments: list[tuple[int, int, int, int]],
         causal: bool,
     ) -> Tensor:
-        """`[t, h, d]` -> `[t, h * d]`: one SDPA call per segment (query start, length, key start, length),
-        causal with the diagonal at the bottom right when the lengths differ; query rows no segment covers
-        stay 0."""
+        """`[t, h, d]` -> `[t, h * d]`: attention within each segment (query start, length, key start,
+        length), causal with the diagonal at the bottom right when the lengths differ; query rows no segment
+        covers stay 0. The segments go through one SDPA call as padded rows (`_padded_segments`) where that
+        is cheap, else one call per segment."""
         out = query.new_zeros(query.shape[0], self.num_heads, self.head_dim)
+        segments = [seg for seg in segments if seg[1] > 0]
+        padded = _padded_segments(tuple(segments), causal) if len(segments) > 1 else None
+        if padded is not None:
+            device = query.device
+            q_index, k_index = padded.q_index.to(device), padded.k_index.to(device)
+            # [n, s, h, d] -> [n, h, s, d]
+            q = query[q_index].transpose(1, 2)
+            k = key[k_index].transpose(1, 2)
+            v = value[k_index].transpose(1, 2)
+            rows = self._sdpa(q, k, v, padded.allowed.to(device), False).transpose(1, 2)
+            out[padded.q_rows.to(device)] = rows[padded.q_valid.to(device)]
+            return out.reshape(query.shape[0], self.num_heads * self.head_dim)
         for q0, nq, k0, nk in segments:
-            if nq == 0:
-                continue
             # [n, h, d] -> [1, h, n, d]
             q = query[q0 : q0 + nq].transpose(0, 1).unsqueeze(0)
             k = key[k0 : k0 + nk].transpose(0, 1).unsqueeze(0)

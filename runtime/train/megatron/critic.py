@@ -131,7 +131,8 @@ class MegatronCriticBackend(MegatronModelRunner):
 
     def _value_outputs(self, micro: _Micro, gpt: Any, hidden: torch.Tensor) -> tuple[torch.Tensor, dict]:
         values = self._values(micro, gpt, hidden)
-        return values.sum() * 0.0, {"values": values.detach().cpu()}
+        # kept on the device: `_per_token` moves the whole pass's values to the host once
+        return values.sum() * 0.0, {"values": values.detach()}
 
     def _value_loss(
         self, num_micro: int, micro: _Micro, gpt: Any, hidden: torch.Tensor
@@ -144,7 +145,7 @@ class MegatronCriticBackend(MegatronModelRunner):
             LossInputs(
                 log_probs=unused,
                 entropy=unused,
-                loss_mask=part.loss_mask.to(device),
+                loss_mask=_to(part.loss_mask, device),
                 values=values,
                 old_values=_to(part.values, device),
                 returns=_to(part.returns, device),

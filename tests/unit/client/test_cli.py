@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 import client.cli as cli
@@ -59,6 +60,13 @@ def script(tmp_path: Path) -> Path:
     path = tmp_path / "run-tiny.sh"
     path.write_text(SCRIPT)
     return path
+
+
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Consoles wide enough that rich never wraps a long tmp path (pytest-xdist's are longer) mid-word."""
+    monkeypatch.setattr(cli, "out", Console(width=400))
+    monkeypatch.setattr(cli, "err", Console(stderr=True, width=400))
 
 
 def invoke(*argv: str) -> Any:

@@ -272,6 +272,57 @@ def test_sdpa_attention_masks_and_gqa(megatron_world):
         cp_attn(q[:, 0], k[:, 0], v[:, 0], None, packed_seq_params=packed)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_packed_segments_in_one_call_equal_one_call_per_segment(megatron_world, causal):
+    """A pack's segments through one SDPA call as padded rows give each segment's own attention (values and
+    gradients), with query and key lengths that differ (bottom-right causal), and untouched rows left 0."""
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from runtime.train.megatron import attention
+
+    config = TransformerConfig(
+        num_layers=1, hidden_size=64, num_attention_heads=4, num_query_groups=2, kv_channels=16,
+        attention_dropout=0.0, use_cpu_initialization=True,
+    )  # fmt: skip
+    mask_type = AttnMaskType.causal if causal else AttnMaskType.no_mask
+    attn = attention.SDPAttention(config, 1, mask_type, "self")
+    segments = [(0, 5, 0, 5), (5, 1, 5, 7), (7, 9, 12, 9), (18, 3, 21, 6)]  # row 6 and 16-17 are in none
+    assert attention._padded_segments(tuple(segments), causal) is not None
+    torch.manual_seed(4)
+    t = 27
+    q, k, v = (torch.randn(t, n, 16, requires_grad=True) for n in (4, 2, 2))
+    batched = attn._attend_segments(q, k, v, segments, causal)
+    weights = torch.randn_like(batched)
+    grads = torch.autograd.grad((batched * weights).sum(), (q, k, v))
+    for q0, nq, k0, nk in segments:  # each segment alone, through the bshd path with an explicit mask
+        qs, ks, vs = (
+            x.detach()[a : a + n].unsqueeze(1) for x, a, n in ((q, q0, nq), (k, k0, nk), (v, k0, nk))
+        )
+        allowed = torch.ones(nq, nk, dtype=torch.bool)
+        if causal:
+            allowed = allowed.tril(diagonal=nk - nq)
+        alone = attention.SDPAttention(config, 1, AttnMaskType.no_mask, "self")(
+            qs, ks, vs, ~allowed.view(1, 1, nq, nk)
+        )
+        torch.testing.assert_close(batched[q0 : q0 + nq], alone[:, 0], atol=1e-6, rtol=0)
+    assert batched[6].abs().sum() == 0 and batched[16:18].abs().sum() == 0
+    attention._padded_segments.cache_clear()
+    budget = attention._PAD_BUDGET, attention._PAD_FLOOR
+    try:
+        attention._PAD_BUDGET = attention._PAD_FLOOR = 0  # padding costs too much: one call per segment
+        assert attention._padded_segments(tuple(segments), causal) is None
+        q2, k2, v2 = (x.detach().requires_grad_() for x in (q, k, v))
+        looped = attn._attend_segments(q2, k2, v2, segments, causal)
+    finally:
+        attention._PAD_BUDGET, attention._PAD_FLOOR = budget
+        attention._padded_segments.cache_clear()
+    torch.testing.assert_close(looped, batched, atol=1e-6, rtol=0)
+    looped_grads = torch.autograd.grad((looped * weights).sum(), (q2, k2, v2))
+    for got, want in zip(looped_grads, grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize(
     "recompute",
     [{"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1},
