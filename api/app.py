@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import logging
 import uuid
+import weakref
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI, Request
+import anyio.to_thread
+from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.audit import install_audit
 from api.errors import install_error_handlers
@@ -17,11 +23,34 @@ from api.routes import grants, health, internal, jobs, platform, sessions, specs
 from runtime.redaction import install_log_redaction
 from scheduler.celery_app import make_celery
 from scheduler.db.engine import Database
-from scheduler.dispatch import CeleryDispatcher, Dispatcher
+from scheduler.dispatch import CeleryDispatcher, CoalescingDispatcher, Dispatcher
+from scheduler.memory import freeze_startup_objects
 from scheduler.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 WEB_DIST = Path(__file__).resolve().parents[1] / "web" / "dist"
+
+
+class RequestId:
+    """ASGI middleware: the request's id, the client's `X-Request-ID` or a new one, in `request.state.request_id`
+    (error bodies, the audit log) and in the answer's `X-Request-ID` header."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = Headers(scope=scope).get("x-request-id") or uuid.uuid4().hex[:16]
+        scope.setdefault("state", {})["request_id"] = rid
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message)["X-Request-ID"] = rid
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
 
 
 def create_app(
@@ -32,26 +61,31 @@ def create_app(
 ) -> FastAPI:
     install_log_redaction()  # no key or token in this process's logs, uvicorn's access log included
     settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        # the thread pool that runs sync routes and dependencies (anyio's, 40 threads by default)
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api.api_threads
+        freeze_startup_objects()
+        yield
+
     app = FastAPI(
         title="Relax Platform",
         version="0.1.0",
         description="Training-as-a-service for LLM post-training on the Relax pipeline.",
+        lifespan=lifespan,
     )
     app.state.settings = settings
     app.state.db = db or Database(settings.database_url, echo=settings.database.echo)
-    app.state.dispatcher = dispatcher or CeleryDispatcher(make_celery(settings, with_tasks=False))
+    app.state.units_of_work = weakref.WeakKeyDictionary()  # api/deps.py: a bound per event loop
+    # the API asks for a pass after each change: coalesced, published off the request's thread
+    app.state.dispatcher = dispatcher or CoalescingDispatcher(
+        CeleryDispatcher(make_celery(settings, with_tasks=False))
+    )
 
     # innermost: its refusals carry the request id and are audited (the middlewares below are outer)
     app.add_middleware(RequestLimits, settings=settings.api)
-
-    @app.middleware("http")
-    async def request_id(request: Request, call_next):  # type: ignore[no-untyped-def]
-        rid = request.headers.get("x-request-id") or uuid.uuid4().hex[:16]
-        request.state.request_id = rid
-        response = await call_next(request)
-        response.headers["X-Request-ID"] = rid
-        return response
-
+    app.add_middleware(RequestId)
     install_error_handlers(app)
     install_audit(app)
     for module in (health, jobs, specs, platform, grants, sessions, internal):

@@ -7,7 +7,7 @@ high-volume and carry job tokens, not people's keys (they record their anomalies
 - when the route returns, in the request's own unit of work (`api/deps.py::get_session`), so the row
   commits with the change or not at all;
 - otherwise (refused: 401, 403, 404, 409, 422; or failed: 500), by the middleware below, in a
-  transaction of its own after the request's has rolled back.
+  transaction of its own after the request's has rolled back, before the answer is sent.
 
 The row names the caller's key, role and team (also for a revoked or expired key), the route template,
 the target (the path's ids, or the id the call created) and details a route chose to note (names,
@@ -21,6 +21,7 @@ import logging
 from fastapi import FastAPI, Request
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scheduler.services.audit import AuditEntry, record
 
@@ -73,18 +74,39 @@ def _record_alone(request: Request, status_code: int) -> None:
         log.exception("audit row not written (request %s)", entry.request_id)
 
 
-def install_audit(app: FastAPI) -> None:
-    @app.middleware("http")
-    async def audit_mutations(request: Request, call_next):  # type: ignore[no-untyped-def]
-        if not is_audited(request.method, request.url.path):
-            return await call_next(request)
+class AuditMutations:
+    """ASGI middleware: an audited call's entry in `request.state.audit` for the request to fill, and its row
+    written here unless the request's unit of work wrote it: when the answer starts (its status known, before
+    any of it reaches the client), or for an unhandled error, as a 500 (the outermost middleware answers it).
+    A plain ASGI middleware rather than `@app.middleware("http")`, which runs every request, audited or not,
+    through a task group and memory streams."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not is_audited(scope["method"], scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
         request.state.audit = AuditEntry(method=request.method, path=request.url.path)
+
+        async def send_after_recording(message: Message) -> None:
+            if message["type"] == "http.response.start" and not getattr(
+                request.state, "audit_written", False
+            ):
+                request.state.audit_written = True
+                await run_in_threadpool(_record_alone, request, message["status"])
+            await send(message)
+
         try:
-            response = await call_next(request)
+            await self.app(scope, receive, send_after_recording)
         except Exception:  # unhandled: the outermost middleware answers 500
             if not getattr(request.state, "audit_written", False):
+                request.state.audit_written = True
                 await run_in_threadpool(_record_alone, request, 500)
             raise
-        if not getattr(request.state, "audit_written", False):
-            await run_in_threadpool(_record_alone, request, response.status_code)
-        return response
+
+
+def install_audit(app: FastAPI) -> None:
+    app.add_middleware(AuditMutations)

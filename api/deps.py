@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
+import anyio
+import anyio.to_thread
 from fastapi import Depends, Header, Request, Response
 from sqlalchemy.orm import Session
 
@@ -19,15 +22,17 @@ from scheduler.services.jobs import JobService
 from scheduler.settings import Settings
 
 
-def get_settings(request: Request) -> Settings:
+# Dependencies that do no I/O are `async def`: FastAPI runs them on the event loop. A plain `def` one
+# would cost a hop to the thread pool and back on every request (a submission resolves a dozen).
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_db(request: Request) -> Database:
+async def get_db(request: Request) -> Database:
     return request.app.state.db
 
 
-def get_dispatcher(request: Request) -> Dispatcher:
+async def get_dispatcher(request: Request) -> Dispatcher:
     return request.app.state.dispatcher
 
 
@@ -36,30 +41,90 @@ DatabaseDep = Annotated[Database, Depends(get_db)]
 DispatcherDep = Annotated[Dispatcher, Depends(get_dispatcher)]
 
 
-def get_session(db: DatabaseDep, request: Request, response: Response) -> Iterator[Session]:
+async def _in_thread(fn: Callable[..., object], *args: object) -> None:
+    """Finish a unit of work (commit or roll back, close) in a worker thread, shielded from cancellation and
+    outside the thread pool's limit: as FastAPI does for a generator dependency's exit, so that a request
+    waiting for a thread never keeps another from giving back its database connection."""
+    with anyio.CancelScope(shield=True):
+        await anyio.to_thread.run_sync(fn, *args, limiter=anyio.CapacityLimiter(1))
+
+
+def _finish(session: Session, request: Request | None = None, status_code: int | None = None) -> None:
+    try:
+        if request is not None:
+            record_with_change(request, session, status_code)
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def _discard(session: Session) -> None:
+    try:
+        session.rollback()
+    finally:
+        session.close()
+
+
+def _units_of_work(request: Request) -> asyncio.Semaphore:
+    """How many requests of this process may hold a unit of work at once: as many as there are threads to
+    run them (RELAX_API_THREADS). A unit of work holds its database connection from its first statement
+    (the caller's key, `get_principal`) to its end, across trips to the thread pool; without this bound, more
+    requests than threads could each hold a connection while waiting for a thread, the pool run dry, and the
+    threads then wait for connections: no request would move until the pool's timeout. One semaphore per
+    event loop (a test client runs each request on a loop of its own)."""
+    loop = asyncio.get_running_loop()
+    per_loop = request.app.state.units_of_work  # a WeakKeyDictionary (api/app.py)
+    slots = per_loop.get(loop)
+    if slots is None:
+        slots = per_loop[loop] = asyncio.Semaphore(request.app.state.settings.api.api_threads)
+    return slots
+
+
+# The units of work are async generators: making a session does no I/O, so it happens on the event loop,
+# and only its end (the commit, or the rollback) goes to a thread. (A plain generator costs a trip to the
+# thread pool at each end.)
+async def get_session(db: DatabaseDep, request: Request, response: Response) -> AsyncIterator[Session]:
     """The request's unit of work: committed when the route returns, before the response is sent.
     GET requests read only. A mutating call's audit row is written in it (api/audit.py)."""
-    with db.session(read_only=request.method in ("GET", "HEAD")) as session:
-        yield session
-        record_with_change(request, session, response.status_code)
+    async with _units_of_work(request):
+        session = db.new_session(read_only=request.method in ("GET", "HEAD"))
+        try:
+            yield session
+        except BaseException:
+            await _in_thread(_discard, session)
+            raise
+        await _in_thread(_finish, session, request, response.status_code)
     request.state.audit_written = audit_entry(request) is not None
 
 
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
-def get_read_session(db: DatabaseDep) -> Iterator[Session]:
-    """A read-only unit of work for what a mutating request reads before it writes, or instead: the dry
-    run, and the judging of a submission's spec (`JobService.judge`). On SQLite it takes no write lock, so
-    a long judgement does not stop other writers (a 120,000-key spec held the lock for 71 s)."""
-    with db.session(read_only=True) as session:
+async def get_read_session(db: DatabaseDep, session: SessionDep) -> AsyncIterator[Session]:
+    """A unit of work that only reads, for what a mutating request reads before it writes, or instead: the
+    dry run, and the judging of a submission's spec (`JobService.judge`). On SQLite a read-only one of its
+    own, which takes no write lock, so a long judgement does not stop other writers (a 120,000-key spec held
+    the lock for 71 s). Where a transaction locks only the rows it writes (PostgreSQL), the request's own
+    unit of work: one transaction instead of two, and `JobService.submit` reads nothing again."""
+    if not db.single_writer:
         yield session
+        return
+    read_session = db.new_session(read_only=True)
+    try:
+        yield read_session
+    except BaseException:
+        await _in_thread(_discard, read_session)
+        raise
+    await _in_thread(_finish, read_session)
 
 
 ReadSessionDep = Annotated[Session, Depends(get_read_session, scope="function")]
 
 
-def bearer(authorization: Annotated[str | None, Header()] = None) -> str | None:
+async def bearer(authorization: Annotated[str | None, Header()] = None) -> str | None:
     if authorization and authorization.lower().startswith("bearer "):
         return authorization[7:].strip()
     return None
@@ -68,10 +133,15 @@ def bearer(authorization: Annotated[str | None, Header()] = None) -> str | None:
 BearerDep = Annotated[str | None, Depends(bearer)]
 
 
-def get_principal(request: Request, db: DatabaseDep, token: BearerDep) -> Principal:
-    """The caller, looked up in a read-only unit of work of its own: a mutating request's unit of work
-    (`SessionDep`, on SQLite the write lock) begins only when its route first uses it."""
-    with db.session(read_only=True) as session:
+def get_principal(request: Request, db: DatabaseDep, token: BearerDep, session: SessionDep) -> Principal:
+    """The caller. On SQLite looked up in a read-only unit of work of its own: a mutating request's unit of
+    work (`SessionDep`, there the write lock) begins only when its route first uses it. Elsewhere in the
+    request's own unit of work, whose first read it is (a transaction of its own would cost three more round
+    trips to the database). Never cached: a key revoked or expired is refused by the next request."""
+    if db.single_writer:
+        with db.session(read_only=True) as read_session:
+            key = find_api_key(read_session, token)
+    else:
         key = find_api_key(session, token)
     entry = audit_entry(request)
     if key is not None and entry is not None:  # who called, even when the key is refused below
@@ -82,7 +152,7 @@ def get_principal(request: Request, db: DatabaseDep, token: BearerDep) -> Princi
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
 
 
-def get_audit(request: Request) -> AuditEntry:
+async def get_audit(request: Request) -> AuditEntry:
     """The audit entry of this call, for the route to name its target and note safe details (a read
     gets a throwaway entry)."""
     return audit_entry(request) or AuditEntry(method=request.method, path=request.url.path)
@@ -103,14 +173,14 @@ def require_metrics_reader(settings: SettingsDep, db: DatabaseDep, token: Bearer
 MetricsReaderDep = Annotated[None, Depends(require_metrics_reader)]
 
 
-def get_job_service(session: SessionDep, settings: SettingsDep) -> JobService:
+async def get_job_service(session: SessionDep, settings: SettingsDep) -> JobService:
     return JobService(session, artifact_root=settings.artifacts, home=settings.home)
 
 
 JobServiceDep = Annotated[JobService, Depends(get_job_service)]
 
 
-def get_read_job_service(session: ReadSessionDep, settings: SettingsDep) -> JobService:
+async def get_read_job_service(session: ReadSessionDep, settings: SettingsDep) -> JobService:
     return JobService(session, artifact_root=settings.artifacts, home=settings.home)
 
 

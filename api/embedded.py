@@ -69,6 +69,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(n: int, *, avoid: frozenset[int] = frozenset()) -> list[int]:
+    """`n` distinct free ports, none in `avoid`: every socket stays bound until all are chosen. (One
+    `free_port()` after another can hand out the same port twice: Ray then refused to start, "Ray component
+    metrics_export is trying to use a port number … that is used by other components", and a platform
+    starting again after a crash exited; chaos trials.)"""
+    held: list[socket.socket] = []
+    try:
+        while len(held) < n:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            if s.getsockname()[1] in avoid:
+                s.close()
+                continue
+            held.append(s)
+        return [int(s.getsockname()[1]) for s in held]
+    finally:
+        for s in held:
+            s.close()
+
+
 def _bin(name: str) -> str:
     """A console script of this interpreter's environment (the venv), not whatever is on PATH."""
     candidate = Path(sys.executable).parent / name
@@ -242,20 +262,21 @@ class RayHead:
     def command(self) -> tuple[list[str], dict[str, str]]:
         # Every port Ray would otherwise take at a fixed default (GCS 6379 is Redis's, the agent's 52365
         # and the client server's 10001 collide with any other Ray on the machine) is chosen free.
-        ports = {
-            flag: free_port()
-            for flag in (
-                "--port",
-                "--dashboard-port",
-                "--dashboard-agent-listen-port",
-                "--dashboard-agent-grpc-port",
-                "--ray-client-server-port",
-                "--runtime-env-agent-port",
-                "--metrics-export-port",
-                "--node-manager-port",
-                "--object-manager-port",
-            )
-        }
+        flags = (
+            "--port",
+            "--dashboard-port",
+            "--dashboard-agent-listen-port",
+            "--dashboard-agent-grpc-port",
+            "--ray-client-server-port",
+            "--runtime-env-agent-port",
+            "--metrics-export-port",
+            "--node-manager-port",
+            "--object-manager-port",
+        )
+        # distinct, and never the API's port (the API starts after Ray)
+        ports = dict(
+            zip(flags, free_ports(len(flags), avoid=frozenset({self.settings.api.port})), strict=True)
+        )
         temp = ensure_private_dir(
             ray_temp_dir(self.settings)
         )  # sockets, session and job logs: this user only
@@ -314,9 +335,12 @@ def start_ray(children: Children, settings: Settings, pool: str = LOCAL_POOL) ->
     return head.wait(proc, children.logs)
 
 
-def ray_processes(temp: Path) -> list[psutil.Process]:
+def ray_processes(temp: Path, token_path: Path | None = None) -> list[psutil.Process]:
     """Every process of the Ray whose temp dir is `temp` (`ray start`, GCS, raylet, dashboard, log monitor,
-    agents): they name the dir, or a session under it, on their command line."""
+    agents): they name the dir, or a session under it, on their command line. With `token_path`, also every
+    process that inherited it as `RAY_AUTH_TOKEN_PATH` from that Ray (its workers and its jobs' drivers,
+    which name neither: a driver runs in a session of its own and outlived a SIGKILLed GCS, training on
+    beside the attempt that resumed its job; chaos trials)."""
     prefix = f"{temp}{os.sep}"
     found = []
     for proc in psutil.process_iter(["pid", "cmdline", "uids"]):
@@ -326,18 +350,24 @@ def ray_processes(temp: Path) -> list[psutil.Process]:
             argv = proc.info["cmdline"] or []
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        if proc.pid != os.getpid() and any(
-            a == str(temp) or a.endswith(f"={temp}") or prefix in a for a in argv
-        ):
+        if proc.pid == os.getpid():
+            continue
+        if any(a == str(temp) or a.endswith(f"={temp}") or prefix in a for a in argv):
             found.append(proc)
+        elif token_path is not None:
+            try:
+                if proc.environ().get("RAY_AUTH_TOKEN_PATH") == str(token_path):
+                    found.append(proc)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, OSError):
+                continue
     return found
 
 
-def stop_ray_of(temp: Path, timeout: float = 10) -> int:
+def stop_ray_of(temp: Path, timeout: float = 10, *, token_path: Path | None = None) -> int:
     """`ray stop` for one Ray only (Ray's own stops every Ray of the user on the machine, a test's too):
-    SIGTERM to the processes of the Ray with temp dir `temp`, SIGKILL to what is left after `timeout`.
-    Returns how many there were."""
-    procs = ray_processes(temp)
+    SIGTERM to the processes of the Ray with temp dir `temp` (and, with `token_path`, to every process it
+    started: `ray_processes`), SIGKILL to what is left after `timeout`. Returns how many there were."""
+    procs = ray_processes(temp, token_path)
     if not procs:
         return 0
     for p in procs:
@@ -625,7 +655,7 @@ def clean_leftovers(settings: Settings, state_file: Path) -> list[str]:
                 continue
             _kill_group(int(pid), signal.SIGTERM if name == "ray" else signal.SIGKILL)
             done.append(f"stopped the previous platform's {name} (pid {pid})")
-    stopped = stop_ray_of(ray_temp_dir(settings))
+    stopped = stop_ray_of(ray_temp_dir(settings), token_path=settings.ray_token_path(LOCAL_POOL))
     if stopped:
         done.append(f"stopped {stopped} process(es) of a Ray head left on {ray_temp_dir(settings)}")
     return done
@@ -672,7 +702,9 @@ def main() -> None:
             head = RayHead(settings)
 
             def ray_command() -> tuple[list[str], dict[str, str] | None]:
-                stop_ray_of(ray_temp_dir(settings))  # what a dead head left outside its process group
+                # what a dead head left outside its process group: its daemons, and its jobs' drivers (their
+                # jobs are resumed on the new head; an old driver must not train on beside the new attempt)
+                stop_ray_of(ray_temp_dir(settings), token_path=settings.ray_token_path(LOCAL_POOL))
                 return head.command()
 
             def ray_restarted() -> None:

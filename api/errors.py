@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import kombu.exceptions
 import sqlalchemy.exc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -70,6 +71,56 @@ async def _integrity_error(request: Request, exc: sqlalchemy.exc.IntegrityError)
     return envelope(request, 409, "conflict", "the change conflicts with existing data")
 
 
+#: What a 503 tells the client to wait before it retries (seconds): the database or the broker being away.
+RETRY_AFTER_SECONDS = 5
+UNAVAILABLE = "service.unavailable"
+# SQLite's OperationalErrors that mean "not now" rather than a mistake in a statement ("no such table").
+_SQLITE_TRANSIENT = ("database is locked", "database table is locked", "unable to open database", "disk i/o")
+
+
+def unavailable_service(exc: BaseException) -> str | None:
+    """`database` or `broker` when `exc` means that service cannot be reached (down, restarting, its
+    connections cut, its pool exhausted); None for any other failure, which stays a 500."""
+    if isinstance(exc, sqlalchemy.exc.TimeoutError):  # no connection free in the pool in time
+        return "database"
+    if isinstance(exc, sqlalchemy.exc.DBAPIError) and not isinstance(exc, sqlalchemy.exc.IntegrityError):
+        if exc.connection_invalidated:  # SQLAlchemy saw the connection die
+            return "database"
+        if isinstance(exc, sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError):
+            if type(exc.orig).__module__.startswith("sqlite3"):
+                return "database" if any(m in str(exc.orig).lower() for m in _SQLITE_TRANSIENT) else None
+            # psycopg (PostgreSQL): OperationalError/InterfaceError are the server or the connection
+            # (refused, reset, closed, shutting down, cancelled); a wrong statement is ProgrammingError.
+            return "database"
+        return None
+    if isinstance(exc, kombu.exceptions.OperationalError):  # Celery could not publish: no broker
+        return "broker"
+    return None
+
+
+async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+    """503 `service.unavailable` naming the service, with Retry-After, for a database or broker that went
+    away (docs/reliability.md, "Crash trials and outages"); any other error of those kinds is a 500."""
+    service = unavailable_service(exc)
+    if service is None:
+        return await _unexpected(request, exc)
+    log.warning(
+        "503: the %s is unavailable (request %s): %s",
+        service,
+        getattr(request.state, "request_id", None),
+        redact(f"{type(exc).__name__}: {exc}".splitlines()[0])[:300],
+    )
+    response = envelope(
+        request,
+        503,
+        UNAVAILABLE,
+        f"the {service} is unavailable; retry in a few seconds",
+        {"service": service},
+    )
+    response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    return response
+
+
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     code = {
         400: "request.malformed",  # a body that is not JSON (or not UTF-8) where JSON is expected
@@ -89,5 +140,8 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(DomainError, _domain_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(sqlalchemy.exc.IntegrityError, _integrity_error)  # type: ignore[arg-type]
+    # the database or the broker away: 503 (other errors of these classes fall through to a 500)
+    for cls in (sqlalchemy.exc.DBAPIError, sqlalchemy.exc.TimeoutError, kombu.exceptions.OperationalError):
+        app.add_exception_handler(cls, _unavailable)
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected)

@@ -254,6 +254,8 @@ class Pipeline:
         self, rollout_id: int, rollout: RolloutOutput | None = None, *, blocking: bool | None = None
     ) -> None:
         state = {"data": self.data_state(rollout), "rollout_id": rollout_id}
+        if self.spec.save:  # the reports up to this step survive the driver once the checkpoint exists
+            self.reporter.durable_through(rollout_id)
         self.checkpoints.save(rollout_id, state, blocking=blocking)
         self.save_critic(rollout_id)
 

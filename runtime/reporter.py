@@ -144,6 +144,9 @@ class Reporter(ABC):
         self.blocked_seconds = 0.0  # how long producers waited for room in a full spool
         self.late_items = 0  # added after close() began: not sent
         self.spool_full = False
+        self._persist_requests = 0  # persist(): cuts asked for ...
+        self._persisted = 0  # ... and how many of them are written (the cut that served them is in the queue)
+        self._durable_step: int | None = None  # durable_through(): persist at the metrics of this step
         self._cutter = threading.Thread(
             target=self._cut_loop, name=f"{type(self).__name__}-cutter", daemon=True
         )
@@ -180,6 +183,36 @@ class Reporter(ABC):
         self._add(
             "metrics", [{"step": step, "name": k, "value": float(v), "time": now} for k, v in values.items()]
         )
+        if values and self._durable_step is not None and step >= self._durable_step:
+            self._durable_step = None
+            self.persist()
+
+    def durable_through(self, step: int) -> None:
+        """A checkpoint of `step` is about to be written. Once it is on disk a resumed attempt starts after
+        it, so nothing reported up to it may be lost with the driver: what is pending is persisted now, and
+        the metrics of `step` itself (the loop reports a step after its save) as soon as they come. Without
+        this a SIGKILL lost the ~1 s of points not yet cut before the checkpoint, for good (chaos trials)."""
+        self._durable_step = step
+        self.persist()
+
+    def persist(self, timeout: float = 5.0) -> bool:
+        """Cut what is pending into a report now and wait until it is written to the queue (to the spool
+        on disk once `attach_spool` named it), not for the platform to take it. True when written within
+        `timeout`; False when it could not be (the spool full or failing: items then wait as usual)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            if self._closing or threading.current_thread() in (self._cutter, self._sender):
+                return False
+            self._persist_requests += 1
+            want = self._persist_requests
+            self._flush_now = True
+            self._cond.notify_all()
+            while self._persisted < want:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self.spool_full or not self._cutter.is_alive():
+                    return False
+                self._cond.wait(min(remaining, 0.1))
+        return True
 
     def log(self, level: str, message: str, *, source: str = "driver", when: float | None = None) -> None:
         item = {"time": when or time.time(), "level": level, "source": source, "message": redact(message)}
@@ -371,6 +404,7 @@ class Reporter(ABC):
                     return
                 self._flush_now = False
                 closing = self._closing
+                serving = self._persist_requests  # persist() calls this pass answers
                 while True:
                     full = self._queue.bytes >= self.spool_max_bytes
                     self.spool_full = full
@@ -386,6 +420,7 @@ class Reporter(ABC):
                     self._unwritten.append(payload)
                     if due:
                         break
+                cut_all = not any(self._pending.lists.values())
                 todo = list(self._unwritten)
             written = 0
             for payload in todo:
@@ -402,6 +437,8 @@ class Reporter(ABC):
                 written += 1
             with self._cond:
                 del self._unwritten[:written]
+                if cut_all and not self._unwritten:
+                    self._persisted = max(self._persisted, serving)
                 self._cond.notify_all()
 
     def _send_loop(self) -> None:

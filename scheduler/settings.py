@@ -36,6 +36,15 @@ class ApiSettings(BaseSettings):
         description="Bearer token that Prometheus scrapers send to /metrics (RELAX_METRICS_TOKEN); "
         "admin API keys work too. Unset: admin keys only.",
     )
+    api_threads: int = Field(
+        8,
+        ge=1,
+        le=24,
+        description="Threads of each API worker process that run routes and database work, and requests that "
+        "hold a unit of work at once (RELAX_API_THREADS); requests beyond them wait their turn on the event "
+        "loop. Fewer than the database pool's 30 connections a process, so that they never run it dry; more "
+        "threads than cores only add contention for Python's GIL (bench/api_load.py).",
+    )
     max_body_bytes: int = Field(
         1024 * 1024,
         ge=1024,
@@ -85,6 +94,12 @@ class SchedulerSettings(BaseSettings):
 
     tick_seconds: float = Field(
         2.0, description="Period of the beat that runs a scheduling pass and reconciles every pool."
+    )
+    pass_interval_seconds: float = Field(
+        0.5,
+        ge=0,
+        description="Least time between the starts of two scheduling passes of a worker process. Passes "
+        "asked for meanwhile (one after each submission, cancel or change) are served by one pass after it.",
     )
     preempt_grace_seconds: float = Field(
         120.0,

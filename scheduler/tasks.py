@@ -11,6 +11,7 @@ import os
 import re
 import socket
 import sys
+import time
 import urllib.request
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -39,9 +40,11 @@ from scheduler.dispatch import (
     TASK_STOP,
     TASK_TICK,
     CeleryDispatcher,
+    PassCoalescer,
 )
 from scheduler.domain.jobs import ON_CLUSTER, FailureReason, JobStatus
-from scheduler.scheduling import run_scheduling_pass
+from scheduler.memory import freeze_startup_objects
+from scheduler.scheduling import PassResult, run_scheduling_pass
 from scheduler.services.job_tokens import bootstrap_secret
 from scheduler.services.jobs import JobService
 from scheduler.settings import Settings
@@ -65,6 +68,14 @@ class WorkerContext:
     def dispatcher(self) -> CeleryDispatcher:
         return CeleryDispatcher(self.app)
 
+    @cached_property
+    def passes(self) -> PassCoalescer:
+        """The passes of this process: requests that come while one runs share the next."""
+        return PassCoalescer(
+            lambda: run_scheduling_pass(self.db, self.dispatcher, artifact_root=self.settings.artifacts),
+            self.settings.scheduler.pass_interval_seconds,
+        )
+
     def jobs(self, session) -> JobService:  # type: ignore[no-untyped-def]
         return JobService(session, artifact_root=self.settings.artifacts)
 
@@ -74,12 +85,14 @@ def register_tasks(app: Celery, settings: Settings) -> WorkerContext:
 
     @app.task(name=TASK_PASS)
     def scheduling_pass() -> list[str]:
-        return run_scheduling_pass(ctx.db, ctx.dispatcher, artifact_root=settings.artifacts).admitted
+        result = ctx.passes.request()
+        return result.admitted if isinstance(result, PassResult) else []
 
     @app.task(name=TASK_TICK)
     def tick() -> None:
         health.record(ctx.db, health.TICK, f"{socket.gethostname()} pid {os.getpid()}")  # for /readyz
-        run_scheduling_pass(ctx.db, ctx.dispatcher, artifact_root=settings.artifacts)
+        ctx.passes.request()
+        relaunch_stalled(ctx)
         with ctx.db.session() as s:
             pools = set(s.scalars(sa.select(Job.pool).where(Job.status.in_(list(ON_CLUSTER)))))
         for pool in pools:
@@ -115,7 +128,30 @@ def register_tasks(app: Celery, settings: Settings) -> WorkerContext:
         ).start()
 
     signals.worker_ready.connect(start_heartbeat, weak=False)
+    signals.worker_ready.connect(lambda **_: freeze_startup_objects(), weak=False)
     return ctx
+
+
+LAUNCH_RETRY_SECONDS = 2.0  # while the pool's Ray does not answer, for at most launch_grace_seconds
+ADMITTED_RELAUNCH_SECONDS = 10.0  # an ADMITTED job's launch task is taken within a second when all is well
+
+
+def relaunch_stalled(ctx: WorkerContext, *, older_than: float = ADMITTED_RELAUNCH_SECONDS) -> list[str]:
+    """Send the launch task again for every job ADMITTED more than `older_than` s ago: its first one never
+    reached a worker (the broker was away when the pass committed, or a worker was SIGKILLed holding the
+    message: the embedded SQL transport does not hand back what a killed worker had taken), and it would
+    otherwise hold its slots forever (the reconciler watches jobs from STARTING on). A launch is idempotent:
+    compare-and-set ADMITTED -> STARTING, one Ray job per attempt. Returns the jobs."""
+    now = utcnow()
+    with ctx.db.session(read_only=True) as s:
+        rows = s.execute(
+            sa.select(Job.id, Job.pool, Job.status_changed_at).where(Job.status == JobStatus.ADMITTED)
+        ).all()
+    stalled = [(j, pool) for j, pool, at in rows if (now - at).total_seconds() > older_than]
+    for job_id, pool in stalled:
+        log.warning("job %s is ADMITTED since over %.0fs: sending its launch again", job_id, older_than)
+        ctx.dispatcher.launch(job_id, pool)
+    return [j for j, _ in stalled]
 
 
 def launch_job(ctx: WorkerContext, job_id: str) -> None:
@@ -144,44 +180,96 @@ def launch_job(ctx: WorkerContext, job_id: str) -> None:
             job.attempt,
             job.ray_submission_id,
         )
-    try:
-        if not address:
-            raise RuntimeError(f"pool {job.pool} has no Ray address")
-        # Ray's Jobs API shows a job's environment to anyone who can reach the dashboard: it carries only
-        # the attempt's one-time bootstrap secret, which the driver exchanges for the attempt's token as
-        # its first call (scheduler/services/job_tokens.py); a copy read later is refused.
-        bootstrap = bootstrap_secret(ctx.settings.signing_key(), job_id, attempt)
-        submitted = launcher_for(address, ctx.settings.ray_token(job.pool)).submit(
-            sub_id,
-            driver_entrypoint(python, job_id, ctx.settings.public_url),
-            env={"RELAX_JOB_ID": job_id, "RELAX_JOB_BOOTSTRAP": bootstrap, "RELAX_JOB_ATTEMPT": str(attempt)},
-            metadata={"relax_job_id": job_id, "attempt": str(attempt)},
-        )
-        log.info(
-            "job %s attempt %s %s on %s",
+    pool_name = job.pool
+    patience = ctx.settings.scheduler.launch_grace_seconds if _ray_supervised(pool_name) else 0.0
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            if not address:
+                raise RuntimeError(f"pool {pool_name} has no Ray address")
+            # Ray's Jobs API shows a job's environment to anyone who can reach the dashboard: it carries
+            # only the attempt's one-time bootstrap secret, which the driver exchanges for the attempt's
+            # token as its first call (scheduler/services/job_tokens.py); a copy read later is refused.
+            bootstrap = bootstrap_secret(ctx.settings.signing_key(), job_id, attempt)
+            submitted = launcher_for(address, ctx.settings.ray_token(pool_name)).submit(
+                sub_id,
+                driver_entrypoint(python, job_id, ctx.settings.public_url),
+                env={
+                    "RELAX_JOB_ID": job_id,
+                    "RELAX_JOB_BOOTSTRAP": bootstrap,
+                    "RELAX_JOB_ATTEMPT": str(attempt),
+                },
+                metadata={"relax_job_id": job_id, "attempt": str(attempt)},
+            )
+            log.info(
+                "job %s attempt %s %s on %s",
+                job_id,
+                attempt,
+                "submitted" if submitted else "already on Ray",
+                address,
+            )
+            return
+        except OSError as err:  # the pool's Ray does not answer (refused, reset)
+            if time.monotonic() >= deadline:
+                _launch_failed(ctx, job_id, address, err)
+                return
+            # The embedded platform's Ray is being restarted by its supervisor: it comes back on new ports,
+            # which the supervisor records on the pool, so read the address again. Before this, a launch
+            # during a Ray restart FAILED the job as `setup` (chaos trials).
+            log.warning(
+                "job %s: the pool's Ray at %s does not answer (%s); trying again", job_id, address, err
+            )
+            time.sleep(LAUNCH_RETRY_SECONDS)
+            with ctx.db.session(read_only=True) as s:
+                job = s.get(Job, job_id)
+                if job is None or job.status != JobStatus.STARTING or job.attempt != attempt:
+                    return  # cancelled meanwhile, or moved on: the reconciler has it
+                pool = s.get(Pool, pool_name)
+                address = pool.ray_address if pool else None
+        except Exception as err:  # the cluster refused the job
+            _launch_failed(ctx, job_id, address, err)
+            return
+
+
+EMBEDDED_POOL = "local"  # the pool whose Ray the embedded platform's supervisor runs (api/embedded.py)
+
+
+def _ray_supervised(pool: str) -> bool:
+    """Whether `pool`'s Ray is the embedded platform's own, which its supervisor restarts when it dies (a
+    `ray` part in the supervisor's state): a launch that finds it down waits for it instead of failing."""
+    state = health.read_supervisor_state(os.environ.get(health.SUPERVISOR_STATE_ENV))
+    return pool == EMBEDDED_POOL and bool(state and "ray" in (state.get("parts") or {}))
+
+
+def _ray_restarted_since(pool: str, when: datetime) -> bool:
+    """Whether `pool`'s Ray is the embedded platform's own and its head (re)started after `when` (the
+    supervisor's state: the `ray` part running since then)."""
+    if pool != EMBEDDED_POOL:
+        return False
+    state = health.read_supervisor_state(os.environ.get(health.SUPERVISOR_STATE_ENV))
+    ray = ((state or {}).get("parts") or {}).get("ray") or {}
+    since = ray.get("since")
+    return ray.get("state") == "running" and bool(since) and float(since) > when.timestamp()
+
+
+def _launch_failed(ctx: WorkerContext, job_id: str, address: str | None, err: Exception) -> None:
+    log.error("launch of %s failed", job_id, exc_info=err)
+    with ctx.db.session() as s:
+        svc = ctx.jobs(s)
+        svc.transition(
             job_id,
-            attempt,
-            "submitted" if submitted else "already on Ray",
-            address,
+            JobStatus.FAILED,
+            expected_from=JobStatus.STARTING,
+            reason=redact(f"could not submit to Ray at {address}: {err}"),
+            failure=FailureReason.SETUP,
         )
-    except Exception as err:  # the cluster is unreachable or refused the job
-        log.exception("launch of %s failed", job_id)
-        with ctx.db.session() as s:
-            svc = ctx.jobs(s)
-            svc.transition(
-                job_id,
-                JobStatus.FAILED,
-                expected_from=JobStatus.STARTING,
-                reason=redact(f"could not submit to Ray at {address}: {err}"),
-                failure=FailureReason.SETUP,
-            )
-            svc.transition(
-                job_id,
-                JobStatus.CANCELLED,
-                expected_from=JobStatus.CANCELLING,
-                reason="cancelled before the driver started",
-            )
-        ctx.dispatcher.request_pass()
+        svc.transition(
+            job_id,
+            JobStatus.CANCELLED,
+            expected_from=JobStatus.CANCELLING,
+            reason="cancelled before the driver started",
+        )
+    ctx.dispatcher.request_pass()
 
 
 def reconcile_pool(ctx: WorkerContext, pool_name: str) -> None:
@@ -228,7 +316,14 @@ def reconcile_pool(ctx: WorkerContext, pool_name: str) -> None:
             )
             continue
         if info is None:
-            late = launched_at is None or utcnow() - launched_at > grace
+            # late: past the launch grace, or launched before the pool's (embedded) Ray head was restarted,
+            # which cannot know the job: waiting the grace out left the job holding its slots without a
+            # driver for over a minute after a restart (chaos trials)
+            late = (
+                launched_at is None
+                or utcnow() - launched_at > grace
+                or _ray_restarted_since(pool_name, launched_at)
+            )
             gone = f"Ray job {sub_id} is gone: the pool's Ray at {address} does not know it (restarted?)"
             if status == JobStatus.CANCELLING and late:
                 freed |= _move(

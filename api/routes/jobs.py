@@ -44,25 +44,30 @@ from api.schemas.jobs import (
 )
 from jobspec.bounds import MAX_PATH_LENGTH
 from scheduler.db.models import BIGINT_MAX, INTEGER_MAX, INTEGER_MIN
+from scheduler.dispatch import Dispatcher
 from scheduler.domain.errors import DomainError, NotFound
 from scheduler.domain.jobs import JobStatus
-from scheduler.services.auth import authenticate
+from scheduler.services.audit import AuditEntry
+from scheduler.services.auth import Principal, authenticate
 from scheduler.services.jobs import JobService, Submission
 from scheduler.transactions import after_commit
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
 
 
-def _detail(svc: JobService, job) -> JobDetail:  # type: ignore[no-untyped-def]
+def _detail(svc: JobService, job, *, new: bool = False) -> JobDetail:  # type: ignore[no-untyped-def]
     detail = JobDetail.model_validate(job, from_attributes=True)
-    detail.allocations = [
-        {"node": a.node, "role": a.role, "gpus": a.gpus, "pool": a.pool} for a in svc.allocations(job)
-    ]
+    if not new:  # a job created by this request holds nothing yet
+        detail.allocations = [
+            {"node": a.node, "role": a.role, "gpus": a.gpus, "pool": a.pool} for a in svc.allocations(job)
+        ]
     return detail
 
 
+# The busiest routes (submit, list; the dry run in specs.py) are `async def` doing their work in one trip to
+# the thread pool: a plain `def` route costs a second trip, FastAPI validating its answer there.
 @router.post("", status_code=201, response_model=JobDetail)
-def submit_job(
+async def submit_job(
     body: JobCreate,
     reader: ReadJobServiceDep,
     svc: JobServiceDep,
@@ -75,6 +80,21 @@ def submit_job(
     """Submit a job (the key's team, or `team` for an admin) to one of the team's queues at a priority
     class the team was granted. The spec is judged with reads only, then the job is written in a short
     transaction (`JobService.judge`)."""
+    return await run_in_threadpool(
+        _submit, body, reader, svc, principal, dispatcher, response, audit, idempotency_key
+    )
+
+
+def _submit(
+    body: JobCreate,
+    reader: JobService,
+    svc: JobService,
+    principal: Principal,
+    dispatcher: Dispatcher,
+    response: Response,
+    audit: AuditEntry,
+    idempotency_key: str | None,
+) -> JobDetail:
     audit.note(name=body.name, team=body.team, queue=body.queue, priority_class=body.priority_class)
     sub = Submission(
         name=body.name,
@@ -96,11 +116,11 @@ def submit_job(
         after_commit(svc.session, dispatcher.request_pass)
     else:
         response.status_code = 200
-    return _detail(svc, job)
+    return _detail(svc, job, new=created)
 
 
 @router.get("", response_model=JobsPage)
-def list_jobs(
+async def list_jobs(
     svc: JobServiceDep,
     principal: PrincipalDep,
     status: Annotated[list[str] | None, Query(description="Repeat or comma-separate.")] = None,
@@ -111,10 +131,14 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> JobsPage:
     statuses = [s for item in status or [] for s in item.split(",") if s]
-    rows, cursor = svc.list(
-        principal, status=statuses, name=name, team=team, queue=queue, after=after, limit=limit
-    )
-    return JobsPage(data=[JobPublic.model_validate(r) for r in rows], next_cursor=cursor)
+
+    def page() -> JobsPage:
+        rows, cursor = svc.list(
+            principal, status=statuses, name=name, team=team, queue=queue, after=after, limit=limit
+        )
+        return JobsPage(data=[JobPublic.model_validate(r) for r in rows], next_cursor=cursor)
+
+    return await run_in_threadpool(page)
 
 
 @router.get("/{job_id}", response_model=JobDetail)
@@ -152,7 +176,9 @@ def job_metrics(
     wanted = [n for item in names or [] for n in item.split(",") if n]
     series: dict[str, list[MetricPoint]] = {}
     for m in svc.metrics(job, names=wanted, since_step=since_step):
-        series.setdefault(m.name, []).append(MetricPoint(step=m.step, value=m.value, time=m.time))
+        series.setdefault(m.name, []).append(
+            MetricPoint(step=m.step, value=m.value, time=m.time, attempt=m.attempt)
+        )
     return JobMetrics(job_id=job.id, series=series)
 
 
@@ -257,7 +283,16 @@ async def stream_job(
             for m in svc.metrics_after(job, after=cur["m"]):
                 cur["m"] = m.id
                 out.append(
-                    ("metric", {"name": m.name, "step": m.step, "value": m.value, "time": m.time.isoformat()})
+                    (
+                        "metric",
+                        {
+                            "name": m.name,
+                            "step": m.step,
+                            "value": m.value,
+                            "time": m.time.isoformat(),
+                            "attempt": m.attempt,
+                        },
+                    )
                 )
             for line in svc.logs(job, after=cur["l"], limit=500):
                 cur["l"] = line.id

@@ -36,4 +36,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         "model": ErrorEnvelope,
         "description": "Invalid request or job spec; details.issues names each field.",
     },
+    503: {
+        "model": ErrorEnvelope,
+        "description": "service.unavailable: the database or the broker (details.service) cannot be reached "
+        "now; retry after the Retry-After header's seconds.",
+    },
 }

@@ -188,6 +188,10 @@ class MetricPoint(BaseModel):
     step: int
     value: float
     time: datetime
+    attempt: int = Field(
+        description="The attempt whose driver produced it: a resumed attempt trains again the steps after "
+        "its checkpoint, so a step can have one point per attempt."
+    )
 
 
 class JobMetrics(BaseModel):

@@ -21,7 +21,13 @@ def make_engine(url: str, *, echo: bool = False) -> sa.Engine:
         engine = sa.create_engine(url, echo=echo, connect_args={"timeout": 30, "check_same_thread": False})
         _configure_sqlite(engine)
         return engine
-    return sa.create_engine(url, echo=echo, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    # A database that went away (restart, failover, network cut): pre-ping replaces a dead pooled
+    # connection at checkout, and a connection attempt gives up after 10 s instead of the OS's minutes,
+    # so requests meanwhile answer 503 (api/errors.py) and the first ones after its return succeed.
+    connect_args = {} if "connect_timeout" in u.query else {"connect_timeout": 10}
+    return sa.create_engine(
+        url, echo=echo, pool_pre_ping=True, pool_size=10, max_overflow=20, connect_args=connect_args
+    )
 
 
 def _configure_sqlite(engine: sa.Engine) -> None:
@@ -63,12 +69,24 @@ class Database:
     def dialect(self) -> str:
         return self.engine.dialect.name
 
+    @property
+    def single_writer(self) -> bool:
+        """Whether a write transaction holds the whole database from its start (SQLite: BEGIN IMMEDIATE takes
+        the one write lock), so that slow reads go in a read-only unit of work before it. PostgreSQL locks
+        only the rows a transaction writes, when it writes them."""
+        return self.dialect == "sqlite"
+
+    def new_session(self, *, read_only: bool = False) -> Session:
+        """A unit of work for the caller to commit or roll back, and close (`session` does it for a block).
+        Making one does no I/O: its transaction begins with its first statement."""
+        return (self._read_factory if read_only else self._factory)()
+
     @contextmanager
     def session(self, *, read_only: bool = False) -> Iterator[Session]:
         """One transaction: commits when the block succeeds, rolls back when it raises.
 
         `read_only` units of work must not write (on SQLite they do not take the write lock)."""
-        with (self._read_factory if read_only else self._factory)() as s:
+        with self.new_session(read_only=read_only) as s:
             try:
                 yield s
                 s.commit()

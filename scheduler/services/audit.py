@@ -53,7 +53,8 @@ def _safe(value: Any) -> Any:
 
 def record(session: Session, entry: AuditEntry, status_code: int) -> AuditEvent:
     """Add the row to `session`: the request's own unit of work when the call succeeded (so the row
-    commits with the change, or not at all), a fresh one for a refused or failed call."""
+    commits with the change, or not at all), a fresh one for a refused or failed call. It is written by the
+    commit's flush (one flush for it and the change's last rows)."""
     row = AuditEvent(
         request_id=entry.request_id,
         key_id=entry.key_id,
@@ -66,7 +67,6 @@ def record(session: Session, entry: AuditEntry, status_code: int) -> AuditEvent:
         details=dict(entry.details),
     )
     session.add(row)
-    session.flush()
     return row
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import shlex
 import shutil
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 import jobspec
 from runtime.access import PATHS_KEY
@@ -57,7 +58,7 @@ from scheduler.policy.types import Node as PolicyNode
 from scheduler.services.auth import Principal, team_for
 from scheduler.services.job_tokens import job_token
 from scheduler.services.paths import TeamStorage, real, resolve_paths, team_storage
-from scheduler.services.platform import granted_priority_classes, granted_queues
+from scheduler.services.platform import granted_among, granted_queues
 
 # Statuses a cancel request moves from, and where it moves them.
 _CANCEL_TARGET = {
@@ -89,12 +90,20 @@ class Submission:
 class Judged:
     """A submission's spec, judged with reads only (`JobService.judge`): normalizing a spec takes time (a
     large one, seconds), and on SQLite a write transaction holds the database's one write lock meanwhile.
-    `submit` takes it when the pool and its node size are still the ones it was judged for."""
+    `submit` takes it when the pool and its node size are still the ones it was judged for.
+
+    Judged in the unit of work that then submits (`session` is `submit`'s own: PostgreSQL, where a
+    transaction locks only the rows it writes, see api/deps.py `get_read_session`), nothing it read is read
+    again: the same transaction would read the same rows a few milliseconds later."""
 
     pool: str
     max_gpus_per_node: int | None
     normalized: jobspec.NormalizedSpec
     submitted: dict[str, Any]
+    # What it read, when judged in `session` (objects of that session; held here, since a session keeps
+    # only weak references to what it loaded)
+    session: Session | None = field(default=None, compare=False, repr=False)
+    objects: tuple[Team, Queue, Pool, PriorityClass] | None = field(default=None, compare=False, repr=False)
 
 
 FINAL_REPORT_EVENT = "final_report"  # runtime.reporter.EventKind.FINAL_REPORT: the driver's last report
@@ -162,6 +171,7 @@ class JobService:
         self.session = session
         self.artifact_root = artifact_root
         self.home = home  # the platform's home: no job path reaches it (needed to submit)
+        self._node_cache: dict[str, list[tuple[str, int]]] | None = None
 
     # Reads ---------------------------------------------------------------------------------
     def get(self, job_id: str, principal: Principal | None = None) -> Job:
@@ -186,9 +196,15 @@ class JobService:
         after: str | None = None,
         limit: int = 50,
     ) -> tuple[list[Job], str | None]:
-        """Newest first; `after` is the id of the last job of the previous page."""
+        """Newest first; `after` is the id of the last job of the previous page. The jobs' specs and
+        requests (tens of kB of JSON each) are not read: a list shows neither (they load if touched)."""
         principal.require(Action.JOB_READ)
-        q = sa.select(Job).order_by(Job.id.desc()).limit(limit + 1)
+        q = (
+            sa.select(Job)
+            .options(defer(Job.spec), defer(Job.submitted), defer(Job.demand))
+            .order_by(Job.id.desc())
+            .limit(limit + 1)
+        )
         if not principal.is_admin:
             q = q.where(Job.team_id == principal.team_id)
         if team:
@@ -224,32 +240,37 @@ class JobService:
         queue = self._queue_for(principal, team, sub.queue)
         pool = self.session.get(Pool, queue.pool)
         assert pool is not None
-        self._priority_class(principal, team, sub.priority_class)
+        pclass = self._priority_class(principal, team, sub.priority_class)
         max_node = self._max_node(pool)
         normalized, submitted = self._normalize_spec(sub, max_node)
         self._refuse_what_cannot_run(normalized, pool)
-        return Judged(pool.name, max_node, normalized, submitted)
+        return Judged(pool.name, max_node, normalized, submitted, self.session, (team, queue, pool, pclass))
 
     def submit(self, principal: Principal, sub: Submission, judged: Judged | None = None) -> tuple[Job, bool]:
         """Validate and store a job QUEUED. Returns (job, created); a repeated idempotency key
         returns the original job with created=False. With `judged` (from `judge`, in a unit of work of its
         own before this one) the spec is not normalized again unless its pool changed meanwhile."""
         principal.require(Action.JOB_SUBMIT)
-        team = team_for(self.session, principal, sub.team)
-        existing = self._idempotent_job(team, sub)
-        if existing is not None:
-            return existing, False
-        queue = self._queue_for(principal, team, sub.queue)
-        pool = self.session.get(Pool, queue.pool)
-        assert pool is not None
-        pclass = self._priority_class(principal, team, sub.priority_class)
-
-        max_node = self._max_node(pool)
-        if judged is not None and (judged.pool, judged.max_gpus_per_node) == (pool.name, max_node):
+        if judged is not None and judged.session is self.session and judged.objects is not None:
+            # judged in this transaction, just before: every check passed here already
+            team, queue, pool, pclass = judged.objects
             normalized, submitted = judged.normalized, judged.submitted
         else:
-            normalized, submitted = self._normalize_spec(sub, max_node)
-        self._refuse_what_cannot_run(normalized, pool)
+            team = team_for(self.session, principal, sub.team)
+            existing = self._idempotent_job(team, sub)
+            if existing is not None:
+                return existing, False
+            queue = self._queue_for(principal, team, sub.queue)
+            pool = self.session.get(Pool, queue.pool)
+            assert pool is not None
+            pclass = self._priority_class(principal, team, sub.priority_class)
+
+            max_node = self._max_node(pool)
+            if judged is not None and (judged.pool, judged.max_gpus_per_node) == (pool.name, max_node):
+                normalized, submitted = judged.normalized, judged.submitted
+            else:
+                normalized, submitted = self._normalize_spec(sub, max_node)
+            self._refuse_what_cannot_run(normalized, pool)
         job_id = new_id("job")
         storage = self._storage(team, pool)
         job_dir = storage.job_dir(job_id)
@@ -378,9 +399,9 @@ class JobService:
         job no node layout of its pool can ever hold (`job.unschedulable`), which would otherwise wait
         QUEUED forever."""
         demand = normalized.demand.model_dump(mode="json")
-        refused = backend_refusals(normalized.spec.to_dict()) + _unschedulable(
-            self._capacity(pool, demand), demand
-        )
+        refused = backend_refusals(normalized.spec.to_dict())
+        if self._fits(pool.name, demand) is False:  # the whole capacity picture only for the message
+            refused += _unschedulable(self._capacity(pool, demand), demand)
         if refused:
             code = "job.unschedulable" if all(i["code"] == "job.unschedulable" for i in refused) else None
             issues = refused + [w.to_dict() for w in normalized.warnings]
@@ -425,26 +446,38 @@ class JobService:
             raise invalid from None
         return normalized, submitted
 
+    def _nodes(self) -> dict[str, list[tuple[str, int]]]:
+        """Every node's name and GPUs, by pool (cordoned and down nodes too: they may come back); read once
+        per unit of work."""
+        if self._node_cache is None:
+            nodes: dict[str, list[tuple[str, int]]] = {}
+            for pool_name, node, gpus in self.session.execute(sa.select(Node.pool, Node.name, Node.gpus)):
+                nodes.setdefault(pool_name, []).append((node, int(gpus)))
+            self._node_cache = nodes
+        return self._node_cache
+
     def _max_node(self, pool: Pool) -> int | None:
-        return self.session.scalar(sa.select(sa.func.max(Node.gpus)).where(Node.pool == pool.name))
+        return max((g for _, g in self._nodes().get(pool.name, [])), default=None)
+
+    def _fits(self, pool_name: str, demand: dict[str, Any]) -> bool | None:
+        """Whether the demand could ever be placed in the pool taken empty; None for a pool with no nodes."""
+        from scheduler.scheduling import gangs_of
+
+        members = self._nodes().get(pool_name, [])
+        if not members:
+            return None
+        cap = PoolCapacity(pool_name, [PolicyNode(name=n, pool=pool_name, gpus=g) for n, g in members])
+        cap.index()
+        return place_demand(cap, gangs_of(demand), frozenset()) is not None
 
     def _capacity(self, pool: Pool, demand: dict[str, Any]) -> dict[str, Any]:
         """Whether a job's demand could ever be placed: in its own pool and in the largest pool, each
         taken empty with every node it has (cordoned and down nodes too: they may come back)."""
-        from scheduler.scheduling import gangs_of
-
-        nodes: dict[str, list[tuple[str, int]]] = {}
-        for pool_name, node, gpus in self.session.execute(sa.select(Node.pool, Node.name, Node.gpus)):
-            nodes.setdefault(pool_name, []).append((node, int(gpus)))
-        gangs = gangs_of(demand)
+        nodes = self._nodes()
 
         def describe(name: str) -> dict[str, Any]:
             members = nodes.get(name, [])
-            fits: bool | None = None
-            if members:
-                cap = PoolCapacity(name, [PolicyNode(name=n, pool=name, gpus=g) for n, g in members])
-                cap.index()
-                fits = place_demand(cap, gangs, frozenset()) is not None
+            fits = self._fits(name, demand)
             return {
                 "name": name,
                 "gpus": sum(g for _, g in members),
@@ -463,19 +496,20 @@ class JobService:
             "needs_gpus": int(demand.get("total_gpus", 0)),
             "pool": own,
             "largest_pool": largest,
-            "fits_some_pool": any(describe(name)["fits"] for name in nodes),
+            "fits_some_pool": any(self._fits(name, demand) for name in nodes),
         }
 
     def _priority_class(self, principal: Principal, team: Team, name: str | None) -> PriorityClass:
         """The class to submit at: one the team was granted (platform.granted_priority_classes), or
         403 naming it. Without a name: `normal`, or the team's highest granted class when `normal` is
         not granted. Admins are not bound by a team's grant (they set it; the audit log shows it)."""
-        allowed = [] if principal.is_admin else granted_priority_classes(self.session, team)
+        classes = {c.name: c for c in self.session.scalars(sa.select(PriorityClass))}  # one read for all
+        allowed = [] if principal.is_admin else granted_among(list(classes.values()), team)
         if name is None and not principal.is_admin and "normal" not in allowed and allowed:
             name = allowed[0]
-        pclass = self.session.get(PriorityClass, name or "normal")
+        pclass = classes.get(name or "normal")
         if pclass is None:
-            known = sorted(self.session.scalars(sa.select(PriorityClass.name)))
+            known = sorted(classes)
             raise InvalidRequest(
                 f"unknown priority class {name!r}",
                 code="priority_class.not_found",
@@ -1057,7 +1091,7 @@ def backend_refusals(values: dict[str, Any]) -> list[dict[str, Any]]:
 
     An unavailable backend is the one mistake: its issue comes alone, not with every parameter that
     backend would have read."""
-    defaults = {name: getattr(f, "default", None) for name, f in jobspec.FIELDS.items()}
+    defaults = _field_defaults()
     backend = values.get("train_backend")
     issues = []
     problems = unsupported_parameters(values, defaults)
@@ -1098,6 +1132,11 @@ def backend_refusals(values: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     return issues
+
+
+@cache
+def _field_defaults() -> dict[str, Any]:
+    return {name: getattr(f, "default", None) for name, f in jobspec.FIELDS.items()}
 
 
 def _unschedulable(capacity: dict[str, Any], demand: dict[str, Any]) -> list[dict[str, Any]]:

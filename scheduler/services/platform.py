@@ -233,7 +233,12 @@ def create_team(session: Session, principal: Principal, name: str) -> Team:
 def granted_priority_classes(session: Session, team: Team) -> list[str]:
     """The classes the team may submit at: its grant, or (none set) every preemptible class. A class
     that is never preempted is only reachable by an admin's grant."""
-    classes = list(session.scalars(sa.select(PriorityClass).order_by(PriorityClass.value.desc())))
+    return granted_among(list(session.scalars(sa.select(PriorityClass))), team)
+
+
+def granted_among(classes: list[PriorityClass], team: Team) -> list[str]:
+    """`granted_priority_classes` from the classes read already (every one), highest value first."""
+    classes = sorted(classes, key=lambda c: c.value, reverse=True)
     if team.allowed_priority_classes is None:
         return [c.name for c in classes if c.preemptible]
     allowed = set(team.allowed_priority_classes)

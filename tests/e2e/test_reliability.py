@@ -1,42 +1,45 @@
 """Crashes of the real embedded platform (API, Celery worker, beat, local Ray, SQLite), each a SIGKILL, and
-what the platform does about them (docs/reliability.md). One tiny SFT job lives through all three, in this
-order (each kill costs the job a new attempt, ~15 s here, so one job keeps the module near 100 s):
+what the platform does about them (docs/reliability.md). One tiny SFT job lives through all of them, in this
+order (each kill of the driver costs the job a new attempt, ~15 s here, so one job keeps the module short):
 
-1. the Celery worker (once the job's driver is on Ray): the supervisor restarts it, `/readyz` answers 503
-   naming it until the new worker heartbeats, and the job carries on (same attempt, running, steps advancing);
+1. the Celery worker (once the job's driver is on Ray), then the beat while the worker restarts: the
+   supervisor restarts each, `/readyz` answers 503 naming them until the new worker heartbeats and the new
+   beat's tick runs, and the job carries on (same attempt, running, steps advancing);
 2. the embedded main process: no worker, beat, API server or Ray process outlives it by more than a few
    seconds, and a platform started again on the same RELAX_HOME requeues the job that was RUNNING (its Ray
    job is gone with the old Ray: `driver_lost: …`) and resumes it from its checkpoint, instead of leaving it
    RUNNING;
-3. the job's driver: the reconciler finds its Ray job FAILED by SIGKILL, requeues it (`driver_lost: …`, not
+3. everything at once (the main process and every process under it, Ray's and the driver included, as a
+   power cut would): nothing of the home is left running, and a restart resumes the job again;
+4. the job's driver: the reconciler finds its Ray job FAILED by SIGKILL, requeues it (`driver_lost: …`, not
    an unrelated exception from the log), and the next attempt resumes from its latest checkpoint and
-   SUCCEEDS, every step trained.
+   SUCCEEDS, every step trained, each metric point of the job's history stored once (bench/chaos.py's
+   check, which runs many more trials of each kill at random points).
 
-The job: the tiny model, batches of 8 (~40 ms a step here), a checkpoint every 10 steps, 300 steps, so that
+The job: the tiny model, batches of 8 (~25 ms a step here), a checkpoint every 10 steps, 500 steps, so that
 each kill lands while it trains. The tests run in file order and share the job: a failure early makes the
 later ones fail too (their messages say where the job stands)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 import psutil
 import pytest
-import yaml
 
-from bench.harness import ROOT, RunningPlatform, start_platform, stop_platform
+from bench.chaos import check_metrics, home_processes, kill_everything, tiny_spec
+from bench.chaos import driver_pids as _driver_pids
+from bench.chaos import platform_state as _state
+from bench.chaos import readyz as _readyz
+from bench.harness import RunningPlatform, start_platform, stop_platform
 from client.sdk import RelaxClient
 from runtime.launcher import RayJobLauncher
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-STEPS, SAVE_EVERY = 300, 10
+STEPS, SAVE_EVERY = 500, 10
 ENV = {"RELAX_SCHEDULER_TICK_SECONDS": "1"}  # reconcile every second
 
 
@@ -52,39 +55,12 @@ def platform(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyp
         p = held["platform"]
         r = p.relaxctl("models", "tiny")
         assert r.returncode == 0, r.stdout + r.stderr
-        held["job"] = RelaxClient(p.url, p.key).submit_job(spec=_spec(), name="survivor")["id"]
+        held["job"] = RelaxClient(p.url, p.key).submit_job(
+            spec=tiny_spec(STEPS, SAVE_EVERY), name="survivor"
+        )["id"]
         yield held
     finally:
         stop_platform(held["platform"])
-
-
-def _spec() -> dict:
-    spec = dict(yaml.safe_load((ROOT / "examples" / "sft-arith.yaml").read_text())["spec"])
-    spec.pop("save-hf")
-    spec.update(
-        {
-            "rollout-batch-size": 8,
-            "global-batch-size": 8,
-            "max-tokens-per-gpu": 1024,
-            "num-rollout": STEPS,
-            "save-interval": SAVE_EVERY,
-        }
-    )
-    return spec
-
-
-def _state(p: RunningPlatform) -> dict:
-    return json.loads((p.home / "run" / "platform.json").read_text())
-
-
-def _readyz(p: RunningPlatform) -> tuple[int | None, dict]:
-    try:
-        with urllib.request.urlopen(f"{p.url}/readyz", timeout=3) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
-    except OSError:
-        return None, {}
 
 
 def _wait(c: RelaxClient, job_id: str, what, timeout: float, p: RunningPlatform) -> dict:  # type: ignore[no-untyped-def]
@@ -108,11 +84,9 @@ def _alive(pid: int) -> bool:
 
 
 def _driver_pid(job_id: str) -> int:
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        argv = proc.info["cmdline"] or []
-        if argv and "python" in Path(argv[0]).name and "runtime.bootstrap" in argv and job_id in argv:
-            return proc.pid
-    raise AssertionError(f"no driver process of {job_id}")
+    pids = _driver_pids(job_id)
+    assert pids, f"no driver process of {job_id}"
+    return pids[0]
 
 
 def _transitions(c: RelaxClient, job_id: str) -> list[dict]:
@@ -133,7 +107,9 @@ def _training_on(c: RelaxClient, job_id: str, attempt: int, p: RunningPlatform) 
     return job
 
 
-def test_a_killed_worker_is_restarted_while_readyz_fails_and_the_job_carries_on(platform: dict) -> None:
+def test_a_killed_worker_and_beat_are_restarted_while_readyz_fails_and_the_job_carries_on(
+    platform: dict,
+) -> None:
     p: RunningPlatform = platform["platform"]
     c, job_id = RelaxClient(p.url, p.key), platform["job"]
     assert _readyz(p)[0] == 200
@@ -144,24 +120,29 @@ def test_a_killed_worker_is_restarted_while_readyz_fails_and_the_job_carries_on(
     while ray.status(f"{job_id}-a1") is None and time.time() < deadline:
         time.sleep(0.2)
 
-    old = _state(p)["parts"]["worker"]
-    os.kill(old["pid"], signal.SIGKILL)
-    t0, seen_down, back = time.time(), None, None
+    old = _state(p)["parts"]
+    os.kill(old["worker"]["pid"], signal.SIGKILL)
+    t0, seen_down, back, beat_killed = time.time(), {}, None, False
     while time.time() - t0 < 60:
         status, body = _readyz(p)
-        if status == 503 and seen_down is None:
-            seen_down = body
-        if seen_down is not None and status == 200:
+        for part in body.get("down", "").split(",") if status == 503 else ():
+            seen_down.setdefault(part, body)
+        if "worker" in seen_down and not beat_killed:  # the beat dies while the worker restarts
+            os.kill(old["beat"]["pid"], signal.SIGKILL)
+            beat_killed = True
+        if "beat" in seen_down and status == 200:
             back = time.time() - t0
             break
         time.sleep(0.1)
-    assert seen_down is not None and "worker" in seen_down["down"].split(","), seen_down
-    assert seen_down["worker"] == "down" and seen_down["api"] == "up"
+    assert {"worker", "beat"} <= set(seen_down), seen_down
+    assert seen_down["worker"]["worker"] == "down" and seen_down["worker"]["api"] == "up"
+    assert seen_down["beat"]["beat"] == "down"
     assert back is not None, f"/readyz not ready again 60 s after the worker was killed:\n{p.log()}"
-    new = _state(p)["parts"]["worker"]
-    assert new["pid"] != old["pid"] and new["restarts"] == 1 and new["state"] == "running"
-    assert not _alive(old["pid"])
-    print(f"worker restarted; /readyz answered 503 until {back:.1f}s after the kill")
+    for part in ("worker", "beat"):
+        new = _state(p)["parts"][part]
+        assert new["pid"] != old[part]["pid"] and new["restarts"] == 1 and new["state"] == "running", new
+        assert not _alive(old[part]["pid"])
+    print(f"worker and beat restarted; /readyz answered 503 until {back:.1f}s after the first kill")
 
     # The job carries on: same attempt, running, its steps advancing under the new worker.
     job = _wait(
@@ -220,16 +201,50 @@ def test_a_killed_platform_leaves_no_orphans_and_its_restart_resumes_the_running
     assert k >= saved, (k, saved)  # its latest checkpoint on disk (what was registered, or saved after)
 
 
+def test_everything_killed_at_once_leaves_nothing_and_a_restart_resumes_the_job(platform: dict) -> None:
+    p: RunningPlatform = platform["platform"]
+    c, job_id = RelaxClient(p.url, p.key), platform["job"]
+    _training_on(c, job_id, 2, p)
+    killed = kill_everything(p)  # the supervisor, its parts, Ray's daemons and the driver, all at once
+    time.sleep(1)
+    left = {k: v for k, v in home_processes(p.home).items() if v} | {"drivers": _driver_pids(job_id)}
+    assert not any(left.values()), left
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in ENV.items():
+            mp.setenv(k, v)
+        platform["platform"] = p = start_platform(p.home)
+    c = RelaxClient(p.url, p.key)
+    _wait(
+        c,
+        job_id,
+        lambda j: j["attempt"] == 3 and j["status"] == "RUNNING" and len(_resumed(c, job_id)) == 2,
+        120,
+        p,
+    )
+    lost = _transitions(c, job_id)[8]
+    assert lost["from_status"] == "RUNNING" and lost["to_status"] == "QUEUED", lost
+    assert lost["reason"].startswith(f"driver_lost: Ray job {job_id}-a2 is gone: the pool's Ray at"), lost
+    assert {k: len(v) for k, v in home_processes(p.home).items()} == {
+        "api": 1,
+        "worker": 1,
+        "beat": 1,
+        "ray": 1,
+    }
+    print(
+        f"{killed} processes killed at once; the restarted platform resumed the job from {_resumed(c, job_id)}"
+    )
+
+
 def test_a_killed_driver_resumes_from_its_checkpoint_and_the_job_succeeds(platform: dict) -> None:
     p: RunningPlatform = platform["platform"]
     c, job_id = RelaxClient(p.url, p.key), platform["job"]
-    job = _training_on(c, job_id, 2, p)
+    job = _training_on(c, job_id, 3, p)
     os.kill(_driver_pid(job_id), signal.SIGKILL)
     done = _wait(c, job_id, lambda j: j["status"] == "SUCCEEDED", 180, p)
-    assert done["attempt"] == 3 and done["progress_step"] == done["total_steps"] == STEPS, done
+    assert done["attempt"] == 4 and done["progress_step"] == done["total_steps"] == STEPS, done
 
     transitions = _transitions(c, job_id)
-    assert [e["to_status"] for e in transitions][7:] == [
+    assert [e["to_status"] for e in transitions][11:] == [
         "RUNNING",
         "QUEUED",
         "ADMITTED",
@@ -237,21 +252,23 @@ def test_a_killed_driver_resumes_from_its_checkpoint_and_the_job_succeeds(platfo
         "RUNNING",
         "SUCCEEDED",
     ], transitions
-    lost = transitions[8]
+    lost = transitions[12]
     assert lost["from_status"] == "RUNNING", lost
     assert lost["reason"].startswith(
-        f"driver_lost: Ray job {job_id}-a2 ended FAILED: the driver was killed by SIGKILL"
+        f"driver_lost: Ray job {job_id}-a3 ended FAILED: the driver was killed by SIGKILL"
     ), lost
     assert (
         "AttributeError" not in lost["reason"]
         and "requeued to resume from its latest checkpoint" in lost["reason"]
     )
-    first, second = _resumed(c, job_id)
-    # the latest complete checkpoint when it was killed: one of attempt 2's (an async save may have been cut)
-    assert job["progress_step"] - 2 * SAVE_EVERY <= second < STEPS and second > first, (first, second, job)
-    assert any(ck["step"] == second for ck in c.checkpoints(job_id))
-    # the last attempt trained every step from its checkpoint on (what a killed driver had not yet reported
-    # of the steps before is not the reconciler's to recover)
-    steps = {pt["step"] for pt in c.metrics(job_id, names=["train/loss"])["train/loss"]}
-    assert set(range(second + 1, STEPS)) <= steps, sorted(set(range(second + 1, STEPS)) - steps)
+    *_, before, last = _resumed(c, job_id)
+    # the latest complete checkpoint when it was killed: one of attempt 3's (an async save may have been cut)
+    assert job["progress_step"] - 2 * SAVE_EVERY <= last < STEPS and last > before, (before, last, job)
+    assert any(ck["step"] == last for ck in c.checkpoints(job_id))
+    # the job's history is whole: every step stored once by the attempt that trained it for good, each
+    # attempt's points contiguous from its checkpoint, no (attempt, step) twice in any series
+    check = check_metrics(
+        c.metrics(job_id), c.events(job_id), STEPS, single=False, home=p.home, job_id=job_id
+    )
+    assert not check.failures and check.attempts == 4, check
     assert c.pools()[0]["allocated_gpus"] == 0

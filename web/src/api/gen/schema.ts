@@ -1358,6 +1358,11 @@ export interface components {
         };
         /** MetricPoint */
         MetricPoint: {
+            /**
+             * Attempt
+             * @description The attempt whose driver produced it: a resumed attempt trains again the steps after its checkpoint, so a step can have one point per attempt.
+             */
+            attempt: number;
             /** Step */
             step: number;
             /**
@@ -2172,6 +2177,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
         };
     };
     list_path_grants_v1_admin_path_grants_get: {
@@ -2253,6 +2267,15 @@ export interface operations {
             };
             /** @description Invalid request or job spec; details.issues names each field. */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2349,6 +2372,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
         };
     };
     delete_path_grant_v1_admin_path_grants__grant_id__delete: {
@@ -2429,6 +2461,15 @@ export interface operations {
             };
             /** @description Invalid request or job spec; details.issues names each field. */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2517,6 +2558,15 @@ export interface operations {
             };
             /** @description Invalid request or job spec; details.issues names each field. */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2613,6 +2663,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
         };
     };
     revoke_key_v1_api_keys__key_id__delete: {
@@ -2693,6 +2752,15 @@ export interface operations {
             };
             /** @description Invalid request or job spec; details.issues names each field. */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2785,6 +2853,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
         };
     };
     create_session_v1_auth_sessions_post: {
@@ -2865,6 +2942,15 @@ export interface operations {
             };
             /** @description Invalid request or job spec; details.issues names each field. */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2963,6 +3049,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
         };
     };
     driver_spec_v1_internal_jobs__job_id__spec_get: {
@@ -3052,6 +3147,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
         };
     };
     claim_token_v1_internal_jobs__job_id__token_post: {
@@ -3132,6 +3236,15 @@ export interface operations {
             };
             /** @description Invalid request or job spec; details.issues names each field. */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3232,6 +3345,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
         };
     };
     submit_job_v1_jobs_post: {
@@ -3322,6 +3444,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
         };
     };
     get_job_v1_jobs__job_id__get: {
@@ -3402,6 +3533,15 @@ export interface operations {
             };
             /** @description Invalid request or job spec; details.issues names each field. */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3497,6 +3637,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
         };
     };
     cancel_job_v1_jobs__job_id__cancel_post: {
@@ -3577,6 +3726,15 @@ export interface operations {
             };
             /** @description Invalid request or job spec; details.issues names each field. */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3671,6 +3829,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
         };
     };
     job_events_v1_jobs__job_id__events_get: {
@@ -3751,6 +3918,15 @@ export interface operations {
             };
             /** @description Invalid request or job spec; details.issues names each field. */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3851,6 +4027,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
         };
     };
     job_metrics_v1_jobs__job_id__metrics_get: {
@@ -3935,6 +4120,15 @@ export interface operations {
             };
             /** @description Invalid request or job spec; details.issues names each field. */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4029,6 +4223,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
         };
     };
     job_rollouts_v1_jobs__job_id__rollouts_get: {
@@ -4109,6 +4312,15 @@ export interface operations {
             };
             /** @description Invalid request or job spec; details.issues names each field. */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4207,6 +4419,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
         };
     };
     list_pools_v1_pools_get: {
@@ -4285,6 +4506,15 @@ export interface operations {
             };
             /** @description Invalid request or job spec; details.issues names each field. */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4381,6 +4611,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
         };
     };
     update_pool_v1_pools__name__patch: {
@@ -4465,6 +4704,15 @@ export interface operations {
             };
             /** @description Invalid request or job spec; details.issues names each field. */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4564,6 +4812,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
         };
     };
     update_node_v1_pools__name__nodes__node__patch: {
@@ -4649,6 +4906,15 @@ export interface operations {
             };
             /** @description Invalid request or job spec; details.issues names each field. */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4744,6 +5010,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
         };
     };
     list_priority_classes_v1_priority_classes_get: {
@@ -4822,6 +5097,15 @@ export interface operations {
             };
             /** @description Invalid request or job spec; details.issues names each field. */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -4918,6 +5202,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
         };
     };
     list_queues_v1_queues_get: {
@@ -4996,6 +5289,15 @@ export interface operations {
             };
             /** @description Invalid request or job spec; details.issues names each field. */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5085,6 +5387,15 @@ export interface operations {
             };
             /** @description Invalid request or job spec; details.issues names each field. */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5183,6 +5494,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
         };
     };
     validate_spec_v1_specs_validate_post: {
@@ -5265,6 +5585,15 @@ export interface operations {
             };
             /** @description Invalid request or job spec; details.issues names each field. */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5362,6 +5691,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
         };
     };
     list_teams_v1_teams_get: {
@@ -5440,6 +5778,15 @@ export interface operations {
             };
             /** @description Invalid request or job spec; details.issues names each field. */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5536,6 +5883,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorEnvelope"];
                 };
             };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
         };
     };
     get_team_v1_teams__team__get: {
@@ -5616,6 +5972,15 @@ export interface operations {
             };
             /** @description Invalid request or job spec; details.issues names each field. */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -5707,6 +6072,15 @@ export interface operations {
             };
             /** @description Invalid request or job spec; details.issues names each field. */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
