@@ -50,7 +50,7 @@ from runtime.train.checkpoint import CheckpointFormat, CheckpointRecord, atomic_
 from runtime.train.megatron import checkpoint as ckpt
 from runtime.train.megatron.convert import gather_hf_state, load_hf_checkpoint, unwrap, write_hf_folder
 from runtime.train.megatron.cpu import install_cpu_shims
-from runtime.train.megatron.kernels import compile_transformer_layers, token_log_probs_and_entropy
+from runtime.train.megatron.kernels import compile_transformer_layers, fuse_adam, token_log_probs_and_entropy
 from runtime.train.megatron.model import build_model, model_args_for, transformer_config
 from runtime.train.megatron.parallel import (
     ParallelLayout,
@@ -370,6 +370,8 @@ class MegatronModelRunner:
         if missing:
             raise ValueError(f"the installed megatron-core's OptimizerConfig lacks {', '.join(missing)}")
         optimizer_obj = get_megatron_optimizer(OptimizerConfig(**wanted), self.ddp_models)
+        # torch's Adam, which megatron takes without TE/Apex, through its fused kernel (kernels.fuse_adam)
+        self.fused_adam = fuse_adam(optimizer_obj)
         # what megatron's training loop wires into the config the schedules read
         cfg = self.model_config
         cfg.finalize_model_grads_func = finalize_model_grads
@@ -1204,6 +1206,8 @@ class MegatronTrainBackend(MegatronModelRunner):
         )
         loaded = ckpt.load(folder, sharded)
         self._restore(loaded, with_optimizer=with_optimizer, with_rng=with_rng)
+        if with_optimizer:  # a checkpoint's parameter groups and step counts, back on the fused kernel
+            self.fused_adam = fuse_adam(self.optimizer)
         if with_reference and self.ref_models is not None:
             refs = [unwrap(m) for m in self.ref_models]
             for i, ref in enumerate(refs):

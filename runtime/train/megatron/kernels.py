@@ -67,6 +67,8 @@ __all__ = [
     "compile_transformer_layers",
     "compiled_kernels_enabled",
     "cuda_fusions",
+    "fuse_adam",
+    "fused_adam_devices",
     "fused_permute",
     "fused_permute_with_probs",
     "fused_sort_chunks_by_index",
@@ -851,6 +853,58 @@ def _packed_forward(forward: Callable[..., Tensor], rotary: torch.nn.Module) -> 
         return hit[1][positions.reshape(-1).to(hit[1].device)]  # [t, 1, 1, 2 * rot]
 
     return packed
+
+
+# ---------------------------------------------------------------------------------------- optimizer
+
+
+def fused_adam_devices() -> tuple[str, ...]:
+    """Where `fuse_adam` switches torch's Adam to its fused kernel: CUDA (`RELAX_FUSED_ADAM` unset or `auto`),
+    every device torch has the kernel for (`1`: the CPU too, which is how CPU tests run the path), or none
+    (`0`)."""
+    choice = os.environ.get("RELAX_FUSED_ADAM", "auto").strip().lower()
+    if choice in ("0", "off", "false", "no"):
+        return ()
+    if choice in ("1", "on", "true", "yes", "all"):
+        return ("cuda", "cpu")
+    return ("cuda",)
+
+
+def fuse_adam(optimizer: Any, devices: tuple[str, ...] | None = None) -> int:
+    """Switch every torch Adam/AdamW inside a megatron optimizer (a distributed optimizer, or a chain of them)
+    to torch's fused kernel: one launch per device and dtype for the whole update, instead of the multi-tensor
+    path's dozen passes over the parameters, gradients and moments. Megatron-core takes torch's Adam only when
+    neither TransformerEngine's nor Apex's FusedAdam is installed, which is the GPU host's case; the update is
+    the same AdamW (`torch.optim.AdamW(fused=True)`), within rounding.
+
+    Idempotent; call it again after loading a checkpoint: a checkpoint written by a run that was not fused
+    brings `fused: False` back in its parameter groups, and its per-parameter `step` counts on the host,
+    where the fused kernel wants them on the parameters' device. Groups that are capturable (CUDA graphs) or
+    differentiable, and parameters on a device outside `devices` (default `fused_adam_devices()`), are left
+    as they are. Returns how many torch optimizers are fused."""
+    devices = fused_adam_devices() if devices is None else devices
+    fused = 0
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        torch_opt = getattr(inner, "optimizer", None)
+        if not isinstance(torch_opt, torch.optim.Adam | torch.optim.AdamW):
+            continue  # TE's or Apex's FusedAdam, the CPU-offload hybrid, SGD: not ours to change
+        groups = torch_opt.param_groups
+        params = [p for g in groups for p in g["params"]]
+        if (
+            not params
+            or any(g.get("capturable") or g.get("differentiable") for g in groups)
+            or any(p.device.type not in devices or not p.is_floating_point() for p in params)
+        ):
+            continue
+        for group in groups:
+            group["fused"], group["foreach"] = True, False
+        for p in params:
+            state = torch_opt.state.get(p)
+            step = state.get("step") if state else None
+            if isinstance(step, Tensor) and step.device != p.device:
+                state["step"] = step.to(device=p.device, dtype=torch.float32)
+        fused += 1
+    return fused
 
 
 # ---------------------------------------------------------------------------------- MoE token permutation

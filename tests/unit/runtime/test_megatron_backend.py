@@ -108,6 +108,7 @@ def _worker(
         "weights": backend.named_weights(),
         "checksum": backend.parameter_checksum(),
         "compiled_layers": backend.compiled_layers,
+        "fused_adam": backend.fused_adam,
     }
     if checkpoints:
         save = Path(out).parent / "ckpt"
@@ -152,6 +153,13 @@ def _worker(
             steps=steps,
             finetune=finetune,
             after_finetune=backend.named_weights(),
+        )
+        result["fused_after_load"] = backend.fused_adam
+        result["steps_on_device"] = all(
+            state["step"].device == param.device
+            for inner in getattr(backend.optimizer, "chained_optimizers", [backend.optimizer])
+            for param, state in inner.optimizer.state.items()
+            if "step" in state
         )
     if rank == 0:
         torch.save(result, out)
@@ -394,6 +402,19 @@ def test_checkpoint_round_trip_and_load_flags(
     exported = tmp_path / "hf"
     assert (exported / "model.safetensors").is_file() and (exported / "config.json").is_file()
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".")]  # no scratch folder left behind
+
+
+def test_torch_fused_adam_matches_and_survives_a_checkpoint_round_trip(
+    tiny: Path, reference: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without TE or Apex megatron takes torch's Adam; the backend switches it to torch's fused kernel (on CUDA
+    by default; `RELAX_FUSED_ADAM=1` here, on the CPU, the same path). The same answers as the torch backend,
+    and a checkpoint saved and loaded keeps it fused with its step counts on the parameters' device."""
+    monkeypatch.setenv("RELAX_FUSED_ADAM", "1")  # the spawned ranks inherit it
+    got = _spawn(tiny, tmp_path, {"resource": {"actor": [1, 2], "rollout": [1, 2]}}, checkpoints=True)
+    assert got["fused_adam"] == 1 and got["fused_after_load"] == 1 and got["steps_on_device"]
+    _assert_matches(got, reference)
+    assert max(float((got["loaded"][k] - got["saved"][k]).abs().max()) for k in got["saved"]) == 0.0
 
 
 # -- precision: fp16 with dynamic loss scaling, and the optimizer offloaded to the CPU -----------------------------
