@@ -76,6 +76,9 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.artifact_root = (
+        settings.artifacts
+    )  # resolved once (`Settings.artifacts` resolves it on each call)
     app.state.db = db or Database(settings.database_url, echo=settings.database.echo)
     app.state.units_of_work = weakref.WeakKeyDictionary()  # api/deps.py: a bound per event loop
     # the API asks for a pass after each change: coalesced, published off the request's thread

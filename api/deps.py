@@ -86,11 +86,13 @@ def _units_of_work(request: Request) -> asyncio.Semaphore:
 # The units of work are async generators: making a session does no I/O, so it happens on the event loop,
 # and only its end (the commit, or the rollback) goes to a thread. (A plain generator costs a trip to the
 # thread pool at each end.)
-async def get_session(db: DatabaseDep, request: Request, response: Response) -> AsyncIterator[Session]:
+# The dependencies every request resolves take the app's state from `request` rather than through the
+# dependencies above: each dependency FastAPI resolves costs CPU on every request.
+async def get_session(request: Request, response: Response) -> AsyncIterator[Session]:
     """The request's unit of work: committed when the route returns, before the response is sent.
     GET requests read only. A mutating call's audit row is written in it (api/audit.py)."""
     async with _units_of_work(request):
-        session = db.new_session(read_only=request.method in ("GET", "HEAD"))
+        session = request.app.state.db.new_session(read_only=request.method in ("GET", "HEAD"))
         try:
             yield session
         except BaseException:
@@ -103,12 +105,13 @@ async def get_session(db: DatabaseDep, request: Request, response: Response) -> 
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
-async def get_read_session(db: DatabaseDep, session: SessionDep) -> AsyncIterator[Session]:
+async def get_read_session(request: Request, session: SessionDep) -> AsyncIterator[Session]:
     """A unit of work that only reads, for what a mutating request reads before it writes, or instead: the
     dry run, and the judging of a submission's spec (`JobService.judge`). On SQLite a read-only one of its
     own, which takes no write lock, so a long judgement does not stop other writers (a 120,000-key spec held
     the lock for 71 s). Where a transaction locks only the rows it writes (PostgreSQL), the request's own
     unit of work: one transaction instead of two, and `JobService.submit` reads nothing again."""
+    db: Database = request.app.state.db
     if not db.single_writer:
         yield session
         return
@@ -133,11 +136,12 @@ async def bearer(authorization: Annotated[str | None, Header()] = None) -> str |
 BearerDep = Annotated[str | None, Depends(bearer)]
 
 
-def get_principal(request: Request, db: DatabaseDep, token: BearerDep, session: SessionDep) -> Principal:
+def get_principal(request: Request, token: BearerDep, session: SessionDep) -> Principal:
     """The caller. On SQLite looked up in a read-only unit of work of its own: a mutating request's unit of
     work (`SessionDep`, there the write lock) begins only when its route first uses it. Elsewhere in the
     request's own unit of work, whose first read it is (a transaction of its own would cost three more round
     trips to the database). Never cached: a key revoked or expired is refused by the next request."""
+    db: Database = request.app.state.db
     if db.single_writer:
         with db.session(read_only=True) as read_session:
             key = find_api_key(read_session, token)
@@ -173,15 +177,17 @@ def require_metrics_reader(settings: SettingsDep, db: DatabaseDep, token: Bearer
 MetricsReaderDep = Annotated[None, Depends(require_metrics_reader)]
 
 
-async def get_job_service(session: SessionDep, settings: SettingsDep) -> JobService:
-    return JobService(session, artifact_root=settings.artifacts, home=settings.home)
+async def get_job_service(session: SessionDep, request: Request) -> JobService:
+    state = request.app.state
+    return JobService(session, artifact_root=state.artifact_root, home=state.settings.home)
 
 
 JobServiceDep = Annotated[JobService, Depends(get_job_service)]
 
 
-async def get_read_job_service(session: ReadSessionDep, settings: SettingsDep) -> JobService:
-    return JobService(session, artifact_root=settings.artifacts, home=settings.home)
+async def get_read_job_service(session: ReadSessionDep, request: Request) -> JobService:
+    state = request.app.state
+    return JobService(session, artifact_root=state.artifact_root, home=state.settings.home)
 
 
 ReadJobServiceDep = Annotated[JobService, Depends(get_read_job_service)]

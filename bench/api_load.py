@@ -544,24 +544,22 @@ def _call(stack: Stack, method: str, path: str, key: str, body: Any = None) -> A
         raise RuntimeError(f"{method} {path}: {err.code} {err.read()[:500]!r}") from None
 
 
+def pool_body(pool: str, nodes: int) -> dict[str, Any]:
+    """The admin API's body for one of the benchmark's pools: `nodes` 8-GPU nodes, four to a rack."""
+    return {
+        "name": pool,
+        "accelerator": pool,
+        "nodes": [
+            {"name": f"{pool}-{i:02d}", "gpus": 8, "labels": {"rack": str(i // 4)}} for i in range(nodes)
+        ],
+    }
+
+
 def set_up(stack: Stack) -> list[Team]:
     """Teams, keys, pools with nodes, queues, and the examples' inputs in each team's area."""
     a = stack.admin
     for pool, nodes in POOLS.items():
-        _call(
-            stack,
-            "POST",
-            "/v1/pools",
-            a,
-            {
-                "name": pool,
-                "accelerator": pool,
-                "nodes": [
-                    {"name": f"{pool}-{i:02d}", "gpus": 8, "labels": {"rack": str(i // 4)}}
-                    for i in range(nodes)
-                ],
-            },
-        )
+        _call(stack, "POST", "/v1/pools", a, pool_body(pool, nodes))
     teams = []
     for name in TEAMS:
         team = _call(stack, "POST", "/v1/teams", a, {"name": name})

@@ -36,6 +36,14 @@ class NormalizedSpec:
     warnings: list[SpecIssue] = field(default_factory=list)
     derived: dict[str, Any] = field(default_factory=dict)
     demand: ResourceDemand = field(default=None)  # type: ignore[assignment]  # always set by normalize()
+    # `spec.to_dict()`, made once (a dump of every field: callers read it, and copy it before changing it)
+    values: dict[str, Any] = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+
+    def spec_dict(self) -> dict[str, Any]:
+        """`spec.to_dict()`, shared: read it, copy it before changing anything in it."""
+        if self.values is None:
+            object.__setattr__(self, "values", self.spec.to_dict())
+        return self.values
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -119,8 +127,11 @@ def normalize(
             ]
             + issues
         ) from None
+    # every field, as `spec.to_dict()` gives them (a strictly validated spec holds JSON values only; a dump would
+    # copy them): for the demand, the backend's checks, the stored spec
+    values = dict(spec.__dict__)
     try:
-        demand = compute_demand(spec)
+        demand = compute_demand(values)
     except ValueError as exc:
         issue = SpecIssue(
             "demand.too_large",
@@ -130,7 +141,7 @@ def normalize(
         )
         raise SpecError([issue, *issues]) from None
     warnings = [i for i in issues if not i.is_error]
-    return NormalizedSpec(spec=spec, warnings=warnings, derived=derived, demand=demand)
+    return NormalizedSpec(spec=spec, warnings=warnings, derived=derived, demand=demand, values=values)
 
 
 def _understood(given: dict[str, Any], values: dict[str, Any], derived: dict[str, Any]) -> Understood | None:

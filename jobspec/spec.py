@@ -345,7 +345,10 @@ def path_fields() -> dict[str, PathKind]:
 
     `eval_prompt_data` holds name/path pairs: only its odd items (1, 3, ...) are paths.
     """
-    return {n: f.path_kind for n, f in FIELDS.items() if f.path_kind is not None}
+    return dict(_PATH_FIELDS)
+
+
+_PATH_FIELDS: dict[str, PathKind] = {n: f.path_kind for n, f in FIELDS.items() if f.path_kind is not None}
 
 
 def function_path_fields() -> list[str]:

@@ -136,7 +136,11 @@ async def list_jobs(
         rows, cursor = svc.list(
             principal, status=statuses, name=name, team=team, queue=queue, after=after, limit=limit
         )
-        return JobsPage(data=[JobPublic.model_validate(r) for r in rows], next_cursor=cursor)
+        # from plain dicts: reading a Row's values as attributes costs 3x the validation
+        return JobsPage(
+            data=[JobPublic.model_validate(dict(zip(r._fields, r, strict=True))) for r in rows],
+            next_cursor=cursor,
+        )
 
     return await run_in_threadpool(page)
 

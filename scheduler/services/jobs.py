@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.orm import Session, defer
+from sqlalchemy.orm import Session, make_transient_to_detached
 
 import jobspec
 from runtime.access import PATHS_KEY
@@ -55,10 +55,88 @@ from scheduler.domain.jobs import ALLOWED_TRANSITIONS, ON_CLUSTER, FailureReason
 from scheduler.domain.roles import Action
 from scheduler.policy.placement import PoolCapacity, place_demand
 from scheduler.policy.types import Node as PolicyNode
-from scheduler.services.auth import Principal, team_for
+from scheduler.services.auth import Principal, hold, team_for
 from scheduler.services.job_tokens import job_token
 from scheduler.services.paths import TeamStorage, real, resolve_paths, team_storage
 from scheduler.services.platform import granted_among, granted_queues
+
+# The columns a job list reads: what a listing shows of a job, not its spec, request and demand (tens of kB of
+# JSON each) nor the scheduler's own bookkeeping.
+_UNLISTED = frozenset(
+    {
+        "spec",
+        "submitted",
+        "demand",
+        "nominated_nodes",
+        "idempotency_key",
+        "service_gpu_s",
+        "report_seq",
+        "token_claimed_attempt",
+        "status_changed_at",
+        "queued_at",
+        "launched_at",
+    }
+)
+_LISTED_COLUMNS = tuple(c for c in Job.__table__.columns if c.key not in _UNLISTED)
+
+# The submission's statements, built once (building one for each request costs more than running it).
+_INSERT_JOB = Job.__table__.insert()
+_QUEUE_WITH_POOL = (
+    sa.select(Queue, Pool).join(Pool, Pool.name == Queue.pool).where(Queue.name == sa.bindparam("name"))
+)
+_PRIORITY_CLASSES = sa.select(PriorityClass)
+_NODES = sa.select(Node.pool, Node.name, Node.gpus)
+_IDEMPOTENT_JOB = sa.select(Job).where(
+    Job.team_id == sa.bindparam("team_id"), Job.idempotency_key == sa.bindparam("key")
+)
+_INSERT_EVENT = JobEvent.__table__.insert()
+
+
+def _inserted(session: Session, **given: Any) -> Job:
+    """A new job row written with one INSERT (no unit-of-work flush), and its `Job` in `session` as if read
+    back: every column set (a column not given gets its default, as the ORM would give it), so that nothing
+    is loaded again and later changes to it are written as usual."""
+    unknown = set(given) - set(Job.__table__.columns.keys())
+    if unknown:
+        raise TypeError(f"no job column {sorted(unknown)}")
+    values: dict[str, Any] = {}
+    for column in Job.__table__.columns:
+        if column.key in given:
+            values[column.key] = given[column.key]
+        elif column.default is None:
+            values[column.key] = None
+        elif column.default.is_callable:
+            values[column.key] = column.default.arg(None)  # type: ignore[attr-defined]
+        else:
+            values[column.key] = column.default.arg  # type: ignore[attr-defined]
+    session.execute(_INSERT_JOB, values)
+    job = Job(**values)
+    make_transient_to_detached(job)
+    session.add(job)
+    return job
+
+
+_LIST_FILTERS: dict[str, Any] = {
+    "own_team": lambda c: c.team_id == sa.bindparam("own_team"),
+    "team": lambda c: c.team_id == sa.bindparam("team"),
+    "statuses": lambda c: c.status.in_(sa.bindparam("statuses", expanding=True)),
+    "name": lambda c: c.name == sa.bindparam("name"),
+    "queue": lambda c: c.queue == sa.bindparam("queue"),
+    "after": lambda c: c.id < sa.bindparam("after"),
+}
+
+
+@cache
+def _list_statement(given: frozenset[str]) -> sa.Select[Any]:
+    """The job list's statement for a set of filters (parameters named as in `_LIST_FILTERS`, and `limit`),
+    built once per set: building one costs more than running it."""
+    c = Job.__table__.c
+    q = sa.select(*_LISTED_COLUMNS).order_by(c.id.desc()).limit(sa.bindparam("limit", type_=sa.Integer))
+    for key, where in _LIST_FILTERS.items():
+        if key in given:
+            q = q.where(where(c))
+    return q
+
 
 # Statuses a cancel request moves from, and where it moves them.
 _CANCEL_TARGET = {
@@ -195,31 +273,28 @@ class JobService:
         queue: str | None = None,
         after: str | None = None,
         limit: int = 50,
-    ) -> tuple[list[Job], str | None]:
-        """Newest first; `after` is the id of the last job of the previous page. The jobs' specs and
-        requests (tens of kB of JSON each) are not read: a list shows neither (they load if touched)."""
+    ) -> tuple[list[sa.Row[Any]], str | None]:
+        """Newest first; `after` is the id of the last job of the previous page. Rows of what a listing shows
+        of each job (columns named as the `Job`'s attributes: `_LISTED_COLUMNS`, not the spec, request and
+        demand, tens of kB of JSON each), read without making ORM objects of them."""
         principal.require(Action.JOB_READ)
-        q = (
-            sa.select(Job)
-            .options(defer(Job.spec), defer(Job.submitted), defer(Job.demand))
-            .order_by(Job.id.desc())
-            .limit(limit + 1)
-        )
+        params: dict[str, Any] = {"limit": limit + 1}
         if not principal.is_admin:
-            q = q.where(Job.team_id == principal.team_id)
+            params["own_team"] = principal.team_id
         if team:
-            q = q.where(Job.team_id == team_for(self.session, principal, team).id)
+            params["team"] = team_for(self.session, principal, team).id
         if status:
-            q = q.where(Job.status.in_([s.upper() for s in status]))
+            params["statuses"] = [s.upper() for s in status]
         if name:
-            q = q.where(Job.name == name)
-        if name_contains:
-            q = q.where(Job.name.contains(name_contains, autoescape=True))
+            params["name"] = name
         if queue:
-            q = q.where(Job.queue == queue)
+            params["queue"] = queue
         if after:
-            q = q.where(Job.id < after)
-        rows = list(self.session.scalars(q))
+            params["after"] = after
+        q = _list_statement(frozenset(params))
+        if name_contains:
+            q = q.where(Job.__table__.c.name.contains(name_contains, autoescape=True))
+        rows = list(self.session.execute(q, params))
         next_cursor = rows[limit - 1].id if len(rows) > limit else None
         return rows[:limit], next_cursor
 
@@ -276,7 +351,7 @@ class JobService:
         job_dir = storage.job_dir(job_id)
         resolution = resolve_paths(
             self.session,
-            normalized.spec.to_dict(),
+            normalized.spec_dict(),
             path_fields=jobspec.path_fields(),
             storage=storage,
             job_dir=job_dir,
@@ -287,7 +362,8 @@ class JobService:
                 details={"issues": [i.to_dict() for i in resolution.issues]},
             )
         demand = normalized.demand.model_dump(mode="json")
-        job = Job(
+        job = _inserted(
+            self.session,
             id=job_id,
             name=sub.name or _default_name(resolution.spec),
             team_id=team.id,
@@ -310,17 +386,23 @@ class JobService:
             output_dir=str(job_dir),
             idempotency_key=sub.idempotency_key,
         )
-        self.session.add(job)
-        self.session.flush()
-        self._event(job, None, JobStatus.QUEUED, f"submitted to queue {queue.name} (pool {pool.name})")
+        self.session.execute(
+            _INSERT_EVENT,
+            {
+                "job_id": job_id,
+                "time": job.created_at,
+                "kind": "transition",
+                "from_status": None,
+                "to_status": JobStatus.QUEUED,
+                "reason": f"submitted to queue {queue.name} (pool {pool.name})",
+            },
+        )
         return job, True
 
     def _idempotent_job(self, team: Team, sub: Submission) -> Job | None:
         if not sub.idempotency_key:
             return None
-        return self.session.scalar(
-            sa.select(Job).where(Job.team_id == team.id, Job.idempotency_key == sub.idempotency_key)
-        )
+        return self.session.scalar(_IDEMPOTENT_JOB, {"team_id": team.id, "key": sub.idempotency_key})
 
     def dry_run(self, principal: Principal, sub: Submission) -> dict[str, Any]:
         """What submitting would do, without storing anything (it only reads: call it in a read-only unit
@@ -372,11 +454,11 @@ class JobService:
             return out
         demand = normalized.demand.model_dump(mode="json")
         capacity = self._capacity(pool, demand)
-        refused = backend_refusals(normalized.spec.to_dict()) + _unschedulable(capacity, demand)
+        refused = backend_refusals(normalized.spec_dict()) + _unschedulable(capacity, demand)
         storage = self._storage(team, pool)
         resolution = resolve_paths(
             self.session,
-            normalized.spec.to_dict(),
+            normalized.spec_dict(),
             path_fields=jobspec.path_fields(),
             storage=storage,
             job_dir=storage.job_dir("<job-id>"),
@@ -399,7 +481,7 @@ class JobService:
         job no node layout of its pool can ever hold (`job.unschedulable`), which would otherwise wait
         QUEUED forever."""
         demand = normalized.demand.model_dump(mode="json")
-        refused = backend_refusals(normalized.spec.to_dict())
+        refused = backend_refusals(normalized.spec_dict())
         if self._fits(pool.name, demand) is False:  # the whole capacity picture only for the message
             refused += _unschedulable(self._capacity(pool, demand), demand)
         if refused:
@@ -451,7 +533,7 @@ class JobService:
         per unit of work."""
         if self._node_cache is None:
             nodes: dict[str, list[tuple[str, int]]] = {}
-            for pool_name, node, gpus in self.session.execute(sa.select(Node.pool, Node.name, Node.gpus)):
+            for pool_name, node, gpus in self.session.execute(_NODES):
                 nodes.setdefault(pool_name, []).append((node, int(gpus)))
             self._node_cache = nodes
         return self._node_cache
@@ -503,7 +585,7 @@ class JobService:
         """The class to submit at: one the team was granted (platform.granted_priority_classes), or
         403 naming it. Without a name: `normal`, or the team's highest granted class when `normal` is
         not granted. Admins are not bound by a team's grant (they set it; the audit log shows it)."""
-        classes = {c.name: c for c in self.session.scalars(sa.select(PriorityClass))}  # one read for all
+        classes = {c.name: c for c in self.session.scalars(_PRIORITY_CLASSES)}  # one read for all
         allowed = [] if principal.is_admin else granted_among(list(classes.values()), team)
         if name is None and not principal.is_admin and "normal" not in allowed and allowed:
             name = allowed[0]
@@ -555,7 +637,7 @@ class JobService:
         team's first. For a team key, a queue that does not exist and a queue it may not use get the
         same 403, so queue names of other teams cannot be probed."""
         if queue_name:
-            queue = self.session.get(Queue, queue_name)
+            queue = self._queue_with_pool(queue_name)
             if queue is not None and (queue.team_id == team.id or queue.name in (team.allowed_queues or [])):
                 return queue
             if queue is None and principal.is_admin:
@@ -577,9 +659,18 @@ class JobService:
         allowed = granted_queues(self.session, team)
         if not allowed:
             raise NotFound(f"team {team.name!r} has no queue", code="queue.not_found")
-        queue = self.session.get(Queue, allowed[0])
+        queue = self._queue_with_pool(allowed[0])
         assert queue is not None
         return queue
+
+    def _queue_with_pool(self, name: str) -> Queue | None:
+        """A queue by name, its pool read in the same statement and held in the session (the caller's
+        `session.get(Pool, queue.pool)` then reads it from there)."""
+        row = self.session.execute(_QUEUE_WITH_POOL, {"name": name}).first()
+        if row is None:
+            return None
+        hold(self.session, row[1])
+        return row[0]
 
     # The one door for status changes ------------------------------------------------------
     def transition(

@@ -159,13 +159,22 @@ class TeamStorage:
         }
 
 
+# A team's grants (path, mode): all of them, or those of one pool and every pool. Built once.
+_GRANTS = (
+    sa.select(PathGrant.path, PathGrant.mode)
+    .where(PathGrant.team_id == sa.bindparam("team_id"))
+    .order_by(PathGrant.path)
+)
+_GRANTS_IN_POOL = _GRANTS.where(sa.or_(PathGrant.pool.is_(None), PathGrant.pool == sa.bindparam("pool")))
+
+
 def team_storage(
     session: Session, *, home: Path, artifact_root: Path, team_id: str, team_name: str = "", pool: str | None
 ) -> TeamStorage:
     """A team's storage in `pool`, with the grants that apply there (its own and every-pool grants)."""
-    q = sa.select(PathGrant).where(PathGrant.team_id == team_id)
-    q = q.where(sa.or_(PathGrant.pool.is_(None), PathGrant.pool == pool)) if pool else q
-    grants = tuple(Grant(Path(g.path), g.mode) for g in session.scalars(q.order_by(PathGrant.path)))
+    q = _GRANTS_IN_POOL if pool else _GRANTS
+    rows = session.execute(q, {"team_id": team_id, "pool": pool} if pool else {"team_id": team_id})
+    grants = tuple(Grant(Path(path), mode) for path, mode in rows)
     return TeamStorage(
         home=Path(home),
         artifact_root=Path(artifact_root),
@@ -249,7 +258,10 @@ def resolve_spec_paths(
     ) -> None:
         res.issues.append(PathIssue(_flag(name), message, storage.hint() if hint is None else hint, code))
 
-    def check(name: str, kind: PathKind, value: str, path: Path, managed: tuple[Path, ...] = ()) -> bool:
+    def check(
+        name: str, kind: PathKind, value: str, path: Path, managed: tuple[Path, ...] = ()
+    ) -> Path | None:
+        """The real path of `path` when the job may use it as `kind`, else None (refused)."""
         resolved = real(path)
         why = storage.reach(resolved, kind, managed=managed)
         if why is not None:
@@ -259,7 +271,7 @@ def resolve_spec_paths(
                 else ""
             )
             refuse(name, f"{value!r}{via} {why}")
-            return False
+            return None
         if (
             kind == "output"
             and name in REPLACED_OUTPUTS
@@ -273,8 +285,8 @@ def resolve_spec_paths(
                 code="spec.output_exists",
                 hint="export to a new folder (a relative path lands in the job's own folder), or remove the old one",
             )
-            return False
-        return True
+            return None
+        return resolved
 
     def must_exist(name: str, kind: PathKind, value: str, path: Path, where: str) -> None:
         if kind == "input" and ROLLOUT_TEMPLATE not in str(path) and not path.exists():
@@ -310,9 +322,9 @@ def resolve_spec_paths(
                 )
                 return value
             path = storage.area / rel
-            if not check(name, kind, value, path):
+            resolved = check(name, kind, value, path)
+            if resolved is None:
                 return value
-            resolved = real(path)
             must_exist(name, kind, value, resolved, "")
             return str(resolved)
         if value.startswith(JOB):
@@ -333,9 +345,9 @@ def resolve_spec_paths(
             root = real(producer.output_dir)
             path = root / rel
             # an input may be in an older layout's job folder; an output goes to the team's area only
-            if not check(name, kind, value, path, managed=(root,) if kind == "input" else ()):
+            resolved = check(name, kind, value, path, managed=(root,) if kind == "input" else ())
+            if resolved is None:
                 return value
-            resolved = real(path)
             must_exist(name, kind, value, resolved, f": job {producer.id} has no output {str(rel)!r}")
             if kind == "input":
                 res.inputs.append({"field": _flag(name), "job_id": producer.id, "path": str(resolved)})
@@ -350,14 +362,16 @@ def resolve_spec_paths(
             )
             return value
         if os.path.isabs(value):
-            return str(real(value)) if check(name, kind, value, Path(value)) else value
+            resolved = check(name, kind, value, Path(value))
+            return str(resolved) if resolved is not None else value
         if kind == "output":
             rel = _safe_relative(value)
             if rel is None or rel == PurePosixPath("."):
                 refuse(name, f"{value!r} leaves the job's folder", code="spec.bad_path", hint="drop '..'")
                 return value
             path = job_dir / rel
-            return str(real(path)) if check(name, kind, value, path, managed=(job_dir,)) else value
+            resolved = check(name, kind, value, path, managed=(job_dir,))
+            return str(resolved) if resolved is not None else value
         if name in HUB_FIELDS and is_hub_id(value):
             # a hub model id: fetched from the hub by the runtime, never opened as a path
             if (storage.area / value).exists():

@@ -1,0 +1,134 @@
+"""What a submission and a listing cost the database, and that the cheaper ways they are written keep their
+results: the job row read back is the job the 201 answered, the job `JobService.submit` returns is the
+session's own, and the list's filters select what they name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from scheduler.db.models import AuditEvent, Job, JobEvent
+from scheduler.services.auth import Principal
+from scheduler.services.jobs import JobService, Submission
+from tests.factories import grpo_spec
+
+
+def _member(client) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    r = client.post("/v1/api-keys", json={"name": "ci", "role": "member", "team": "default"})
+    assert r.status_code == 201, r.text
+    return {"Authorization": f"Bearer {r.json()['key']}"}
+
+
+def _statements(engine: sa.Engine) -> list[str]:
+    seen: list[str] = []
+    sa.event.listen(engine, "before_cursor_execute", lambda *a: seen.append(a[2]))
+    return seen
+
+
+def test_a_submission_reads_and_writes_in_eight_statements(api) -> None:  # type: ignore[no-untyped-def]
+    """On PostgreSQL (one transaction): the key with its team, the queue named with its pool, the priority
+    classes, the nodes, the team's grants; the job, its event and the audit row. (SQLite judges in a read-only
+    unit of work first, and reads again in the write one.)"""
+    client, _, _ = api
+    db = client.app.state.db
+    member = _member(client)
+    client.post("/v1/jobs", json={"spec": grpo_spec()}, headers=member)  # warm: nothing else is read once
+    seen = _statements(db.engine)
+    r = client.post(
+        "/v1/jobs", json={"name": "counted", "queue": "default", "spec": grpo_spec()}, headers=member
+    )
+    assert r.status_code == 201, r.text
+    kinds = [" ".join(s.split()[:4]) for s in seen]
+    writes = [k for k in kinds if k.startswith("INSERT")]
+    assert writes == [
+        "INSERT INTO jobs (id,",
+        "INSERT INTO job_events (job_id,",
+        "INSERT INTO audit_events (time,",
+    ]
+    if db.dialect == "postgresql":
+        assert len([k for k in kinds if k.startswith("SELECT")]) == 5, kinds
+    body = r.json()
+    with db.session(read_only=True) as s:
+        job = s.get(Job, body["id"])
+        assert job is not None
+        assert (
+            job.spec == body["spec"] and job.demand == body["demand"] and job.submitted == body["submitted"]
+        )
+        assert (job.status, job.name, job.queue, job.priority_class) == (
+            "QUEUED",
+            "counted",
+            "default",
+            "normal",
+        )
+        for column in ("created_at", "updated_at", "queued_at", "status_changed_at"):
+            assert getattr(job, column) is not None
+        assert (job.attempt, job.preemptions, job.report_seq, job.service_gpu_s) == (0, 0, -1, 0.0)
+        events = s.scalars(sa.select(JobEvent).where(JobEvent.job_id == job.id)).all()
+        assert [(e.kind, e.from_status, e.to_status) for e in events] == [("transition", None, "QUEUED")]
+        audit = s.scalars(sa.select(AuditEvent).where(AuditEvent.target == job.id)).all()
+        assert [(a.method, a.path, a.status_code, a.details["name"]) for a in audit] == [
+            ("POST", "/v1/jobs", 201, "counted")
+        ]
+
+
+def test_the_submitted_job_is_the_sessions_own(db_url: str, tmp_path: Path) -> None:
+    """`submit` writes the row with one INSERT and hands back the session's object of it: every column as
+    stored, and a change to it is written by the commit."""
+    from scheduler.db.engine import Database
+    from tests.factories import bootstrap
+
+    db = Database(db_url)
+    try:
+        bootstrap(db, tmp_path)
+        admin = Principal(key_id="key_test", role="admin", team_id=None)
+        with db.session() as s:
+            svc = JobService(s, artifact_root=tmp_path / "artifacts", home=tmp_path)
+            job, created = svc.submit(admin, Submission(spec=grpo_spec(), labels={"a": "b"}))
+            assert created and s.get(Job, job.id) is job
+            written = {c.key: getattr(job, c.key) for c in Job.__table__.columns}
+            job.ray_submission_id = "changed-after-submit"
+        with db.session(read_only=True) as s:
+            stored = s.get(Job, job.id)
+            assert (
+                stored.ray_submission_id == "changed-after-submit"
+                and stored.updated_at > written["updated_at"]
+            )
+            changed = ("ray_submission_id", "updated_at")
+            assert {c.key: getattr(stored, c.key) for c in Job.__table__.columns if c.key not in changed} == {
+                k: v for k, v in written.items() if k not in changed
+            }
+            assert stored.labels == {"a": "b"} and stored.status == "QUEUED"
+    finally:
+        db.dispose()
+
+
+@pytest.mark.parametrize(
+    ("query", "names"),
+    [
+        ("", ["c", "b", "a"]),
+        ("?status=QUEUED", ["c", "a"]),
+        ("?status=CANCELLED,QUEUED", ["c", "b", "a"]),
+        ("?status=cancelled", ["b"]),
+        ("?name=a", ["a"]),
+        ("?queue=default&status=QUEUED&limit=1", ["c"]),
+        ("?queue=elsewhere", []),
+    ],
+)
+def test_list_filters(api, query: str, names: list[str]) -> None:  # type: ignore[no-untyped-def]
+    client, _, _ = api
+    member = _member(client)
+    ids = {}
+    for name in ("a", "b", "c"):
+        r = client.post("/v1/jobs", json={"name": name, "spec": grpo_spec()}, headers=member)
+        assert r.status_code == 201, r.text
+        ids[name] = r.json()["id"]
+    assert client.post(f"/v1/jobs/{ids['b']}/cancel", headers=member).status_code == 202
+    page = client.get("/v1/jobs" + query, headers=member).json()
+    assert [j["name"] for j in page["data"]] == names
+    # the admin sees the same jobs; a page ends where the next begins
+    first = client.get("/v1/jobs?limit=2").json()
+    assert [j["name"] for j in first["data"]] == ["c", "b"] and first["next_cursor"] == ids["b"]
+    rest = client.get(f"/v1/jobs?limit=2&after={first['next_cursor']}").json()
+    assert [j["name"] for j in rest["data"]] == ["a"] and rest["next_cursor"] is None
