@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import socket
@@ -60,6 +61,21 @@ class RunningPlatform:
         return "\n".join(parts)
 
 
+# Platforms this process started and has not stopped. Each runs in a session of its own (a terminal's Ctrl-C
+# must not reach it before the harness stops it), so nothing stops it when this process ends: at exit, this
+# does (a test run ended by SIGTERM, e.g. `timeout`, once left a whole platform running; tests/conftest.py
+# turns SIGTERM into an orderly end, which runs this).
+_STARTED: dict[int, RunningPlatform] = {}
+
+
+def _stop_started() -> None:
+    for platform in list(_STARTED.values()):
+        stop_platform(platform, timeout=30)
+
+
+atexit.register(_stop_started)
+
+
 def start_platform(home: Path, *, timeout: float = 180) -> RunningPlatform:
     port = _free_port()
     env = os.environ | {"RELAX_HOME": str(home), "RELAX_PORT": str(port)}
@@ -74,6 +90,7 @@ def start_platform(home: Path, *, timeout: float = 180) -> RunningPlatform:
     )
     url = f"http://127.0.0.1:{port}"
     platform = RunningPlatform(url=url, home=home, proc=proc)
+    _STARTED[proc.pid] = platform
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -92,6 +109,7 @@ def start_platform(home: Path, *, timeout: float = 180) -> RunningPlatform:
 def stop_platform(platform: RunningPlatform, timeout: float = 60) -> float:
     """SIGTERM, as Ctrl-C would; returns how long it took to stop."""
     t0 = time.time()
+    _STARTED.pop(platform.proc.pid, None)
     if platform.proc.poll() is None:
         platform.proc.send_signal(signal.SIGTERM)
         try:

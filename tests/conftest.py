@@ -6,7 +6,9 @@ import atexit
 import os
 import secrets
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -122,6 +124,19 @@ def heavy_group(nodeid: str) -> str | None:
         if nodeid.startswith(paths):
             return group
     return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM (a CI timeout, `timeout`, `kill`) ends the run as Ctrl-C does, so fixtures tear down what they
+    started: platforms, Ray heads and workers run in sessions of their own and would outlive a killed pytest
+    (bench/harness.py also stops its platforms at exit)."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    main = threading.current_thread() is threading.main_thread()  # only there may a handler be set
+    if main and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, interrupt)
 
 
 @pytest.hookimpl(tryfirst=True)
