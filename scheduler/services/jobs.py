@@ -556,10 +556,11 @@ class JobService:
         """Whether a job's demand could ever be placed: in its own pool and in the largest pool, each
         taken empty with every node it has (cordoned and down nodes too: they may come back)."""
         nodes = self._nodes()
+        fits_in = {name: self._fits(name, demand) for name in {*nodes, pool.name}}  # one placement try a pool
 
         def describe(name: str) -> dict[str, Any]:
             members = nodes.get(name, [])
-            fits = self._fits(name, demand)
+            fits = fits_in[name]
             return {
                 "name": name,
                 "gpus": sum(g for _, g in members),
@@ -578,7 +579,7 @@ class JobService:
             "needs_gpus": int(demand.get("total_gpus", 0)),
             "pool": own,
             "largest_pool": largest,
-            "fits_some_pool": any(self._fits(name, demand) for name in nodes),
+            "fits_some_pool": any(fits_in[name] for name in nodes),
         }
 
     def _priority_class(self, principal: Principal, team: Team, name: str | None) -> PriorityClass:
