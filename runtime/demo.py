@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from runtime.spec import read_spec_file
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -157,6 +159,13 @@ def main(argv: list[str] | None = None) -> int:
         default=["sft-arith.yaml", "grpo-arith.yaml"],
         help="example files to run in order (default: the arithmetic pair; try sft-chat.yaml grpo-chat.yaml)",
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a spec entry of the last example (YAML value), e.g. --set num-rollout=100",
+    )
     args = parser.parse_args(argv)
     root = args.root.resolve()
     from runtime.data.arith import write_datasets
@@ -165,9 +174,16 @@ def main(argv: list[str] | None = None) -> int:
     build_tiny_model(root / "artifacts" / "models" / "tiny", seed=args.model_seed)
     write_datasets(root / "artifacts" / "datasets" / "arith", seed=args.data_seed)
     overrides = {} if args.seed is None else {"seed": args.seed, "rollout-seed": args.seed}
+    last_overrides = dict(overrides)
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.error(f"--set {item!r}: expected KEY=VALUE")
+        last_overrides[key] = yaml.safe_load(value)
     runs = []
-    for example in args.examples:
-        name, spec_file = prepare(root, example, overrides)
+    for i, example in enumerate(args.examples):
+        last = i == len(args.examples) - 1
+        name, spec_file = prepare(root, example, last_overrides if last else overrides)
         run = run_job(name, spec_file)
         runs.append(run)
         print(

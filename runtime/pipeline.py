@@ -44,8 +44,8 @@ from runtime.roles.groups import CriticPlan, RolePlan, Roles, engine_kind_from_e
 from runtime.roles.logs import LogRelay
 from runtime.roles.placement import Role, critic_world_size, train_world_size
 from runtime.rollout.context import DEFAULT_MAX_RESPONSE_LEN, RolloutContext, RolloutOutput
-from runtime.rollout.engine import SamplingParams
 from runtime.rollout.generate import GenerateContext, LengthLimits, advance
+from runtime.rollout.params import SamplingParams
 from runtime.rollout.results import write_eval_result, write_train_result
 from runtime.rollout.sglang.passthrough import server_argv
 from runtime.rollout.sources import AheadRollout, LiveRollout, LoadedRollout, RolloutSource, debug_data_path

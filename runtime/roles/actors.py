@@ -12,7 +12,7 @@ import os
 import socket
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 import torch
@@ -21,14 +21,20 @@ from ray.actor import ActorHandle
 from runtime.devices import Device
 from runtime.models.page_cache import warm_from_env
 from runtime.roles.logs import install_actor_logging, log_exceptions
-from runtime.rollout.engine import GenerationResult, SamplingParams, TorchRolloutEngine
+from runtime.rollout.params import GenerationResult, SamplingParams
 from runtime.rollout.sglang.engine_actor import SGLangEngineActor
 from runtime.train.base import TrainBackend, TrainContext, train_backend_class
-from runtime.train.checkpoint import CheckpointRecord
-from runtime.train.critic import CriticConfig, TorchCriticBackend
-from runtime.train.forward import LogProbModel
-from runtime.train.torch_backend import TrainConfig
-from runtime.types import RolloutBatch
+
+if TYPE_CHECKING:
+    from runtime.rollout.engine import TorchRolloutEngine
+    from runtime.train.checkpoint import CheckpointRecord
+    from runtime.train.critic import CriticConfig
+    from runtime.train.torch_backend import TrainConfig
+    from runtime.types import RolloutBatch
+
+# Each role's process imports this module (Ray pickles the classes by reference), so what only one role
+# needs (transformers' generate, the training and critic backends) is imported where that role starts: an
+# HTTP engine actor then starts its server without first loading the training stack (~2 s of CPU).
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +177,11 @@ class RolloutEngineActor:
         _setup_process(num_threads, log_sink, f"actor:rollout{engine_index}")
         self.engine_index = engine_index
         started = time.perf_counter()
-        self.engine = TorchRolloutEngine(hf_checkpoint, device=Device.detect(), max_batch_size=max_batch_size)
+        from runtime.rollout.engine import TorchRolloutEngine
+
+        self.engine: TorchRolloutEngine = TorchRolloutEngine(
+            hf_checkpoint, device=Device.detect(), max_batch_size=max_batch_size
+        )
         log.info(
             "rollout engine %d ready in %.1fs (pid %d)",
             engine_index,
@@ -287,6 +297,8 @@ class CriticActor:
         elif world_size != 1:
             raise ValueError(f"the {backend} critic runs in one process, not {world_size} ranks")
         else:
+            from runtime.train.critic import TorchCriticBackend
+
             self.backend = TorchCriticBackend(model_path, config, device=Device.detect())
         log.info(
             "%s critic ready from %s in %.1fs (pid %d, rank %d of %d)",
@@ -335,6 +347,8 @@ class ForwardActor:
     ) -> None:
         _setup_process(num_threads, log_sink, f"actor:{role}")
         self.role = role
+        from runtime.train.forward import LogProbModel
+
         self.model = LogProbModel(model_path, device=Device.detect(), temperature=temperature)
         log.info("%s model ready from %s (pid %d)", role, model_path, os.getpid())
 

@@ -26,7 +26,7 @@ from runtime.roles.actors import (
 )
 from runtime.roles.logs import start_log_sink
 from runtime.roles.placement import Role, Topology, plan_topology, release, reserve
-from runtime.rollout.engine import GenerationResult, SamplingParams
+from runtime.rollout.params import GenerationResult, SamplingParams
 from runtime.rollout.sglang.engine_actor import engine_secret, external_engine_actors
 from runtime.train.checkpoint import CheckpointRecord
 from runtime.train.critic import CriticConfig

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from runtime.rollout.engine import SamplingParams
 from runtime.rollout.generate import GenerateContext, Generator, LengthLimits, generate_samples
+from runtime.rollout.params import SamplingParams
 from runtime.spec import RuntimeSpec
 from runtime.types import Sample
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 import torch
@@ -12,36 +11,11 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, StoppingCriteria
 
 from runtime.devices import Device
+from runtime.rollout.params import FinishReason as FinishReason
+from runtime.rollout.params import GenerationResult as GenerationResult
+from runtime.rollout.params import SamplingParams as SamplingParams
 
 transformers.utils.logging.disable_progress_bar()
-
-
-class FinishReason(StrEnum):
-    STOP = "stop"  # a stop token or stop string was generated (it ends the response)
-    LENGTH = "length"  # the request's token budget was reached first
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Per-request sampling; mirrors the `rollout-*` spec fields. top_k -1 and top_p 1.0 disable them;
-    temperature 0 is greedy."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_new_tokens: int = 64
-    stop_token_ids: tuple[int, ...] = ()  # added to the model's own EOS ids
-    stop: tuple[str, ...] = ()  # `rollout-stop`: the response ends after the first of these strings (kept)
-    min_new_tokens: int = 0  # `eval-min-new-tokens`: stop tokens are suppressed before this many tokens
-    seed: int | None = None  # seeds the sampler for this call (reproducible rollouts)
-
-
-@dataclass
-class GenerationResult:
-    token_ids: list[int]  # response ids, the stop token (or the tokens of a stop string) included
-    log_probs: list[float]  # log p(token) under softmax(logits / temperature), one per token
-    finish_reason: FinishReason
-    weight_version: int = 0  # the engine's weights when it generated this
 
 
 class _StopOnStrings(StoppingCriteria):

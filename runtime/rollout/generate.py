@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from runtime.rollout.engine import FinishReason, GenerationResult, SamplingParams
+from runtime.rollout.params import FinishReason, GenerationResult, SamplingParams
 from runtime.types import Sample, SampleStatus
 
 if TYPE_CHECKING:

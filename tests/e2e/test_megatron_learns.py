@@ -1,9 +1,15 @@
 """The Megatron backend end to end on the embedded platform: examples/grpo-arith-megatron.yaml (the arithmetic
 task of grpo-arith.yaml, `--train-backend megatron`, tensor parallelism 2 on two CPU slots over gloo),
-submitted over HTTP after the SFT warm-up it starts from, learns as the torch run does: rollout/reward from
-below 0.2 (mean of the first 5 steps) to above 0.6 (mean of the last 10)."""
+submitted over HTTP after the SFT warm-up it starts from, learns as the torch run does. The example's 300 steps
+take rollout/reward from ~0.13 to ~0.7 (runtime/README.md; `python -m bench.example_run --grpo
+grpo-arith-megatron`); here the same spec runs 100 steps (the cosine schedule then decays over 100), which takes
+it from below 0.2 (mean of the first 5 steps) to above 0.28 (mean of the last 10): measured 0.13 -> 0.36, and
+0.13 -> 0.38 with the torch backend (`python -m runtime.demo ROOT --examples sft-arith.yaml
+grpo-arith-megatron.yaml --set num-rollout=100`)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import yaml
@@ -26,13 +32,19 @@ def sft_arith(platform: RunningPlatform) -> dict:
     return sft
 
 
-@pytest.mark.timeout(1800)  # ~300 s alone; `make test` runs it beside two other workers on two cores
-def test_grpo_megatron_tp2_learns(platform: RunningPlatform, sft_arith: dict) -> None:
+STEPS = 100
+
+
+@pytest.mark.timeout(1200)  # ~100 s alone
+def test_grpo_megatron_tp2_learns(platform: RunningPlatform, sft_arith: dict, tmp_path: Path) -> None:
     doc = yaml.safe_load((ROOT / "examples" / "grpo-arith-megatron.yaml").read_text())
     assert doc["spec"]["train-backend"] == "megatron" and doc["spec"]["tensor-model-parallel-size"] == 2
+    doc["spec"]["num-rollout"] = STEPS
+    job_file = tmp_path / "grpo-arith-megatron.yaml"
+    job_file.write_text(yaml.safe_dump(doc))
 
-    # over HTTP: the CLI posts the example file's spec to the API and waits for the job
-    r = platform.relaxctl("submit", "examples/grpo-arith-megatron.yaml", "--wait", timeout=1700)
+    # over HTTP: the CLI posts the example's spec (100 steps) to the API and waits for the job
+    r = platform.relaxctl("submit", str(job_file), "--wait", timeout=1100)
     assert r.returncode == 0, r.stdout + r.stderr + platform.log()
     c = RelaxClient(platform.url, platform.key)
     job = c.get_job(c.list_jobs(name="grpo-arith-megatron")["data"][0]["id"])
@@ -43,12 +55,12 @@ def test_grpo_megatron_tp2_learns(platform: RunningPlatform, sft_arith: dict) ->
     assert job["submitted"]["inputs"][0]["job_id"] == sft_arith["id"]
     assert job["spec"]["train_backend"] == "megatron" and job["spec"]["tensor_model_parallel_size"] == 2
 
-    # It learned: the mean reward of the first steps below 0.2, of the last steps above 0.6.
+    # It learned: the mean reward of the first steps below 0.2, of the last steps above 0.28.
     reward = [p["value"] for p in c.metrics(job["id"], names=["rollout/reward"])["rollout/reward"]]
-    assert len(reward) == doc["spec"]["num-rollout"], len(reward)
+    assert len(reward) == STEPS, len(reward)
     first, last = sum(reward[:5]) / 5, sum(reward[-10:]) / 10
     print(f"grpo-arith-megatron: rollout/reward {first:.3f} (first 5 steps) -> {last:.3f} (last 10 steps)")
-    assert first < 0.2 and last > 0.6, reward
+    assert first < 0.2 and last > 0.28, reward
 
     # Checkpoints registered, and the Hugging Face export written.
     ckpts = c.checkpoints(job["id"])

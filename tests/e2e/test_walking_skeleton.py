@@ -27,7 +27,14 @@ def _wait_status(c: RelaxClient, job_id: str, statuses: set[str], timeout: float
     raise AssertionError(f"{job_id} stuck in {c.get_job(job_id)['status']}")
 
 
-def test_sft_then_grpo_learns(platform: RunningPlatform) -> None:
+GRPO_STEPS = (
+    100  # the example's 300 are measured by `python -m bench.example_run` (README.md, runtime/README.md)
+)
+
+
+def test_sft_then_grpo_learns(platform: RunningPlatform, tmp_path: Path) -> None:
+    import yaml
+
     r = platform.relaxctl("submit", "examples/sft-arith.yaml", "--wait")
     assert r.returncode == 0, r.stdout + r.stderr + platform.log()
     assert "SUCCEEDED" in r.stdout
@@ -48,8 +55,12 @@ def test_sft_then_grpo_learns(platform: RunningPlatform) -> None:
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
+    doc = yaml.safe_load((ROOT / "examples" / "grpo-arith.yaml").read_text())
+    doc["spec"]["num-rollout"] = GRPO_STEPS  # the cosine schedule then decays over 100 steps
+    job_file = tmp_path / "grpo-arith.yaml"
+    job_file.write_text(yaml.safe_dump(doc))
     try:
-        r = platform.relaxctl("submit", "examples/grpo-arith.yaml", "--wait")
+        r = platform.relaxctl("submit", str(job_file), "--wait")
     finally:
         stop.set()
         watcher.join(5)
@@ -64,11 +75,13 @@ def test_sft_then_grpo_learns(platform: RunningPlatform) -> None:
     assert detail["spec"]["hf_checkpoint"].startswith(sft["output_dir"])
     assert detail["submitted"]["inputs"][0]["job_id"] == sft["id"]
 
-    # It learned: mean reward of the last steps clearly above the first steps.
+    # It learned: mean reward of the last steps clearly above the first steps (measured over 100 steps:
+    # 0.13 -> 0.38 for the last 10, `python -m runtime.demo ROOT --set num-rollout=100`; 0.67 after the
+    # example's 300).
     reward = [p["value"] for p in c.metrics(job["id"], names=["rollout/reward"])["rollout/reward"]]
-    k = max(2, len(reward) // 5)
-    first, last = sum(reward[:k]) / k, sum(reward[-k:]) / k
-    assert first < 0.35 and last > 0.6 and last - first > 0.3, reward
+    assert len(reward) == GRPO_STEPS, len(reward)
+    first, last = sum(reward[:5]) / 5, sum(reward[-10:]) / 10
+    assert first < 0.2 and last > 0.28 and last - first > 0.12, reward
 
     # Every transition, with time and reason.
     events = [e for e in c.events(job["id"]) if e["kind"] == "transition"]

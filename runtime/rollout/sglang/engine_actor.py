@@ -43,7 +43,7 @@ import httpx
 import torch
 
 from runtime.registry import Registry
-from runtime.rollout.engine import GenerationResult, SamplingParams
+from runtime.rollout.params import GenerationResult, SamplingParams
 from runtime.rollout.sglang.client import (
     SGLangClient,
     SGLangEngineError,

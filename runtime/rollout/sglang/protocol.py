@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from runtime.rollout.engine import FinishReason, GenerationResult, SamplingParams
+from runtime.rollout.params import FinishReason, GenerationResult, SamplingParams
 from runtime.types import SampleStatus
 
 SGLANG_PROTOCOL_VERSION = "0.5.17"  # the SGLang release whose HTTP schemas this module follows
