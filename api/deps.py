@@ -90,16 +90,40 @@ def _units_of_work(request: Request) -> asyncio.Semaphore:
 # dependencies above: each dependency FastAPI resolves costs CPU on every request.
 async def get_session(request: Request, response: Response) -> AsyncIterator[Session]:
     """The request's unit of work: committed when the route returns, before the response is sent.
-    GET requests read only. A mutating call's audit row is written in it (api/audit.py)."""
+    GET requests read only. A mutating call's audit row is written in it (api/audit.py). A route that does
+    its work in the thread pool ends it there (`finish_units_of_work`), sparing a trip."""
     async with _units_of_work(request):
         session = request.app.state.db.new_session(read_only=request.method in ("GET", "HEAD"))
+        request.state.unit_of_work = session
         try:
             yield session
         except BaseException:
-            await _in_thread(_discard, session)
+            if not getattr(request.state, "units_finished", False):
+                await _in_thread(_discard, session)
             raise
-        await _in_thread(_finish, session, request, response.status_code)
+        if not getattr(request.state, "units_finished", False):
+            await _in_thread(_finish, session, request, response.status_code)
     request.state.audit_written = audit_entry(request) is not None
+
+
+def finish_units_of_work(request: Request, status_code: int | None = None) -> None:
+    """End the request's units of work now, in this (worker) thread, as their dependencies would after the
+    route: the read-only one (`get_read_session`, SQLite) first, then the request's own, with the audit row of
+    a mutating call (`status_code`: the one the route set on `Response`, if any). For routes that do their work
+    in one trip to the thread pool, as their last step: the dependencies then have nothing left to do there
+    (a trip less). On failure the exception propagates as the route's own: everything is rolled back."""
+    request.state.units_finished = True
+    read_session = getattr(request.state, "read_unit_of_work", None)
+    session = getattr(request.state, "unit_of_work", None)
+    try:
+        if read_session is not None:
+            _finish(read_session)
+    except BaseException:
+        if session is not None:
+            _discard(session)
+        raise
+    if session is not None:
+        _finish(session, request, status_code)
 
 
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
@@ -116,12 +140,15 @@ async def get_read_session(request: Request, session: SessionDep) -> AsyncIterat
         yield session
         return
     read_session = db.new_session(read_only=True)
+    request.state.read_unit_of_work = read_session
     try:
         yield read_session
     except BaseException:
-        await _in_thread(_discard, read_session)
+        if not getattr(request.state, "units_finished", False):
+            await _in_thread(_discard, read_session)
         raise
-    await _in_thread(_finish, read_session)
+    if not getattr(request.state, "units_finished", False):
+        await _in_thread(_finish, read_session)
 
 
 ReadSessionDep = Annotated[Session, Depends(get_read_session, scope="function")]

@@ -11,7 +11,9 @@ class `urgent`, the examples' inputs in each area) through the admin API, then s
 reports the process's CPU time (`time.process_time`, every thread) per request. The database server's CPU is
 not in it (PostgreSQL runs in its own processes; SQLite runs in this one). No network, no uvicorn: what is
 left is the application's own work, the figure `bench.api_load` reports as "API CPU per request" less
-uvicorn's HTTP parsing.
+uvicorn's HTTP parsing. On PostgreSQL, when its server runs on this machine, the CPU time of the server
+processes serving the app's connections (found by their `application_name`, read from /proc) is reported
+beside it as `pg` (none where /proc does not show them).
 
 `--profile SCENARIO` runs that scenario again under cProfile (one profiler per thread, merged) and prints
 the top functions by cumulative time.
@@ -130,6 +132,7 @@ class Bench:
         self.home = Path(tempfile.mkdtemp(prefix="relax-apicpu-"))
         self.schema: str | None = None
         self.seq = 0
+        self.app_name = f"relax_apicpu_{os.getpid()}"
 
     # -- the platform ------------------------------------------------------------------------------------
     def database_url(self) -> str:
@@ -144,7 +147,7 @@ class Bench:
                 conn.execute(sa.text(f'CREATE SCHEMA "{self.schema}"'))
             engine.dispose()
             sep = "&" if "?" in PG_URL else "?"
-            url = f"{PG_URL}{sep}options=-csearch_path%3D{self.schema}"
+            url = f"{PG_URL}{sep}options=-csearch_path%3D{self.schema}&application_name={self.app_name}"
         upgrade(url)
         return url
 
@@ -211,6 +214,29 @@ class Bench:
         return teams
 
     # -- measuring ---------------------------------------------------------------------------------------
+    def server_cpu(self) -> float | None:
+        """CPU seconds (user + system) of the PostgreSQL server processes serving this app's connections so far,
+        or None (SQLite; a server on another machine)."""
+        if self.schema is None:
+            return None
+        engine = sa.create_engine(PG_URL, poolclass=sa.pool.NullPool)
+        try:
+            with engine.connect() as conn:
+                pids = conn.scalars(
+                    sa.text("SELECT pid FROM pg_stat_activity WHERE application_name = :n"),
+                    {"n": self.app_name},
+                ).all()
+        finally:
+            engine.dispose()
+        total = 0.0
+        for pid in pids:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                return None
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+        return total if pids else None
+
     async def run(
         self, templates: list[Template], count: int, statuses: Counter[int], sizes: list[int]
     ) -> None:
@@ -233,23 +259,28 @@ class Bench:
         statuses: Counter[int] = Counter()
         sizes: list[int] = []
         gc.collect()
+        pg0 = self.server_cpu()  # the connections stay open (the pool keeps them) across the run
         cpu0, wall0, sys0 = time.process_time(), time.perf_counter(), os.times().system
         await self.run(templates, a.n, statuses, sizes)
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
         system = os.times().system - sys0
+        pg1 = self.server_cpu()
+        pg = pg1 - pg0 if pg0 is not None and pg1 is not None else None
         row = {
             "scenario": name,
             "requests": a.n,
             "cpu_ms_per_request": cpu / a.n * 1000,
             "system_ms_per_request": system / a.n * 1000,
             "wall_ms_per_request": wall / a.n * 1000,
+            "postgresql_cpu_ms_per_request": pg / a.n * 1000 if pg is not None else None,
             "statuses": dict(sorted(statuses.items())),
             "mean_response_bytes": statistics.fmean(sizes) if sizes else 0,
         }
         print(
             f"{name:<10} {row['cpu_ms_per_request']:8.2f} CPU ms/req (system {row['system_ms_per_request']:.2f}) "
             f"{row['wall_ms_per_request']:8.2f} wall "
-            f"ms/req  statuses {row['statuses']}  body {row['mean_response_bytes']:.0f} B",
+            f"ms/req  statuses {row['statuses']}  body {row['mean_response_bytes']:.0f} B"
+            + (f"  pg {pg / a.n * 1000:.2f} CPU ms/req" if pg is not None else ""),
             file=sys.stderr,
             flush=True,
         )

@@ -36,6 +36,7 @@ __all__ = [
     "values_from_obj",
     "normalize_passthrough",
     "promote_typed_sglang",
+    "validate_spec",
     "validate_values",
     "check_representable",
     "check_untyped",
@@ -348,13 +349,18 @@ def check_representable(values: dict[str, Any]) -> list[SpecIssue]:
 
 def validate_values(values: dict[str, Any]) -> tuple[dict[str, Any], list[SpecIssue], set[str]]:
     """Type-check `values` strictly. Returns (all field values with defaults, issues, bad field names)."""
+    spec, issues, bad = validate_spec(values)
+    return spec.model_dump(), issues, bad
+
+
+def validate_spec(values: dict[str, Any]) -> tuple[JobSpec, list[SpecIssue], set[str]]:
+    """`validate_values`, with the spec itself: every field, the bad ones at their defaults."""
     try:
-        spec = JobSpec.model_validate(values, strict=True)
-        return spec.model_dump(), [], set()
+        return JobSpec.model_validate(values, strict=True), [], set()
     except ValidationError as exc:
         issues, bad = issues_from_validation(exc, values)
         clean = {k: v for k, v in values.items() if k not in bad}
-        return JobSpec.model_validate(clean, strict=True).model_dump(), issues, bad
+        return JobSpec.model_validate(clean, strict=True), issues, bad
 
 
 def issues_from_validation(exc: ValidationError, values: dict[str, Any]) -> tuple[list[SpecIssue], set[str]]:

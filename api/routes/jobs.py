@@ -22,6 +22,7 @@ from api.deps import (
     PrincipalDep,
     ReadJobServiceDep,
     SettingsDep,
+    finish_units_of_work,
 )
 from api.schemas import ERROR_RESPONSES
 from api.schemas.jobs import (
@@ -65,9 +66,11 @@ def _detail(svc: JobService, job, *, new: bool = False) -> JobDetail:  # type: i
 
 
 # The busiest routes (submit, list; the dry run in specs.py) are `async def` doing their work in one trip to
-# the thread pool: a plain `def` route costs a second trip, FastAPI validating its answer there.
+# the thread pool: a plain `def` route costs a second trip, FastAPI validating its answer there. They end their
+# units of work in that trip too (`finish_units_of_work`): their dependencies would take one more.
 @router.post("", status_code=201, response_model=JobDetail)
 async def submit_job(
+    request: Request,
     body: JobCreate,
     reader: ReadJobServiceDep,
     svc: JobServiceDep,
@@ -81,11 +84,12 @@ async def submit_job(
     class the team was granted. The spec is judged with reads only, then the job is written in a short
     transaction (`JobService.judge`)."""
     return await run_in_threadpool(
-        _submit, body, reader, svc, principal, dispatcher, response, audit, idempotency_key
+        _submit, request, body, reader, svc, principal, dispatcher, response, audit, idempotency_key
     )
 
 
 def _submit(
+    request: Request,
     body: JobCreate,
     reader: JobService,
     svc: JobService,
@@ -116,11 +120,14 @@ def _submit(
         after_commit(svc.session, dispatcher.request_pass)
     else:
         response.status_code = 200
-    return _detail(svc, job, new=created)
+    detail = _detail(svc, job, new=created)
+    finish_units_of_work(request, response.status_code)
+    return detail
 
 
 @router.get("", response_model=JobsPage)
 async def list_jobs(
+    request: Request,
     svc: JobServiceDep,
     principal: PrincipalDep,
     status: Annotated[list[str] | None, Query(description="Repeat or comma-separate.")] = None,
@@ -137,10 +144,12 @@ async def list_jobs(
             principal, status=statuses, name=name, team=team, queue=queue, after=after, limit=limit
         )
         # from plain dicts: reading a Row's values as attributes costs 3x the validation
-        return JobsPage(
+        out = JobsPage(
             data=[JobPublic.model_validate(dict(zip(r._fields, r, strict=True))) for r in rows],
             next_cursor=cursor,
         )
+        finish_units_of_work(request)
+        return out
 
     return await run_in_threadpool(page)
 

@@ -34,6 +34,7 @@ from scheduler.db.models import (
     LogLine,
     Metric,
     Node,
+    PathGrant,
     Pool,
     Prediction,
     PriorityClass,
@@ -55,7 +56,7 @@ from scheduler.domain.jobs import ALLOWED_TRANSITIONS, ON_CLUSTER, FailureReason
 from scheduler.domain.roles import Action
 from scheduler.policy.placement import PoolCapacity, place_demand
 from scheduler.policy.types import Node as PolicyNode
-from scheduler.services.auth import Principal, hold, team_for
+from scheduler.services.auth import Principal, team_for
 from scheduler.services.job_tokens import job_token
 from scheduler.services.paths import TeamStorage, real, resolve_paths, team_storage
 from scheduler.services.platform import granted_among, granted_queues
@@ -81,21 +82,110 @@ _LISTED_COLUMNS = tuple(c for c in Job.__table__.columns if c.key not in _UNLIST
 
 # The submission's statements, built once (building one for each request costs more than running it).
 _INSERT_JOB = Job.__table__.insert()
-_QUEUE_WITH_POOL = (
-    sa.select(Queue, Pool).join(Pool, Pool.name == Queue.pool).where(Queue.name == sa.bindparam("name"))
-)
-_PRIORITY_CLASSES = sa.select(PriorityClass)
+_QUEUE = sa.select(Queue.name, Queue.pool, Queue.team_id).where(Queue.name == sa.bindparam("name"))
 _NODES = sa.select(Node.pool, Node.name, Node.gpus)
+
+
+def _platform_statement() -> sa.CompoundSelect:
+    """What a submission and a dry run read of the platform's small tables, in one statement instead of four:
+    the queue named (its name, pool and team), every priority class, every node's pool, name and GPUs
+    (`_nodes`), and the team's path grants of every pool (those of the job's pool are picked from them). Rows of
+    (kind, a, b, c, n, p)."""
+    text, number, flag = (sa.cast(sa.null(), t) for t in (sa.String, sa.Integer, sa.Boolean))
+
+    def kind(k: str) -> sa.ColumnElement[str]:
+        return sa.literal_column(f"'{k}'", sa.String).label("kind")
+
+    classes = sa.select(
+        kind("c"),
+        PriorityClass.name.label("a"),
+        text.label("b"),
+        text.label("c"),
+        PriorityClass.value.label("n"),
+        PriorityClass.preemptible.label("p"),
+    )
+    nodes = sa.select(kind("n"), Node.pool, Node.name, text, Node.gpus, flag)
+    grants = sa.select(kind("g"), PathGrant.path, PathGrant.mode, PathGrant.pool, number, flag).where(
+        PathGrant.team_id == sa.bindparam("team_id")
+    )
+    queue = sa.select(kind("q"), Queue.name, Queue.pool, Queue.team_id, number, flag).where(
+        Queue.name == sa.bindparam("queue")
+    )
+    return sa.union_all(queue, classes, nodes, grants)
+
+
+_PLATFORM = _platform_statement()
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """A queue as a submission reads it."""
+
+    name: str
+    pool: str
+    team_id: str
+
+
+@dataclass(frozen=True)
+class PoolRef:
+    """The pool of a submission's queue: its name is all a submission reads of it (the queue's foreign key
+    says it exists)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class ClassRow:
+    """A priority class as a submission reads it (`_PLATFORM`)."""
+
+    name: str
+    value: int
+    preemptible: bool
+
+
+@dataclass(frozen=True)
+class PlatformRead:
+    """The platform's small tables as one submission reads them, in its unit of work (`_PLATFORM`)."""
+
+    team_id: str
+    queue_name: str | None  # the queue read with them, and its row (None: no such queue)
+    queue: QueueRow | None
+    classes: dict[str, ClassRow]  # by name, in the order read
+    nodes: dict[str, list[tuple[str, int]]]  # by pool: (node, GPUs)
+    grants: list[tuple[str | None, str, str]]  # (pool, path, mode), ordered by path
+
+    def grant_rows(self, pool: str | None) -> list[tuple[str, str]]:
+        """The grants that apply in `pool` (its own and every-pool ones; all of them without a pool), as
+        `paths.team_storage` reads them."""
+        return [(path, mode) for p, path, mode in self.grants if pool is None or p is None or p == pool]
+
+
 _IDEMPOTENT_JOB = sa.select(Job).where(
     Job.team_id == sa.bindparam("team_id"), Job.idempotency_key == sa.bindparam("key")
 )
 _INSERT_EVENT = JobEvent.__table__.insert()
 
 
-def _inserted(session: Session, **given: Any) -> Job:
+@cache
+def _job_with_event(event_columns: tuple[str, ...]) -> sa.Insert:
+    """PostgreSQL: a job's row and its event's in one statement (the job's INSERT as a data-modifying WITH of
+    the event's: one round trip instead of two, the event's foreign key checked at the statement's end).
+    Parameters `job_<column>` and `event_<column>`."""
+    jobs, events = Job.__table__, JobEvent.__table__
+    new_job = jobs.insert().values({c: sa.bindparam(f"job_{c.key}", type_=c.type) for c in jobs.columns})
+    return (
+        events.insert()
+        .values({c: sa.bindparam(f"event_{c}", type_=events.c[c].type) for c in event_columns})
+        .add_cte(new_job.cte("new_job"))
+    )
+
+
+def _inserted(session: Session, *, event: dict[str, Any] | None = None, **given: Any) -> Job:
     """A new job row written with one INSERT (no unit-of-work flush), and its `Job` in `session` as if read
     back: every column set (a column not given gets its default, as the ORM would give it), so that nothing
-    is loaded again and later changes to it are written as usual."""
+    is loaded again and later changes to it are written as usual. With `event` (a `JobEvent`'s columns but its
+    job's id and time, which are the job's id and `created_at`), that event too: on PostgreSQL in the same
+    statement (`_job_with_event`), elsewhere in a second one."""
     unknown = set(given) - set(Job.__table__.columns.keys())
     if unknown:
         raise TypeError(f"no job column {sorted(unknown)}")
@@ -109,7 +199,17 @@ def _inserted(session: Session, **given: Any) -> Job:
             values[column.key] = column.default.arg(None)  # type: ignore[attr-defined]
         else:
             values[column.key] = column.default.arg  # type: ignore[attr-defined]
-    session.execute(_INSERT_JOB, values)
+    if event is None:
+        session.execute(_INSERT_JOB, values)
+    else:
+        event = {"job_id": values["id"], "time": values["created_at"], **event}
+        if session.get_bind().dialect.name == "postgresql":
+            params = {f"job_{k}": v for k, v in values.items()}
+            params.update((f"event_{k}", v) for k, v in event.items())
+            session.execute(_job_with_event(tuple(event)), params)
+        else:
+            session.execute(_INSERT_JOB, values)
+            session.execute(_INSERT_EVENT, event)
     job = Job(**values)
     make_transient_to_detached(job)
     session.add(job)
@@ -178,10 +278,11 @@ class Judged:
     max_gpus_per_node: int | None
     normalized: jobspec.NormalizedSpec
     submitted: dict[str, Any]
-    # What it read, when judged in `session` (objects of that session; held here, since a session keeps
-    # only weak references to what it loaded)
+    # What it read, when judged in `session` (the team is that session's object, held here since a session
+    # keeps only weak references to what it loaded; the rest are plain rows of `_PLATFORM`)
     session: Session | None = field(default=None, compare=False, repr=False)
-    objects: tuple[Team, Queue, Pool, PriorityClass] | None = field(default=None, compare=False, repr=False)
+    objects: tuple[Team, QueueRow, PoolRef, ClassRow] | None = field(default=None, compare=False, repr=False)
+    platform: PlatformRead | None = field(default=None, compare=False, repr=False)
 
 
 FINAL_REPORT_EVENT = "final_report"  # runtime.reporter.EventKind.FINAL_REPORT: the driver's last report
@@ -250,6 +351,7 @@ class JobService:
         self.artifact_root = artifact_root
         self.home = home  # the platform's home: no job path reaches it (needed to submit)
         self._node_cache: dict[str, list[tuple[str, int]]] | None = None
+        self._platform: PlatformRead | None = None
 
     # Reads ---------------------------------------------------------------------------------
     def get(self, job_id: str, principal: Principal | None = None) -> Job:
@@ -313,13 +415,20 @@ class JobService:
         if self._idempotent_job(team, sub) is not None:
             return None
         queue = self._queue_for(principal, team, sub.queue)
-        pool = self.session.get(Pool, queue.pool)
-        assert pool is not None
+        pool = PoolRef(queue.pool)
         pclass = self._priority_class(principal, team, sub.priority_class)
         max_node = self._max_node(pool)
         normalized, submitted = self._normalize_spec(sub, max_node)
         self._refuse_what_cannot_run(normalized, pool)
-        return Judged(pool.name, max_node, normalized, submitted, self.session, (team, queue, pool, pclass))
+        return Judged(
+            pool.name,
+            max_node,
+            normalized,
+            submitted,
+            self.session,
+            (team, queue, pool, pclass),
+            self._platform,
+        )
 
     def submit(self, principal: Principal, sub: Submission, judged: Judged | None = None) -> tuple[Job, bool]:
         """Validate and store a job QUEUED. Returns (job, created); a repeated idempotency key
@@ -330,14 +439,14 @@ class JobService:
             # judged in this transaction, just before: every check passed here already
             team, queue, pool, pclass = judged.objects
             normalized, submitted = judged.normalized, judged.submitted
+            self._platform = judged.platform
         else:
             team = team_for(self.session, principal, sub.team)
             existing = self._idempotent_job(team, sub)
             if existing is not None:
                 return existing, False
             queue = self._queue_for(principal, team, sub.queue)
-            pool = self.session.get(Pool, queue.pool)
-            assert pool is not None
+            pool = PoolRef(queue.pool)
             pclass = self._priority_class(principal, team, sub.priority_class)
 
             max_node = self._max_node(pool)
@@ -385,12 +494,7 @@ class JobService:
             total_gpus=int(demand["total_gpus"]),
             output_dir=str(job_dir),
             idempotency_key=sub.idempotency_key,
-        )
-        self.session.execute(
-            _INSERT_EVENT,
-            {
-                "job_id": job_id,
-                "time": job.created_at,
+            event={
                 "kind": "transition",
                 "from_status": None,
                 "to_status": JobStatus.QUEUED,
@@ -417,8 +521,7 @@ class JobService:
         principal.require(Action.JOB_VALIDATE)
         team = team_for(self.session, principal, sub.team)
         queue = self._queue_for(principal, team, sub.queue)
-        pool = self.session.get(Pool, queue.pool)
-        assert pool is not None
+        pool = PoolRef(queue.pool)
         out: dict[str, Any] = {
             "valid": False,
             "queue": queue.name,
@@ -431,6 +534,7 @@ class JobService:
             "warnings": [],
             "errors": [],
         }
+        self._read_platform(team)  # the nodes and the team's grants, in one statement
         try:
             normalized, _ = self._normalize_spec(sub, self._max_node(pool))
         except InvalidSpec as err:
@@ -476,7 +580,7 @@ class JobService:
         )
         return out
 
-    def _refuse_what_cannot_run(self, normalized: jobspec.NormalizedSpec, pool: Pool) -> None:
+    def _refuse_what_cannot_run(self, normalized: jobspec.NormalizedSpec, pool: Pool | PoolRef) -> None:
         """InvalidSpec for parameters this platform does not run (`spec.unsupported_by_backend`) and for a
         job no node layout of its pool can ever hold (`job.unschedulable`), which would otherwise wait
         QUEUED forever."""
@@ -528,9 +632,32 @@ class JobService:
             raise invalid from None
         return normalized, submitted
 
+    def _read_platform(self, team: Team, queue_name: str | None = None) -> PlatformRead:
+        """The queue named, the priority classes, the nodes and the team's grants, in one statement; once per
+        unit of work."""
+        if self._platform is None or self._platform.team_id != team.id:
+            queue: QueueRow | None = None
+            classes: dict[str, ClassRow] = {}
+            nodes: dict[str, list[tuple[str, int]]] = {}
+            grants: list[tuple[str | None, str, str]] = []
+            params = {"team_id": team.id, "queue": queue_name}
+            for kind, a, b, c, n, p in self.session.execute(_PLATFORM, params):
+                if kind == "q":
+                    queue = QueueRow(a, b, c)
+                elif kind == "c":
+                    classes[a] = ClassRow(a, int(n), bool(p))
+                elif kind == "n":
+                    nodes.setdefault(a, []).append((b, int(n)))
+                else:
+                    grants.append((c, a, b))
+            grants.sort(key=lambda g: g[1])
+            self._platform = PlatformRead(team.id, queue_name, queue, classes, nodes, grants)
+            self._node_cache = nodes
+        return self._platform
+
     def _nodes(self) -> dict[str, list[tuple[str, int]]]:
         """Every node's name and GPUs, by pool (cordoned and down nodes too: they may come back); read once
-        per unit of work."""
+        per unit of work (with the priority classes and the grants: `_read_platform`)."""
         if self._node_cache is None:
             nodes: dict[str, list[tuple[str, int]]] = {}
             for pool_name, node, gpus in self.session.execute(_NODES):
@@ -538,7 +665,7 @@ class JobService:
             self._node_cache = nodes
         return self._node_cache
 
-    def _max_node(self, pool: Pool) -> int | None:
+    def _max_node(self, pool: Pool | PoolRef) -> int | None:
         return max((g for _, g in self._nodes().get(pool.name, [])), default=None)
 
     def _fits(self, pool_name: str, demand: dict[str, Any]) -> bool | None:
@@ -552,7 +679,7 @@ class JobService:
         cap.index()
         return place_demand(cap, gangs_of(demand), frozenset()) is not None
 
-    def _capacity(self, pool: Pool, demand: dict[str, Any]) -> dict[str, Any]:
+    def _capacity(self, pool: Pool | PoolRef, demand: dict[str, Any]) -> dict[str, Any]:
         """Whether a job's demand could ever be placed: in its own pool and in the largest pool, each
         taken empty with every node it has (cordoned and down nodes too: they may come back)."""
         nodes = self._nodes()
@@ -582,11 +709,11 @@ class JobService:
             "fits_some_pool": any(fits_in[name] for name in nodes),
         }
 
-    def _priority_class(self, principal: Principal, team: Team, name: str | None) -> PriorityClass:
+    def _priority_class(self, principal: Principal, team: Team, name: str | None) -> ClassRow:
         """The class to submit at: one the team was granted (platform.granted_priority_classes), or
         403 naming it. Without a name: `normal`, or the team's highest granted class when `normal` is
         not granted. Admins are not bound by a team's grant (they set it; the audit log shows it)."""
-        classes = {c.name: c for c in self.session.scalars(_PRIORITY_CLASSES)}  # one read for all
+        classes = self._read_platform(team).classes  # one read for all, with the nodes and the grants
         allowed = [] if principal.is_admin else granted_among(list(classes.values()), team)
         if name is None and not principal.is_admin and "normal" not in allowed and allowed:
             name = allowed[0]
@@ -633,12 +760,12 @@ class JobService:
             },
         )
 
-    def _queue_for(self, principal: Principal, team: Team, queue_name: str | None) -> Queue:
+    def _queue_for(self, principal: Principal, team: Team, queue_name: str | None) -> QueueRow:
         """The queue to submit to: the team's own, or one an admin granted it; without a name, the
         team's first. For a team key, a queue that does not exist and a queue it may not use get the
         same 403, so queue names of other teams cannot be probed."""
         if queue_name:
-            queue = self._queue_with_pool(queue_name)
+            queue = self._queue(team, queue_name)
             if queue is not None and (queue.team_id == team.id or queue.name in (team.allowed_queues or [])):
                 return queue
             if queue is None and principal.is_admin:
@@ -660,18 +787,18 @@ class JobService:
         allowed = granted_queues(self.session, team)
         if not allowed:
             raise NotFound(f"team {team.name!r} has no queue", code="queue.not_found")
-        queue = self._queue_with_pool(allowed[0])
+        queue = self._queue(team, allowed[0])
         assert queue is not None
         return queue
 
-    def _queue_with_pool(self, name: str) -> Queue | None:
-        """A queue by name, its pool read in the same statement and held in the session (the caller's
-        `session.get(Pool, queue.pool)` then reads it from there)."""
-        row = self.session.execute(_QUEUE_WITH_POOL, {"name": name}).first()
-        if row is None:
-            return None
-        hold(self.session, row[1])
-        return row[0]
+    def _queue(self, team: Team, name: str) -> QueueRow | None:
+        """A queue by name: read with the platform's small tables (`_read_platform`), unless they were read
+        already for another."""
+        read = self._read_platform(team, name)
+        if read.queue_name == name:
+            return read.queue
+        row = self.session.execute(_QUEUE, {"name": name}).first()
+        return QueueRow(*row) if row is not None else None
 
     # The one door for status changes ------------------------------------------------------
     def transition(
@@ -802,17 +929,20 @@ class JobService:
                 folders.append(real(producer.output_dir))
         return self._storage(team, self.session.get(Pool, job.pool)).driver_policy(job.id, folders)
 
-    def _storage(self, team: Team, pool: Pool | None) -> TeamStorage:
+    def _storage(self, team: Team, pool: Pool | PoolRef | None) -> TeamStorage:
         """What the team's jobs in `pool` may reach (scheduler/services/paths.py)."""
         if self.home is None:
             raise RuntimeError("JobService needs the platform's home to resolve job paths")
+        pool_name = pool.name if pool is not None else None
+        read = self._platform
         return team_storage(
             self.session,
             home=self.home,
             artifact_root=self.artifact_root,
             team_id=team.id,
             team_name=team.name,
-            pool=pool.name if pool is not None else None,
+            pool=pool_name,
+            grant_rows=read.grant_rows(pool_name) if read is not None and read.team_id == team.id else None,
         )
 
     def _has_checkpoint(self, job: Job) -> bool:

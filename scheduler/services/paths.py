@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path, PurePosixPath
@@ -169,12 +169,22 @@ _GRANTS_IN_POOL = _GRANTS.where(sa.or_(PathGrant.pool.is_(None), PathGrant.pool 
 
 
 def team_storage(
-    session: Session, *, home: Path, artifact_root: Path, team_id: str, team_name: str = "", pool: str | None
+    session: Session | None,
+    *,
+    home: Path,
+    artifact_root: Path,
+    team_id: str,
+    team_name: str = "",
+    pool: str | None,
+    grant_rows: Iterable[tuple[str, str]] | None = None,
 ) -> TeamStorage:
-    """A team's storage in `pool`, with the grants that apply there (its own and every-pool grants)."""
-    q = _GRANTS_IN_POOL if pool else _GRANTS
-    rows = session.execute(q, {"team_id": team_id, "pool": pool} if pool else {"team_id": team_id})
-    grants = tuple(Grant(Path(path), mode) for path, mode in rows)
+    """A team's storage in `pool`, with the grants that apply there (its own and every-pool grants): read in
+    `session`, or given as `grant_rows` (path, mode) when read already, ordered by path."""
+    if grant_rows is None:
+        assert session is not None
+        q = _GRANTS_IN_POOL if pool else _GRANTS
+        grant_rows = session.execute(q, {"team_id": team_id, "pool": pool} if pool else {"team_id": team_id})
+    grants = tuple(Grant(Path(path), mode) for path, mode in grant_rows)
     return TeamStorage(
         home=Path(home),
         artifact_root=Path(artifact_root),
