@@ -34,5 +34,5 @@ def missing_for_browser() -> str | None:
     if not (WEB / "node_modules" / "playwright-core").exists():
         return "playwright-core is not installed in web/node_modules: run `make web`"
     if not (Path(CHROMIUM).exists() or shutil.which("chromium")):
-        return f"no Chromium at {CHROMIUM} (the Makefile installs Debian's chromium: `make .venv/.chromium`)"
+        return f"no Chromium at {CHROMIUM} (`make browser` installs Debian's chromium)"
     return None
