@@ -50,12 +50,13 @@ browser:  ## install Debian's chromium for the browser tests (apt-get, needs roo
 run: install  ## start the embedded platform on http://127.0.0.1:8400
 	$(VENV)/bin/relaxctl up
 
-# Serial by default. `make test PYTEST_XDIST="-n 3 --dist loadgroup"` runs three pytest-xdist workers: the tests
-# that start Ray, a Celery worker or a whole platform form three heavy groups, one per worker, each run in order;
-# everything else goes to whichever worker is free (tests/conftest.py says why and how). Not the default: on a
-# fresh clone (2026-12-04) it took 2,535 s against ~2,000 s serially; two cores do not run three heavy groups.
-# `make test PYTEST_ARGS="-n 0"` is serial whatever PYTEST_XDIST says.
-PYTEST_XDIST ?=
+# Two pytest-xdist workers by default (`-n 2 --dist loadgroup`): the tests that start Ray, a Celery worker or a
+# whole platform form three heavy groups, each run in order on one worker; everything else goes to whichever
+# worker is free (tests/conftest.py says why and how). Measured on a fresh clone (2026-12-04, 2 cores, another
+# session's work beside it): 3,911 passed in 1,412 s of pytest with two workers; the last serial fresh-clone run
+# (2026-12-04, one change earlier in the suite's own work) took 2,793 s, and three workers 2,535 s (three heavy
+# groups at once overload two cores). `make test PYTEST_XDIST=` (empty) or `PYTEST_ARGS="-n 0"` runs serially.
+PYTEST_XDIST ?= -n 2 --dist loadgroup
 test: install  ## the whole suite (unit, integration on SQLite+PostgreSQL and Redis, Ray, end to end)
 	@command -v chromium >/dev/null 2>&1 || echo "note: no chromium on PATH: the browser tests will skip (\`make browser\` installs it)"
 	$(PY) -m pytest -q -ra $(PYTEST_XDIST) $(PYTEST_ARGS)

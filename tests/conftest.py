@@ -86,7 +86,7 @@ def relax_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
-# Running in parallel (`make test PYTEST_XDIST="-n 3 --dist loadgroup"`: three pytest-xdist workers; see the Makefile):
+# Running in parallel (`make test` runs two pytest-xdist workers, `-n 2 --dist loadgroup`; see the Makefile):
 # what starts Ray, a Celery worker or a whole platform is in one of three heavy groups, and each group runs on
 # one worker, its tests one after another as in a serial run: two Rays started by `ray.init(address="local")`
 # would share Ray's fixed default ports (the embedded platform's Ray takes free ports, so one of those beside

@@ -97,11 +97,16 @@ def test_grpo_steps_with_two_tensor_parallel_ranks(
 
 
 def test_resume_from_a_torch_dist_checkpoint_is_exact(
-    ray_local, artifacts: dict[str, Path], tmp_path: Path
+    ray_local, artifacts: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """4 rollouts in one run (async saves) equal 2 rollouts, then a new driver that loads iteration 1 and
-    runs 2 more: same data, same optimizer state and RNG, so the same losses and the same final weights."""
+    runs 2 more: same data, same optimizer state and RNG, so the same losses and the same final weights.
+    The engines run inside their actors (`RELAX_ROLLOUT_ENGINE=in-process`): what is checked is the trainer's
+    checkpoint, and the three drivers then start four processes each instead of six (the HTTP engine servers
+    are covered by the test above)."""
     from safetensors.torch import load_file
+
+    monkeypatch.setenv("RELAX_ROLLOUT_ENGINE", "in-process")
 
     base = {"num-rollout": 4, "use-kl-loss": False, "kl-loss-coef": 0.0}
     whole, split = tmp_path / "whole", tmp_path / "split"
