@@ -466,6 +466,7 @@ class Supervisor:
         self.fatal: str | None = None  # why the platform stops on its own
         self.stop_requested: str | None = None
         self.started_at = time.time()
+        self.url: str | None = None  # the API's, for `relaxctl status` and `relaxctl down`
         self._written = 0.0
 
     # -- parts --------------------------------------------------------------------------------------------
@@ -598,6 +599,7 @@ class Supervisor:
             "status": status or ("failed" if self.fatal else "running"),
             "reason": self.fatal or self.stop_requested,
             "started_at": self.started_at,
+            "url": self.url,
             "updated_at": time.time(),
             "parts": {name: p.to_dict() for name, p in self.parts.items()},
         }
@@ -683,6 +685,8 @@ def main() -> None:
     settings.artifacts.mkdir(parents=True, exist_ok=True)
     settings.signing_key()  # create it before the children race to
     sup = Supervisor(settings.home / "logs", state_file)
+    host = settings.api.host if settings.api.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+    sup.url = f"http://{host}:{settings.api.port}"  # where this machine reaches the API
     starting = True
 
     def _terminate(signum: int, _frame: object) -> None:
@@ -743,7 +747,8 @@ def main() -> None:
             f"  pool {LOCAL_POOL}: {slots} {accelerator} slot(s), Ray {ray_address}\n"
             f"  database {settings.database_url}\n"
             f"  admin key {settings.home / 'admin.key'}   logs {settings.home / 'logs'}\n"
-            f"  try: .venv/bin/relaxctl models tiny && .venv/bin/relaxctl submit examples/sft-arith.yaml --wait\n",
+            f"  try: .venv/bin/relaxctl models tiny && .venv/bin/relaxctl submit examples/sft-arith.yaml --wait\n"
+            f"  stop: Ctrl-C here, or .venv/bin/relaxctl down --home {settings.home}\n",
             flush=True,
         )
         starting = False

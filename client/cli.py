@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -19,6 +20,17 @@ from client.jobfile import JobFile, JobFileError, is_launch_script, load_job_fil
 from client.launch_script import DEFAULT_TIMEOUT_S, LaunchScriptError, ResolvedScript
 from client.sdk import ApiError, RelaxClient
 from client.watch import watch_job
+
+# Typer 0.29's help panel prints a type after every option, flags included (`--wait <bool>`), as if they took a
+# value: a flag (or a counter) shows none.
+_option_type = typer.core.TyperOption.display_type_rich
+
+
+def _flag_shows_no_type(self: typer.core.TyperOption, ctx: Any) -> str | None:
+    return None if self.is_flag or self.count else _option_type(self, ctx)
+
+
+typer.core.TyperOption.display_type_rich = _flag_shows_no_type  # type: ignore[method-assign]
 
 app = typer.Typer(
     help="Relax Platform: submit and watch LLM post-training jobs.",
@@ -168,10 +180,128 @@ def submit(
     raise typer.Exit(0 if final == "SUCCEEDED" else 1)
 
 
+HomeOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--home",
+        help="Where the platform keeps its database, keys and logs (default: $RELAX_HOME or .relax).",
+    ),
+]
+
+
 @app.command()
-def up() -> None:
-    """Start the embedded platform here (API, scheduler, worker, local Ray, SQLite)."""
-    os.execv(sys.executable, [sys.executable, "-m", "api.embedded"])
+def up(
+    port: Annotated[
+        int | None, typer.Option(help="Port of the API and dashboard (default 8400, RELAX_PORT).")
+    ] = None,
+    home: HomeOpt = None,
+    detach: Annotated[
+        bool, typer.Option("--detach", "-d", help="Run in the background; `relaxctl down` stops it.")
+    ] = False,
+) -> None:
+    """Start the embedded platform here (API, scheduler, worker, local Ray, SQLite). In the foreground
+    Ctrl-C stops it; with --detach it runs on in the background, its output in <home>/logs/platform.log."""
+    from client import platform
+
+    where = platform.home_dir(home)
+    state = platform.read_state(where)
+    if state.running:
+        err.print(
+            f"[red]error[/red] a platform already runs on {where} (pid {state.pid}, {state.url or 'starting'}): "
+            f"`relaxctl down --home {where}` stops it"
+        )
+        raise typer.Exit(1)
+    if port is not None and not 1 <= port <= 65535:
+        err.print(f"[red]error[/red] --port {port}: a TCP port is 1-65535")
+        raise typer.Exit(2)
+    if not detach:
+        env = os.environ.copy() | {"RELAX_HOME": str(where)}
+        if port is not None:
+            env["RELAX_PORT"] = str(port)
+        os.execve(sys.executable, [sys.executable, "-m", "api.embedded"], env)
+    out.print(f"starting the platform on {where} (output: {where / 'logs' / 'platform.log'}) ...")
+    code, state = platform.start_detached(where, port)
+    if code == 0 and state.running:
+        out.print(
+            f"Relax Platform is up on {state.url} (pid {state.pid}, home {where})\n"
+            f"  stop: relaxctl down --home {where}    status: relaxctl status --home {where}"
+        )
+        return
+    why = (state.state or {}).get("reason") if state.state else None
+    err.print(
+        "[red]error[/red] the platform did not come up"
+        + (f" (exit code {code})" if code > 0 else " in time" if code < 0 else "")
+        + (f": {escape(str(why))}" if why else "")
+        + f"; see {where / 'logs' / 'platform.log'}"
+    )
+    raise typer.Exit(1)
+
+
+@app.command()
+def down(
+    home: HomeOpt = None,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for it to stop.")] = 60.0,
+) -> None:
+    """Stop the embedded platform of this home (started by `relaxctl up`, in the foreground or detached):
+    its API, worker, beat and Ray stop in order; jobs still running resume from their checkpoints next time."""
+    from client import platform
+
+    where = platform.home_dir(home)
+    outcome, state = platform.stop(where, wait_s=timeout)
+    if outcome == "not-running":
+        out.print(f"no platform runs on {where}")
+        return
+    if outcome == "timeout":
+        err.print(f"[red]error[/red] the platform (pid {state.pid}) is still stopping after {timeout:.0f} s")
+        raise typer.Exit(1)
+    out.print(f"Relax Platform on {where} stopped")
+
+
+@app.command()
+def status(home: HomeOpt = None, as_json: JsonOpt = False) -> None:
+    """Is the embedded platform of this home running, is it ready, and how is each of its parts.
+    Exit code 0: running and ready; 1: not running; 3: running but not ready."""
+    from client import platform
+
+    where = platform.home_dir(home)
+    state = platform.read_state(where)
+    ready, body = platform.readiness(state.url) if state.running and state.url else (False, "not running")
+    if as_json:
+        _print_json(
+            {
+                "home": str(where),
+                "running": state.running,
+                "ready": ready,
+                "state": state.state,
+                "readyz": body,
+            }
+        )
+    elif not state.running:
+        last = (state.state or {}).get("status")
+        reason = (state.state or {}).get("reason")
+        out.print(
+            f"no platform runs on {where}"
+            + (f" (last: {last}{', ' + escape(str(reason)) if reason else ''})" if last else "")
+        )
+    else:
+        out.print(
+            f"Relax Platform on {where}: pid {state.pid}, {state.url}, "
+            + ("[green]ready[/green]" if ready else "[red]not ready[/red]")
+        )
+        table = Table("part", "state", "pid", "restarts", "detail", box=None)
+        for name, part in ((state.state or {}).get("parts") or {}).items():
+            table.add_row(
+                name,
+                str(part.get("state", "")),
+                str(part.get("pid") or ""),
+                str(part.get("restarts", 0)),
+                escape(str(part.get("detail") or "")),
+            )
+        out.print(table)
+        if not ready:
+            why = body.get("down") if isinstance(body, dict) else body
+            out.print(f"  /readyz: [red]not ready[/red] ({escape(str(why))})")
+    raise typer.Exit(0 if state.running and ready else 1 if not state.running else 3)
 
 
 @app.command()

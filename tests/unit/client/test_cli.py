@@ -163,3 +163,15 @@ def test_sdk_submit_script_sends_flags_and_provenance(script: Path) -> None:
     (body,) = sent
     assert body["name"] == "run-tiny" and body["queue"] == "q" and body["args"][-3:] == ["--seed", "4", "--x"]
     assert body["launch_script"]["line"] == 7 and body["launch_script"]["env"] == {"SEED": "4"}
+
+
+def test_help_shows_flags_without_a_value_type() -> None:
+    """A flag takes no value: the help shows none for it (Typer's panel printed `<bool>`), and still shows the
+    type of an option that takes one."""
+    result = CliRunner().invoke(cli.app, ["submit", "--help"], env={"COLUMNS": "120"})
+    assert result.exit_code == 0
+    lines = result.output.splitlines()
+    wait = next(line for line in lines if "--wait" in line)
+    name = next(line for line in lines if "--name" in line)
+    assert "<bool>" not in result.output and "<" not in wait
+    assert "<str>" in name
