@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -76,6 +77,35 @@ ScriptTimeoutOpt = Annotated[
 
 def _client(url: str | None, key: str | None) -> RelaxClient:
     return RelaxClient(url, key)
+
+
+JOB_ID = re.compile(r"job_[0-9a-f]{20}")
+
+
+def _job_id(c: RelaxClient, ref: str) -> str:
+    """A job's id from its id, or from its name where one job of those the key can see has it."""
+    if JOB_ID.fullmatch(ref):
+        return ref
+    try:
+        named = c.list_jobs(name=ref, limit=6)["data"]
+    except ApiError as e:
+        _fail(e)
+        raise typer.Exit(1) from None
+    if len(named) == 1:
+        return str(named[0]["id"])
+    if not named:
+        err.print(
+            f"[red]error[/red] no job has the id or name {escape(ref)!r} (`relaxctl jobs list` shows yours)"
+        )
+    else:
+        err.print(
+            f"[red]error[/red] {len(named)}{'+' if len(named) > 5 else ''} jobs are named {escape(ref)!r}: give the id"
+        )
+        for j in named[:5]:
+            out.print(
+                f"  {j['id']}  {j['status']:<10} {j.get('team', '')}  {j['created_at'][:19].replace('T', ' ')}"
+            )
+    raise typer.Exit(2)
 
 
 def _fail(e: ApiError) -> None:
@@ -330,7 +360,9 @@ def dashboard(
 
 @app.command()
 def metrics(
-    job_id: str,
+    job_id: Annotated[
+        str, typer.Argument(metavar="JOB", help="The job's id, or its name where one of your jobs has it.")
+    ],
     names: Annotated[list[str] | None, typer.Option("--name", "-n", help="Only these metrics.")] = None,
     url: UrlOpt = None,
     api_key: KeyOpt = None,
@@ -338,6 +370,7 @@ def metrics(
 ) -> None:
     """Every metric of a job: first, last, min and max value and the number of points."""
     with _client(url, api_key) as c:
+        job_id = _job_id(c, job_id)
         try:
             series = c.metrics(job_id, names=names)
         except ApiError as e:
@@ -459,9 +492,17 @@ def jobs_list(
 
 
 @jobs_app.command("get")
-def jobs_get(job_id: str, url: UrlOpt = None, api_key: KeyOpt = None, as_json: JsonOpt = False) -> None:
+def jobs_get(
+    job_id: Annotated[
+        str, typer.Argument(metavar="JOB", help="The job's id, or its name where one of your jobs has it.")
+    ],
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
     """A job with its spec, demand, allocation and events."""
     with _client(url, api_key) as c:
+        job_id = _job_id(c, job_id)
         try:
             job = c.get_job(job_id)
             events = c.events(job_id)
@@ -491,9 +532,16 @@ def jobs_get(job_id: str, url: UrlOpt = None, api_key: KeyOpt = None, as_json: J
 
 
 @jobs_app.command("cancel")
-def jobs_cancel(job_id: str, url: UrlOpt = None, api_key: KeyOpt = None) -> None:
+def jobs_cancel(
+    job_id: Annotated[
+        str, typer.Argument(metavar="JOB", help="The job's id, or its name where one of your jobs has it.")
+    ],
+    url: UrlOpt = None,
+    api_key: KeyOpt = None,
+) -> None:
     """Cancel a job; a running one stops its Ray job and frees its slots."""
     with _client(url, api_key) as c:
+        job_id = _job_id(c, job_id)
         try:
             job = c.cancel_job(job_id)
         except ApiError as e:
@@ -504,7 +552,9 @@ def jobs_cancel(job_id: str, url: UrlOpt = None, api_key: KeyOpt = None) -> None
 
 @jobs_app.command("logs")
 def jobs_logs(
-    job_id: str,
+    job_id: Annotated[
+        str, typer.Argument(metavar="JOB", help="The job's id, or its name where one of your jobs has it.")
+    ],
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing new lines until the job ends.")
     ] = False,
@@ -513,6 +563,7 @@ def jobs_logs(
 ) -> None:
     """The driver's log lines (and Ray's output of a failed driver)."""
     with _client(url, api_key) as c:
+        job_id = _job_id(c, job_id)
         after = 0
         while True:
             try:

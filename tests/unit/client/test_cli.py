@@ -175,3 +175,49 @@ def test_help_shows_flags_without_a_value_type() -> None:
     name = next(line for line in lines if "--name" in line)
     assert "<bool>" not in result.output and "<" not in wait
     assert "<str>" in name
+
+
+class NamedJobsClient:
+    """Speaks for an API holding three jobs: `sft-arith` once and `grpo` twice (a recording fake of the HTTP
+    client, as FakeClient above)."""
+
+    JOBS = [
+        {"id": "job_0000000000010000000a", "name": "sft-arith", "status": "SUCCEEDED", "team": "t",
+         "created_at": "2026-12-04T10:00:00Z"},
+        {"id": "job_0000000000020000000b", "name": "grpo", "status": "RUNNING", "team": "t",
+         "created_at": "2026-12-04T11:00:00Z"},
+        {"id": "job_0000000000030000000c", "name": "grpo", "status": "QUEUED", "team": "t",
+         "created_at": "2026-12-04T12:00:00Z"},
+    ]  # fmt: skip
+
+    def __init__(self, asked: list[str]) -> None:
+        self.asked = asked
+
+    def __enter__(self) -> NamedJobsClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def list_jobs(self, name: str | None = None, limit: int = 50, **_: Any) -> dict[str, Any]:
+        return {"data": [j for j in self.JOBS if j["name"] == name][:limit]}
+
+    def metrics(self, job_id: str, names: list[str] | None = None) -> dict[str, Any]:
+        self.asked.append(job_id)
+        return {"train/loss": [{"step": 1, "value": 0.5}]}
+
+
+def test_jobs_are_addressed_by_id_or_by_a_name_only_one_job_has(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[str] = []
+    monkeypatch.setattr(cli, "_client", lambda url, key: NamedJobsClient(asked))
+    runner = CliRunner()
+    assert runner.invoke(cli.app, ["metrics", "sft-arith"]).exit_code == 0
+    assert runner.invoke(cli.app, ["metrics", "job_0000000000030000000c"]).exit_code == 0
+    assert asked == ["job_0000000000010000000a", "job_0000000000030000000c"]
+
+    ambiguous = runner.invoke(cli.app, ["metrics", "grpo"], env={"COLUMNS": "200"})
+    assert ambiguous.exit_code == 2 and "2 jobs are named 'grpo'" in ambiguous.output
+    assert "job_0000000000020000000b" in ambiguous.output and "job_0000000000030000000c" in ambiguous.output
+    missing = runner.invoke(cli.app, ["metrics", "nope"])
+    assert missing.exit_code == 2 and "no job has the id or name 'nope'" in missing.output
+    assert asked == ["job_0000000000010000000a", "job_0000000000030000000c"]
