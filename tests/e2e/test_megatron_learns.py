@@ -16,6 +16,7 @@ import yaml
 
 from bench.harness import ROOT, RunningPlatform
 from client.sdk import RelaxClient
+from tests.e2e.conftest import log_problems
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -61,6 +62,9 @@ def test_grpo_megatron_tp2_learns(platform: RunningPlatform, sft_arith: dict, tm
     first, last = sum(reward[:5]) / 5, sum(reward[-10:]) / 10
     print(f"grpo-arith-megatron: rollout/reward {first:.3f} (first 5 steps) -> {last:.3f} (last 10 steps)")
     assert first < 0.2 and last > 0.28, reward
+
+    # No error or traceback in the log of a job that succeeded (the SFT warm-up's and this one's).
+    assert log_problems(c, job["id"]) == [] and log_problems(c, sft_arith["id"]) == []
 
     # Checkpoints registered, and the Hugging Face export written.
     ckpts = c.checkpoints(job["id"])

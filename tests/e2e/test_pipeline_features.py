@@ -15,6 +15,7 @@ import yaml
 
 from bench.harness import ROOT, RunningPlatform
 from client.sdk import RelaxClient
+from tests.e2e.conftest import log_problems
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -34,6 +35,7 @@ def _run(platform: RunningPlatform, c: RelaxClient, name: str, spec: dict, timeo
             break
         time.sleep(1.0)
     assert job["status"] == "SUCCEEDED", f"{name}: {job['status']}\n" + platform.log()
+    assert log_problems(c, job["id"]) == [], name  # a job that succeeds logs no error and no traceback
     return job
 
 

@@ -13,6 +13,7 @@ import pytest
 from bench.harness import ROOT, RunningPlatform
 from client.sdk import RelaxClient
 from runtime.launcher import RayJobLauncher
+from tests.e2e.conftest import log_problems
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -88,9 +89,10 @@ def test_sft_then_grpo_learns(platform: RunningPlatform, tmp_path: Path) -> None
     assert [e["to_status"] for e in events] == ["QUEUED", "ADMITTED", "STARTING", "RUNNING", "SUCCEEDED"]
     assert all(e["time"] and e["reason"] for e in events)
 
-    # The driver's log is readable through the API.
+    # The driver's log is readable through the API, and neither job logged an error or a traceback.
     logs = c.logs(job["id"])["data"]
     assert logs and any(line["source"] == "driver" for line in logs)
+    assert log_problems(c, job["id"]) == [] and log_problems(c, sft["id"]) == []
 
     # Checkpoints registered, and <save> in the Relax layout.
     ckpts = c.checkpoints(job["id"])
