@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -49,10 +50,32 @@ def spawn(
     nprocs: int = 2,
     env: dict[str, str] | None = None,
     timeout: float = 300.0,
+    attempts: int = 3,
 ) -> None:
     """Run `fn(rank, *args)` in `nprocs` processes forked from the warm server (as `mp.spawn` would, with the
     current environment plus `env`); raises when a rank fails or the world outlives `timeout` seconds. `fn`
-    must be importable by name (a module-level function)."""
+    must be importable by name (a module-level function).
+
+    A rendezvous port (`free_port()` among `args`) is free when picked and can be taken before rank 0 binds
+    it (under pytest-xdist a neighbour's gloo connections take ephemeral ports all the time): a world whose
+    rank failed with EADDRINUSE on a port of `args` runs again on a new port, up to `attempts` times."""
+    from runtime.train.megatron.parallel import free_port
+
+    for attempt in range(1, attempts + 1):
+        try:
+            _spawn_once(fn, args, nprocs=nprocs, env=env, timeout=timeout)
+            return
+        except torch_mp.ProcessRaisedException as e:
+            taken = re.search(r"port: (\d+), useIpv6: \w+, code: -98", str(e))
+            port = int(taken.group(1)) if taken else None
+            if attempt == attempts or port is None or port not in args:
+                raise
+            args = tuple(free_port() if a == port and not isinstance(a, bool) else a for a in args)
+
+
+def _spawn_once(
+    fn: Callable[..., Any], args: tuple[Any, ...], *, nprocs: int, env: dict[str, str] | None, timeout: float
+) -> None:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)  # (read when the server starts: the first call of the session)
     environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}

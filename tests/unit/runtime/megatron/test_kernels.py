@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -154,8 +153,9 @@ _TP_WORKER = textwrap.dedent(
     """
     import os, sys, torch, torch.distributed as dist
     from runtime.train.megatron.kernels import token_log_probs_and_entropy
-    rank, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    rank, out = int(sys.argv[1]), sys.argv[2]
+    # a file rendezvous: no port to pick and lose to a neighbour (pytest-xdist workers run beside it)
+    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=2)
     case = torch.load(out + "/case.pt")
     results = {}
     for name, (hidden, weight, targets, vocab, temp, c_lp, c_ent) in case.items():
@@ -174,12 +174,6 @@ _TP_WORKER = textwrap.dedent(
     os._exit(0)
     """
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_tensor_parallel_two_ranks_on_gloo_match_one_process(tmp_path):
@@ -203,11 +197,10 @@ def test_tensor_parallel_two_ranks_on_gloo_match_one_process(tmp_path):
     torch.save(case, tmp_path / "case.pt")
     script = tmp_path / "worker.py"
     script.write_text(_TP_WORKER)
-    port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     procs = [
         subprocess.Popen(
-            [sys.executable, str(script), str(r), str(port), str(tmp_path)],
+            [sys.executable, str(script), str(r), str(tmp_path)],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
