@@ -80,6 +80,9 @@ def _client(url: str | None, key: str | None) -> RelaxClient:
 
 
 JOB_ID = re.compile(r"job_[0-9a-f]{20}")
+JobArg = Annotated[
+    str, typer.Argument(metavar="JOB", help="The job's id, or its name where one of your jobs has it.")
+]
 
 
 def _job_id(c: RelaxClient, ref: str) -> str:
@@ -89,8 +92,7 @@ def _job_id(c: RelaxClient, ref: str) -> str:
     try:
         named = c.list_jobs(name=ref, limit=6)["data"]
     except ApiError as e:
-        _fail(e)
-        raise typer.Exit(1) from None
+        _fail(e)  # raises typer.Exit
     if len(named) == 1:
         return str(named[0]["id"])
     if not named:
@@ -360,9 +362,7 @@ def dashboard(
 
 @app.command()
 def metrics(
-    job_id: Annotated[
-        str, typer.Argument(metavar="JOB", help="The job's id, or its name where one of your jobs has it.")
-    ],
+    job_id: JobArg,
     names: Annotated[list[str] | None, typer.Option("--name", "-n", help="Only these metrics.")] = None,
     url: UrlOpt = None,
     api_key: KeyOpt = None,
@@ -493,9 +493,7 @@ def jobs_list(
 
 @jobs_app.command("get")
 def jobs_get(
-    job_id: Annotated[
-        str, typer.Argument(metavar="JOB", help="The job's id, or its name where one of your jobs has it.")
-    ],
+    job_id: JobArg,
     url: UrlOpt = None,
     api_key: KeyOpt = None,
     as_json: JsonOpt = False,
@@ -533,9 +531,7 @@ def jobs_get(
 
 @jobs_app.command("cancel")
 def jobs_cancel(
-    job_id: Annotated[
-        str, typer.Argument(metavar="JOB", help="The job's id, or its name where one of your jobs has it.")
-    ],
+    job_id: JobArg,
     url: UrlOpt = None,
     api_key: KeyOpt = None,
 ) -> None:
@@ -552,9 +548,7 @@ def jobs_cancel(
 
 @jobs_app.command("logs")
 def jobs_logs(
-    job_id: Annotated[
-        str, typer.Argument(metavar="JOB", help="The job's id, or its name where one of your jobs has it.")
-    ],
+    job_id: JobArg,
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing new lines until the job ends.")
     ] = False,

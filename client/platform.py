@@ -3,8 +3,8 @@
 The platform (`python -m api.embedded`) holds `$RELAX_HOME/run/platform.lock` for its life and keeps
 `$RELAX_HOME/run/platform.json` current: its pid and start time, its status, its URL and each part's state.
 `down` sends SIGTERM to that pid (only while the pid is still that process: pids are reused, so its start
-time must match) and waits for it to exit; `status` reads the file and asks the URL's `/readyz`. Nothing here imports the
-platform's own code: the CLI talks HTTP and reads files (the import contract in pyproject.toml)."""
+time must match) and waits for it to exit; `status` reads the file and asks the URL's `/readyz`. Nothing here
+imports the platform's own code: the CLI talks HTTP and reads files (the import contract in pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -21,19 +21,19 @@ from typing import Any
 import httpx
 import psutil
 
-DEFAULT_HOME = ".relax"
+from client.sdk import local_home
 
 
 def home_dir(home: Path | None) -> Path:
     """`--home`, else RELAX_HOME, else `.relax` here (as the platform itself resolves it)."""
-    return (home or Path(os.environ.get("RELAX_HOME", DEFAULT_HOME))).expanduser().resolve()
+    return (home.expanduser() if home else local_home()).resolve()
 
 
 @dataclass(frozen=True)
 class PlatformState:
     home: Path
     state: dict[str, Any] | None  # platform.json, None when there is none (never started here)
-    running: bool  # its process is alive and holds the home's lock
+    running: bool  # the recorded pid is still that process, and it has not reported itself stopped
 
     @property
     def pid(self) -> int | None:

@@ -40,13 +40,18 @@ def _is_local(url: str) -> bool:
     return host in ("127.0.0.1", "localhost", "::1")
 
 
+def local_home() -> Path:
+    """The embedded platform's home on this machine: RELAX_HOME, else `.relax` here."""
+    return Path(os.environ.get("RELAX_HOME", ".relax")).expanduser()
+
+
 def default_api_key(url: str) -> str | None:
     """RELAX_API_KEY, else the embedded platform's admin key when the URL is local."""
     key = os.environ.get("RELAX_API_KEY")
     if key:
         return key
     if _is_local(url):
-        path = Path(os.environ.get("RELAX_HOME", ".relax")).expanduser() / "admin.key"
+        path = local_home() / "admin.key"
         if path.exists():
             return path.read_text().strip()
     return None

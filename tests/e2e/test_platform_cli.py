@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import psutil
 import pytest
 
 from bench.harness import ROOT
+from client import platform
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -81,14 +81,7 @@ def test_up_detached_status_and_down(tmp_path: Path) -> None:
         r = _relaxctl("down", "--home", str(home))
         assert r.returncode == 0 and "no platform runs" in r.stdout
     finally:  # whatever failed above, nothing outlives the test
-        if state_file.exists():
-            pid = json.loads(state_file.read_text()).get("pid")
-            if pid and psutil.pid_exists(pid):
-                os.kill(pid, signal.SIGTERM)
-                try:
-                    psutil.Process(pid).wait(60)
-                except (psutil.NoSuchProcess, psutil.TimeoutExpired):
-                    pass
+        platform.stop(home)
 
 
 def test_up_refuses_a_port_out_of_range(tmp_path: Path) -> None:
