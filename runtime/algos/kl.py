@@ -52,11 +52,21 @@ def kl_k3(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
     return log_ratio.exp() - 1 - log_ratio
 
 
+def _k3_of_clamped_log_ratio(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
+    """k3 on the log-ratio clamped to [-20, 20], not yet clamped itself; [B, T], [B, T] -> [B, T].
+
+    The log-ratio clamp only keeps exp() finite (e^20 ~ 4.9e8), so a far-off token's gradient is 0, not
+    inf * 0 = NaN. k3 at |log-ratio| = 20 is already above 10, so the clamp changes no clamped result;
+    under the `use-unbiased-kl` weight w only where w * k3 < 10 there, i.e. w < 2e-8.
+    """
+    log_ratio = (ref_log_probs - log_probs).clamp(-20, 20)
+    return log_ratio.exp() - 1 - log_ratio
+
+
 @KL_ESTIMATORS.register(KLType.LOW_VAR_KL)
 def kl_low_var(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
     """k3 on a log-ratio clamped to [-20, 20], result clamped to [-10, 10]; [B, T], [B, T] -> [B, T]."""
-    log_ratio = (ref_log_probs - log_probs).clamp(-20, 20)
-    return (log_ratio.exp() - 1 - log_ratio).clamp(-LOW_VAR_KL_BOUND, LOW_VAR_KL_BOUND)
+    return _k3_of_clamped_log_ratio(log_probs, ref_log_probs).clamp(-LOW_VAR_KL_BOUND, LOW_VAR_KL_BOUND)
 
 
 def compute_approx_kl(
@@ -69,13 +79,17 @@ def compute_approx_kl(
 
     With `importance_ratio` (`use-unbiased-kl`: pi_theta / pi_old per token, gradient flowing through
     pi_theta) the estimate is re-weighted to be unbiased for samples drawn from pi_old rather than
-    pi_theta (DeepSeek-AI 2025, "DeepSeek-V3.2" technical report, "Unbiased KL Estimate"). low_var_kl is
-    clamped after the weighting.
+    pi_theta (DeepSeek-AI 2025, "DeepSeek-V3.2" technical report, "Unbiased KL Estimate").
+
+    low_var_kl is clamped to [-10, 10] once, *after* the weighting, as Relax's `compute_approx_kl`
+    (relax/utils/training/ppo_utils.py) does: it weights the raw k3 and clamps the product. Clamping k3
+    before the weighting as well would cap a large k3 at 10 and leave only the ratio's gradient, which
+    points the other way (log pi = -3, log pi_ref = 0, w = 0.5: 8.04 with gradient -1.5 w.r.t. log pi;
+    the double clamp gives 5.0 with gradient +5.0).
     """
-    kl = KL_ESTIMATORS.get(kl_type)(log_probs, ref_log_probs)
     if importance_ratio is None:
-        return kl
-    kl = importance_ratio * kl
+        return KL_ESTIMATORS.get(kl_type)(log_probs, ref_log_probs)
     if str(kl_type) == KLType.LOW_VAR_KL:
-        kl = kl.clamp(-LOW_VAR_KL_BOUND, LOW_VAR_KL_BOUND)
-    return kl
+        weighted = importance_ratio * _k3_of_clamped_log_ratio(log_probs, ref_log_probs)
+        return weighted.clamp(-LOW_VAR_KL_BOUND, LOW_VAR_KL_BOUND)
+    return importance_ratio * KL_ESTIMATORS.get(kl_type)(log_probs, ref_log_probs)

@@ -33,17 +33,40 @@ def test_kl_estimators_match_naive_reference(kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", list(KLType))
-def test_unbiased_kl_is_importance_weighted_then_clamped(kind: str) -> None:
+def test_unbiased_kl_is_importance_weighted_then_clamped_once(kind: str) -> None:
     gen = torch.Generator().manual_seed(3)
     lp, ref, old = (torch.randn(2, 5, generator=gen) * 3 for _ in range(3))
     ratio = (lp - old).exp()
     out = compute_approx_kl(lp, ref, kind, importance_ratio=ratio)
     for b in range(2):
         for t in range(5):
-            want = ratio[b, t].item() * naive_kl(lp[b, t].item() - ref[b, t].item(), kind)
-            if kind == "low_var_kl":
-                want = min(max(want, -10), 10)
+            d = lp[b, t].item() - ref[b, t].item()
+            if kind == "low_var_kl":  # Relax: weight the unclamped k3, then clamp the product once
+                want = min(max(ratio[b, t].item() * naive_kl(d, "k3"), -10), 10)
+            else:
+                want = ratio[b, t].item() * naive_kl(d, kind)
             assert out[b, t].item() == pytest.approx(want, rel=1e-4, abs=1e-5)
+
+
+def test_unbiased_low_var_kl_example_value_and_gradient() -> None:
+    """log pi = -3, log pi_ref = 0, w = pi / pi_old = 0.5 (log pi_old = -3 + ln 2).
+
+    k3 = e^(ref - lp) - (ref - lp) - 1 = e^3 - 3 - 1 = 16.0855, under the clamp of 10 only once weighted:
+    value = w * k3 = 0.5 * 16.0855 = 8.0428.
+    Gradient w.r.t. lp, with w = e^(lp - lp_old) (dw/dlp = w) and dk3/dlp = -e^(ref - lp) + 1 = 1 - e^3:
+    d(w k3)/dlp = w k3 + w (1 - e^3) = 0.5 (e^3 - 4 + 1 - e^3) = 0.5 * (-3) = -1.5: the KL term pulls log pi
+    up towards the reference. Clamping k3 to 10 before the weighting as well gave 5.0 with gradient
+    +w * 10 = +5.0, pushing log pi further down."""
+    lp = torch.tensor([-3.0], requires_grad=True)
+    ratio = (lp - torch.tensor([-3.0 + math.log(2.0)])).exp()
+    value = compute_approx_kl(lp, torch.tensor([0.0]), "low_var_kl", importance_ratio=ratio)
+    value.sum().backward()
+    assert value.item() == pytest.approx(0.5 * (math.exp(3) - 3 - 1), rel=1e-5)
+    assert value.item() == pytest.approx(8.04, abs=5e-3)
+    assert lp.grad is not None and lp.grad.item() == pytest.approx(-1.5, abs=1e-4)
+    # the weighted product is clamped: w = 1 with the same tokens gives 16.09 -> 10, gradient 0
+    capped = compute_approx_kl(lp.detach(), torch.tensor([0.0]), "low_var_kl", importance_ratio=torch.ones(1))
+    assert capped.item() == 10.0
 
 
 def test_kl_is_zero_for_identical_policies_and_k3_nonnegative() -> None:
