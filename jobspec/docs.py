@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from jobspec.arguments import FIELD_DEVIATIONS, RELAX_MAIN, SOURCES
@@ -13,7 +14,51 @@ from jobspec.spec import FIELDS, GROUPS, FieldSpec
 
 RELAX_DEFAULTS = RELAX_MEGATRON_DEFAULTS[RELAX_MAIN]
 
-__all__ = ["render_parameters_md"]
+__all__ = ["MATHS_DEVIATIONS", "MathsDeviation", "render_parameters_md"]
+
+
+@dataclass(frozen=True)
+class MathsDeviation:
+    """Where the runtime's RL maths (runtime/algos) deliberately give other numbers than Relax's code, because
+    Relax's code has a bug there. Listed in the Notes of the flag it touches and in the deviations section;
+    each example is pinned by a test in tests/unit/runtime/algos."""
+
+    field: str  # the spec field (FIELDS key) whose row carries the note
+    what: str  # what Relax's code does, and what the platform does instead
+    example: str  # one line, with numbers
+
+
+#: Everywhere else the maths give Relax's numbers (issue 17: compared with Relax's own functions).
+MATHS_DEVIATIONS: tuple[MathsDeviation, ...] = (
+    MathsDeviation(
+        "eps_clip_c",
+        "Relax's code accepts --eps-clip-c and never passes it to its PPO loss; the platform applies the dual "
+        "clip the flag describes, min(loss, -A * eps_clip_c) where A < 0.",
+        "A = -1, ratio 5, --eps-clip 0.2, --eps-clip-c 3: token loss 3 here, max(5, 1.2) = 5 in Relax.",
+    ),
+    MathsDeviation(
+        "disable_grpo_std_normalization",
+        "Relax normalises a group's rewards in float32, so a group of identical non-binary rewards keeps a "
+        "rounding residue that the division by its ~0 std (+ 1e-6) blows up; the platform centres in "
+        "float64 and gives 0.",
+        "eight samples of one prompt, all rewarded 0.9: advantage 0 here, about -0.06 each in Relax.",
+    ),
+    MathsDeviation(
+        "n_samples_per_prompt",
+        "Relax's reference commit (eb15c45) normalises a batch whose size is not rollout_batch_size * "
+        "n_samples_per_prompt as one group (main fixed it); the platform always groups by prompt.",
+        "--n-samples-per-prompt 4, 6 samples rewarded 1, 0, 0, 0 | 1, 1: 1.5, -0.5, -0.5, -0.5 | 0, 0 "
+        "here, +-0.91 (one group of 6) at the reference commit.",
+    ),
+    MathsDeviation(
+        "use_opsm",
+        "Relax's opsm_clipfrac divides a masked sample's dropped response tokens, trained or not, by its "
+        "trained tokens; the platform counts trained tokens only (the share of them OPSM drops).",
+        "a dropped sample of 4 response tokens, 2 of them trained (tool output between): 1 here, 4 / 2 = 2 "
+        "in Relax.",
+    ),
+)
+_MATHS_NOTES = {d.field: d for d in MATHS_DEVIATIONS}
 
 
 def _default(f: FieldSpec) -> str:
@@ -74,6 +119,9 @@ def _notes(f: FieldSpec) -> str:
         if f.changed:
             was = ", ".join(f"{k} was {_default_value(v)}" for k, v in sorted(f.changed.items()))
             notes.append(f"changed in main ({was}): main's definition is used")
+    maths = _MATHS_NOTES.get(f.name)
+    if maths is not None:
+        notes.append(f"**deliberate deviation from Relax's code:** {maths.what} Example: {maths.example}")
     return "; ".join(notes)
 
 
@@ -197,6 +245,16 @@ def render_parameters_md() -> str:
     ]
     for code, flags, reason in deviations():
         lines.append(f"| `{code}` | {', '.join(f'`--{x}`' for x in flags)} | {_cell(reason)} |")
+    lines += [
+        "",
+        "The RL maths (advantages, losses, metrics) give Relax's numbers for the same data, except where",
+        "Relax's code has a bug the platform does not copy (also noted beside each flag above):",
+        "",
+        "| Flag | Deviation | Example |",
+        "|---|---|---|",
+    ]
+    for d in MATHS_DEVIATIONS:
+        lines.append(f"| {_flag(FIELDS[d.field])} | {_cell(d.what)} | {_cell(d.example)} |")
     lines += ["", "## Retired rule codes", "", "| Code | Why |", "|---|---|"]
     for code, why in RETIRED_RULES.items():
         lines.append(f"| `{code}` | {_cell(why)} |")

@@ -179,6 +179,9 @@ RETIRED_RULES: dict[str, str] = {
     "engine's), so PPO runs with or without the flag.",
     "rule.torch_backend_is_platform_extension": "the note is listed among the deviations "
     "(PLATFORM_DEVIATIONS) instead of being a warning on every job that selects the torch backend.",
+    "rule.reinforce_plus_plus_baseline_without_kl_coef": "not a limit any more: reinforce_plus_plus_baseline "
+    "applies --kl-coef as Relax does (A_t = reward - group mean - kl_coef * KL_t, then whitened), so the "
+    "setting is accepted (issue 17).",
 }
 
 
@@ -1101,7 +1104,6 @@ _RLOO = (
     "rloo is a Relax Platform estimator: the zh reference lists it in Relax's registry, but neither eb15c45 "
     "nor main defines it; this is what the platform's implementation needs."
 )
-GROUP_BASELINE_ESTIMATORS = ("rloo", "reinforce_plus_plus_baseline")
 
 
 @rule(
@@ -1172,36 +1174,17 @@ def _rloo_norm(ctx: RuleContext) -> None:
     "rule.group_baseline_needs_rewards_normalization",
     "advantage-estimator",
     "disable-rewards-normalization",
-    summary="rloo and reinforce_plus_plus_baseline subtract a group baseline, which is their reward "
-    "normalization: --disable-rewards-normalization cannot be set with them.",
-    deviation="Relax accepts reinforce_plus_plus_baseline with --disable-rewards-normalization (the group "
-    "mean is then not subtracted); the platform's implementation computes its baseline as that "
-    "normalization and refuses to run without it (rloo: see rule.rloo_one_step_per_rollout).",
+    summary="rloo subtracts a leave-one-out group baseline, which is its reward normalization: "
+    "--disable-rewards-normalization cannot be set with it (reinforce_plus_plus_baseline takes it, as in "
+    "Relax: its advantages are then the raw rewards).",
+    deviation=_RLOO,
 )
 def _group_baseline(ctx: RuleContext) -> None:
-    estimator = ctx.advantage_estimator
-    if not ctx.is_sft and estimator in GROUP_BASELINE_ESTIMATORS and ctx.disable_rewards_normalization:
+    if not ctx.is_sft and ctx.advantage_estimator == "rloo" and ctx.disable_rewards_normalization:
         ctx.error(
-            f"--advantage-estimator {estimator}'s group baseline is its reward normalization, but "
+            "--advantage-estimator rloo's leave-one-out baseline is its reward normalization, but "
             "--disable-rewards-normalization turns it off",
             "remove --disable-rewards-normalization",
-        )
-
-
-@rule(
-    "rule.reinforce_plus_plus_baseline_without_kl_coef",
-    "advantage-estimator",
-    "kl-coef",
-    summary="reinforce_plus_plus_baseline takes its KL in the loss: --kl-coef must be 0 (use --use-kl-loss).",
-    deviation="Relax applies --kl-coef to reinforce_plus_plus_baseline's per-token advantages; the platform's "
-    "implementation has no reward-side KL and refuses the setting rather than ignore it.",
-)
-def _rpp_baseline_kl(ctx: RuleContext) -> None:
-    if not ctx.is_sft and ctx.advantage_estimator == "reinforce_plus_plus_baseline" and ctx.kl_coef != 0:
-        ctx.error(
-            f"--advantage-estimator reinforce_plus_plus_baseline takes no reward-side KL, but --kl-coef is "
-            f"{ctx.kl_coef}",
-            "set --kl-coef 0 and use --use-kl-loss with --kl-loss-coef",
         )
 
 

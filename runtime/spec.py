@@ -15,7 +15,7 @@ import yaml
 log = logging.getLogger(__name__)
 
 # Estimators whose advantages take the `kl-coef` reward-shaping KL (runtime.algos.advantages)
-KL_SHAPED_ESTIMATORS = frozenset({"rloo", "reinforce_plus_plus", "ppo"})
+KL_SHAPED_ESTIMATORS = frozenset({"rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo"})
 
 
 @dataclass
@@ -114,7 +114,7 @@ class RuntimeSpec:
     disable_compute_advantages_and_returns: bool = False  # SFT, or a custom loss that needs none
     gamma: float = 1.0
     lambd: float = 1.0
-    kl_coef: float = 0.0  # KL reward shaping (rloo, reinforce_plus_plus, ppo)
+    kl_coef: float = 0.0  # KL reward shaping (rloo, reinforce_plus_plus(_baseline), ppo)
     loss_type: str = "policy_loss"
     custom_loss_function_path: str | None = None
     eps_clip: float = 0.2

@@ -44,7 +44,7 @@ class AdvantageConfig:
     eps: float = 1e-6
     gamma: float = 1.0  # `gamma`: discount (PPO's GAE, REINFORCE++ returns)
     lambd: float = 1.0  # `lambd`: GAE lambda
-    kl_coef: float = 0.0  # `kl-coef`: KL penalty in the reward (ppo, reinforce_plus_plus, rloo)
+    kl_coef: float = 0.0  # `kl-coef`: KL penalty in the reward (ppo, reinforce_plus_plus(_baseline), rloo)
     kl_type: str = KLType.K1  # `kl-loss-type`: the estimator of that per-token KL, as in Relax
     normalize_advantages: bool = False  # `normalize-advantages`: masked whitening over the batch's tokens
     opd: OPDConfig | None = None  # `use-opd` (on-policy distillation, runtime.algos.opd); None = off
@@ -62,8 +62,10 @@ class AdvantageInputs:
     ref_log_probs      float [B, T]  reference model (KL shaping with kl-coef)
     values             float [B, T]  critic V(prefix before token t) at column t (ppo)
     response_mask      float [B, T]  every response token, trained or not (multi-turn tool output): the
-                                     time steps of GAE and the place of PPO's terminal reward; None =
-                                     loss_mask
+                                     time steps of GAE and of REINFORCE++'s discounting, the tokens of
+                                     PPO's KL penalty and the place of its terminal reward; None = ppo:
+                                     loss_mask, reinforce_plus_plus: every column from the first to the
+                                     last loss_mask token
     teacher_log_probs  float [B, T]  the OPD teacher's log-probs of the sampled tokens (use-opd)
     """
 
@@ -141,22 +143,43 @@ def leave_one_out(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Ten
 
 
 def whiten(advantages: torch.Tensor, loss_mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """`normalize-advantages`: zero mean, unit variance over the masked tokens of the batch; [B, T] -> [B, T]."""
-    count = loss_mask.sum().clamp(min=1.0)
-    mean = _masked(advantages, loss_mask).sum() / count
-    var = _masked((advantages - mean).pow(2), loss_mask).sum() / count
+    """`normalize-advantages`: zero mean, unit variance over the masked tokens of the batch; [B, T] -> [B, T].
+
+    The variance is Bessel-corrected (sum of squares / (N - 1)) once the batch has N >= 2 masked tokens,
+    as Relax's `distributed_masked_whiten` (relax/utils/distributed_utils.py) computes it: [1, 2, 3, 4, 5]
+    -> +-2 / sqrt(2.5) = +-1.2649 (not +-2 / sqrt(2) = +-1.4142).
+    """
+    count = loss_mask.sum()
+    mean = _masked(advantages, loss_mask).sum() / count.clamp(min=1.0)
+    squares = _masked((advantages - mean).pow(2), loss_mask).sum()
+    var = squares / torch.where(count >= 2, count - 1, count).clamp(min=1.0)
     return _masked((advantages - mean) * torch.rsqrt(var + eps), loss_mask)
 
 
-def reward_shaping_kl(inputs: AdvantageInputs, config: AdvantageConfig) -> torch.Tensor:
-    """Per-token KL(pi_old || pi_ref) of `kl-loss-type` on masked tokens, for `kl-coef`; [B, T] (zeros when
-    kl_coef is 0, so no reference model is needed then)."""
+def response_span(loss_mask: torch.Tensor) -> torch.Tensor:
+    """1 on every column from a row's first to its last loss_mask token, both included; [B, T] -> [B, T].
+
+    The response tokens as far as the loss mask tells them apart: an untrained token between two trained
+    ones (multi-turn tool output) is inside the response. An all-zero row stays zero.
+    """
+    on = loss_mask > 0
+    from_first = on.cumsum(dim=1) > 0
+    to_last = on.flip(1).cumsum(dim=1).flip(1) > 0
+    return (from_first & to_last).to(torch.float32)
+
+
+def reward_shaping_kl(
+    inputs: AdvantageInputs, config: AdvantageConfig, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Per-token KL(pi_old || pi_ref) of `kl-loss-type` on the tokens of `mask` (default `loss_mask`), for
+    `kl-coef`; [B, T] (zeros when kl_coef is 0, so no reference model is needed then)."""
+    mask = inputs.loss_mask if mask is None else mask
     if config.kl_coef == 0:
-        return torch.zeros_like(inputs.loss_mask, dtype=torch.float32)
+        return torch.zeros_like(mask, dtype=torch.float32)
     if inputs.log_probs is None or inputs.ref_log_probs is None:
         raise ValueError("kl-coef needs log_probs and ref_log_probs in the advantage inputs")
     kl = compute_approx_kl(inputs.log_probs.float(), inputs.ref_log_probs.float(), config.kl_type)
-    return _masked(kl, inputs.loss_mask)
+    return _masked(kl, mask)
 
 
 def last_token_onehot(mask: torch.Tensor) -> torch.Tensor:
@@ -171,15 +194,16 @@ def last_token_onehot(mask: torch.Tensor) -> torch.Tensor:
 def kl_shaped_token_rewards(
     rewards: torch.Tensor,
     kl: torch.Tensor,
-    loss_mask: torch.Tensor,
+    kl_mask: torch.Tensor,
     *,
     kl_coef: float,
     terminal_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """r_t = -kl_coef * kl_t on masked tokens, plus the scalar reward on the last token of `terminal_mask`
-    (default `loss_mask`); rewards [B], kl [B, T], masks [B, T] -> [B, T] (Ouyang et al. 2022, arXiv:2203.02155)."""
-    terminal = last_token_onehot(loss_mask if terminal_mask is None else terminal_mask)
-    return -kl_coef * _masked(kl, loss_mask) + terminal * rewards.to(torch.float32)[:, None]
+    """r_t = -kl_coef * kl_t on the tokens of `kl_mask`, plus the scalar reward on the last token of
+    `terminal_mask` (default `kl_mask`); rewards [B], kl [B, T], masks [B, T] -> [B, T] (Ouyang et al.
+    2022, arXiv:2203.02155)."""
+    terminal = last_token_onehot(kl_mask if terminal_mask is None else terminal_mask)
+    return -kl_coef * _masked(kl, kl_mask) + terminal * rewards.to(torch.float32)[:, None]
 
 
 def _reverse_scan(x: torch.Tensor, mask: torch.Tensor, decay: float) -> torch.Tensor:
@@ -270,7 +294,9 @@ def compute_rloo_advantages(inputs: AdvantageInputs, config: AdvantageConfig) ->
 def compute_ppo_advantages(inputs: AdvantageInputs, config: AdvantageConfig) -> AdvantageOutputs:
     """PPO's GAE (arXiv:1506.02438) with gamma / lambd over the response tokens, using the critic's values.
 
-    Token rewards: -kl_coef * kl_t, plus the raw scalar reward on the last response token. rewards [B],
+    Token rewards: -kl_coef * kl_t on *every* response token, trained or not, plus the raw scalar reward on
+    the last response token, as Relax's `compute_advantages_and_returns` (relax/backends/megatron/loss.py)
+    shapes them: its KL list covers the whole response and only the loss reads the loss mask. rewards [B],
     values [B, T], loss_mask [B, T] (response_mask [B, T] if some response tokens are not trained) ->
     advantages [B, T] and returns = advantages + values [B, T], zero outside loss_mask.
     """
@@ -278,11 +304,7 @@ def compute_ppo_advantages(inputs: AdvantageInputs, config: AdvantageConfig) -> 
         raise ValueError("ppo needs the critic's values in the advantage inputs")
     steps = inputs.loss_mask if inputs.response_mask is None else inputs.response_mask
     token_rewards = kl_shaped_token_rewards(
-        inputs.rewards,
-        reward_shaping_kl(inputs, config),
-        inputs.loss_mask,
-        kl_coef=config.kl_coef,
-        terminal_mask=steps,
+        inputs.rewards, reward_shaping_kl(inputs, config, steps), steps, kl_coef=config.kl_coef
     )
     advantages, returns = generalized_advantage_estimation(
         token_rewards, inputs.values, steps, gamma=config.gamma, lambd=config.lambd
@@ -299,10 +321,13 @@ def compute_reinforce_plus_plus_advantages(
     """REINFORCE++ (Hu 2025, arXiv:2501.03262): discounted returns of KL-shaped token rewards.
 
     r_t = -kl_coef * kl_t on trained tokens plus the raw reward on the last one; G_t = r_t + gamma G_{t+1}
-    (over the response_mask positions). rewards [B], loss_mask [B, T] -> advantages = returns = G [B, T],
-    *before* the batch whitening the algorithm includes (`compute_advantages_and_returns` applies it).
+    over every response token, an untrained one (tool output) a step with r_t = 0, as Relax's
+    `get_reinforce_plus_plus_returns` (relax/utils/training/ppo_utils.py) discounts the whole response.
+    The steps are response_mask, or without it `response_span(loss_mask)`. rewards [B], loss_mask [B, T]
+    -> advantages = returns = G [B, T], *before* the batch whitening the algorithm includes
+    (`compute_advantages_and_returns` applies it).
     """
-    steps = inputs.loss_mask if inputs.response_mask is None else inputs.response_mask
+    steps = response_span(inputs.loss_mask) if inputs.response_mask is None else inputs.response_mask
     token_rewards = kl_shaped_token_rewards(
         inputs.rewards, reward_shaping_kl(inputs, config), inputs.loss_mask, kl_coef=config.kl_coef
     )
@@ -314,23 +339,21 @@ def compute_reinforce_plus_plus_advantages(
 def compute_reinforce_plus_plus_baseline_advantages(
     inputs: AdvantageInputs, config: AdvantageConfig
 ) -> AdvantageOutputs:
-    """REINFORCE++-baseline (arXiv:2501.03262): reward minus its group's mean, broadcast over the response.
+    """REINFORCE++-baseline (arXiv:2501.03262): reward minus its group's mean, less the token's KL penalty.
 
-    rewards [B], group_index [B], loss_mask [B, T] -> advantages = returns [B, T], *before* the batch
-    whitening the algorithm includes. The KL belongs in the loss (use-kl-loss, k2 in the paper), so a
-    non-zero kl-coef is refused rather than silently ignored, as in Relax.
+    A_t = (r_i - mean_g) - kl_coef * kl_t, as Relax's `get_reinforce_plus_plus_baseline_advantages`
+    (relax/utils/training/ppo_utils.py, reference commit and main 039ce87) computes it; with
+    `disable-rewards-normalization` the group mean is not subtracted (Relax subtracts it in its reward
+    post-processing, which that flag turns off). rewards [B], group_index [B], loss_mask [B, T] ->
+    advantages = returns [B, T], *before* the batch whitening the algorithm includes. The paper puts the
+    KL in the loss (use-kl-loss, k2); kl-coef is Relax's reward-side alternative.
     """
-    if config.kl_coef != 0:
-        raise ValueError(
-            "reinforce_plus_plus_baseline takes no reward-side KL: set kl-coef 0 and use use-kl-loss"
-        )
-    if not config.rewards_normalization:
-        raise ValueError(
-            "reinforce_plus_plus_baseline's group-mean baseline is its reward normalization: "
-            "drop disable-rewards-normalization"
-        )
-    scores = group_normalize(inputs.rewards, inputs.group_index, std_normalization=False)
-    advantages = _masked(scores[:, None].expand_as(inputs.loss_mask), inputs.loss_mask)
+    if config.rewards_normalization:
+        scores = group_normalize(inputs.rewards, inputs.group_index, std_normalization=False)
+    else:
+        scores = inputs.rewards.to(torch.float32)
+    penalty = config.kl_coef * reward_shaping_kl(inputs, config)
+    advantages = _masked(scores[:, None] - penalty, inputs.loss_mask)
     return AdvantageOutputs(advantages=advantages, returns=advantages.clone())
 
 

@@ -40,10 +40,23 @@ def sample_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return per_sample.mean()
 
 
+def token_count(mask: torch.Tensor) -> torch.Tensor:
+    """The per-token loss's normaliser: the masked tokens of each sample, at least one; [B, T] -> [].
+
+    Relax's `loss_function` (relax/backends/megatron/loss.py) counts `clamp_min(loss_mask.sum(), 1)` per
+    sample: masks [1, 1, 1] and [0, 0, 0] give 4 tokens, not 3. A backend that splits a step into micro-
+    batches weighs each micro-batch by token_count(micro) / token_count(step) to keep that normaliser.
+    """
+    return mask.sum(dim=-1).clamp(min=1.0).sum().clamp(min=1.0)  # the outer clamp: an empty batch
+
+
 @LOSS_REDUCERS.register(LossReducer.PER_TOKEN)
 def token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean over every masked token of the batch: [B, T], [B, T] -> []."""
-    return _masked(values, mask).sum() / mask.sum().clamp(min=1.0)
+    """Sum over every masked token of the batch over `token_count(mask)`: [B, T], [B, T] -> [].
+
+    A fully masked sample adds nothing to the sum and one to the count, as in Relax.
+    """
+    return _masked(values, mask).sum() / token_count(mask)
 
 
 @LOSS_REDUCERS.register(LossReducer.SUM_OF_SAMPLE_SUM)

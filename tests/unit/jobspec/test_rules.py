@@ -379,24 +379,14 @@ CASES: list[tuple[str, dict, Any, dict]] = [
         {"advantage-estimator": "rloo"},
     ),
     (
+        # reinforce_plus_plus_baseline takes it, as Relax does (issue 17): only rloo refuses it
         "rule.group_baseline_needs_rewards_normalization",
+        {"advantage-estimator": "rloo", "disable-rewards-normalization": True},
+        "error",
         {
             "advantage-estimator": "reinforce_plus_plus_baseline",
             "normalize-advantages": True,
             "disable-rewards-normalization": True,
-        },
-        "error",
-        {"advantage-estimator": "reinforce_plus_plus_baseline", "normalize-advantages": True},
-    ),
-    (
-        "rule.reinforce_plus_plus_baseline_without_kl_coef",
-        {"advantage-estimator": "reinforce_plus_plus_baseline", "normalize-advantages": True, "kl-coef": 0.1},
-        "error",
-        {
-            "advantage-estimator": "reinforce_plus_plus_baseline",
-            "normalize-advantages": True,
-            "use-kl-loss": True,
-            "kl-loss-coef": 0.1,
         },
     ),
     (
@@ -1383,6 +1373,23 @@ def test_rule_issue_names_all_fields() -> None:
     issue = next(i for i in issues if i.code == "rule.kl_coef_and_kl_loss_coef")
     assert issue.field == "kl-coef" and issue.fields == ["kl-coef", "kl-loss-coef"]
     assert "0.1" in issue.message
+
+
+def test_reinforce_plus_plus_baseline_runs_with_kl_coef_and_raw_rewards_as_in_relax() -> None:
+    """Issue 17: Relax applies --kl-coef to reinforce_plus_plus_baseline's advantages and runs it with
+    --disable-rewards-normalization; the spec accepts both (the KL needs the reference model of --ref-load)."""
+    rpp = {"advantage-estimator": "reinforce_plus_plus_baseline", "normalize-advantages": True}
+    for extra in (
+        {"kl-coef": 0.1},
+        {"disable-rewards-normalization": True},
+        {"kl-coef": 0.05, "kl-loss-type": "k2"},
+    ):
+        res, issues = run({**rpp, **extra})
+        assert res is not None and not [i for i in issues if i.is_error], [str(i) for i in issues]
+        assert not {i.code for i in issues} & {"rule.reinforce_plus_plus_baseline_without_kl_coef"}
+    assert "rule.reinforce_plus_plus_baseline_without_kl_coef" in RETIRED_RULES
+    _, issues = run({**rpp, "kl-coef": 0.1, "ref-load": DROP})
+    assert "rule.kl_needs_reference_model" in {i.code for i in issues}
 
 
 def test_every_deviation_has_a_reason() -> None:

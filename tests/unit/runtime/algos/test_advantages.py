@@ -68,9 +68,9 @@ def positions(row: list[float]) -> list[int]:
     return [t for t, m in enumerate(row) if m > 0]
 
 
-def naive_row_kl(b: int, x: dict, kl_coef: float, kind: str) -> list[float]:
-    """Per-token reward-shaping KL of row b (0 off the loss mask / without kl_coef)."""
-    mask = x["loss_mask"][b]
+def naive_row_kl(b: int, x: dict, kl_coef: float, kind: str, mask_key: str = "loss_mask") -> list[float]:
+    """Per-token reward-shaping KL of row b (0 off the mask / without kl_coef)."""
+    mask = x[mask_key][b]
     if kl_coef == 0:
         return [0.0] * len(mask)
     return [
@@ -80,7 +80,7 @@ def naive_row_kl(b: int, x: dict, kl_coef: float, kind: str) -> list[float]:
 
 def naive_gae(b: int, x: dict, gamma: float, lambd: float, kl_coef: float, kind: str):
     loss_mask, steps = x["loss_mask"][b], positions(x["response_mask"][b])
-    kl = naive_row_kl(b, x, kl_coef, kind)
+    kl = naive_row_kl(b, x, kl_coef, kind, "response_mask")  # Relax: the KL penalty on every response token
     T = len(loss_mask)
     rewards = [-kl_coef * kl[t] for t in steps]
     if steps:
@@ -99,7 +99,9 @@ def naive_gae(b: int, x: dict, gamma: float, lambd: float, kl_coef: float, kind:
 
 
 def naive_rpp_returns(b: int, x: dict, gamma: float, kl_coef: float, kind: str) -> list[float]:
-    loss_mask, steps = x["loss_mask"][b], positions(x["response_mask"][b])
+    """Relax's loop: every column a step (an untrained one has reward 0 and still discounts); the trained
+    tokens' returns are the same as over the response's columns only, as the reward sits on the last one."""
+    loss_mask = x["loss_mask"][b]
     kl = naive_row_kl(b, x, kl_coef, kind)
     T = len(loss_mask)
     token_reward = [-kl_coef * kl[t] * loss_mask[t] for t in range(T)]
@@ -107,7 +109,7 @@ def naive_rpp_returns(b: int, x: dict, gamma: float, kl_coef: float, kind: str) 
     if trained:
         token_reward[trained[-1]] += x["rewards"][b]
     out, running = [0.0] * T, 0.0
-    for t in reversed(steps):
+    for t in reversed(range(T)):
         running = token_reward[t] + gamma * running
         out[t] = running * loss_mask[t]
     return out
@@ -117,7 +119,7 @@ def naive_whiten(rows: list[list[float]], mask: list[list[float]], eps: float = 
     vals = [rows[b][t] for b in range(len(rows)) for t in range(len(rows[b])) if mask[b][t] > 0]
     n = max(len(vals), 1)
     mean = sum(vals) / n
-    var = sum((v - mean) ** 2 for v in vals) / n
+    var = sum((v - mean) ** 2 for v in vals) / max(n - 1, 1)  # Bessel-corrected, as Relax
     return [
         [(rows[b][t] - mean) / math.sqrt(var + eps) if mask[b][t] > 0 else 0.0 for t in range(len(rows[b]))]
         for b in range(len(rows))
@@ -258,12 +260,17 @@ def test_reinforce_plus_plus_matches_naive_reference(gamma: float, kl_coef: floa
     assert_close(out.advantages, torch.tensor(naive_whiten(returns, lx["loss_mask"])), atol=1e-4, rtol=1e-4)
 
 
-def test_reinforce_plus_plus_baseline_matches_naive_reference() -> None:
-    x = random_batch(5)
-    out = compute_advantages_and_returns("reinforce_plus_plus_baseline", inputs_of(x), AdvantageConfig())
+@pytest.mark.parametrize(("kl_coef", "normalized"), [(0.0, True), (0.2, True), (0.1, False)])
+def test_reinforce_plus_plus_baseline_matches_naive_reference(kl_coef: float, normalized: bool) -> None:
+    x = random_batch(5, holes=True)
+    config = AdvantageConfig(kl_coef=kl_coef, kl_type="k3", rewards_normalization=normalized)
+    out = compute_advantages_and_returns("reinforce_plus_plus_baseline", inputs_of(x), config)
     lx = as_lists(x)
-    centered = naive_grpo(lx["rewards"], lx["group_index"], std_norm=False)
-    raw = broadcast(centered, lx["loss_mask"]).tolist()
+    scores = naive_grpo(lx["rewards"], lx["group_index"], std_norm=False) if normalized else lx["rewards"]
+    raw = [
+        [(scores[b] - kl_coef * k) * m for k, m in zip(naive_row_kl(b, lx, kl_coef, "k3"), row, strict=True)]
+        for b, row in enumerate(lx["loss_mask"])
+    ]
     assert_close(out.returns, torch.tensor(raw), atol=1e-5, rtol=1e-5)
     assert_close(out.advantages, torch.tensor(naive_whiten(raw, lx["loss_mask"])), atol=1e-4, rtol=1e-4)
 
@@ -296,7 +303,86 @@ def test_whiten_matches_naive_reference_and_has_unit_variance() -> None:
     assert_close(out, torch.tensor(naive_whiten(adv.tolist(), x["loss_mask"].tolist())), atol=1e-5, rtol=1e-5)
     vals = out[x["loss_mask"].bool()]
     assert vals.mean().item() == pytest.approx(0.0, abs=1e-5)
-    assert vals.pow(2).mean().item() == pytest.approx(1.0, abs=1e-3)
+    assert vals.var(unbiased=True).item() == pytest.approx(1.0, abs=1e-3)
+
+
+# -- Relax's conventions on hand-sized examples (the expected numbers are worked out by hand) ----------------
+
+
+def test_whitening_divides_by_the_bessel_corrected_variance() -> None:
+    """[1, 2, 3, 4, 5]: mean 3, squares 4 + 1 + 0 + 1 + 4 = 10, variance 10 / (5 - 1) = 2.5 (Relax's
+    distributed_masked_whiten), so 5 -> 2 / sqrt(2.5) = 1.2649; dividing by N would give 2 / sqrt(2) = 1.4142."""
+    adv = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0, 99.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0, 1.0, 0.0]])
+    out = whiten(adv, mask)
+    expected = [(v - 3) / math.sqrt(10 / 4) for v in (1, 2, 3, 4, 5)] + [0.0]
+    assert out[0].tolist() == pytest.approx(expected, abs=1e-5)
+    assert out[0, 4].item() == pytest.approx(1.2649, abs=1e-4)
+    assert whiten(torch.tensor([[7.0]]), torch.tensor([[1.0]])).tolist() == [[0.0]]  # one token: no spread
+
+
+def test_ppo_kl_penalty_falls_on_every_response_token() -> None:
+    """One sample, 4 response tokens; tokens 1 and 2 are tool output (not trained). k1 = log pi - log pi_ref
+    = 1, 2, 2, 1; kl_coef 0.1; reward 1; V = 0; gamma = lambda = 1, so A_t is the sum of the token rewards
+    from t on. Token rewards -0.1, -0.2, -0.2, -0.1 + 1: A_0 = -0.1 - 0.2 - 0.2 + 0.9 = 0.4, A_3 = 0.9.
+    (The penalty on trained tokens only would give A_0 = -0.1 + 0.9 = 0.8.)"""
+    inputs = AdvantageInputs(
+        rewards=torch.tensor([1.0]),
+        group_index=torch.tensor([0]),
+        loss_mask=torch.tensor([[1.0, 0.0, 0.0, 1.0]]),
+        log_probs=torch.tensor([[-1.0, -1.0, -1.0, -1.0]]),
+        ref_log_probs=torch.tensor([[-2.0, -3.0, -3.0, -2.0]]),
+        values=torch.zeros(1, 4),
+        response_mask=torch.ones(1, 4),
+    )
+    out = compute_advantages("ppo", inputs, AdvantageConfig(kl_coef=0.1, kl_type="k1"))
+    assert out.advantages[0].tolist() == pytest.approx([0.4, 0.0, 0.0, 0.9], abs=1e-6)
+    assert out.returns[0].tolist() == pytest.approx([0.4, 0.0, 0.0, 0.9], abs=1e-6)  # A + V, V = 0
+
+
+def test_reinforce_plus_plus_discounts_through_untrained_tokens_without_a_response_mask() -> None:
+    """Columns: prompt, trained, tool output, trained, padding; reward 1, gamma 0.5, no KL and no
+    response_mask. Relax discounts over the whole response: G_3 = 1, G_2 = 0.5 * 1 = 0.5 (not trained),
+    G_1 = 0.5 * 0.5 = 0.25. (Skipping the tool token would give G_1 = 0.5.)"""
+    inputs = AdvantageInputs(
+        rewards=torch.tensor([1.0]),
+        group_index=torch.tensor([0]),
+        loss_mask=torch.tensor([[0.0, 1.0, 0.0, 1.0, 0.0]]),
+    )
+    out = compute_advantages("reinforce_plus_plus", inputs, AdvantageConfig(gamma=0.5))
+    assert out.returns[0].tolist() == pytest.approx([0.0, 0.25, 0.0, 1.0, 0.0], abs=1e-6)
+    with_mask = AdvantageInputs(
+        inputs.rewards, inputs.group_index, inputs.loss_mask, response_mask=torch.tensor([[0.0, 1, 1, 1, 0]])
+    )
+    same = compute_advantages("reinforce_plus_plus", with_mask, AdvantageConfig(gamma=0.5))
+    assert torch.equal(same.returns, out.returns)
+
+
+def test_reinforce_plus_plus_baseline_takes_kl_coef_and_raw_rewards() -> None:
+    """Two samples of one prompt, rewards 1 and 0, two trained tokens each, k1 = 0.5, 1 | 0, 2, kl_coef 0.1.
+    Centred scores +0.5, -0.5; A_t = score - 0.1 k1_t = 0.45, 0.40 | -0.50, -0.70. With
+    disable-rewards-normalization the scores are the raw rewards: 0.95, 0.90 | 0.00, -0.20. The stage then
+    whitens the four values (mean and Bessel-corrected variance, worked out below)."""
+    inputs = AdvantageInputs(
+        rewards=torch.tensor([1.0, 0.0]),
+        group_index=torch.tensor([0, 0]),
+        loss_mask=torch.ones(2, 2),
+        log_probs=torch.tensor([[-0.5, -1.0], [-1.0, -1.0]]),
+        ref_log_probs=torch.tensor([[-1.0, -2.0], [-1.0, -3.0]]),
+    )
+    config = AdvantageConfig(kl_coef=0.1, kl_type="k1")
+    out = compute_advantages("reinforce_plus_plus_baseline", inputs, config)
+    assert out.advantages.flatten().tolist() == pytest.approx([0.45, 0.40, -0.50, -0.70], abs=1e-6)
+    raw = compute_advantages(
+        "reinforce_plus_plus_baseline", inputs, AdvantageConfig(kl_coef=0.1, rewards_normalization=False)
+    )
+    assert raw.advantages.flatten().tolist() == pytest.approx([0.95, 0.90, 0.00, -0.20], abs=1e-6)
+    staged = compute_advantages_and_returns("reinforce_plus_plus_baseline", inputs, config)
+    values = [0.45, 0.40, -0.50, -0.70]
+    mean = sum(values) / 4  # -0.0875
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / 3)
+    assert staged.advantages.flatten().tolist() == pytest.approx([(v - mean) / std for v in values], abs=1e-5)
+    assert staged.returns.flatten().tolist() == pytest.approx(values, abs=1e-6)  # returns: not whitened
 
 
 # -- the stage's rules -------------------------------------------------------------------------------------
@@ -322,10 +408,6 @@ def test_stage_refusals_name_the_conflicting_setting() -> None:
     x = random_batch(9)
     with pytest.raises(ValueError, match="normalize-advantages"):
         compute_advantages_and_returns("rloo", inputs_of(x), AdvantageConfig(normalize_advantages=True))
-    with pytest.raises(ValueError, match="kl-coef"):
-        compute_advantages_and_returns(
-            "reinforce_plus_plus_baseline", inputs_of(x), AdvantageConfig(kl_coef=0.1)
-        )
     with pytest.raises(ValueError, match="disable-rewards-normalization"):
         compute_advantages_and_returns("rloo", inputs_of(x), AdvantageConfig(rewards_normalization=False))
     lonely = AdvantageInputs(torch.ones(3), torch.tensor([0, 0, 1]), torch.ones(3, 2))
@@ -334,8 +416,9 @@ def test_stage_refusals_name_the_conflicting_setting() -> None:
     bare = AdvantageInputs(x["rewards"], x["group_index"], x["loss_mask"])
     with pytest.raises(ValueError, match="critic"):
         compute_advantages_and_returns("ppo", bare, AdvantageConfig())
-    with pytest.raises(ValueError, match="ref_log_probs"):
-        compute_advantages_and_returns("reinforce_plus_plus", bare, AdvantageConfig(kl_coef=0.1))
+    for name in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
+        with pytest.raises(ValueError, match="ref_log_probs"):
+            compute_advantages_and_returns(name, bare, AdvantageConfig(kl_coef=0.1))
     with pytest.raises(ValueError, match="teacher_log_probs"):
         compute_advantages_and_returns("grpo", bare, AdvantageConfig(opd=OPDConfig()))
 
@@ -343,7 +426,7 @@ def test_stage_refusals_name_the_conflicting_setting() -> None:
 def test_kl_coef_needs_no_reference_when_zero() -> None:
     x = random_batch(10)
     bare = AdvantageInputs(x["rewards"], x["group_index"], x["loss_mask"], values=x["values"])
-    for name in ("ppo", "reinforce_plus_plus", "rloo"):
+    for name in ("ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo"):
         compute_advantages_and_returns(name, bare, AdvantageConfig())
 
 
@@ -381,8 +464,7 @@ def batches(draw: st.DrawFn, min_group: int = 1) -> dict:
 
 
 def _config(name: str) -> AdvantageConfig:
-    kl = 0.0 if name == "reinforce_plus_plus_baseline" else 0.1
-    return AdvantageConfig(kl_coef=kl, kl_type="k3", gamma=0.9, lambd=0.8, opd=OPDConfig(kl_coef=0.3))
+    return AdvantageConfig(kl_coef=0.1, kl_type="k3", gamma=0.9, lambd=0.8, opd=OPDConfig(kl_coef=0.3))
 
 
 @FAST

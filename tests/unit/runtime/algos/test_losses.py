@@ -18,7 +18,7 @@ from runtime.algos.losses import (
     resolve_loss_fn,
 )
 from runtime.algos.off_policy import icepop_tis, opsm_keep_mask, select_old_log_probs, vanilla_tis
-from runtime.algos.reducers import LOSS_REDUCERS, sample_mean, sample_sum_mean, token_mean
+from runtime.algos.reducers import LOSS_REDUCERS, sample_mean, sample_sum_mean, token_count, token_mean
 from runtime.algos.surrogates import (
     POLICY_SURROGATES,
     SURROGATE_OF_ESTIMATOR,
@@ -80,8 +80,10 @@ def naive_sample_mean(values: list[list[float | None]]) -> float:
 
 
 def naive_token_mean(values: list[list[float | None]]) -> float:
+    """Relax's per-token normaliser: each sample counts its masked tokens, at least one."""
     kept = [v for row in values for v in row if v is not None]
-    return sum(kept) / max(len(kept), 1)
+    count = sum(max(sum(v is not None for v in row), 1) for row in values)
+    return sum(kept) / max(count, 1)
 
 
 def naive_sample_sum(values: list[list[float | None]]) -> float:
@@ -369,6 +371,16 @@ def test_reducers_match_naive_reference() -> None:
     poisoned[0, 2] = float("inf")  # a padded slot that overflowed never reaches the result
     for reduce in (sample_mean, token_mean, sample_sum_mean):
         assert reduce(poisoned, mask).item() == reduce(values, mask).item()
+
+
+def test_per_token_normaliser_counts_a_fully_masked_sample_as_one_token() -> None:
+    """Relax's loss_function divides the per-token loss by sum_i max(tokens_i, 1): values 1, 3 on a
+    sample of two trained tokens and a sample with none give (1 + 3) / (2 + 1) = 4/3, not 4/2 = 2."""
+    values = torch.tensor([[1.0, 3.0], [5.0, 5.0]])
+    mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+    assert token_count(mask).item() == 3.0
+    assert token_mean(values, mask).item() == pytest.approx(4 / 3)
+    assert token_mean(values, torch.zeros(2, 2)).item() == 0.0  # nothing trained: 0 / 2
 
 
 # -- composed loss types ---------------------------------------------------------------------------------
