@@ -15,8 +15,18 @@ import typer
 import typer.core
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
+from client.display import (
+    Col,
+    full_time,
+    log_step,
+    pool_kinds,
+    print_table,
+    short_time,
+    slot_kind,
+    slots,
+    slots_phrase,
+)
 from client.jobfile import JobFile, JobFileError, is_launch_script, load_job_file
 from client.launch_script import DEFAULT_TIMEOUT_S, LaunchScriptError, ResolvedScript
 from client.sdk import ApiError, RelaxClient
@@ -59,6 +69,12 @@ KeyOpt = Annotated[
     str | None, typer.Option("--api-key", envvar="RELAX_API_KEY", help="API key.", show_default=False)
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+WideOpt = Annotated[
+    bool,
+    typer.Option(
+        "--wide", help="Every column, however wide (by default columns give way to fit the terminal)."
+    ),
+]
 EnvOpt = Annotated[
     list[str] | None,
     typer.Option("--env", "-e", help="KEY=VALUE in a launch script's environment (repeatable)."),
@@ -320,16 +336,18 @@ def status(home: HomeOpt = None, as_json: JsonOpt = False) -> None:
             f"Relax Platform on {where}: pid {state.pid}, {state.url}, "
             + ("[green]ready[/green]" if ready else "[red]not ready[/red]")
         )
-        table = Table("part", "state", "pid", "restarts", "detail", box=None)
-        for name, part in ((state.state or {}).get("parts") or {}).items():
-            table.add_row(
+        rows = [
+            [
                 name,
                 str(part.get("state", "")),
                 str(part.get("pid") or ""),
                 str(part.get("restarts", 0)),
-                escape(str(part.get("detail") or "")),
-            )
-        out.print(table)
+                str(part.get("detail") or ""),
+            ]
+            for name, part in ((state.state or {}).get("parts") or {}).items()
+        ]
+        cols = [Col("part"), Col("state"), Col("pid", right=True), Col("restarts", right=True)]
+        print_table(out, [*cols, Col("detail", wrap=True)], rows)
         if not ready:
             why = body.get("down") if isinstance(body, dict) else body
             out.print(f"  /readyz: [red]not ready[/red] ({escape(str(why))})")
@@ -367,8 +385,12 @@ def metrics(
     url: UrlOpt = None,
     api_key: KeyOpt = None,
     as_json: JsonOpt = False,
+    wide: WideOpt = False,
 ) -> None:
-    """Every metric of a job: first, last, min and max value and the number of points."""
+    """Every metric of a job: last, first, min and max value, the step of its last point (numbered as the
+    job's log numbers steps, 1 to the last; an evaluation's step is the number of steps done before it, 0
+    before the first) and the number of points. --json gives the API's series unchanged, where a step's own
+    metrics count steps from 0."""
     with _client(url, api_key) as c:
         job_id = _job_id(c, job_id)
         try:
@@ -379,24 +401,40 @@ def metrics(
     if as_json:
         _print_json(series)
         return
-    t = Table("metric", "points", "first", "last", "min", "max", "last step")
+    cols = [
+        Col("metric"),
+        Col("last", right=True),
+        Col("step", right=True),
+        Col("first", drop=3, right=True),
+        Col("min", drop=2, right=True),
+        Col("max", drop=2, right=True),
+        Col("points", drop=4, right=True),
+    ]
+    rows = []
     for name, pts in sorted(series.items()):
+        if not pts:
+            continue
         vals = [p["value"] for p in pts]
-        t.add_row(
-            name,
-            str(len(pts)),
-            f"{vals[0]:.4g}",
-            f"{vals[-1]:.4g}",
-            f"{min(vals):.4g}",
-            f"{max(vals):.4g}",
-            str(pts[-1]["step"]),
+        rows.append(
+            [
+                name,
+                f"{vals[-1]:.4g}",
+                str(log_step(name, pts[-1]["step"])),
+                f"{vals[0]:.4g}",
+                f"{min(vals):.4g}",
+                f"{max(vals):.4g}",
+                str(len(pts)),
+            ]
         )
-    out.print(t)
+    print_table(out, cols, rows, wide=wide, note=err)
 
 
 @app.command()
-def pools(url: UrlOpt = None, api_key: KeyOpt = None, as_json: JsonOpt = False) -> None:
-    """Pools, their nodes and what is allocated on each."""
+def pools(
+    url: UrlOpt = None, api_key: KeyOpt = None, as_json: JsonOpt = False, wide: WideOpt = False
+) -> None:
+    """Pools, their nodes and what is allocated on each: slots in use of the node's, GPUs or CPU slots (the
+    embedded platform on a machine without GPUs schedules CPU slots)."""
     with _client(url, api_key) as c:
         try:
             data = c.pools()
@@ -406,52 +444,95 @@ def pools(url: UrlOpt = None, api_key: KeyOpt = None, as_json: JsonOpt = False) 
     if as_json:
         _print_json(data)
         return
-    t = Table("pool", "accelerator", "node", "gpus", "allocated", "state", "jobs", "ray")
+    cols = [
+        Col("pool"),
+        Col("node"),
+        Col("used/slots"),
+        Col("state", drop=3),
+        Col("jobs (slots)", drop=2, wrap=True),
+        Col("accelerator", drop=4),
+        Col("ray", drop=5),
+    ]
+    rows = []
     for p in data:
+        kind = slot_kind(p["accelerator"])
         for n in p["nodes"]:
             state = "cordoned" if n["cordoned"] or p["cordoned"] else ("up" if n["alive"] else "down")
-            t.add_row(
-                p["name"],
-                p["accelerator"],
-                n["name"],
-                str(n["gpus"]),
-                str(n["allocated_gpus"]),
-                state,
-                ", ".join(
-                    [f"{j['job_id']} ({j['gpus']})" for j in n.get("jobs", [])]
-                    + ([f"other teams ({n['other_gpus']})"] if n.get("other_gpus") else [])
-                )
-                or "-",
-                p["ray_address"] or "-",
+            rows.append(
+                [
+                    p["name"],
+                    n["name"],
+                    slots(f"{n['allocated_gpus']}/{n['gpus']}", kind),
+                    state,
+                    ", ".join(
+                        [f"{j['job_id']} ({j['gpus']})" for j in n.get("jobs", [])]
+                        + ([f"other teams ({n['other_gpus']})"] if n.get("other_gpus") else [])
+                    )
+                    or "-",
+                    p["accelerator"],
+                    p["ray_address"] or "-",
+                ]
             )
-    out.print(t)
+    print_table(out, cols, rows, wide=wide, note=err)
 
 
 @app.command()
-def queues(url: UrlOpt = None, api_key: KeyOpt = None, as_json: JsonOpt = False) -> None:
-    """Queues with their quota and usage."""
+def queues(
+    url: UrlOpt = None, api_key: KeyOpt = None, as_json: JsonOpt = False, wide: WideOpt = False
+) -> None:
+    """Queues with their quota and usage, in slots of their pool (GPU or CPU)."""
     with _client(url, api_key) as c:
         try:
             data = c.queues()
         except ApiError as e:
             _fail(e)
             return
+        kinds = {} if as_json else _pool_kinds(c)
     if as_json:
         _print_json(data)
         return
-    t = Table("queue", "pool", "team", "used / nominal", "borrowed", "running", "queued (GPUs)", "weight")
-    for q in data:
-        t.add_row(
+    cols = [
+        Col("queue"),
+        Col("pool", drop=1),
+        Col("team", drop=2),
+        Col("used/nominal"),
+        Col("borrowed", drop=3, right=True),
+        Col("running", right=True),
+        Col("queued (slots)"),
+        Col("weight", drop=4, right=True),
+    ]
+    rows = [
+        [
             q["name"],
             q["pool"],
             q["team"],
-            f"{q['used_gpus']} / {q['nominal_gpus']}",
+            slots(f"{q['used_gpus']}/{q['nominal_gpus']}", kinds.get(q["pool"])),
             str(q.get("borrowed_gpus", 0)),
             str(q.get("running_jobs", 0)),
             f"{q['queued_jobs']} ({q.get('queued_gpus', 0)})",
             f"{q['weight']:g}",
-        )
-    out.print(t)
+        ]
+        for q in data
+    ]
+    print_table(out, cols, rows, wide=wide, note=err)
+
+
+def _brief(text: str | None, most: int = 100) -> str:
+    """A reason's first line, at most `most` characters (`jobs get` and --json give it whole)."""
+    lines = (text or "").strip().splitlines()
+    if not lines:
+        return ""
+    if len(lines[0]) > most:
+        return lines[0][: most - 1] + "…"
+    return lines[0] + (" …" if len(lines) > 1 else "")
+
+
+def _pool_kinds(c: RelaxClient) -> dict[str, str | None]:
+    """Pool name -> "GPU" or "CPU" (None for a pool the key cannot see, or when pools cannot be read)."""
+    try:
+        return pool_kinds(c.pools())
+    except ApiError:
+        return {}
 
 
 # jobs ---------------------------------------------------------------------------------------
@@ -463,32 +544,47 @@ def jobs_list(
     url: UrlOpt = None,
     api_key: KeyOpt = None,
     as_json: JsonOpt = False,
+    wide: WideOpt = False,
 ) -> None:
-    """Newest jobs first."""
+    """Newest jobs first: full ids and names always; progress in the log's numbering (steps done of all),
+    slots GPU or CPU; columns that do not fit the terminal give way (--wide shows them all)."""
     with _client(url, api_key) as c:
         try:
             page = c.list_jobs(status=status, name=name, limit=limit)
         except ApiError as e:
             _fail(e)
             return
+        kinds = {} if as_json or not page["data"] else _pool_kinds(c)
     if as_json:
         _print_json(page)
         return
-    t = Table("id", "name", "status", "queue", "gpus", "progress", "created", "why waiting / reason")
+    cols = [
+        Col("id"),
+        Col("name"),
+        Col("status"),
+        Col("step", drop=1, right=True),
+        Col("slots", drop=4),
+        Col("queue", drop=5),
+        Col("created (UTC)", drop=3),
+        Col("why waiting / reason", drop=2, wrap=True),
+    ]
+    rows = []
     for j in page["data"]:
-        progress = f"{j['progress_step']}/{j['total_steps']}" if j["total_steps"] else "-"
+        progress = f"{j['progress_step'] or 0}/{j['total_steps']}" if j["total_steps"] else "-"
         why = j["wait_reason"] if j["status"] == "QUEUED" else (j["status_reason"] or "")
-        t.add_row(
-            j["id"],
-            j["name"],
-            j["status"],
-            j["queue"],
-            str(j["total_gpus"]),
-            progress,
-            j["created_at"][:19].replace("T", " "),
-            why[:60],
+        rows.append(
+            [
+                j["id"],
+                j["name"],
+                j["status"],
+                progress,
+                slots(j["total_gpus"], kinds.get(j["pool"])),
+                j["queue"],
+                full_time(j["created_at"]) if wide else short_time(j["created_at"]),
+                _brief(why),
+            ]
         )
-    out.print(t)
+    print_table(out, cols, rows, wide=wide, note=err)
 
 
 @jobs_app.command("get")
@@ -497,6 +593,7 @@ def jobs_get(
     url: UrlOpt = None,
     api_key: KeyOpt = None,
     as_json: JsonOpt = False,
+    wide: WideOpt = False,
 ) -> None:
     """A job with its spec, demand, allocation and events."""
     with _client(url, api_key) as c:
@@ -507,6 +604,7 @@ def jobs_get(
         except ApiError as e:
             _fail(e)
             return
+        kind = None if as_json else _pool_kinds(c).get(job["pool"])
     if as_json:
         _print_json(job | {"events": events})
         return
@@ -515,18 +613,36 @@ def jobs_get(
         + (f" ({job['failure_reason']})" if job["failure_reason"] else "")
     )
     out.print(
-        f"  queue {job['queue']} · pool {job['pool']} · {job['total_gpus']} slot(s) · attempt {job['attempt']}"
+        f"  queue {job['queue']} · pool {job['pool']} · {slots_phrase(job['total_gpus'], kind)} · "
+        f"attempt {job['attempt']}",
+        highlight=False,
     )
     if job["status"] == "QUEUED" and job["wait_reason"]:
         out.print(f"  waiting: #{job['queue_position']} — {job['wait_reason']}")
     if job["total_steps"]:
-        out.print(f"  progress: step {job['progress_step']} of {job['total_steps']}")
-    out.print(f"  outputs: {job['output_dir']}")
-    t = Table("time", "transition", "reason")
+        out.print(
+            f"  progress: {job['progress_step'] or 0} of {job['total_steps']} steps done", highlight=False
+        )
+    out.print(f"  outputs: {job['output_dir']}", highlight=False, soft_wrap=True)
+    rows = []
     for e in events:
         what = f"{e['from_status'] or '·'} → {e['to_status']}" if e["kind"] == "transition" else e["kind"]
-        t.add_row(e["time"][11:23], what, e["reason"] or "")
-    out.print(t)
+        rows.append([full_time(e["time"]) if wide else e["time"][11:19], what, e["reason"] or ""])
+    print_table(out, [Col("time"), Col("event"), Col("reason", wrap=True)], rows, wide=wide)
+
+
+@jobs_app.command("watch")
+def jobs_watch(job_id: JobArg, url: UrlOpt = None, api_key: KeyOpt = None) -> None:
+    """Follow a job to its end, as `submit --wait` does: its events and one line per step (numbered as its
+    log numbers them), in the order they happened. Exit code 0 if it succeeds."""
+    with _client(url, api_key) as c:
+        job_id = _job_id(c, job_id)
+        try:
+            final = watch_job(c, job_id, out)
+        except ApiError as e:
+            _fail(e)
+            return
+    raise typer.Exit(0 if final == "SUCCEEDED" else 1)
 
 
 @jobs_app.command("cancel")
@@ -614,6 +730,7 @@ def spec_validate(
             res = c.validate_spec(
                 spec=spec, args=args, queue=queue, launch_script=script.provenance() if script else None
             )
+            kind = None if as_json or not res.get("pool") else _pool_kinds(c).get(res["pool"])
         except ApiError as e:
             if script is not None and not as_json:
                 _print_script(script)
@@ -632,9 +749,12 @@ def spec_validate(
                 out.print(f"  hint: {e['hint']}")
         if res["valid"]:
             d = res["demand"] or {}
+            summary = str(d.get("summary") or d.get("total_gpus"))
+            if kind == "CPU":  # the spec's demand is written in GPUs; this pool's slots are CPU slots
+                summary = re.sub(r"\bGPU", "CPU slot", summary)
             out.print(
                 f"[green]valid[/green] · would queue in {res['queue']} on pool {res['pool']} · "
-                f"demand: {d.get('summary') or d.get('total_gpus')}"
+                f"demand: {escape(summary)}"
             )
             if res.get("derived"):
                 out.print("derived: " + ", ".join(f"{k}={v}" for k, v in res["derived"].items()))
@@ -712,15 +832,17 @@ def admin_teams(
     if as_json:
         _print_json(data)
         return
-    t = Table("id", "team", "priority classes", "queues")
-    for team in data:
-        t.add_row(
+    rows = [
+        [
             team["id"],
             team["name"],
             _granted(team.get("priority_classes", []), team.get("allowed_priority_classes"), "preemptible"),
             _granted(team.get("queues", []), team.get("allowed_queues"), "own"),
-        )
-    out.print(t)
+        ]
+        for team in data
+    ]
+    cols = [Col("id"), Col("team"), Col("priority classes", wrap=True), Col("queues", wrap=True)]
+    print_table(out, cols, rows)
 
 
 @teams_app.command("set")
@@ -769,7 +891,7 @@ def _names(text: str) -> list[str] | None:
 
 
 def _granted(effective: list[str], grant: list[str] | None, default: str) -> str:
-    return ", ".join(effective) + ("" if grant is not None else f"  [dim](default: {default})[/dim]")
+    return ", ".join(effective) + ("" if grant is not None else f"  (default: {default})")
 
 
 def _duration(text: str) -> timedelta:
@@ -820,6 +942,7 @@ def admin_keys(
     url: UrlOpt = None,
     api_key: KeyOpt = None,
     as_json: JsonOpt = False,
+    wide: WideOpt = False,
 ) -> None:
     """API keys without their secrets (an admin: all; a team admin: the team's; others: their own)."""
     with _client(url, api_key) as c:
@@ -827,19 +950,30 @@ def admin_keys(
     if as_json:
         _print_json(data)
         return
-    t = Table("id", "name", "role", "team", "prefix", "created", "expires", "revoked")
-    for k in data:
-        t.add_row(
+    cols = [
+        Col("id"),
+        Col("name"),
+        Col("role"),
+        Col("team", drop=3),
+        Col("prefix", drop=4),
+        Col("created (UTC)", drop=5),
+        Col("expires", drop=2),
+        Col("revoked", drop=1),
+    ]
+    rows = [
+        [
             k["id"],
             k["name"],
             k["role"],
             k["team_id"] or "-",
             k["prefix"] + "…",
-            k["created_at"][:19].replace("T", " "),
-            (k.get("expires_at") or "-")[:19].replace("T", " "),
-            (k["revoked_at"] or "-")[:19].replace("T", " "),
-        )
-    out.print(t)
+            full_time(k["created_at"]) if wide else short_time(k["created_at"]),
+            (full_time if wide else short_time)(k.get("expires_at")),
+            (full_time if wide else short_time)(k["revoked_at"]),
+        ]
+        for k in data
+    ]
+    print_table(out, cols, rows, wide=wide, note=err)
 
 
 @admin_app.command("revoke-key")
@@ -862,6 +996,7 @@ def admin_audit(
     url: UrlOpt = None,
     api_key: KeyOpt = None,
     as_json: JsonOpt = False,
+    wide: WideOpt = False,
 ) -> None:
     """The audit log (admin key): every mutating call, refused ones too — who, what, on what, status."""
     with _client(url, api_key) as c:
@@ -873,18 +1008,28 @@ def admin_audit(
     if as_json:
         _print_json(page)
         return
-    t = Table("time", "key", "role", "call", "target", "status", "details")
-    for e in page["data"]:
-        t.add_row(
-            e["time"][:19].replace("T", " "),
+    cols = [
+        Col("time (UTC)"),
+        Col("key", drop=3),
+        Col("role", drop=5),
+        Col("call"),
+        Col("target", drop=2),
+        Col("status", right=True),
+        Col("details", drop=4, wrap=True),
+    ]
+    rows = [
+        [
+            full_time(e["time"]),
             e["key_id"] or "-",
             e["role"] or "-",
             f"{e['method']} {e['path']}",
             e["target"] or "-",
             str(e["status_code"]),
-            escape(", ".join(f"{k}={v}" for k, v in e["details"].items())),
-        )
-    out.print(t)
+            ", ".join(f"{k}={v}" for k, v in e["details"].items()),
+        ]
+        for e in page["data"]
+    ]
+    print_table(out, cols, rows, wide=wide, note=err)
 
 
 def _file_and_args(ctx: typer.Context, file: str | None) -> tuple[str | None, list[str]]:
@@ -1020,22 +1165,28 @@ def admin_create_pool(
         p = _admin(
             lambda: c.create_pool(name, accelerator, ray_address=ray_address, python=python, nodes=nodes)
         )
-    out.print(f"pool {p['name']}: {p['total_gpus']} GPUs on {len(p['nodes'])} node(s)")
+    out.print(
+        f"pool {p['name']}: {slots_phrase(p['total_gpus'], slot_kind(p['accelerator']))} "
+        f"on {len(p['nodes'])} node(s)"
+    )
 
 
 @admin_app.command("set-node")
 def admin_set_node(
     pool: str,
     node: str,
-    gpus: Annotated[int, typer.Option(help="GPUs of the node.")],
+    gpus: Annotated[
+        int, typer.Option("--gpus", "--slots", help="Slots of the node: its GPUs (CPU slots in a cpu pool).")
+    ],
     label: Annotated[list[str] | None, typer.Option(help="key=value, repeatable.")] = None,
     url: UrlOpt = None,
     api_key: KeyOpt = None,
 ) -> None:
-    """Add a node to a pool, or change its GPUs and labels."""
+    """Add a node to a pool, or change its slots (GPUs, or CPU slots in a cpu pool) and labels."""
     with _client(url, api_key) as c:
-        _admin(lambda: c.put_node(pool, node, gpus, _labels(label)))
-    out.print(f"node {node} of pool {pool}: {gpus} GPUs")
+        p = _admin(lambda: c.put_node(pool, node, gpus, _labels(label)))
+    kind = slot_kind(p.get("accelerator")) if isinstance(p, dict) else None
+    out.print(f"node {node} of pool {pool}: {slots_phrase(gpus, kind)}")
 
 
 @admin_app.command("cordon")
@@ -1081,12 +1232,12 @@ def admin_create_queue(
     name: str,
     pool: Annotated[str, typer.Option()],
     team: Annotated[str, typer.Option()],
-    nominal_gpus: Annotated[int, typer.Option(help="Guaranteed GPUs.")],
+    nominal_gpus: Annotated[int, typer.Option(help="Guaranteed slots: GPUs (CPU slots in a cpu pool).")],
     borrowing_limit: Annotated[
-        int | None, typer.Option(help="Most GPUs above nominal it may borrow.")
+        int | None, typer.Option(help="Most slots above nominal it may borrow.")
     ] = None,
     lending_limit: Annotated[
-        int | None, typer.Option(help="Most idle nominal GPUs others may borrow.")
+        int | None, typer.Option(help="Most idle nominal slots others may borrow.")
     ] = None,
     weight: Annotated[float, typer.Option(help="Fair-share weight.")] = 1.0,
     url: UrlOpt = None,
@@ -1094,6 +1245,7 @@ def admin_create_queue(
 ) -> None:
     """Create a team's queue in a pool with its quota."""
     with _client(url, api_key) as c:
+        kinds = _pool_kinds(c)
         q = _admin(
             lambda: c.create_queue(
                 name,
@@ -1105,7 +1257,10 @@ def admin_create_queue(
                 weight=weight,
             )
         )
-    out.print(f"queue {q['name']} of team {q['team']} in pool {q['pool']}: nominal {q['nominal_gpus']} GPUs")
+    out.print(
+        f"queue {q['name']} of team {q['team']} in pool {q['pool']}: "
+        f"nominal {slots_phrase(q['nominal_gpus'], kinds.get(q['pool']))}"
+    )
 
 
 @admin_app.command("priority-classes")
@@ -1121,10 +1276,12 @@ def admin_priority_classes(
         if create:
             _admin(lambda: c.create_priority_class(create, value, preemptible=preemptible))
         data = _admin(c.priority_classes)
-    t = Table("class", "value", "preemptible", "description")
-    for p in data:
-        t.add_row(p["name"], str(p["value"]), "yes" if p["preemptible"] else "no", p["description"] or "")
-    out.print(t)
+    rows = [
+        [p["name"], str(p["value"]), "yes" if p["preemptible"] else "no", p["description"] or ""]
+        for p in data
+    ]
+    cols = [Col("class"), Col("value", right=True), Col("preemptible"), Col("description", wrap=True)]
+    print_table(out, cols, rows)
 
 
 # admin grants -------------------------------------------------------------------------------
@@ -1148,10 +1305,8 @@ def admin_grants_list(
     if json_out:
         _print_json(data)
         return
-    t = Table("id", "team", "pool", "mode", "path")
-    for g in data:
-        t.add_row(g["id"], g["team_id"], g["pool"] or "(every pool)", g["mode"], g["path"])
-    out.print(t)
+    rows = [[g["id"], g["team_id"], g["pool"] or "(every pool)", g["mode"], g["path"]] for g in data]
+    print_table(out, [Col("id"), Col("team"), Col("pool"), Col("mode"), Col("path")], rows)
 
 
 @grants_app.command("add")

@@ -1,8 +1,19 @@
-"""Follows one job to its end for `relaxctl submit --wait`: transitions, per-step metrics, progress."""
+"""Follows one job to its end for `relaxctl submit --wait`: transitions, per-step metrics, progress.
+
+What it prints comes in the order it happened. The stream sends what is new at each of its polls grouped by
+kind (the status, then events, then metric points, then log lines), so within one poll a checkpoint event of
+step 3 comes before the metrics of step 3 that were reported before it. Everything is therefore held for a
+moment (`HOLD_S`, longer than the stream's poll) and printed by its own time; a step's line is printed once
+the step's metrics are all in (a later step's arrive, or none came for `HOLD_S`). Steps are numbered as the
+job's log numbers them (`step 1/300` … `step 300/300`), see `client.display.log_step`."""
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -16,11 +27,17 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+from rich.table import Table
+from rich.text import Text
 
+from client.display import EVAL_PREFIX, log_step
 from client.sdk import ApiError, RelaxClient
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
-HEADLINE = ("rollout/reward", "train/loss", "eval/reward", "perf/step_time")
+HEADLINE = ("rollout/reward", "train/loss", "eval/loss", "perf/step_time")
+#: Seconds an item waits before it is printed, for anything that happened before it to arrive: longer than
+#: the stream's poll interval (0.5 s, api/routes/jobs.py), since one poll's items arrive together.
+HOLD_S = 1.0
 
 
 def _fmt(name: str, value: float) -> str:
@@ -30,32 +47,94 @@ def _fmt(name: str, value: float) -> str:
     return f"{short} {value:.4g}"
 
 
-class _StepLines:
-    """Collects metric points per step and prints one line per finished step."""
+def _time(iso: str) -> datetime:
+    """An API time (naive ones are UTC, as SQLite gives them back)."""
+    t = datetime.fromisoformat(iso)
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
 
-    def __init__(self, console: Console) -> None:
+
+def _eval_headline(name: str) -> bool:
+    """An evaluation's main number: `eval/<dataset>` (its reward) and SFT's `eval/loss`, not the details
+    (`eval/<dataset>/response_len`, `eval/<dataset>-truncated_ratio`, `eval/num_tokens`)."""
+    rest = name[len(EVAL_PREFIX) :]
+    return name.startswith(EVAL_PREFIX) and "/" not in rest and "-" not in rest and rest != "num_tokens"
+
+
+@dataclass
+class _Line:
+    """A step's metric points (or an evaluation's), until they are all in."""
+
+    eval: bool
+    step: int
+    time: datetime
+    received: float
+    values: dict[str, float] = field(default_factory=dict)
+
+
+class Timeline:
+    """Orders what --wait prints by when it happened (see the module's docstring)."""
+
+    def __init__(self, console: Console, hold_s: float = HOLD_S) -> None:
         self.console = console
-        self.step: int | None = None
-        self.values: dict[str, float] = {}
+        self.hold_s = hold_s
+        self.total: int | None = None
+        self.pending: list[tuple[datetime, int, float, str]] = []  # (time, arrival, received, text)
+        self.open: dict[bool, _Line] = {}  # eval? -> its open line
+        self.arrivals = 0
         self.first: dict[str, float] = {}
         self.last: dict[str, float] = {}
 
-    def add(self, point: dict[str, Any]) -> None:
-        step = int(point["step"])
-        if self.step is not None and step > self.step:
-            self.flush()
-        self.step = step
-        self.values[point["name"]] = point["value"]
-        self.first.setdefault(point["name"], point["value"])
-        self.last[point["name"]] = point["value"]
+    # -- what comes in ---------------------------------------------------------------------------------------
+    def event(self, data: dict[str, Any]) -> None:
+        what = (
+            f"{data['from_status'] or '·'} → {data['to_status']}"
+            if data["kind"] == "transition"
+            else data["kind"]
+        )
+        self._add(_time(data["time"]), f"{what:<24} {escape(data.get('reason') or '')}".rstrip())
+
+    def log(self, data: dict[str, Any]) -> None:
+        self._add(_time(data["time"]), f"[red]{escape(data['message'])}[/red]")
+
+    def metric(self, point: dict[str, Any], now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        name, value = point["name"], float(point["value"])
+        is_eval = name.startswith(EVAL_PREFIX)
+        step = log_step(name, int(point["step"]))
+        line = self.open.get(is_eval)
+        if line is not None and line.step != step:
+            self._close(line)
+            line = None
+        if line is None:
+            line = self.open[is_eval] = _Line(is_eval, step, _time(point["time"]), now)
+        line.values[name] = value
+        line.received = now
+        self.first.setdefault(name, value)
+        self.last[name] = value
+
+    # -- what goes out ---------------------------------------------------------------------------------------
+    def tick(self, now: float | None = None) -> None:
+        """Print what has waited long enough and has nothing earlier still to come."""
+        now = time.monotonic() if now is None else now
+        for line in list(self.open.values()):
+            if now - line.received >= self.hold_s:
+                self._close(line)
+        self.pending.sort()
+        earliest_open = min((line.time for line in self.open.values()), default=None)
+        while self.pending:
+            t, _, received, text = self.pending[0]
+            if now - received < self.hold_s or (earliest_open is not None and t > earliest_open):
+                break
+            self.pending.pop(0)
+            self._print(t, text)
 
     def flush(self) -> None:
-        if self.step is None or not self.values:
-            return
-        shown = [_fmt(n, self.values[n]) for n in HEADLINE if n in self.values]
-        if shown:
-            self.console.print(f"  step {self.step:>4}  " + "  ".join(shown), highlight=False)
-        self.values = {}
+        """Print everything still held, in order (the stream ended)."""
+        for line in list(self.open.values()):
+            self._close(line)
+        for t, _, _, text in sorted(self.pending):
+            self._print(t, text)
+        self.pending = []
 
     def headline(self) -> str:
         parts = []
@@ -64,11 +143,76 @@ class _StepLines:
                 parts.append(f"{n} {self.first[n]:.3g} → {self.last[n]:.3g}")
         return " · ".join(parts)
 
+    # -- inside ----------------------------------------------------------------------------------------------
+    def _add(self, t: datetime, text: str, received: float | None = None) -> None:
+        self.arrivals += 1
+        self.pending.append((t, self.arrivals, time.monotonic() if received is None else received, text))
+
+    def _steps(self, step: int) -> str:
+        return f"{step}/{self.total}" if self.total else str(step)
+
+    def _close(self, line: _Line) -> None:
+        del self.open[line.eval]
+        if line.eval:
+            shown = [_fmt(n, v) for n, v in sorted(line.values.items()) if _eval_headline(n)]
+            where = f"after step {self._steps(line.step)}" if line.step else "before step 1"
+            text = f"eval {where}  " + "  ".join(shown) if shown else ""
+        else:
+            shown = [_fmt(n, line.values[n]) for n in HEADLINE if n in line.values]
+            text = f"step {self._steps(line.step):<9} " + "  ".join(shown) if shown else ""
+        if text:
+            self._add(line.time, text, received=line.received)
+
+    def _print(self, t: datetime, text: str) -> None:
+        """`  HH:MM:SS  text`, a long text wrapping under itself."""
+        line = Table.grid(padding=(0, 0, 0, 2), pad_edge=True)
+        line.add_column(no_wrap=True, style="dim")
+        line.add_column(overflow="fold")
+        line.add_row(f"{t.astimezone(UTC):%H:%M:%S}", Text.from_markup(text))
+        self.console.print(line, highlight=False)
+
+
+def _read(client: RelaxClient, job_id: str, out: queue.Queue[tuple[str, Any]]) -> None:
+    """The stream's messages into `out`, each once (a reconnect starts the stream over: what was seen is
+    skipped), then ("done", status) at the job's end or ("error", exception)."""
+    seen: set[tuple[Any, ...]] = set()
+    failures = 0
+    status = "QUEUED"
+    try:
+        while status not in TERMINAL:
+            try:
+                for kind, data in client.stream(job_id):
+                    failures = 0
+                    key: tuple[Any, ...] | None = None
+                    if kind in ("event", "log"):
+                        key = (kind, data.get("id"))
+                    elif kind == "metric":
+                        key = (kind, data["name"], data["step"], data.get("attempt"), data.get("time"))
+                    if key is not None:
+                        if key in seen:
+                            continue
+                        seen.add(key)
+                    if kind == "status":
+                        status = data["status"]
+                    if kind == "end":
+                        break
+                    out.put((kind, data))
+            except (httpx.HTTPError, ApiError) as err:
+                failures += 1
+                if failures > 30 or (isinstance(err, ApiError) and err.status in (401, 403, 404)):
+                    raise
+                time.sleep(1.0)
+                continue
+            status = client.get_job(job_id)["status"]
+    except BaseException as err:  # noqa: BLE001 - handed to the main thread, which raises it
+        out.put(("error", err))
+        return
+    out.put(("done", status))
+
 
 def watch_job(client: RelaxClient, job_id: str, console: Console) -> str:
     """Print the job's life until it ends; returns its final status."""
-    lines = _StepLines(console)
-    status = "QUEUED"
+    lines = Timeline(console)
     started = time.time()
     progress = Progress(
         SpinnerColumn(),
@@ -81,49 +225,42 @@ def watch_job(client: RelaxClient, job_id: str, console: Console) -> str:
         transient=True,
         disable=not console.is_terminal,
     )
-    task = progress.add_task("job", total=None, status=status, info="")
-    failures = 0
+    task = progress.add_task("job", total=None, status="QUEUED", info="")
+    messages: queue.Queue[tuple[str, Any]] = queue.Queue()
+    threading.Thread(
+        target=_read, args=(client, job_id, messages), name="relaxctl-watch", daemon=True
+    ).start()
     with progress:
-        while status not in TERMINAL:
+        while True:
             try:
-                for kind, data in client.stream(job_id):
-                    failures = 0
-                    if kind == "status":
-                        status = data["status"]
-                        if data.get("total_steps"):
-                            progress.update(
-                                task, total=data["total_steps"], completed=data.get("progress_step") or 0
-                            )
-                        info = data.get("wait_reason") if status == "QUEUED" else ""
-                        progress.update(task, status=status, info=info or "")
-                    elif kind == "event":
-                        what = (
-                            f"{data['from_status'] or '·'} → {data['to_status']}"
-                            if data["kind"] == "transition"
-                            else data["kind"]
-                        )
-                        console.print(
-                            f"  [dim]{data['time'][11:23]}[/dim]  {what:<24} {escape(data.get('reason') or '')}",
-                            highlight=False,
-                        )
-                    elif kind == "metric":
-                        lines.add(data)
-                    elif kind == "log" and data.get("level") in ("ERROR", "CRITICAL"):
-                        console.print(f"  [red]{escape(data['message'])}[/red]", highlight=False)
-                    elif kind == "end":
-                        break
-            except (httpx.HTTPError, ApiError) as err:
-                failures += 1
-                if failures > 30 or (isinstance(err, ApiError) and err.status in (401, 403, 404)):
-                    raise
-                time.sleep(1.0)
+                kind, data = messages.get(timeout=0.2)
+            except queue.Empty:
+                lines.tick()
                 continue
-            status = client.get_job(job_id)["status"]
+            if kind == "error":
+                raise data
+            if kind == "done":
+                break
+            if kind == "status":
+                if data.get("total_steps"):
+                    lines.total = data["total_steps"]
+                    progress.update(task, total=data["total_steps"], completed=data.get("progress_step") or 0)
+                info = data.get("wait_reason") if data["status"] == "QUEUED" else ""
+                progress.update(task, status=data["status"], info=info or "")
+            elif kind == "event":
+                lines.event(data)
+            elif kind == "metric":
+                lines.metric(data)
+            elif kind == "log" and data.get("level") in ("ERROR", "CRITICAL"):
+                lines.log(data)
+            lines.tick()
     lines.flush()
     job = client.get_job(job_id)
     elapsed = time.time() - started
     color = {"SUCCEEDED": "green", "FAILED": "red"}.get(job["status"], "yellow")
     summary = [f"[{color}]{job['status']}[/{color}] in {elapsed:.0f}s"]
+    if job.get("total_steps"):
+        summary.append(f"{job.get('progress_step') or 0}/{job['total_steps']} steps")
     if lines.headline():
         summary.append(lines.headline())
     try:
@@ -136,5 +273,5 @@ def watch_job(client: RelaxClient, job_id: str, console: Console) -> str:
     if job["status"] == "FAILED":
         console.print(f"  reason: {escape(job.get('status_reason') or '')}", highlight=False)
         console.print(f"  logs:   relaxctl jobs logs {job_id}")
-    console.print(f"  outputs: {job['output_dir']}", highlight=False)
+    console.print(f"  outputs: {job['output_dir']}", highlight=False, soft_wrap=True)
     return str(job["status"])

@@ -32,6 +32,9 @@ class FakeClient:
     def __exit__(self, *exc: object) -> None:
         pass
 
+    def pools(self) -> list[dict[str, Any]]:
+        return [{"name": "p", "accelerator": "cpu"}]
+
     def validate_spec(self, **kw: Any) -> dict[str, Any]:
         self.calls.append(("validate", kw))
         return {
