@@ -18,6 +18,7 @@ from rich.markup import escape
 
 from client.display import (
     Col,
+    event_reason,
     full_time,
     log_step,
     pool_kinds,
@@ -627,7 +628,8 @@ def jobs_get(
     rows = []
     for e in events:
         what = f"{e['from_status'] or '·'} → {e['to_status']}" if e["kind"] == "transition" else e["kind"]
-        rows.append([full_time(e["time"]) if wide else e["time"][11:19], what, e["reason"] or ""])
+        reason = event_reason(e["kind"], e["reason"], job["total_steps"])
+        rows.append([full_time(e["time"]) if wide else e["time"][11:19], what, reason])
     print_table(out, [Col("time"), Col("event"), Col("reason", wrap=True)], rows, wide=wide)
 
 

@@ -3,6 +3,7 @@ slots named for what they are (GPU or CPU), and steps numbered as the driver's l
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,28 @@ def log_step(name: str, step: int) -> int:
     evaluation under the number of steps done (runtime/driver.py: `reporter.metrics(rollout_id + 1, eval…)`).
     The API keeps what the driver sent; only what relaxctl prints is converted."""
     return step if name.startswith(EVAL_PREFIX) else step + 1
+
+
+#: Driver events whose reason begins `step <index from 0>:` (runtime/saving.py, runtime/pipeline.py): the
+#: checkpoint, export or predictions of that step, whose folder keeps the index (`iter_0000002` is the third
+#: step's, `step 3/300` in the log).
+STEP_EVENTS = frozenset({"checkpoint_saved", "hf_exported", "predictions_written"})
+_STEP_REASON = re.compile(r"^((?:critic )?step )(\d+):")
+
+
+def event_reason(kind: str, reason: str | None, total: int | None = None) -> str:
+    """An event's reason as relaxctl prints it: a step event's step in the log's numbering
+    (`step 2: …/iter_0000002` -> `step 3/6: …/iter_0000002`); any other reason as it is."""
+    text = reason or ""
+    m = _STEP_REASON.match(text) if kind in STEP_EVENTS else None
+    if m is None:
+        return text
+    step = int(m.group(2)) + 1
+    return (
+        f"{m.group(1)}{step}/{total}:" + text[m.end() :]
+        if total
+        else f"{m.group(1)}{step}:" + text[m.end() :]
+    )
 
 
 # ---- slots ---------------------------------------------------------------------------------------------------

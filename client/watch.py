@@ -30,7 +30,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from client.display import EVAL_PREFIX, log_step
+from client.display import EVAL_PREFIX, event_reason, log_step
 from client.sdk import ApiError, RelaxClient
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
@@ -91,7 +91,8 @@ class Timeline:
             if data["kind"] == "transition"
             else data["kind"]
         )
-        self._add(_time(data["time"]), f"{what:<24} {escape(data.get('reason') or '')}".rstrip())
+        reason = event_reason(data["kind"], data.get("reason"), self.total)
+        self._add(_time(data["time"]), f"{what:<24} {escape(reason)}".rstrip())
 
     def log(self, data: dict[str, Any]) -> None:
         self._add(_time(data["time"]), f"[red]{escape(data['message'])}[/red]")

@@ -218,14 +218,16 @@ def test_pools_queues_and_a_job_say_cpu_slots(api: Api) -> None:
 def test_wait_prints_steps_and_events_in_the_order_they_happened(api: Api) -> None:
     """A finished job's stream sends everything in one poll, events first; --wait (here `jobs watch`) prints
     by time: each step's line after the checkpoint saved during it and before the one saved after it, the
-    evaluation after the step, the final transition last; steps counted 1/3 … 3/3 as in the log."""
+    evaluation after the step, the final transition last; steps counted 1/3 … 3/3 as in the log, checkpoint
+    events' steps too."""
     job = api.submit("ordered")
     h = api.start(job)
     t0 = time.time()
     for i in range(3):
         # the driver saves during the step (before reporting its metrics) and evaluates after it
         api.step(job, h, i, t0 + 0.2 * i + 0.1, events=[
-            {"time": t0 + 0.2 * i + 0.05, "kind": "checkpoint_saved", "message": f"step {i}"}])  # fmt: skip
+            {"time": t0 + 0.2 * i + 0.05, "kind": "checkpoint_saved",
+             "message": f"step {i}: /o/ckpt/iter_000000{i} (10 B)"}])  # fmt: skip
     api.report(job, h, events=[{"time": t0 + 0.7, "kind": "finished", "message": "3 steps"}])
     time.sleep(max(0.0, t0 + 0.8 - time.time()))
     api.finish(job)
@@ -237,19 +239,22 @@ def test_wait_prints_steps_and_events_in_the_order_they_happened(api: Api) -> No
         line for line in lines if line.startswith(("step", "eval", "checkpoint_saved", "finished", "RUNNING"))
     ]
     assert order == [
-        "checkpoint_saved step 0",
+        "checkpoint_saved step 1/3: /o/ckpt/iter_0000000 (10 B)",
         "step 1/3 reward 2.1 loss 3.1 step_time 4.10s",
         "eval after step 1/3 arith 0.5",
-        "checkpoint_saved step 1",
+        "checkpoint_saved step 2/3: /o/ckpt/iter_0000001 (10 B)",
         "step 2/3 reward 2.2 loss 3.2 step_time 4.20s",
         "eval after step 2/3 arith 1.5",
-        "checkpoint_saved step 2",
+        "checkpoint_saved step 3/3: /o/ckpt/iter_0000002 (10 B)",
         "step 3/3 reward 2.3 loss 3.3 step_time 4.30s",
         "eval after step 3/3 arith 2.5",
         "finished 3 steps",
         "RUNNING → SUCCEEDED the driver exited 0",
     ], text
     assert "SUCCEEDED in" in text and "3/3 steps" in text
+    # a checkpoint's event names its step as the log does (the driver sends its index from 0, as its folder)
+    got = " ".join(run("jobs", "get", job).split())
+    assert "checkpoint_saved step 1/3: /o/ckpt/iter_0000000 (10 B)" in got
     fits(text)
 
 
