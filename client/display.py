@@ -122,6 +122,33 @@ def fit(cols: Sequence[Col], rows: Sequence[Sequence[str]], width: int, wide: bo
     return shown
 
 
+def _fixed_widths(
+    cols: Sequence[Col], rows: Sequence[Sequence[str]], shown: list[int], width: int | None
+) -> dict[int, int]:
+    """The widths of the shown columns that are not prose: each its widest cell, then, while the table is
+    wider than `width`, the widest of them narrowed down to the next widest, and so on."""
+    widths = {i: _natural(cols[i], [str(r[i]) for r in rows]) for i in shown if not cols[i].wrap}
+    if width is None or not widths:
+        return widths
+    prose = sum(
+        min(_natural(cols[i], [str(r[i]) for r in rows]), max(WRAP_MIN, len(cols[i].header)))
+        for i in shown
+        if cols[i].wrap
+    )
+    excess = sum(widths.values()) + prose + GAP * (len(shown) - 1) - width
+    while excess > 0:
+        top = max(widths.values())
+        if top <= 1:
+            break
+        tops = [i for i, w in widths.items() if w == top]
+        below = max((w for w in widths.values() if w < top), default=1)
+        step = max(1, min(top - below, -(-excess // len(tops))))
+        for i in tops:
+            widths[i] = top - step
+        excess -= step * len(tops)
+    return widths
+
+
 def print_table(
     console: Console,
     cols: Sequence[Col],
@@ -134,14 +161,14 @@ def print_table(
     were left out and that `--wide` shows them."""
     shown = fit(cols, rows, console.width, wide)
     table = Table(box=None, pad_edge=False, padding=(0, GAP // 2), header_style="bold", show_edge=False)
+    widths = _fixed_widths(cols, rows, shown, None if wide else console.width)
     for i in shown:
         c = cols[i]
+        # A column that is not prose is as wide as its widest cell, so it never wraps; prose takes what is
+        # left. Where the columns left are still wider than the terminal, the widest are narrowed first (a
+        # long name before an id) and their cells fold onto the next line (no_wrap would crop them).
         table.add_column(
-            c.header,
-            no_wrap=not c.wrap,
-            overflow="fold",
-            justify="right" if c.right else "left",
-            min_width=None if c.wrap else min(_natural(c, [str(r[i]) for r in rows]), console.width),
+            c.header, overflow="fold", justify="right" if c.right else "left", width=widths.get(i)
         )
     for r in rows:
         table.add_row(*(Text(str(r[i])) for i in shown))

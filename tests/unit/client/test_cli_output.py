@@ -318,3 +318,18 @@ def test_admin_and_validate_name_slots_by_their_pool(api: Api) -> None:
     assert "GPU" not in checked
     rows = [line.split()[:4] for line in run("pools").splitlines()[1:]]
     assert ["big", "n1", "0/8", "GPU"] in rows and ["local", "node-1", "0/4", "CPU"] in rows
+
+
+def test_a_name_wider_than_the_terminal_folds_whole(api: Api) -> None:
+    """A name of 100 characters (the most a job's may have) at 80 columns: every column that can give way
+    does, and the name folds onto the next lines rather than being cut; the id stays on one line."""
+    long = "grpo-" + "x" * 90 + "-end"
+    job = api.submit(long)
+    text = run("jobs", "list")
+    fits(text)
+    assert "…" not in text
+    lines = text.splitlines()
+    at = next(n for n, line in enumerate(lines) if line.startswith(job + " "))
+    more = [line.split()[0] for line in lines[at + 1 :] if line.startswith(" " * len(job))]
+    assert lines[at].split()[2] == "QUEUED" and [lines[at].split()[1], *more] != [long]
+    assert "".join([lines[at].split()[1], *more]) == long
