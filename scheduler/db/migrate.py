@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 
 import migrations
+from scheduler.db.spec_column import record_defaults
 
 MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
 
@@ -21,7 +23,16 @@ def alembic_config(url: str) -> Config:
 
 
 def upgrade(url: str, revision: str = "head") -> None:
+    """Migrate to `revision`; at head, also record this platform's job-spec defaults (a new platform version may
+    bring new ones without a schema change: scheduler/db/spec_column.py)."""
     command.upgrade(alembic_config(url), revision)
+    if revision == "head":
+        engine = sa.create_engine(url)
+        try:
+            with engine.begin() as conn:
+                record_defaults(conn)
+        finally:
+            engine.dispose()
 
 
 def downgrade(url: str, revision: str) -> None:

@@ -9,6 +9,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from scheduler.db.spec_column import SpecJSON
+
 
 class UtcDateTime(sa.types.TypeDecorator[datetime]):
     """Timezone-aware UTC datetimes on every backend (SQLite stores them naive)."""
@@ -185,7 +187,8 @@ class Job(Base):
     # first. Written by each pass (policy Decision.nominate), cleared when the job is admitted.
     nominated_nodes: Mapped[list[Any] | None] = mapped_column(JsonType)
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    spec: Mapped[dict[str, Any]]  # normalized Relax spec, paths resolved
+    # normalized Relax spec, paths resolved; stored as what differs from the defaults (scheduler/db/spec_column.py)
+    spec: Mapped[dict[str, Any]] = mapped_column(SpecJSON)
     submitted: Mapped[dict[str, Any]]  # what the user sent: {"spec": {...}} or {"args": [...]}
     demand: Mapped[dict[str, Any]]
     total_gpus: Mapped[int]
@@ -210,6 +213,17 @@ class Job(Base):
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     last_report_at: Mapped[datetime | None]
+
+
+class SpecDefaults(Base):
+    """Each set of parameter defaults a stored job spec was written against (scheduler/db/spec_column.py): the id
+    is a hash of the JSON, which `spec_values` holds."""
+
+    __tablename__ = "spec_defaults"
+
+    id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
+    spec_values: Mapped[str] = mapped_column(sa.Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class JobEvent(Base):
