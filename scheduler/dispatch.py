@@ -105,17 +105,28 @@ class CoalescingDispatcher:
 
 class PassCoalescer:
     """Runs scheduling passes in one worker process: a pass asked for while one runs (or waits) is served by a
-    single pass after it, and two passes start at least `min_interval` seconds apart. Each request is answered
-    by a pass that starts after it (a pass sees what was committed before it started), so none is lost; the
-    beat's periodic tick is the backstop if the process dies meanwhile."""
+    single pass after it, and two passes start at least `min_interval` seconds apart, and further apart when
+    passes are long: passes take at most `duty` of the time (the next starts no sooner than the last one's
+    duration / `duty` after it started), so that a long backlog, which makes each pass longer while
+    submissions keep asking for more, costs the scheduler a bounded share of a core instead of all of it.
+    Each request is answered by a pass that starts after it (a pass sees what was committed before it
+    started), so none is lost; the beat's periodic tick is the backstop if the process dies meanwhile."""
 
-    def __init__(self, run: Callable[[], object], min_interval: float) -> None:
+    def __init__(self, run: Callable[[], object], min_interval: float, duty: float = 1.0) -> None:
+        if not 0 < duty <= 1:
+            raise ValueError(f"duty must be in (0, 1], not {duty}")
         self._run = run
         self.min_interval = min_interval
+        self.duty = duty
         self._lock = threading.Lock()
         self._busy = False  # a thread is running passes (or waiting to)
         self._again = False  # a request came after the current pass started
         self._last = float("-inf")
+        self._took = 0.0  # how long the last pass ran
+
+    def next_start(self) -> float:
+        """The earliest `time.monotonic()` at which the next pass may start."""
+        return self._last + max(self.min_interval, self._took / self.duty)
 
     def request(self) -> object | None:
         """Run a pass (the result of the last one this call ran), or None when the thread running passes
@@ -127,13 +138,16 @@ class PassCoalescer:
             self._busy = True
         try:
             while True:
-                delay = self._last + self.min_interval - time.monotonic()
+                delay = self.next_start() - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
                 with self._lock:
                     self._again = False
                     self._last = time.monotonic()
-                result = self._run()
+                try:
+                    result = self._run()
+                finally:
+                    self._took = time.monotonic() - self._last
                 with self._lock:
                     if not self._again:
                         self._busy = False

@@ -101,6 +101,15 @@ class SchedulerSettings(BaseSettings):
         description="Least time between the starts of two scheduling passes of a worker process. Passes "
         "asked for meanwhile (one after each submission, cancel or change) are served by one pass after it.",
     )
+    pass_duty: float = Field(
+        0.33,
+        gt=0,
+        le=1,
+        description="Most of the time a worker process's scheduling passes may take: after a pass of d seconds "
+        "the next starts no sooner than d / pass_duty after it started (and never sooner than "
+        "pass_interval_seconds). Over a backlog of thousands of queued jobs a pass takes long, and submissions "
+        "keep asking for more: this bounds the scheduler's share of a core, at the cost of admitting later.",
+    )
     preempt_grace_seconds: float = Field(
         120.0,
         description="How long a preempted job's driver has to checkpoint and exit before its Ray job is stopped.",

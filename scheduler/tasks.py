@@ -74,6 +74,7 @@ class WorkerContext:
         return PassCoalescer(
             lambda: run_scheduling_pass(self.db, self.dispatcher, artifact_root=self.settings.artifacts),
             self.settings.scheduler.pass_interval_seconds,
+            self.settings.scheduler.pass_duty,
         )
 
     def jobs(self, session) -> JobService:  # type: ignore[no-untyped-def]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from scheduler.dispatch import CoalescingDispatcher, PassCoalescer
 
 
@@ -134,3 +136,22 @@ def test_a_failing_pass_leaves_the_coalescer_usable() -> None:
         pass
     c.request()
     assert len(calls) == 2
+
+
+def test_long_passes_take_at_most_their_duty_of_the_time() -> None:
+    """A pass of 0.15 s with duty 0.25: the next starts 0.6 s after it started (not 0.05 s after the interval);
+    a short pass afterwards brings the interval back."""
+    starts: list[float] = []
+    lengths = iter([0.15, 0.0, 0.0])
+
+    def run() -> None:
+        starts.append(time.monotonic())
+        time.sleep(next(lengths))
+
+    c = PassCoalescer(run, min_interval=0.05, duty=0.25)
+    for _ in range(3):
+        c.request()
+    assert starts[1] - starts[0] >= 0.59
+    assert starts[2] - starts[1] < 0.3  # 0.05 s interval after a pass of ~0 s (slack for a busy machine)
+    with pytest.raises(ValueError, match="duty"):
+        PassCoalescer(run, min_interval=0.0, duty=0.0)
