@@ -29,7 +29,13 @@ from runtime.train.checkpoint import (
     write_latest_iteration,
 )
 from runtime.train.schedule import LRSchedule
-from runtime.train.torch_backend import clip_and_step, micro_batches, position_ids_for, to_device
+from runtime.train.torch_backend import (
+    clip_and_step,
+    micro_batch_weight,
+    micro_batches,
+    position_ids_for,
+    to_device,
+)
 from runtime.types import RolloutBatch
 
 log = logging.getLogger(__name__)
@@ -125,15 +131,13 @@ class TorchCriticBackend:
         device = self.device.torch_device
         for start in range(0, batch.batch_size, global_size):
             global_batch = batch.select(slice(start, start + global_size))
-            total_tokens = float(global_batch.loss_mask.sum().clamp(min=1.0))
             step: dict[str, float] = defaultdict(float)
             for micro in micro_batches(
                 global_batch, self.config.micro_batch_size, self.config.max_tokens_per_micro_batch
             ):
-                if self.config.loss.per_token_loss:
-                    weight = float(micro.loss_mask.sum()) / total_tokens
-                else:
-                    weight = micro.batch_size / global_batch.batch_size
+                weight = micro_batch_weight(
+                    micro, global_batch, per_token_loss=self.config.loss.per_token_loss
+                )
                 values = self.model(micro.tokens.to(device), micro.attention_mask.to(device))
                 unused = torch.zeros_like(values)
                 loss, metrics = self.loss_fn(

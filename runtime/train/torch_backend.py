@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from runtime.access import LOCAL_OWNER
 from runtime.algos.freezing import apply_parameter_selection, select_trainable_parameters
 from runtime.algos.losses import LossConfig, LossInputs, resolve_loss_fn, token_entropy, token_log_probs
+from runtime.algos.reducers import token_count
 from runtime.devices import Device
 from runtime.train.base import TRAIN_BACKENDS, TrainBackendName, TrainContext
 from runtime.train.checkpoint import (
@@ -212,12 +213,10 @@ class TorchTrainBackend:
         for start in range(0, batch.batch_size, global_size):
             global_batch = batch.select(slice(start, start + global_size))
             step_metrics: dict[str, float] = defaultdict(float)
-            total_tokens = float(global_batch.loss_mask.sum().clamp(min=1.0))
             for micro in self._micro_batches(global_batch):
-                if self.config.loss.per_token_loss:
-                    weight = float(micro.loss_mask.sum()) / total_tokens
-                else:
-                    weight = micro.batch_size / global_batch.batch_size
+                weight = micro_batch_weight(
+                    micro, global_batch, per_token_loss=self.config.loss.per_token_loss
+                )
                 logits = self._forward(self.model, micro)
                 device = logits.device
                 temperature = self.config.log_probs_temperature
@@ -455,6 +454,21 @@ def micro_batches(batch: RolloutBatch, micro_batch_size: int, max_tokens: int | 
     if max_tokens:
         return batch.token_budget_batches(max_tokens)
     return batch.micro_batches(micro_batch_size)
+
+
+def micro_batch_weight(micro: RolloutBatch, step: RolloutBatch, *, per_token_loss: bool) -> float:
+    """A micro-batch's share of its optimizer step's loss, so the weighted sum of the micro-batches' losses is
+    the loss of the whole step in one batch.
+
+    Per-token loss (`calculate-per-token-loss`, the `token_mean` reducer): token_count(micro) /
+    token_count(step), the normaliser Relax divides by, where a sample with no trained token counts as one
+    (masks [1, 1] | [0, 0], [1, 1] in two micro-batches: 2/5 and 3/5, not 2/4 and 2/4). `step` is the whole
+    optimizer step, on every data-parallel rank (the megatron backend's rank holds a share of it), so the
+    normaliser is the step's across ranks. Otherwise (the per-sample reducers): the micro-batch's share of
+    the step's samples."""
+    if per_token_loss:
+        return float(token_count(micro.loss_mask)) / float(token_count(step.loss_mask))
+    return micro.batch_size / step.batch_size
 
 
 def clip_and_step(

@@ -59,7 +59,7 @@ from runtime.train.megatron.parallel import (
     init_process_group,
     initialize_parallel,
 )
-from runtime.train.torch_backend import TrainConfig, micro_batches
+from runtime.train.torch_backend import TrainConfig, micro_batch_weight, micro_batches
 from runtime.types import RolloutBatch, split_evenly
 
 log = logging.getLogger(__name__)
@@ -545,14 +545,12 @@ class MegatronModelRunner:
             model.train()
         for start in range(0, batch.batch_size, global_size):
             global_batch = batch.select(slice(start, start + global_size))
-            total_tokens = float(global_batch.loss_mask.sum().clamp(min=1.0))
             share = self._dp_share(global_batch)
             micros, seq, rows = self._schedule_micros(self._micro_batches(share))
-            for micro in micros:
-                if self.config.loss.per_token_loss:
-                    micro.weight = float(micro.batch.loss_mask.sum()) / total_tokens
-                else:
-                    micro.weight = micro.batch.batch_size / global_batch.batch_size
+            for micro in micros:  # shares of the whole step (every rank's rows), so DDP's sum is the step's
+                micro.weight = micro_batch_weight(
+                    micro.batch, global_batch, per_token_loss=self.config.loss.per_token_loss
+                )
             for model in self.ddp_models:
                 model.zero_grad_buffer()
             self.optimizer.zero_grad()
