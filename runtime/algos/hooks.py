@@ -53,8 +53,9 @@ class PGLossReducerFn(Protocol):
     """`custom-pg-loss-reducer-function-path`: reduce the per-token policy loss to the scalar trained on.
 
     values [B, T], loss_mask [B, T] -> [] . Only pg_loss uses it; every other term and metric keeps the
-    default reducer. The trainer weights each micro-batch by its share of samples (or of tokens with
-    `calculate-per-token-loss`), so return a mean over this micro-batch, not a sum.
+    default reducer. The trainer weights each micro-batch by its share of samples (or, with
+    `calculate-per-token-loss`, of the step's `token_count`, where a sample with no trained token counts as one,
+    as Relax counts it), so return a mean over this micro-batch, not a sum.
     """
 
     def __call__(
