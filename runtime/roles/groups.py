@@ -26,6 +26,7 @@ from runtime.roles.actors import (
 )
 from runtime.roles.logs import start_log_sink
 from runtime.roles.placement import Role, Topology, plan_topology, release, reserve
+from runtime.rollout.backend import BACKEND_ENV, backend_from_env
 from runtime.rollout.params import GenerationResult, SamplingParams
 from runtime.rollout.sglang.engine_actor import engine_secret, external_engine_actors
 from runtime.train.checkpoint import CheckpointRecord
@@ -262,7 +263,9 @@ class Roles:
 
 
 class EngineKind(StrEnum):
-    """How the job's own rollout engines run (`RELAX_ROLLOUT_ENGINE`; default `DEFAULT_ENGINE_KIND`)."""
+    """How the job's own rollout engines run (`RELAX_ROLLOUT_ENGINE`; default `DEFAULT_ENGINE_KIND`). Which
+    model code an HTTP engine's server runs (fastgen or HF generate) is `RELAX_ROLLOUT_BACKEND`
+    (runtime/rollout/backend.py), passed from the driver's environment to the actors and their servers."""
 
     # a server speaking SGLang's HTTP protocol, driven through the SGLang client: real SGLang where it
     # imports and CUDA is present, else the built-in engine's server (runtime.rollout.sglang.server)
@@ -349,6 +352,8 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
         critic_world=plan.critic.world if plan.critic is not None else None,
     )
     pgs = reserve(topology)
+    if os.environ.get(BACKEND_ENV, "").strip():  # which model code the engine servers run: they inherit it
+        env_vars = {**(env_vars or {}), BACKEND_ENV: backend_from_env().value}
     if plan.warm_page_cache:
         env_vars = {**(env_vars or {}), WARM_ENV: os.pathsep.join(plan.warm_page_cache)}
     runtime_env = {"env_vars": env_vars} if env_vars else None

@@ -165,8 +165,8 @@ class FastGenEngine:
     Select it by constructing it where `TorchRolloutEngine(hf_checkpoint, device=...)` is built today
     (the rollout role, `runtime/roles/actors.py`, and our SGLang-protocol server,
     `runtime/rollout/sglang/server.py`): `FastGenEngine(hf_checkpoint, device=..., max_batch_size=...)`;
-    or from a loaded model with `FastGenEngine.from_hf_model(model, device=...)`. Not wired into the
-    spec yet. `generate` drives the scheduler itself until its own requests are done: do not mix it with
+    or from a loaded model with `FastGenEngine.from_hf_model(model, device=...)`. The SGLang-protocol
+    server runs it through `runtime/rollout/sglang/fastgen_serving.py` (`RELAX_ROLLOUT_BACKEND`). `generate` drives the scheduler itself until its own requests are done: do not mix it with
     concurrent `submit`/`step` callers (a server should use those alone).
 
     Knobs: `max_batch_size` (KV slots = largest decode batch), `max_seq_len` (fixed T; default: sized to
@@ -259,6 +259,10 @@ class FastGenEngine:
         self.kv: torch.Tensor | None = None
         self.slots = 0
         self.seq_len = 0
+        # a server sets this to max_batch_size: the first allocation then has a slot for every request
+        # that may arrive while others run (sized to the waiting work alone, a lone first request would
+        # leave no free slot and later arrivals would wait for it to end)
+        self.min_slots = 0
 
     @classmethod
     def from_hf_model(
@@ -358,6 +362,49 @@ class FastGenEngine:
     def onload(self) -> None:
         self.weights.onload()
         self.offloaded = False
+
+    def release_cache(self) -> None:
+        """Free the KV cache and the captured graphs (reallocated by the next request). Refused while
+        requests are in flight."""
+        if self._requests:
+            raise RuntimeError(f"release_cache with {len(self._requests)} requests in flight")
+        self._drop_cache()
+        self.device.empty_cache()
+
+    def cache_bytes(self) -> int:
+        return 0 if self.kv is None else self.kv.numel() * self.kv.element_size()
+
+    @torch.no_grad()
+    def forward_logits(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """Logits [P, V] (float32, on the host) of every position of one sequence, from a scratch cache of
+        its own: row j predicts token j + 1. For prompt log-probs and top-k log-probs; call it from the
+        thread that calls `step`, between steps. Growing the rotary tables drops the captured graphs (they
+        read the old tables), after the device has finished the step in flight."""
+        if self.offloaded:
+            raise RuntimeError("rollout engine is offloaded; call onload() first")
+        cfg, dev = self.cfg, self.torch_device
+        length = len(token_ids)
+        rope = self.decoder.cos
+        if rope is None or rope.shape[0] < length + 1:
+            if self._graphs:
+                self._synchronize()
+                self._graphs.clear()
+                if self.graphs is not None:
+                    self.graphs.reset()
+            self.decoder.ensure_rope(max(length + 1, self.seq_len + 1), dev)
+        kv = torch.zeros(
+            (cfg.num_layers, 2, 1, cfg.num_kv_heads, length, cfg.head_dim), dtype=self.dtype, device=dev
+        )
+        tokens = torch.tensor([list(token_ids)], dtype=torch.int64, device=dev)
+        slot = torch.zeros(1, dtype=torch.int64, device=dev)
+        chunk = self.max_prefill_tokens
+        hidden = torch.cat(
+            [
+                self.decoder.prefill(kv, tokens[:, begin : begin + chunk], slot, start=begin)[0]
+                for begin in range(0, length, chunk)
+            ]
+        )
+        return self.decoder.logits(hidden).float().cpu()
 
     def _drop_cache(self) -> None:
         self._graphs.clear()
@@ -480,7 +527,7 @@ class FastGenEngine:
         if not self._waiting or any(s is not None for s in self._slots) or self._inflight:
             return
         need_len = max(self._need(r) for r in self._waiting)
-        need_slots = min(self.max_batch_size, len(self._waiting))
+        need_slots = min(self.max_batch_size, max(self.min_slots, len(self._waiting)))
         if (
             self.kv is not None
             and need_len <= self.seq_len

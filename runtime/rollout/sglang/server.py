@@ -7,9 +7,14 @@ With an API key (`api-key:` in the `--config` YAML, as SGLang reads it, or `--ap
 every route answers 401 unless the request carries `Authorization: Bearer <key>` — `/health` included,
 unlike SGLang, which leaves `/health*` and `/metrics` open.
 
-Routes are thin: parse with `protocol`, call `ServingEngine`, answer in SGLang's shapes and status codes
+Routes are thin: parse with `protocol`, call the serving engine, answer in SGLang's shapes and status codes
 (400 with `{"error": {"message"}}` for bad requests, as SGLang's `_create_error_response`). The endpoint
 table and the differences from SGLang are in runtime/README.md ("SGLang protocol").
+
+The serving engine is `FastGenServing` (fastgen_serving.py: continuous batching on fastgen) or
+`ServingEngine` (serving.py: HF `generate`), chosen by `--relax-engine auto|fastgen|hf` (default:
+`$RELAX_ROLLOUT_BACKEND`, else auto = fastgen on CUDA for an architecture fastgen implements; see
+runtime/rollout/backend.py). `/get_server_info`'s `engine` names it (`relax-fastgen` / `relax-torch`).
 
 The command line is SGLang's (`sglang.launch_server`): the flags in `passthrough.BUILTIN_READS` are
 implemented (and the platform's --host, --port, --config/--api-key, --model-path, --tp-size); every other
@@ -40,6 +45,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from runtime.rollout.backend import RolloutBackend, backend_from_env, resolve_backend
+from runtime.rollout.sglang.fastgen_serving import FastGenServing
 from runtime.rollout.sglang.passthrough import SGLANG_SERVER_FLAGS
 from runtime.rollout.sglang.protocol import (
     SGLANG_PROTOCOL_VERSION,
@@ -48,10 +55,12 @@ from runtime.rollout.sglang.protocol import (
     generate_response,
     normalize_generate,
 )
-from runtime.rollout.sglang.serving import ENGINE_NAME, EngineUnavailable, ServingEngine
+from runtime.rollout.sglang.serving import EngineUnavailable, ServingEngine
 from runtime.rollout.sglang.tensor_payload import RELAX_SAFETENSORS_FORMAT, decode_named_tensors
 
 log = logging.getLogger("runtime.rollout.sglang.server")
+
+Serving = ServingEngine | FastGenServing  # the same interface: what the routes below call
 
 
 # -- request bodies of the control endpoints (SGLang's io_struct names; unknown fields ignored) ----------------
@@ -110,6 +119,7 @@ class ServerArgs:
     allow_auto_truncate: bool = False
     log_level: str = "info"
     relax_watch_pid: int | None = None  # ours: exit when this process (the launching actor) is gone
+    relax_engine: str | None = None  # ours: auto | fastgen | hf (None: $RELAX_ROLLOUT_BACKEND, else auto)
     api_key: str | None = field(default=None, repr=False)  # never reported by /get_server_info
 
 
@@ -173,7 +183,7 @@ class BearerKeyMiddleware:
 # -- the app --------------------------------------------------------------------------------------------------------
 
 
-def create_app(serving: ServingEngine, args: ServerArgs) -> FastAPI:
+def create_app(serving: Serving, args: ServerArgs) -> FastAPI:
     """The FastAPI app over a constructed engine (tests build it in-process; `main` serves it)."""
 
     @asynccontextmanager
@@ -249,7 +259,7 @@ def create_app(serving: ServingEngine, args: ServerArgs) -> FastAPI:
         return Response(status_code=200)
 
     def model_info() -> dict[str, Any]:
-        config = serving.model.config
+        config = serving.hf_config
         return {
             "model_path": serving.model_path,
             "tokenizer_path": args.tokenizer_path or args.model_path,
@@ -258,8 +268,8 @@ def create_app(serving: ServingEngine, args: ServerArgs) -> FastAPI:
             "weight_version": serving.weight_version,
             "has_image_understanding": False,
             "has_audio_understanding": False,
-            "model_type": getattr(config, "model_type", None),
-            "architectures": getattr(config, "architectures", None),
+            "model_type": config.get("model_type"),
+            "architectures": config.get("architectures"),
         }
 
     def server_info() -> dict[str, Any]:
@@ -267,7 +277,7 @@ def create_app(serving: ServingEngine, args: ServerArgs) -> FastAPI:
             **{k: v for k, v in asdict(args).items() if k != "api_key"},
             "model_path": serving.model_path,
             "version": SGLANG_PROTOCOL_VERSION,
-            "engine": ENGINE_NAME,  # ours: a real SGLang server has no such key
+            "engine": serving.engine_name,  # ours: a real SGLang server has no such key
             "weight_version": serving.weight_version,
             "startup_time": started,
             "internal_states": [{"load": serving.load(), **serving.stats}],
@@ -507,6 +517,12 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
     p.add_argument("--log-level", default="info")
     p.add_argument("--relax-watch-pid", type=int, help="exit when this pid is gone (the launching actor)")
     p.add_argument(
+        "--relax-engine",
+        choices=[b.value for b in RolloutBackend],
+        help="the model code behind the protocol: fastgen (continuous batching), hf (HF generate), or auto "
+        "(fastgen on CUDA for an architecture it implements); default: $RELAX_ROLLOUT_BACKEND, else auto",
+    )
+    p.add_argument(
         "--api-key",
         help="require `Authorization: Bearer <key>` on every route (prefer `api-key:` in a --config "
         "file: a command line is visible to every user of the machine)",
@@ -531,27 +547,33 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
     return args
 
 
-def build_serving(args: ServerArgs) -> ServingEngine:
+def build_serving(args: ServerArgs, *, device: Any = None) -> Serving:
+    """The serving engine `args.relax_engine` (or $RELAX_ROLLOUT_BACKEND) asks for, on `device` (default:
+    `Device.detect()`)."""
     import torch
     import transformers
     from transformers import AutoTokenizer
 
-    from runtime.devices import Device
-    from runtime.rollout.engine import TorchRolloutEngine
+    from runtime.devices import Device, DeviceKind
 
     transformers.utils.logging.set_verbosity_error()  # HF warns about every unset/neutral sampling field
     if args.random_seed is not None:
         torch.manual_seed(args.random_seed)
-    engine = TorchRolloutEngine(
-        args.model_path, device=Device.detect(), max_batch_size=args.max_running_requests or 256
+    device = device or Device.detect()
+    backend = resolve_backend(
+        backend_from_env(args.relax_engine), args.model_path, cuda=device.kind is DeviceKind.CUDA
     )
+    max_batch_size = args.max_running_requests or 256
     tokenizer = None
     if not args.skip_tokenizer_init:
-        tokenizer = (
-            AutoTokenizer.from_pretrained(args.tokenizer_path)
-            if args.tokenizer_path
-            else getattr(engine, "tokenizer", None) or AutoTokenizer.from_pretrained(args.model_path)
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
+    if backend is RolloutBackend.FASTGEN:
+        return FastGenServing.from_checkpoint(
+            args.model_path, tokenizer, device=device, max_batch_size=max_batch_size
         )
+    from runtime.rollout.engine import TorchRolloutEngine
+
+    engine = TorchRolloutEngine(args.model_path, device=device, max_batch_size=max_batch_size)
     return ServingEngine(engine, tokenizer, model_path=args.model_path, max_batch_size=engine.max_batch_size)
 
 
@@ -577,7 +599,12 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger().setLevel(args.log_level.upper())
     began = time.perf_counter()
     serving = build_serving(args)
-    log.info("model %s loaded in %.2f s", args.model_path, time.perf_counter() - began)
+    log.info(
+        "model %s loaded in %.2f s (engine %s)",
+        args.model_path,
+        time.perf_counter() - began,
+        serving.engine_name,
+    )
     config = uvicorn.Config(
         create_app(serving, args), host=args.host, port=args.port, log_level="warning", access_log=False
     )

@@ -38,6 +38,7 @@ from runtime.rollout.sglang.tensor_payload import read_hf_weights
 log = logging.getLogger(__name__)
 
 ENGINE_NAME = "relax-torch"  # `engine` in /get_server_info: how clients tell our server from SGLang
+DEFAULT_WEIGHT_VERSION = "default"  # SGLang's initial weight_version
 
 
 class EngineUnavailable(RuntimeError):
@@ -57,8 +58,48 @@ class _Job:
     aborted: str | None = None  # the abort message once /abort_request names it; read between decode steps
 
 
+def check_weight_version(current: str, new: str | None) -> None:
+    """A weight update that names its version must not go back: where both versions are integers (the
+    runtime sends its weight sync's version, `"default"` counting as 0), the new one must be larger than
+    the engine's, or the update is refused before anything is loaded. Other labels are SGLang's free-form
+    strings and pass."""
+    if new is None:
+        return
+    try:
+        old_number = 0 if current == DEFAULT_WEIGHT_VERSION else int(current)
+        new_number = int(new)
+    except ValueError:
+        return
+    if new_number <= old_number:
+        raise ProtocolError(
+            f"weight_version {new!r} is not newer than this engine's {current!r}: update refused, "
+            "weights unchanged (a stale or repeated push)"
+        )
+
+
+def detokenize(
+    tokenizer: PreTrainedTokenizerBase | None, ids: list[int], finish: Finish, sampling: RequestSampling
+) -> str | None:
+    """SGLang's detokenizer: a matched stop token is cut before decoding, a matched stop string
+    (and what follows it) after; `no_stop_trim` keeps both. output_ids always keep them."""
+    if tokenizer is None:
+        return None
+    stop_token = finish.type is FinishType.STOP and isinstance(finish.matched, int)
+    if stop_token and not sampling.no_stop_trim and ids:
+        ids = ids[:-1]
+    text = tokenizer.decode(ids, skip_special_tokens=sampling.skip_special_tokens)
+    if finish.type is FinishType.STOP and isinstance(finish.matched, str):
+        pos = text.find(finish.matched)
+        if pos != -1:
+            text = text[: pos + len(finish.matched)] if sampling.no_stop_trim else text[:pos]
+    return text
+
+
 class ServingEngine:
-    """Requests in, `GenerationOutput`s out; see the module docstring."""
+    """Requests in, `GenerationOutput`s out; see the module docstring. The interface `server.py` calls
+    (`FastGenServing` in fastgen_serving.py offers the same)."""
+
+    engine_name = ENGINE_NAME
 
     def __init__(
         self,
@@ -78,7 +119,7 @@ class ServingEngine:
         # HF fills every generation field a call leaves unset from the model's generation config; with
         # EOS ids there, `ignore_eos` could never turn them off. Every call passes its stop ids instead.
         self.model.generation_config.eos_token_id = None
-        self.weight_version = "default"  # SGLang's initial weight_version
+        self.weight_version = DEFAULT_WEIGHT_VERSION
         self._lock = threading.Lock()  # one of: a generation batch, a weight load, a memory move
         self._cond = threading.Condition()
         self._pending: list[_Job] = []
@@ -95,6 +136,11 @@ class ServingEngine:
             "memory_releases": 0,  # release_memory_occupation calls that released weights
         }
         self._thread = threading.Thread(target=self._serve, name="relax-engine", daemon=True)
+
+    @property
+    def hf_config(self) -> dict[str, Any]:
+        """The checkpoint's config (for /get_model_info)."""
+        return self.model.config.to_dict()
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -305,19 +351,7 @@ class ServingEngine:
         return outputs
 
     def _detokenize(self, ids: list[int], finish: Finish, sampling: RequestSampling) -> str | None:
-        """SGLang's detokenizer: a matched stop token is cut before decoding, a matched stop string
-        (and what follows it) after; `no_stop_trim` keeps both. output_ids always keep them."""
-        if self.tokenizer is None:
-            return None
-        stop_token = finish.type is FinishType.STOP and isinstance(finish.matched, int)
-        if stop_token and not sampling.no_stop_trim and ids:
-            ids = ids[:-1]
-        text = self.tokenizer.decode(ids, skip_special_tokens=sampling.skip_special_tokens)
-        if finish.type is FinishType.STOP and isinstance(finish.matched, str):
-            pos = text.find(finish.matched)
-            if pos != -1:
-                text = text[: pos + len(finish.matched)] if sampling.no_stop_trim else text[:pos]
-        return text
+        return detokenize(self.tokenizer, ids, finish, sampling)
 
     def _add_prompt_logprobs(self, out: GenerationOutput, request: GenerationRequest) -> None:
         """SGLang's input_token_logprobs: tokens from logprob_start_len on, the first entry None, the others
@@ -344,6 +378,7 @@ class ServingEngine:
         weights = read_hf_weights(model_path)
         with self._lock:
             self._require_resident("update_weights_from_disk")
+            check_weight_version(self.weight_version, weight_version)
             self.engine.load_weights(weights, self.engine.weight_version + 1)
             self.model_path = model_path
             self._finish_update(weight_version)
@@ -356,6 +391,7 @@ class ServingEngine:
         mismatches are errors and leave the weights untouched."""
         with self._lock:
             self._require_resident("update_weights_from_tensor")
+            check_weight_version(self.weight_version, weight_version)
             state = self.model.state_dict()
             unknown = sorted(set(named_tensors) - set(state))
             if unknown:
@@ -373,6 +409,10 @@ class ServingEngine:
     def set_weight_version(self, version: str) -> None:
         with self._lock:
             self.weight_version = version
+
+    def named_weight(self, name: str) -> torch.Tensor:
+        """A copy of one weight by its HF name (tests, debugging)."""
+        return self.model.state_dict()[name].detach().to("cpu", copy=True)
 
     def _finish_update(self, weight_version: str | None) -> None:
         if weight_version is not None:

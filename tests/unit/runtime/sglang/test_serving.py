@@ -1,5 +1,8 @@
 """The SGLang-protocol app over the tiny model, in-process: generation semantics checked against the
-built-in engine and a forward-pass recomputation, weight updates, memory release, aborts, error shapes."""
+in-process engine of the same backend and a forward-pass recomputation, weight updates, memory release,
+aborts, error shapes. Every protocol test runs over both serving backends (`hf`: `ServingEngine` over HF
+`generate`; `fastgen`: `FastGenServing`); fastgen's own (continuous batching, equality with the hf
+backend) are in test_fastgen_serving.py."""
 
 from __future__ import annotations
 
@@ -15,28 +18,48 @@ from transformers import AutoModelForCausalLM
 
 from runtime.devices import Device
 from runtime.rollout.engine import FinishReason, SamplingParams, TorchRolloutEngine
+from runtime.rollout.fastgen import FastGenEngine
 from runtime.rollout.sglang.protocol import Finish, FinishType, normalize_generate
-from runtime.rollout.sglang.server import ServerArgs, build_serving, create_app
+from runtime.rollout.sglang.server import ServerArgs, Serving, build_serving, create_app
 from runtime.rollout.sglang.serving import ServingEngine
 from runtime.rollout.sglang.tensor_payload import RELAX_SAFETENSORS_FORMAT, encode_named_tensors
 
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11, 12], [13]]
 
 
-@pytest.fixture
-def serving(tiny_model: Path) -> ServingEngine:
-    return build_serving(ServerArgs(model_path=str(tiny_model)))
+# the forward-pass recomputation's tolerance: fastgen's decoder is its own fp32 code, not HF's
+LOGPROB_ATOL = {"hf": 1e-5, "fastgen": 1e-4}
+
+
+@pytest.fixture(scope="module", params=["hf", "fastgen"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return request.param
 
 
 @pytest.fixture
-def client(serving: ServingEngine, tiny_model: Path) -> Iterator[TestClient]:
+def serving(tiny_model: Path, backend: str) -> Serving:
+    return build_serving(ServerArgs(model_path=str(tiny_model), relax_engine=backend))
+
+
+@pytest.fixture
+def hf_serving(tiny_model: Path) -> ServingEngine:
+    serving = build_serving(ServerArgs(model_path=str(tiny_model), relax_engine="hf"))
+    assert isinstance(serving, ServingEngine)
+    return serving
+
+
+@pytest.fixture
+def client(serving: Serving, tiny_model: Path) -> Iterator[TestClient]:
     with TestClient(create_app(serving, ServerArgs(model_path=str(tiny_model)))) as c:
         yield c
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model: Path) -> TorchRolloutEngine:
-    """The built-in engine in-process: the reference the server must reproduce."""
+def engine(tiny_model: Path, backend: str) -> TorchRolloutEngine | FastGenEngine:
+    """The backend's engine in-process: the reference the server must reproduce (fastgen's request i of
+    a call with seed s draws from mix_seed(s, i), in-process and served alike)."""
+    if backend == "fastgen":
+        return FastGenEngine(str(tiny_model), device=Device.detect())
     return TorchRolloutEngine(str(tiny_model), device=Device.detect())
 
 
@@ -66,7 +89,7 @@ def lp(entries: list[list]) -> list[float]:
 
 
 def test_seeded_batch_reproduces_the_in_process_engine(
-    client: TestClient, engine: TorchRolloutEngine
+    client: TestClient, engine: TorchRolloutEngine | FastGenEngine
 ) -> None:
     params = SamplingParams(temperature=1.0, max_new_tokens=12, seed=7)
     budgets = [12, 4, 9]
@@ -85,7 +108,7 @@ def test_seeded_batch_reproduces_the_in_process_engine(
         assert out["meta_info"]["finish_reason"]["type"] == str(ref.finish_reason)
 
 
-def test_logprobs_equal_recomputation(client: TestClient, reference: torch.nn.Module) -> None:
+def test_logprobs_equal_recomputation(client: TestClient, reference: torch.nn.Module, backend: str) -> None:
     for temperature in (0.7, 0.0):
         body = {
             "input_ids": PROMPTS,
@@ -95,11 +118,11 @@ def test_logprobs_equal_recomputation(client: TestClient, reference: torch.nn.Mo
         for prompt, out in zip(PROMPTS, generate(client, body), strict=True):
             got = torch.tensor(lp(out["meta_info"]["output_token_logprobs"]))
             want = recompute(reference, prompt, out["output_ids"], temperature or 1.0)  # greedy reports T = 1
-            assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+            assert torch.allclose(got, want, atol=LOGPROB_ATOL[backend]), (got - want).abs().max()
 
 
 def test_stop_strings_agree_with_the_in_process_engine(
-    client: TestClient, engine: TorchRolloutEngine
+    client: TestClient, engine: TorchRolloutEngine | FastGenEngine
 ) -> None:
     free = engine.generate([PROMPTS[0]], SamplingParams(temperature=1.0, max_new_tokens=40, seed=3))[0]
     text = engine.tokenizer.decode(free.token_ids)
@@ -128,7 +151,9 @@ def test_stop_strings_agree_with_the_in_process_engine(
     assert kept["text"] == text[: text.index(stop) + 1]
 
 
-def test_stop_tokens_min_new_tokens_and_ignore_eos(client: TestClient, reference: torch.nn.Module) -> None:
+def test_stop_tokens_min_new_tokens_and_ignore_eos(
+    client: TestClient, reference: torch.nn.Module, backend: str
+) -> None:
     [greedy] = generate(
         client, {"input_ids": PROMPTS[0], "sampling_params": {"max_new_tokens": 6, "temperature": 0}}
     )
@@ -158,7 +183,8 @@ def test_stop_tokens_min_new_tokens_and_ignore_eos(client: TestClient, reference
         .gather(-1, torch.tensor(late["output_ids"][:3])[:, None])
         .squeeze(-1)
     )
-    assert lp(late["meta_info"]["output_token_logprobs"])[:3] == pytest.approx(masked.tolist(), abs=1e-5)
+    got = lp(late["meta_info"]["output_token_logprobs"])[:3]
+    assert got == pytest.approx(masked.tolist(), abs=LOGPROB_ATOL[backend])
 
     [ignored] = generate(
         client, {**body, "sampling_params": {**sampling, "min_new_tokens": 0, "ignore_eos": True}}
@@ -177,7 +203,9 @@ def test_n_samples_prompt_major(client: TestClient) -> None:
     assert len({tuple(o["output_ids"]) for o in outputs}) > 1  # independent samples
 
 
-def test_prompt_logprobs_and_top_logprobs(client: TestClient, reference: torch.nn.Module) -> None:
+def test_prompt_logprobs_and_top_logprobs(
+    client: TestClient, reference: torch.nn.Module, backend: str
+) -> None:
     prompt = PROMPTS[1]
     [out] = generate(
         client,
@@ -194,7 +222,7 @@ def test_prompt_logprobs_and_top_logprobs(client: TestClient, reference: torch.n
     entries = meta["input_token_logprobs"]
     assert [e[1] for e in entries] == prompt[1:] and entries[0][0] is None  # SGLang: the first is None
     want = recompute(reference, prompt[:2], prompt[2:], 1.0)
-    assert lp(entries[1:]) == pytest.approx(want.tolist(), abs=1e-5)
+    assert lp(entries[1:]) == pytest.approx(want.tolist(), abs=LOGPROB_ATOL[backend])
     assert meta["input_top_logprobs"][0] is None and all(
         len(row) == 3 for row in meta["input_top_logprobs"][1:]
     )
@@ -216,12 +244,10 @@ def test_prompt_logprobs_and_top_logprobs(client: TestClient, reference: torch.n
         assert len(top) == 2 and top[0][0] >= top[1][0] and chosen[0] <= top[0][0] + 1e-6
 
 
-def test_partial_tensor_update_changes_outputs_and_version(
-    client: TestClient, serving: ServingEngine
-) -> None:
+def test_partial_tensor_update_changes_outputs_and_version(client: TestClient, serving: Serving) -> None:
     body = {"input_ids": PROMPTS[0], "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
     [before] = generate(client, body)
-    norm = serving.model.state_dict()["model.norm.weight"]
+    norm = serving.named_weight("model.norm.weight")
     payload = encode_named_tensors({"model.norm.weight": -3.0 * norm})
     response = client.post(
         "/update_weights_from_tensor",
@@ -236,6 +262,22 @@ def test_partial_tensor_update_changes_outputs_and_version(
     assert after["output_ids"] != before["output_ids"]
     assert after["meta_info"]["weight_version"] == "5"
     assert client.get("/get_model_info").json()["weight_version"] == "5"
+
+    # a version that does not move forward is refused loudly, before anything is loaded
+    for stale in ("5", "4"):
+        response = client.post(
+            "/update_weights_from_tensor",
+            json={
+                "serialized_named_tensors": [encode_named_tensors({"model.norm.weight": norm})],
+                "load_format": RELAX_SAFETENSORS_FORMAT,
+                "weight_version": stale,
+            },
+        )
+        assert (
+            response.status_code == 400 and "not newer than this engine's '5'" in response.json()["message"]
+        )
+    assert torch.equal(serving.named_weight("model.norm.weight"), -3.0 * norm)
+    assert generate(client, body)[0]["output_ids"] == after["output_ids"]
 
     for bad, message in [
         ({"bogus.weight": norm}, "unknown weight names"),
@@ -286,7 +328,10 @@ def test_release_and_resume_memory(client: TestClient) -> None:
     assert bad.status_code == 400 and "unknown memory tags" in bad.json()["error"]["message"]
 
 
-def test_abort_running_and_queued_requests(serving: ServingEngine) -> None:
+def test_abort_running_and_queued_requests(hf_serving: ServingEngine) -> None:
+    """HF backend: a request of another batch key waits for the running batch (fastgen's continuous
+    batching runs it at once: test_fastgen_serving.py)."""
+    serving = hf_serving
     serving.start()
     try:
         long = normalize_generate(
@@ -321,7 +366,8 @@ def test_abort_running_and_queued_requests(serving: ServingEngine) -> None:
         serving.close()
 
 
-def test_flush_cache_is_refused_while_busy(serving: ServingEngine) -> None:
+def test_flush_cache_is_refused_while_busy(hf_serving: ServingEngine) -> None:
+    serving = hf_serving
     gate = threading.Event()
     serving._lock.acquire()  # hold the engine (as a weight load would) so the request stays running
     serving.start()
@@ -339,7 +385,7 @@ def test_flush_cache_is_refused_while_busy(serving: ServingEngine) -> None:
     serving.close()
 
 
-def test_errors_in_sglang_shapes(client: TestClient) -> None:
+def test_errors_in_sglang_shapes(client: TestClient, serving: Serving) -> None:
     bad = client.post("/generate", json={"input_ids": [1], "sampling_params": {"top_p": 0}})
     assert bad.status_code == 400 and bad.json() == {
         "error": {"message": "top_p must be in (0, 1], got 0.0."}
@@ -355,10 +401,11 @@ def test_errors_in_sglang_shapes(client: TestClient) -> None:
     assert info["is_generation"] and info["model_type"] == "qwen2" and info["weight_version"] == "default"
     assert client.post("/update_weight_version", json={"new_version": "9"}).json()["new_version"] == "9"
     assert client.get("/model_info").json()["weight_version"] == "9"
+    assert client.get("/get_server_info").json()["engine"] == serving.engine_name
 
 
-def test_skip_tokenizer_init(tiny_model: Path) -> None:
-    args = ServerArgs(model_path=str(tiny_model), skip_tokenizer_init=True)
+def test_skip_tokenizer_init(tiny_model: Path, backend: str) -> None:
+    args = ServerArgs(model_path=str(tiny_model), skip_tokenizer_init=True, relax_engine=backend)
     with TestClient(create_app(build_serving(args), args)) as client:
         [out] = generate(client, {"input_ids": PROMPTS[0], "sampling_params": {"max_new_tokens": 3}})
         assert "text" not in out and len(out["output_ids"]) <= 3
