@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 import weakref
 from collections.abc import AsyncIterator
@@ -24,6 +25,7 @@ from runtime.redaction import install_log_redaction
 from scheduler.celery_app import make_celery
 from scheduler.db.engine import Database
 from scheduler.dispatch import CeleryDispatcher, CoalescingDispatcher, Dispatcher
+from scheduler.logs import log_context
 from scheduler.memory import freeze_startup_objects
 from scheduler.settings import Settings, get_settings
 
@@ -31,9 +33,13 @@ log = logging.getLogger(__name__)
 WEB_DIST = Path(__file__).resolve().parents[1] / "web" / "dist"
 
 
+_JOB_IN_PATH = re.compile(r"/jobs/(job_[0-9a-z]{1,40})(?:/|$)")
+
+
 class RequestId:
     """ASGI middleware: the request's id, the client's `X-Request-ID` or a new one, in `request.state.request_id`
-    (error bodies, the audit log) and in the answer's `X-Request-ID` header."""
+    (error bodies, the audit log), in the answer's `X-Request-ID` header and in the log lines of the request
+    (scheduler/logs.py)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -50,7 +56,11 @@ class RequestId:
                 MutableHeaders(scope=message)["X-Request-ID"] = rid
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        # every line logged for this request names it, and the job its path names (the caller's team is added
+        # when the key is known: api/deps.py)
+        job = _JOB_IN_PATH.search(scope.get("path", ""))
+        with log_context(request_id=rid, job_id=job.group(1) if job else None):
+            await self.app(scope, receive, send_with_id)
 
 
 def create_app(

@@ -16,6 +16,7 @@ from api.audit import audit_entry, record_with_change
 from scheduler.db.engine import Database
 from scheduler.dispatch import Dispatcher
 from scheduler.domain.roles import Action
+from scheduler.logs import annotate
 from scheduler.services.audit import AuditEntry
 from scheduler.services.auth import Principal, authenticate, find_api_key, principal_for_key
 from scheduler.services.jobs import JobService
@@ -177,6 +178,8 @@ def get_principal(request: Request, token: BearerDep, session: SessionDep) -> Pr
     entry = audit_entry(request)
     if key is not None and entry is not None:  # who called, even when the key is refused below
         entry.caller(key.id, key.role, key.team_id)
+    if key is not None:
+        annotate(team=key.team_id)  # the request's log lines name the caller's team (scheduler/logs.py)
     return principal_for_key(key, presented=bool(token))
 
 

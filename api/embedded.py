@@ -49,6 +49,7 @@ from scheduler.db.engine import Database
 from scheduler.db.migrate import upgrade
 from scheduler.dispatch import SCHEDULER_QUEUE, pool_queue
 from scheduler.health import SUPERVISOR_STATE_ENV
+from scheduler.logs import configure_logging, uvicorn_log_config
 from scheduler.secret_files import ensure_private_dir
 from scheduler.services.platform import LocalPool, ensure_admin_key, ensure_local_pool, ensure_team
 from scheduler.settings import Settings, get_settings
@@ -665,12 +666,17 @@ def clean_leftovers(settings: Settings, state_file: Path) -> list[str]:
 
 # ---- main --------------------------------------------------------------------------------------------------
 def _celery(*args: str) -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", "scheduler.worker", *args]
+    # --quiet: no start-up banner on stdout, so that the part's log holds only its log lines (scheduler/logs.py)
+    return [sys.executable, "-m", "celery", "-A", "scheduler.worker", "--quiet", *args]
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     install_log_redaction()
+    try:
+        log_format = configure_logging("supervisor")
+    except ValueError as err:  # RELAX_LOG_FORMAT
+        print(f"Relax Platform not started: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
     settings = get_settings()
     ensure_private_dir(settings.home)  # 0700: the database, keys, logs and Ray's session live here
     run_dir = ensure_private_dir(settings.home / "run")
@@ -736,21 +742,34 @@ def main() -> None:
         worker = _celery("worker", "-Q", queues, "-P", "threads", "-c", "4", "-n", f"relax-{LOCAL_POOL}@%h")
         sup.add(Part("worker", lambda: ([*worker, "--loglevel", "INFO"], env)))
         sup.add(Part("beat", lambda: (_celery("beat", "--loglevel", "INFO"), env)))
-        api = [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory"]
+        api_logging = run_dir / "logging-api.json"
+        api_logging.write_text(json.dumps(uvicorn_log_config("api")))
+        api = [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "api.app:create_app",
+            "--factory",
+            "--log-config",
+            str(api_logging),
+        ]
         api += ["--host", settings.api.host, "--port", str(settings.api.port)]
         api += ["--log-level", "warning", "--timeout-graceful-shutdown", "3"]
         sup.add(Part("api", lambda: (api, env)))
         for name in ("worker", "beat", "api"):
             sup.start(name)
-        print(
-            f"\nRelax Platform is up in {time.time() - t0:.0f}s on {settings.public_url}\n"
+        banner = (
+            f"Relax Platform is up in {time.time() - t0:.0f}s on {settings.public_url}\n"
             f"  pool {LOCAL_POOL}: {slots} {accelerator} slot(s), Ray {ray_address}\n"
             f"  database {settings.database_url}\n"
             f"  admin key {settings.home / 'admin.key'}   logs {settings.home / 'logs'}\n"
             f"  try: .venv/bin/relaxctl models tiny && .venv/bin/relaxctl submit examples/sft-arith.yaml --wait\n"
-            f"  stop: Ctrl-C here, or .venv/bin/relaxctl down --home {settings.home}\n",
-            flush=True,
+            f"  stop: Ctrl-C here, or .venv/bin/relaxctl down --home {settings.home}"
         )
+        if log_format == "text":  # a person at a terminal (or RELAX_LOG_FORMAT=text)
+            print(f"\n{banner}\n", flush=True)
+        else:  # one JSON line among the others
+            log.info("%s", banner)
         starting = False
         sup.run()
         if sup.fatal:
@@ -765,7 +784,11 @@ def main() -> None:
         sup.stop_all()
         sup.write_state(force=True, status="failed" if sup.fatal else "stopped")
         os.close(lock)
-    print("Relax Platform stopped." + (f" Reason: {sup.fatal}" if sup.fatal else ""), flush=True)
+    said = "Relax Platform stopped." + (f" Reason: {sup.fatal}" if sup.fatal else "")
+    if log_format == "text":
+        print(said, flush=True)
+    else:
+        log.log(logging.ERROR if sup.fatal else logging.INFO, "%s", said)
     sys.exit(code)
 
 

@@ -43,6 +43,7 @@ from scheduler.dispatch import (
     PassCoalescer,
 )
 from scheduler.domain.jobs import ON_CLUSTER, FailureReason, JobStatus
+from scheduler.logs import annotate, log_context
 from scheduler.memory import freeze_startup_objects
 from scheduler.scheduling import PassResult, run_scheduling_pass
 from scheduler.services.job_tokens import bootstrap_secret
@@ -101,23 +102,18 @@ def register_tasks(app: Celery, settings: Settings) -> WorkerContext:
 
     @app.task(name=TASK_LAUNCH)
     def launch(job_id: str) -> None:
-        launch_job(ctx, job_id)
+        with log_context(job_id=job_id):
+            launch_job(ctx, job_id)
 
     @app.task(name=TASK_STOP)
     def stop(job_id: str) -> None:
-        with ctx.db.session() as s:
-            job = s.get(Job, job_id)
-            if job is None or job.ray_submission_id is None or JobStatus(job.status).is_terminal():
-                return
-            pool = s.get(Pool, job.pool)
-            address, sub_id = pool.ray_address if pool else None, job.ray_submission_id
-        if address:
-            launcher_for(address, ctx.settings.ray_token(job.pool)).stop(sub_id)
-        ctx.dispatcher.reconcile(job.pool)
+        with log_context(job_id=job_id):
+            _stop(ctx, job_id)
 
     @app.task(name=TASK_RECONCILE)
     def reconcile(pool: str) -> None:
-        reconcile_pool(ctx, pool)
+        with log_context():
+            reconcile_pool(ctx, pool)
 
     def start_heartbeat(sender: object = None, **_: object) -> None:
         """In a worker process, once it consumes: its heartbeat row, every `heartbeat_seconds` (/readyz)."""
@@ -135,6 +131,19 @@ def register_tasks(app: Celery, settings: Settings) -> WorkerContext:
 
 LAUNCH_RETRY_SECONDS = 2.0  # while the pool's Ray does not answer, for at most launch_grace_seconds
 ADMITTED_RELAUNCH_SECONDS = 10.0  # an ADMITTED job's launch task is taken within a second when all is well
+
+
+def _stop(ctx: WorkerContext, job_id: str) -> None:
+    """Stop the job's Ray job (a cancel or a preemption), then reconcile its pool."""
+    with ctx.db.session() as s:
+        job = s.get(Job, job_id)
+        if job is None or job.ray_submission_id is None or JobStatus(job.status).is_terminal():
+            return
+        pool = s.get(Pool, job.pool)
+        address, sub_id = pool.ray_address if pool else None, job.ray_submission_id
+    if address:
+        launcher_for(address, ctx.settings.ray_token(job.pool)).stop(sub_id)
+    ctx.dispatcher.reconcile(job.pool)
 
 
 def relaunch_stalled(ctx: WorkerContext, *, older_than: float = ADMITTED_RELAUNCH_SECONDS) -> list[str]:
@@ -309,6 +318,7 @@ def reconcile_pool(ctx: WorkerContext, pool_name: str) -> None:
     grace = timedelta(seconds=ctx.settings.scheduler.launch_grace_seconds)
     preempt_grace = timedelta(seconds=ctx.settings.scheduler.preempt_grace_seconds)
     for job_id, status, sub_id, launched_at, changed_at, all_steps_done in jobs:
+        annotate(job_id=job_id)  # the task's context (`reconcile`): this job's lines name it
         try:
             info = launcher.status(sub_id) if sub_id else None
         except Exception as err:  # noqa: BLE001 - as above, for this job
@@ -404,6 +414,7 @@ def reconcile_pool(ctx: WorkerContext, pool_name: str) -> None:
                         failure=verdict.failure or FailureReason.USER_CODE,
                         log_tail=tail,
                     )
+    annotate(job_id=None)
     if freed:
         ctx.dispatcher.request_pass()
 

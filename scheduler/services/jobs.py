@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shlex
 import shutil
 from collections.abc import Iterable, Sequence
@@ -54,12 +55,17 @@ from scheduler.domain.errors import (
 from scheduler.domain.ids import new_id
 from scheduler.domain.jobs import ALLOWED_TRANSITIONS, ON_CLUSTER, FailureReason, JobStatus
 from scheduler.domain.roles import Action
+from scheduler.logs import annotate
+from scheduler.observability import count_report
 from scheduler.policy.placement import PoolCapacity, place_demand
 from scheduler.policy.types import Node as PolicyNode
 from scheduler.services.auth import Principal, team_for
 from scheduler.services.job_tokens import job_token
 from scheduler.services.paths import TeamStorage, real, resolve_paths, team_storage
 from scheduler.services.platform import granted_among, granted_queues
+from scheduler.transactions import after_commit
+
+log = logging.getLogger("relax.jobs")
 
 # The columns a job list reads: what a listing shows of a job, not its spec, request and demand (tens of kB of
 # JSON each) nor the scheduler's own bookkeeping.
@@ -501,6 +507,13 @@ class JobService:
                 "reason": f"submitted to queue {queue.name} (pool {pool.name})",
             },
         )
+        annotate(job_id=job_id)  # the request's later lines (its access line) name the new job
+        after_commit(
+            self.session,
+            lambda: log.info(
+                "submitted to queue %s (pool %s): QUEUED", queue.name, pool.name, extra={"team": team.id}
+            ),
+        )
         return job, True
 
     def _idempotent_job(self, team: Team, sub: Submission) -> Job | None:
@@ -865,6 +878,9 @@ class JobService:
         if not to.holds_slots():
             self.session.execute(sa.delete(Allocation).where(Allocation.job_id == job_id))
         self._event(job, src, to, reason)
+        # one line a state change, once it is committed, naming the job and its team whatever the context
+        extra = {"job_id": job_id, "team": job.team_id}
+        after_commit(self.session, lambda: log.info("%s -> %s: %s", src, to, reason, extra=extra))
         return True
 
     def cancel(self, job_id: str, principal: Principal, *, reason: str = "cancelled by user") -> Job:
@@ -1037,6 +1053,7 @@ class JobService:
             if job.attempt == report.attempt and job.report_seq >= report.seq:
                 return self._stop_requested(job)
             raise Conflict(f"job {job.id} changed while the report was applied; resend it", code="job.busy")
+        count_report(len(report.metrics))  # relax_reports_ingested, relax_report_metric_points
         if report.progress:
             job.progress_step = report.progress.get("step", job.progress_step)
             job.total_steps = report.progress.get("total_steps", job.total_steps)

@@ -78,10 +78,23 @@ def test_up_detached_status_and_down(tmp_path: Path) -> None:
 
         r = _relaxctl("status", "--home", str(home))
         assert r.returncode == 1 and "last: stopped" in r.stdout, r.stdout + r.stderr
+        _assert_json_logs(home / "logs")
         r = _relaxctl("down", "--home", str(home))
         assert r.returncode == 0 and "no platform runs" in r.stdout
     finally:  # whatever failed above, nothing outlives the test
         platform.stop(home)
+
+
+def _assert_json_logs(logs: Path) -> None:
+    """Issue 16 item 6: every part's log is JSON lines (RELAX_LOG_FORMAT's default for a process that writes to a
+    file), each naming its part. Not ours: Ray's own log, and the one line Celery prints itself at shutdown."""
+    for name, part in (("platform", "supervisor"), ("api", "api"), ("worker", "worker"), ("beat", "beat")):
+        text = (logs / f"{name}.log").read_text()
+        lines = [line for line in text.splitlines() if line.strip() and not line.startswith("worker: ")]
+        assert lines, name
+        for line in lines:
+            record = json.loads(line)  # a line that is not JSON fails here, with the line
+            assert record["part"] == part and record["level"] and record["message"] is not None, (name, line)
 
 
 def test_up_refuses_a_port_out_of_range(tmp_path: Path) -> None:
