@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator
@@ -27,6 +28,7 @@ from scheduler.db.engine import Database
 from scheduler.dispatch import CeleryDispatcher, CoalescingDispatcher, Dispatcher
 from scheduler.logs import log_context
 from scheduler.memory import freeze_startup_objects
+from scheduler.observability import observe_request
 from scheduler.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,34 @@ class RequestId:
         job = _JOB_IN_PATH.search(scope.get("path", ""))
         with log_context(request_id=rid, job_id=job.group(1) if job else None):
             await self.app(scope, receive, send_with_id)
+
+
+class RequestMetrics:
+    """ASGI middleware: each request's latency by method, route template (e.g. `/v1/jobs/{job_id}`, never the
+    raw path: `unmatched` when no route took it) and status, in relax_http_request_duration_seconds
+    (scheduler/observability.py)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        status = 500  # unless the app answers
+
+        async def send_with_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_status)
+        finally:
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            observe_request(scope["method"], route, status, time.perf_counter() - t0)
 
 
 def create_app(
@@ -99,6 +129,7 @@ def create_app(
     # innermost: its refusals carry the request id and are audited (the middlewares below are outer)
     app.add_middleware(RequestLimits, settings=settings.api)
     app.add_middleware(RequestId)
+    app.add_middleware(RequestMetrics)  # outermost: the whole request's time
     install_error_handlers(app)
     install_audit(app)
     for module in (health, jobs, specs, platform, grants, sessions, internal):

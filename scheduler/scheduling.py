@@ -32,6 +32,7 @@ from scheduler.db.models import (
 )
 from scheduler.dispatch import Dispatcher
 from scheduler.domain.jobs import HOLDING_SLOTS, JobStatus
+from scheduler.observability import observe_pass
 from scheduler.policy.invariants import check
 from scheduler.services.jobs import JobService
 from scheduler.transactions import after_commit
@@ -346,6 +347,7 @@ def run_scheduling_pass(
         len(result.preempted),
         len(changes),
     )
+    observe_pass(t_end - t0)  # relax_scheduling_pass_duration_seconds (scheduler/observability.py)
     if result.admitted or result.preempted:
         log.info("scheduling pass admitted %s preempted %s", result.admitted, result.preempted)
     return result

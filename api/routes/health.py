@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 import os
 
-import sqlalchemy as sa
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from api.deps import DatabaseDep, MetricsReaderDep, SettingsDep
-from scheduler.db.models import Allocation, Job, Node
 from scheduler.health import SUPERVISOR_STATE_ENV, readiness
+from scheduler.observability import EventCounts, database_metrics, process_metrics
 
 log = logging.getLogger("relax.api.health")
 
@@ -42,25 +42,12 @@ def readyz(db: DatabaseDep, settings: SettingsDep, response: Response) -> dict[s
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
-def prometheus(db: DatabaseDep, _reader: MetricsReaderDep) -> str:
-    """Prometheus text format; needs an admin key or RELAX_METRICS_TOKEN (other teams' usage)."""
-    with db.session(read_only=True) as s:
-        by_status = s.execute(
-            sa.select(Job.pool, Job.status, sa.func.count()).group_by(Job.pool, Job.status)
-        ).all()
-        capacity = s.execute(sa.select(Node.pool, sa.func.sum(Node.gpus)).group_by(Node.pool)).all()
-        allocated = s.execute(
-            sa.select(Allocation.pool, sa.func.sum(Allocation.gpus))
-            .where(sa.not_(Allocation.shared))
-            .group_by(Allocation.pool)
-        ).all()
-    lines = ["# HELP relax_jobs Jobs by pool and status.", "# TYPE relax_jobs gauge"]
-    lines += [f'relax_jobs{{pool="{p}",status="{st}"}} {n}' for p, st, n in by_status]
-    lines += ["# HELP relax_pool_gpus GPUs (or slots) of each pool.", "# TYPE relax_pool_gpus gauge"]
-    lines += [f'relax_pool_gpus{{pool="{p}"}} {int(n or 0)}' for p, n in capacity]
-    lines += [
-        "# HELP relax_pool_allocated_gpus GPUs allocated to jobs.",
-        "# TYPE relax_pool_allocated_gpus gauge",
-    ]
-    lines += [f'relax_pool_allocated_gpus{{pool="{p}"}} {int(n or 0)}' for p, n in allocated]
-    return "\n".join(lines) + "\n"
+def prometheus(request: Request, db: DatabaseDep, _reader: MetricsReaderDep) -> Response:
+    """Prometheus text format; needs an admin key or RELAX_METRICS_TOKEN (other teams' usage). The platform's
+    state read from the database now, and every process's measurements (scheduler/observability.py,
+    docs/observability.md)."""
+    events = getattr(request.app.state, "metric_events", None)
+    if events is None:  # one per API process: its counts of job events read so far
+        events = request.app.state.metric_events = EventCounts()
+    body = database_metrics(db, events) + process_metrics()
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
