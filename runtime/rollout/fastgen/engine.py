@@ -263,6 +263,9 @@ class FastGenEngine:
         # that may arrive while others run (sized to the waiting work alone, a lone first request would
         # leave no free slot and later arrivals would wait for it to end)
         self.min_slots = 0
+        # ... but only as many of those reserved slots as fit this many bytes of cache (None: no cap; the
+        # slots the waiting requests need are always allocated)
+        self.max_cache_bytes: int | None = None
 
     @classmethod
     def from_hf_model(
@@ -376,7 +379,7 @@ class FastGenEngine:
 
     @torch.no_grad()
     def forward_logits(self, token_ids: Sequence[int]) -> torch.Tensor:
-        """Logits [P, V] (float32, on the host) of every position of one sequence, from a scratch cache of
+        """Logits [P, V] (float32, on the engine's device) of every position of one sequence, from a scratch cache of
         its own: row j predicts token j + 1. For prompt log-probs and top-k log-probs; call it from the
         thread that calls `step`, between steps. Growing the rotary tables drops the captured graphs (they
         read the old tables), after the device has finished the step in flight."""
@@ -404,7 +407,7 @@ class FastGenEngine:
                 for begin in range(0, length, chunk)
             ]
         )
-        return self.decoder.logits(hidden).float().cpu()
+        return self.decoder.logits(hidden).float()
 
     def _drop_cache(self) -> None:
         self._graphs.clear()
@@ -527,17 +530,29 @@ class FastGenEngine:
         if not self._waiting or any(s is not None for s in self._slots) or self._inflight:
             return
         need_len = max(self._need(r) for r in self._waiting)
-        need_slots = min(self.max_batch_size, max(self.min_slots, len(self._waiting)))
+        q = self.window_quantum
+        seq_len = self.fixed_seq_len or max(self.seq_len, math.ceil(need_len / q) * q)
+        buckets = batch_buckets(self.max_batch_size)
+        wanted = min(self.max_batch_size, len(self._waiting))
+        reserve = min(self.max_batch_size, self.min_slots)
+        if self.max_cache_bytes is not None and reserve > wanted:  # the reserve only as far as it fits
+            fit = self.max_cache_bytes // self._slot_bytes(seq_len)
+            reserve = max((b for b in buckets if b <= min(fit, reserve)), default=1)
+        need_slots = max(wanted, reserve)
         if (
             self.kv is not None
             and need_len <= self.seq_len
             and (need_slots <= self.slots or self.slots == self.max_batch_size)
         ):
             return
-        q = self.window_quantum
-        seq_len = self.fixed_seq_len or max(self.seq_len, math.ceil(need_len / q) * q)
-        slots = max(self.slots, _bucket(need_slots, batch_buckets(self.max_batch_size)))
+        slots = _bucket(need_slots, buckets)
+        if self.max_cache_bytes is None:
+            slots = max(self.slots, slots)
         self._allocate(slots, seq_len)
+
+    def _slot_bytes(self, seq_len: int) -> int:
+        cfg = self.cfg
+        return cfg.num_layers * 2 * cfg.num_kv_heads * seq_len * cfg.head_dim * self.dtype.itemsize
 
     def _allocate(self, slots: int, seq_len: int) -> None:
         cfg = self.cfg

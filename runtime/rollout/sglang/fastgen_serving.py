@@ -8,9 +8,10 @@ weight updates, memory release, `flush_cache`, `memory_state`, `stats`. What dif
   admission prefills new requests into free KV slots, then one decode step for every running sequence).
   A request arriving while others generate therefore starts at the next step, not when a batch ends,
   and a finished sequence frees its slot at once. The engine is built with a slot for every request the
-  server may run (`max_batch_size`, SGLang's `--max-running-requests`), so an arrival never waits for a
-  slot while fewer run; one that needs a longer cache than the one allocated waits until the engine is
-  idle (the cache is then reallocated).
+  server may run (`max_batch_size`, SGLang's `--max-running-requests`; on CUDA as many of them as half
+  the memory free after loading the weights holds, `cache_memory_fraction`), so an arrival does not wait
+  for a slot while fewer run (with every slot taken it takes the next one freed); one that needs a longer
+  cache than the one allocated waits until the engine is idle (the cache is then reallocated).
 - **Exclusive operations** (weight updates, memory release/resume, `/update_weight_version`) wait for the
   running requests to finish while new ones are held back, then run alone: as SGLang's model-update lock,
   no output mixes two weight versions (send `abort_all_requests` to cut the wait short).
@@ -104,13 +105,17 @@ class FastGenServing:
         model_path: str,
         eos_token_ids: tuple[int, ...],
         hf_config: Mapping[str, Any] | None = None,
+        cache_memory_fraction: float = 0.5,
     ) -> None:
         if engine.eos_token_ids:
             raise ValueError(
                 "FastGenServing needs an engine built with eos_token_ids=() (it adds them per request)"
             )
         self.engine = engine
-        engine.min_slots = engine.max_batch_size  # a slot for every request that may arrive mid-run
+        engine.min_slots = engine.max_batch_size  # a slot for every request that may arrive mid-run...
+        if engine.torch_device.type == "cuda":  # ... as far as half the free memory holds their cache
+            free, _ = torch.cuda.mem_get_info(engine.torch_device)
+            engine.max_cache_bytes = int(free * cache_memory_fraction)
         # stop ids per request: the checkpoint's EOS ids plus the request's own
         engine.stop_width = max(engine.stop_width, len(eos_token_ids) + 8)
         self.tokenizer = tokenizer
@@ -357,7 +362,7 @@ class FastGenServing:
             if masked:  # SGLang reports the distribution it samples from: stop ids masked
                 first = logits[len(prompt) - 1 : len(prompt) - 1 + masked] / sampling.logprob_temperature
                 first[:, list(stop_ids)] = float("-inf")
-                chosen = torch.tensor(ids[:masked])[:, None]
+                chosen = torch.tensor(ids[:masked], device=first.device)[:, None]
                 log_probs[:masked] = torch.log_softmax(first, dim=-1).gather(-1, chosen).squeeze(-1).tolist()
             if request.top_logprobs_num > 0:
                 k = min(request.top_logprobs_num, scaled.shape[-1])
@@ -397,21 +402,21 @@ class FastGenServing:
 
     @staticmethod
     def _add_prompt_logprobs(out: GenerationOutput, request: GenerationRequest, logits: torch.Tensor) -> None:
-        """SGLang's input_token_logprobs over the prompt's logits [P, V] (raw: no temperature)."""
+        """SGLang's input_token_logprobs over the prompt's logits [P, V] (raw: no temperature): tokens from
+        logprob_start_len on, the first entry None, the others log p(token | prefix)."""
         ids = request.input_ids
         start = min(request.logprob_start_len, len(ids))
-        log_probs = torch.log_softmax(logits, dim=-1)  # row j predicts token j + 1
-        values: list[float | None] = [None]
-        top: list[list[tuple[float, int]] | None] = [None]
-        for position in range(start + 1, len(ids)):
-            values.append(float(log_probs[position - 1, ids[position]]))
-            if request.top_logprobs_num > 0:
-                v, i = log_probs[position - 1].topk(min(request.top_logprobs_num, log_probs.shape[-1]))
-                top.append(list(zip(v.tolist(), i.tolist(), strict=True)))
         tokens = ids[start:]
-        out.input_logprobs = values[: len(tokens)]
+        log_probs = torch.log_softmax(logits[start : len(ids) - 1], dim=-1)  # row j predicts token start+j+1
+        following = torch.tensor(ids[start + 1 :], dtype=torch.int64, device=log_probs.device)
+        values = log_probs.gather(-1, following[:, None]).squeeze(-1).tolist()
+        out.input_logprobs = ([None, *values] if tokens else [])[: len(tokens)]
         out.input_ids_for_logprobs = tokens
-        out.input_top_logprobs = top[: len(tokens)] if request.top_logprobs_num > 0 else None
+        out.input_top_logprobs = None
+        if request.top_logprobs_num > 0:
+            v, i = log_probs.topk(min(request.top_logprobs_num, log_probs.shape[-1]))
+            rows = [list(zip(a, b, strict=True)) for a, b in zip(v.tolist(), i.tolist(), strict=True)]
+            out.input_top_logprobs = ([None, *rows] if tokens else [])[: len(tokens)]
 
     def _fail_all(self, error: BaseException) -> None:
         """(under the condition) every queued and running request gets `error`."""

@@ -60,20 +60,21 @@ class _Job:
 
 def check_weight_version(current: str, new: str | None) -> None:
     """A weight update that names its version must not go back: where both versions are integers (the
-    runtime sends its weight sync's version, `"default"` counting as 0), the new one must be larger than
-    the engine's, or the update is refused before anything is loaded. Other labels are SGLang's free-form
-    strings and pass."""
-    if new is None:
+    runtime sends its weight sync's version), one older than the engine's is refused before anything is
+    loaded (a stale push, or pushes out of order). The same version again is accepted (the SFT loop pushes
+    the current weights again before predicting); so is any version while the engine still has SGLang's
+    initial `"default"`, and any non-integer label (SGLang's are free-form strings).
+    `/update_weight_version` sets a version unchecked (the way to move an engine back on purpose)."""
+    if new is None or current == DEFAULT_WEIGHT_VERSION:
         return
     try:
-        old_number = 0 if current == DEFAULT_WEIGHT_VERSION else int(current)
-        new_number = int(new)
+        old_number, new_number = int(current), int(new)
     except ValueError:
         return
-    if new_number <= old_number:
+    if new_number < old_number:
         raise ProtocolError(
-            f"weight_version {new!r} is not newer than this engine's {current!r}: update refused, "
-            "weights unchanged (a stale or repeated push)"
+            f"weight_version {new!r} is older than this engine's {current!r}: update refused, weights "
+            "unchanged (a stale push; /update_weight_version resets the version on purpose)"
         )
 
 

@@ -1,7 +1,7 @@
 """The fastgen backend of the SGLang-protocol server (runtime/rollout/sglang/fastgen_serving.py) on CPU with
 the tiny model: the same greedy tokens and log-probs as the HF backend, continuous batching (a request
 arriving mid-generation finishes while the earlier one still runs), aborts keeping partial output, weight
-updates waiting for running requests and refusing stale versions, and how the backend is chosen."""
+updates waiting for running requests and refusing older versions, and how the backend is chosen."""
 
 from __future__ import annotations
 
@@ -151,8 +151,8 @@ def test_abort_by_logical_rid_and_all(fastgen: FastGenServing) -> None:
 
 
 def test_weight_update_waits_for_running_requests(fastgen: FastGenServing, tiny_model: Path) -> None:
-    """No output mixes two weight versions: the update runs once the running request has ended, and a
-    version that does not move forward is refused without loading anything."""
+    """No output mixes two weight versions: the update runs once the running request has ended, and an
+    older version is refused without loading anything."""
     [running] = requests(
         {"input_ids": PROMPTS[0], "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}
     )
@@ -168,8 +168,8 @@ def test_weight_update_waits_for_running_requests(fastgen: FastGenServing, tiny_
     updater.join(timeout=60)
     assert len(out.output_ids) == 400 and out.weight_version == "default"
     assert fastgen.weight_version == "1" and fastgen.stats["weight_updates"] == 1
-    with pytest.raises(ValueError, match="not newer than this engine's '1'"):
-        fastgen.update_weights_from_disk(str(tiny_model), weight_version="1")
+    with pytest.raises(ValueError, match="older than this engine's '1'"):
+        fastgen.update_weights_from_disk(str(tiny_model), weight_version="0")
     assert fastgen.engine.weight_version == 1  # nothing was loaded
     fastgen.update_weights_from_disk(str(tiny_model), weight_version="2")
     assert fastgen.weight_version == "2" and fastgen.engine.weight_version == 2
@@ -221,3 +221,23 @@ def test_backend_choice(tiny_model: Path, tmp_path: Path, monkeypatch: pytest.Mo
     )
     args = parse_args(["--model-path", str(tiny_model), "--relax-engine", "hf"])
     assert isinstance(build_serving(args), ServingEngine)
+
+
+def test_reserved_slots_are_capped_by_the_cache_budget(tiny_model: Path) -> None:
+    """The server reserves a slot for every request it may run, but only as many as `max_cache_bytes`
+    holds (on CUDA: half the free memory); the slots the waiting requests need are always allocated."""
+    from runtime.rollout.fastgen import FastGenEngine
+    from runtime.rollout.params import SamplingParams
+
+    engine = FastGenEngine(str(tiny_model), device=Device.detect(), max_batch_size=16, window_quantum=16)
+    engine.min_slots = 16
+    params = SamplingParams(temperature=0.0, max_new_tokens=8)
+    engine.generate([PROMPTS[0]], params)
+    assert engine.slots == 16  # no cap: every reserved slot
+    capped = FastGenEngine(str(tiny_model), device=Device.detect(), max_batch_size=16, window_quantum=16)
+    capped.min_slots = 16
+    capped.max_cache_bytes = int(capped._slot_bytes(16) * 5.5)
+    alone = capped.generate([PROMPTS[0]], params)
+    assert capped.slots == 4  # the largest batch bucket within 5.5 slots' bytes
+    assert capped.generate(PROMPTS * 2, params)[0].token_ids == alone[0].token_ids
+    assert capped.slots == 8  # eight waiting requests get their eight slots whatever the budget
