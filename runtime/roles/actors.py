@@ -177,9 +177,10 @@ class RolloutEngineActor:
         _setup_process(num_threads, log_sink, f"actor:rollout{engine_index}")
         self.engine_index = engine_index
         started = time.perf_counter()
-        from runtime.rollout.engine import TorchRolloutEngine
+        from runtime.rollout.backend import in_process_engine
 
-        self.engine: TorchRolloutEngine = TorchRolloutEngine(
+        # TorchRolloutEngine, or FastGenEngine with RELAX_ROLLOUT_BACKEND=fastgen (the same interface)
+        self.engine: TorchRolloutEngine = in_process_engine(
             hf_checkpoint, device=Device.detect(), max_batch_size=max_batch_size
         )
         log.info(
@@ -204,7 +205,9 @@ class RolloutEngineActor:
         return self.engine.generate(prompts, params, budgets)
 
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> int:
-        self.engine.load_weights(named_tensors, version)
+        from runtime.rollout.backend import load_versioned_weights
+
+        load_versioned_weights(self.engine, named_tensors, version)
         return version
 
     def offload(self) -> None:

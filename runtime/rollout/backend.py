@@ -3,7 +3,8 @@ static KV cache, CUDA-graph decode) or Hugging Face `generate` (runtime/rollout/
 
 Chosen by `RELAX_ROLLOUT_BACKEND` (`auto` | `fastgen` | `hf`; default `auto`) in the environment of the
 process that starts the SGLang-protocol server (the engine actor's, which the server inherits), or by the
-server's own `--relax-engine` flag, which wins. `auto` is fastgen when CUDA is present and fastgen
+server's own `--relax-engine` flag, which wins. The in-process rollout actor (`RELAX_ROLLOUT_ENGINE=in-process`)
+runs fastgen only when `RELAX_ROLLOUT_BACKEND=fastgen` says so (`in_process_engine`). `auto` is fastgen when CUDA is present and fastgen
 implements the checkpoint's architecture (`ModelConfig.from_hf` accepts its config.json), else HF: on CPU
 HF is the reference and fastgen gains nothing, and an architecture fastgen lacks must still run.
 
@@ -16,8 +17,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 BACKEND_ENV = "RELAX_ROLLOUT_BACKEND"
 
@@ -68,3 +71,32 @@ def resolve_backend(requested: RolloutBackend, model_path: str | Path, *, cuda: 
             raise ValueError(f"{BACKEND_ENV}=fastgen: {reason}")
         return RolloutBackend.FASTGEN
     return RolloutBackend.FASTGEN if cuda and reason is None else RolloutBackend.HF
+
+
+def in_process_engine(hf_checkpoint: str, *, device: Any, max_batch_size: int = 256) -> Any:
+    """The rollout actor's own engine (`RELAX_ROLLOUT_ENGINE=in-process`): `FastGenEngine` when
+    `RELAX_ROLLOUT_BACKEND=fastgen` names it, else `TorchRolloutEngine`. Here `auto` keeps HF: the
+    in-process engine's fp32 HF numerics are what the trainer-agreement checks of that mode pin, and the
+    HTTP servers are where fastgen is the default."""
+    if backend_from_env() is RolloutBackend.FASTGEN:
+        resolve_backend(RolloutBackend.FASTGEN, hf_checkpoint, cuda=True)  # refuses what fastgen cannot run
+        from runtime.rollout.fastgen import FastGenEngine
+
+        return FastGenEngine(hf_checkpoint, device=device, max_batch_size=max_batch_size)
+    from runtime.rollout.engine import TorchRolloutEngine
+
+    return TorchRolloutEngine(hf_checkpoint, device=device, max_batch_size=max_batch_size)
+
+
+def load_versioned_weights(engine: Any, named_tensors: Mapping[str, Any], version: int) -> None:
+    """Load a full state dict and record the driver's version. The driver's versions may skip
+    (`update-weights-interval`, a resume) or repeat (SFT's re-push); fastgen's `load_weights` checks names
+    and shapes against its own count (exactly the next), so it is called with that and then takes the
+    driver's number."""
+    from runtime.rollout.fastgen import FastGenEngine
+
+    if isinstance(engine, FastGenEngine):
+        engine.load_weights(named_tensors, engine.weight_version + 1)
+        engine.weight_version = version
+    else:
+        engine.load_weights(named_tensors, version)
