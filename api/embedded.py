@@ -50,6 +50,7 @@ from scheduler.db.migrate import upgrade
 from scheduler.dispatch import SCHEDULER_QUEUE, pool_queue
 from scheduler.health import SUPERVISOR_STATE_ENV
 from scheduler.logs import configure_logging, uvicorn_log_config
+from scheduler.observability import METRICS_DIR_ENV, MULTIPROC_ENV, clean_dir
 from scheduler.secret_files import ensure_private_dir
 from scheduler.services.platform import LocalPool, ensure_admin_key, ensure_local_pool, ensure_team
 from scheduler.settings import Settings, get_settings
@@ -706,6 +707,16 @@ def main() -> None:
     try:
         t0 = time.time()
         env = os.environ.copy() | {"RELAX_HOME": str(settings.home), SUPERVISOR_STATE_ENV: str(state_file)}
+        # Prometheus multiprocess mode (scheduler/observability.py): each part writes its measurements under its
+        # own folder of run/prometheus, emptied at each start; the API's /metrics merges them all
+        metrics_root = run_dir / "prometheus"
+        shutil.rmtree(metrics_root, ignore_errors=True)
+        env[METRICS_DIR_ENV] = str(metrics_root)
+
+        def part_env(name: str) -> dict[str, str]:
+            clean_dir(metrics_root / name)  # a restarted part starts empty (to rate(), a counter reset)
+            return env | {MULTIPROC_ENV: str(metrics_root / name)}
+
         if settings.ray.address:
             ray_address = settings.ray.address
         else:
@@ -740,8 +751,8 @@ def main() -> None:
         accelerator, slots = bootstrap(settings, ray_address)
         queues = f"{SCHEDULER_QUEUE},{pool_queue(LOCAL_POOL)}"
         worker = _celery("worker", "-Q", queues, "-P", "threads", "-c", "4", "-n", f"relax-{LOCAL_POOL}@%h")
-        sup.add(Part("worker", lambda: ([*worker, "--loglevel", "INFO"], env)))
-        sup.add(Part("beat", lambda: (_celery("beat", "--loglevel", "INFO"), env)))
+        sup.add(Part("worker", lambda: ([*worker, "--loglevel", "INFO"], part_env("worker"))))
+        sup.add(Part("beat", lambda: (_celery("beat", "--loglevel", "INFO"), part_env("beat"))))
         api_logging = run_dir / "logging-api.json"
         api_logging.write_text(json.dumps(uvicorn_log_config("api")))
         api = [
@@ -755,7 +766,7 @@ def main() -> None:
         ]
         api += ["--host", settings.api.host, "--port", str(settings.api.port)]
         api += ["--log-level", "warning", "--timeout-graceful-shutdown", "3"]
-        sup.add(Part("api", lambda: (api, env)))
+        sup.add(Part("api", lambda: (api, part_env("api"))))
         for name in ("worker", "beat", "api"):
             sup.start(name)
         banner = (

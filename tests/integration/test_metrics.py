@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -215,3 +216,37 @@ def test_one_scrape_merges_the_latency_of_every_process(
         got, "relax_http_request_duration_seconds_count", method="GET", route="/healthz", status="200"
     )
     assert count == 7, json.dumps(names(got, "relax_http_request_duration_seconds_count"))
+
+
+DASHBOARD = REPO / "docs" / "grafana" / "relax-platform.json"
+
+
+def _exposed(text: str) -> set[str]:
+    """Every series name a scrape declares: each family's samples, and the names its type implies."""
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
+    out: set[str] = set()
+    for family in text_string_to_metric_families(text):
+        out |= {s.name for s in family.samples}
+        out |= {family.name + suffix for suffix in suffixes.get(family.type, ("",))}
+    return out
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_dashboard_reads_only_what_metrics_exposes(api, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    client, _settings, _broker = api
+    db: Database = client.app.state.db
+    _cluster(db)
+    make_job(db, queue="math", gpus_per_replica=8, name="one")
+    run_scheduling_pass(db, client.app.state.dispatcher, artifact_root=tmp_path)
+    client.get("/healthz")
+    exposed = _exposed(client.get("/metrics").text)
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    used = {m for e in exprs for m in re.findall(r"\brelax_[a-z_]+", e)}
+    assert len(exprs) >= 15 and len(used) >= 12, used
+    assert used <= exposed, sorted(used - exposed)
+    # every panel sits on the grid and queries Prometheus through the dashboard's data source variable
+    for p in dashboard["panels"]:
+        assert {"x", "y", "w", "h"} <= set(p["gridPos"]), p["title"]
+        if p["type"] != "row":
+            assert p["datasource"]["uid"] == "${datasource}" and p["targets"], p["title"]
