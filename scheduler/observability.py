@@ -79,8 +79,13 @@ REPORT_POINTS = Counter(
 )
 
 
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
 def observe_request(method: str, route: str, status: int, seconds: float) -> None:
-    HTTP_LATENCY.labels(method, route, str(status)).observe(seconds)
+    """`route` is the matched route's template; `method` is the client's, so an unknown one is `other` (a label
+    must not take whatever a client sends)."""
+    HTTP_LATENCY.labels(method if method in _METHODS else "other", route, str(status)).observe(seconds)
 
 
 def observe_pass(seconds: float) -> None:

@@ -63,7 +63,7 @@ def test_latency_is_labelled_by_route_template() -> None:
 
     wrapped = RequestMetrics(app)
 
-    async def call(path: str) -> int:
+    async def call(path: str, method: str = "GET") -> int:
         sent: list[dict] = []
 
         async def receive() -> dict:
@@ -74,7 +74,7 @@ def test_latency_is_labelled_by_route_template() -> None:
 
         scope = {
             "type": "http",
-            "method": "GET",
+            "method": method,
             "path": path,
             "raw_path": path.encode(),
             "query_string": b"",
@@ -93,6 +93,14 @@ def test_latency_is_labelled_by_route_template() -> None:
     before = count("/v1/things/{thing_id}", "200")
     assert asyncio.run(call("/v1/things/abc123")) == 200
     assert asyncio.run(call("/nowhere/xyz")) == 404
+    assert asyncio.run(call("/v1/things/abc123", "BREW")) == 405
+    assert (
+        obs.PROCESS.get_sample_value(
+            "relax_http_request_duration_seconds_count",
+            {"method": "other", "route": "/v1/things/{thing_id}", "status": "405"},
+        )
+        or 0
+    ) >= 1
     assert count("/v1/things/{thing_id}", "200") == before + 1
     assert count("unmatched", "404") >= 1
     labels = {
