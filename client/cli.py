@@ -31,6 +31,7 @@ from client.display import (
 from client.jobfile import JobFile, JobFileError, is_launch_script, load_job_file
 from client.launch_script import DEFAULT_TIMEOUT_S, LaunchScriptError, ResolvedScript
 from client.sdk import ApiError, RelaxClient
+from client.watch import follow as follow_stream
 from client.watch import watch_job
 
 # Typer 0.29's help panel prints a type after every option, flags included (`--wait <bool>`), as if they took a
@@ -387,6 +388,15 @@ def metrics(
     api_key: KeyOpt = None,
     as_json: JsonOpt = False,
     wide: WideOpt = False,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow",
+            "-f",
+            help="Print every point as it comes (from the first) until the job ends: time, step, metric, "
+            "value; with --json one JSON object a line.",
+        ),
+    ] = False,
 ) -> None:
     """Every metric of a job: last, first, min and max value, the step of its last point (numbered as the
     job's log numbers steps, 1 to the last; an evaluation's step is the number of steps done before it, 0
@@ -394,6 +404,9 @@ def metrics(
     metrics count steps from 0."""
     with _client(url, api_key) as c:
         job_id = _job_id(c, job_id)
+        if follow:
+            _follow_metrics(c, job_id, names, as_json=as_json)
+            return
         try:
             series = c.metrics(job_id, names=names)
         except ApiError as e:
@@ -428,6 +441,25 @@ def metrics(
             ]
         )
     print_table(out, cols, rows, wide=wide, note=err)
+
+
+def _follow_metrics(c: RelaxClient, job_id: str, names: list[str] | None, *, as_json: bool) -> None:
+    """`metrics -f`: the job's stream of metric points, each once, until the job ends."""
+    wanted = {n for item in names or [] for n in item.split(",") if n}
+    try:
+        for kind, point in follow_stream(c, job_id, kinds=["metric"]):
+            if kind != "metric" or (wanted and point["name"] not in wanted):
+                continue
+            if as_json:
+                print(json.dumps(point), flush=True)
+                continue
+            out.print(
+                f"[dim]{point['time'][11:19]}[/dim] step {log_step(point['name'], point['step']):>6}  "
+                f"{escape(point['name'])} {point['value']:.6g}",
+                highlight=False,
+            )
+    except ApiError as e:
+        _fail(e)
 
 
 @app.command()
@@ -668,33 +700,32 @@ def jobs_cancel(
 def jobs_logs(
     job_id: JobArg,
     follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Keep printing new lines until the job ends.")
+        bool,
+        typer.Option("--follow", "-f", help="Keep printing new lines until the job ends (the job's stream)."),
     ] = False,
     url: UrlOpt = None,
     api_key: KeyOpt = None,
 ) -> None:
     """The driver's log lines (and Ray's output of a failed driver)."""
+
+    def show(line: dict[str, Any]) -> None:
+        out.print(
+            f"[dim]{line['time'][11:23]} {line['source']:>6}[/dim] {escape(line['message'])}",
+            highlight=False,
+        )
+
     with _client(url, api_key) as c:
         job_id = _job_id(c, job_id)
-        after = 0
-        while True:
-            try:
-                page = c.logs(job_id, after=after)
-            except ApiError as e:
-                _fail(e)
+        try:
+            if follow:  # every line from the first, each once, until the job ends (a dropped link resumes)
+                for kind, data in follow_stream(c, job_id, kinds=["log"]):
+                    if kind == "log":
+                        show(data)
                 return
-            for line in page["data"]:
-                out.print(
-                    f"[dim]{line['time'][11:23]} {line['source']:>6}[/dim] {escape(line['message'])}",
-                    highlight=False,
-                )
-            after = page["next_after"]
-            if not follow:
-                return
-            if not page["data"]:
-                if c.get_job(job_id)["status"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
-                    return
-                time.sleep(1.0)
+            for line in c.logs(job_id)["data"]:
+                show(line)
+        except ApiError as e:
+            _fail(e)
 
 
 # specs --------------------------------------------------------------------------------------

@@ -9,9 +9,11 @@ job's log numbers them (`step 1/300` … `step 300/300`), see `client.display.lo
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -173,38 +175,76 @@ class Timeline:
         self.console.print(line, highlight=False)
 
 
+def follow(
+    client: RelaxClient,
+    job_id: str,
+    *,
+    kinds: Sequence[str] | None = None,
+    after: str | None = None,
+    retries: int = 30,
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The job's stream (`GET /v1/jobs/{id}/stream`) from its start, or after the message id `after`, to its
+    `end`: (kind, data) of each message, each once. A dropped connection is resumed after the last id
+    received (`Last-Event-ID`), which the server answers exactly: nothing repeated, nothing lost. `kinds`
+    keeps only those kinds of rows (`status` and `end` always come). Gives up after `retries` failed
+    connections in a row; a 401, 403 or 404 is raised at once."""
+    last, failures = after, 0
+    params = {"kinds": list(kinds)} if kinds else None
+    while True:
+        headers = {"Last-Event-ID": last} if last else {}
+        try:
+            with client._http.stream(  # noqa: SLF001 - the SDK's connection (its key and base URL)
+                "GET",
+                f"/v1/jobs/{job_id}/stream",
+                params=params,
+                headers=headers,
+                timeout=httpx.Timeout(30, read=120),
+            ) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    try:
+                        err = resp.json().get("error", {})
+                    except ValueError:
+                        err = {"message": resp.text[:500]}
+                    raise ApiError(
+                        resp.status_code, err.get("code", "error"), err.get("message", ""), err.get("details")
+                    )
+                kind: str | None = None
+                msg_id: str | None = None
+                data: list[str] = []
+                for line in resp.iter_lines():
+                    if line.startswith("id:"):
+                        msg_id = line[3:].strip()
+                    elif line.startswith("event:"):
+                        kind = line[6:].strip()
+                    elif line.startswith("data:"):
+                        data.append(line[5:].strip())
+                    elif line == "" and kind:
+                        # a message's id counts once the message is whole (a cut one is sent again)
+                        last, failures = msg_id or last, 0
+                        yield kind, json.loads("\n".join(data) or "{}")
+                        if kind == "end":
+                            return
+                        kind, msg_id, data = None, None, []
+            failures += 1  # closed before its end (a server going down): resumed like a failure
+            if failures > retries:
+                raise ApiError(0, "stream_closed", f"the stream of job {job_id} kept closing before its end")
+        except (httpx.HTTPError, ApiError) as err:
+            failures += 1
+            if failures > retries or (isinstance(err, ApiError) and err.status in (0, 401, 403, 404)):
+                raise
+        time.sleep(1.0)
+
+
 def _read(client: RelaxClient, job_id: str, out: queue.Queue[tuple[str, Any]]) -> None:
-    """The stream's messages into `out`, each once (a reconnect starts the stream over: what was seen is
-    skipped), then ("done", status) at the job's end or ("error", exception)."""
-    seen: set[tuple[Any, ...]] = set()
-    failures = 0
-    status = "QUEUED"
+    """The stream's messages into `out`, each once (a reconnect resumes after the last message received),
+    then ("done", status) at the job's end or ("error", exception)."""
     try:
-        while status not in TERMINAL:
-            try:
-                for kind, data in client.stream(job_id):
-                    failures = 0
-                    key: tuple[Any, ...] | None = None
-                    if kind in ("event", "log"):
-                        key = (kind, data.get("id"))
-                    elif kind == "metric":
-                        key = (kind, data["name"], data["step"], data.get("attempt"), data.get("time"))
-                    if key is not None:
-                        if key in seen:
-                            continue
-                        seen.add(key)
-                    if kind == "status":
-                        status = data["status"]
-                    if kind == "end":
-                        break
-                    out.put((kind, data))
-            except (httpx.HTTPError, ApiError) as err:
-                failures += 1
-                if failures > 30 or (isinstance(err, ApiError) and err.status in (401, 403, 404)):
-                    raise
-                time.sleep(1.0)
-                continue
-            status = client.get_job(job_id)["status"]
+        for kind, data in follow(client, job_id):
+            if kind == "end":
+                break
+            out.put((kind, data))
+        status = client.get_job(job_id)["status"]
     except BaseException as err:  # noqa: BLE001 - handed to the main thread, which raises it
         out.put(("error", err))
         return

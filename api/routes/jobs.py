@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
+import anyio
+import anyio.to_thread
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, StreamingResponse
@@ -51,6 +54,7 @@ from scheduler.domain.jobs import JobStatus
 from scheduler.services.audit import AuditEntry
 from scheduler.services.auth import Principal, authenticate
 from scheduler.services.jobs import JobService, Submission
+from scheduler.services.stream import MAX_ID_LENGTH, JobStream, StreamCursor
 from scheduler.transactions import after_commit
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
@@ -255,6 +259,10 @@ def download_artifact(
     return FileResponse(target, filename=target.name)
 
 
+#: The kinds of rows a stream sends (scheduler/services/stream.py SOURCES).
+StreamKind = Literal["event", "metric", "log", "checkpoint", "rollout", "prediction"]
+
+
 @router.get(
     "/{job_id}/stream",
     response_class=StreamingResponse,
@@ -270,94 +278,112 @@ async def stream_job(
     last_event_id: Annotated[str | None, Header()] = None,
     after: Annotated[
         str | None,
-        Query(max_length=200, description="Resume from an event id seen before (as Last-Event-ID)."),
+        Query(
+            max_length=MAX_ID_LENGTH,
+            description="Resume after a message's id (as Last-Event-ID, which it overrides).",
+        ),
+    ] = None,
+    kinds: Annotated[
+        list[StreamKind] | None,
+        Query(description="Only these kinds of rows (repeat the parameter); `status` and `end` always come."),
     ] = None,
 ) -> StreamingResponse:
-    """Server-sent events: `status` on every change, then `event`, `metric`, `log`, `checkpoint`,
-    `rollout` and `prediction` as they arrive; `end` after the job reaches a terminal status. Every
-    message carries an `id:`; reconnect with `Last-Event-ID` (or `?after=`) to resume without replay.
+    """Server-sent events: `status` (the job's `JobPublic` fields) first and on every change,
+    then every `event` (each state change is one), `metric`, `log`, `checkpoint`, `rollout` and
+    `prediction` row of the job, each once, oldest first per kind; `end` once the job is terminal and
+    every row of it was sent. Every message but `end` carries its own `id:`
+    (`e<id>.m<id>.l<id>.c<id>.r<id>.p<id>.s<token>`, the position after it); reconnect with
+    `Last-Event-ID` (or `?after=`) to resume after that message without gaps or repeats.
     The key is checked on every poll: a key revoked or expired meanwhile ends the stream (a reconnect
     gets the 401)."""
-    cursor = _parse_cursor(after or last_event_id)
+    cursor = StreamCursor.parse(after or last_event_id)
+    stream = JobStream(cursor, kinds=frozenset(kinds) if kinds else None)
 
-    def poll(cur: dict[str, int]) -> tuple[list[tuple[str, dict]], bool]:
+    def poll() -> tuple[list[bytes], bool, bool]:
+        """One poll's messages, whether every source was read to its end, whether the stream ends."""
         with db.session(read_only=True) as s:
-            svc = JobService(s, artifact_root=settings.artifacts)
-            job = svc.get(job_id, authenticate(s, token))
-            out: list[tuple[str, dict]] = []
-            status_key = hash((job.status, job.progress_step, job.updated_at))
-            if status_key != cur.get("status"):
-                cur["status"] = status_key
-                out.append(("status", JobPublic.model_validate(job).model_dump(mode="json")))
-            for e in svc.events(job):
-                if e.id > cur["e"]:
-                    cur["e"] = e.id
-                    out.append(("event", JobEventPublic.model_validate(e).model_dump(mode="json")))
-            for m in svc.metrics_after(job, after=cur["m"]):
-                cur["m"] = m.id
+            job = JobService(s, artifact_root=settings.artifacts).get(job_id, authenticate(s, token))
+            found = stream.poll(s, job)
+            out: list[bytes] = []
+            if found.status is not None:
                 out.append(
-                    (
-                        "metric",
-                        {
-                            "name": m.name,
-                            "step": m.step,
-                            "value": m.value,
-                            "time": m.time.isoformat(),
-                            "attempt": m.attempt,
-                        },
-                    )
+                    _sse(cursor, "status", JobPublic.model_validate(found.status).model_dump(mode="json"))
                 )
-            for line in svc.logs(job, after=cur["l"], limit=500):
-                cur["l"] = line.id
-                out.append(("log", LogLinePublic.model_validate(line).model_dump(mode="json")))
-            for kind, key, rows, model in (
-                ("checkpoint", "c", svc.checkpoints(job), CheckpointPublic),
-                ("rollout", "r", svc.rollouts(job), RolloutPublic),
-                ("prediction", "p", svc.predictions(job), PredictionPublic),
-            ):
-                for row in rows:
-                    if row.id > cur[key]:
-                        cur[key] = max(cur[key], row.id)
-                        out.append((kind, model.model_validate(row).model_dump(mode="json")))
-            return out, JobStatus(job.status).is_terminal()
+            for kind, key, row in found.rows:
+                cursor.positions[key] = row.id
+                out.append(_sse(cursor, kind, _STREAM_PAYLOADS[kind](row)))
+            return out, found.drained, found.ended
 
     # Check access before the stream starts, so that a wrong id is a 404 and not an empty stream.
-    await run_in_threadpool(lambda: poll(dict.fromkeys(_CURSOR_KEYS, 1 << 62)))
+    await run_in_threadpool(_check_access, db, settings, job_id, token)
 
     async def gen() -> AsyncIterator[bytes]:
         quiet = 0
         while True:
             try:
-                items, done = await run_in_threadpool(poll, cursor)
+                messages, drained, ended = await anyio.to_thread.run_sync(poll, limiter=_stream_limiter())
             except DomainError:  # the key was revoked or expired, or the job went away
                 return
-            for kind, data in items:
-                yield f"id: {_format_cursor(cursor)}\nevent: {kind}\ndata: {json.dumps(data)}\n\n".encode()
-            if done:
-                yield f"id: {_format_cursor(cursor)}\nevent: end\ndata: {{}}\n\n".encode()
+            if messages:
+                yield b"".join(messages)
+            if ended:
+                yield b"event: end\ndata: {}\n\n"
                 return
-            quiet = 0 if items else quiet + 1
-            if quiet and quiet % 30 == 0:
-                yield b": keep-alive\n\n"
             if await request.is_disconnected():
                 return
-            await asyncio.sleep(0.5)
+            if not drained:  # a backlog: read on at once
+                continue
+            quiet = 0 if messages else quiet + 1
+            if quiet and quiet % 30 == 0:
+                yield b": keep-alive\n\n"
+            await asyncio.sleep(STREAM_POLL_S)
 
     return StreamingResponse(gen(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-# A stream position: the last id seen of events, metrics, logs, checkpoints, rollouts, predictions.
-_CURSOR_KEYS = ("e", "m", "l", "c", "r", "p")
+#: Seconds between a stream's polls once it has sent everything there was.
+STREAM_POLL_S = 0.5
+#: Threads that run streams' polls at once, apart from the threads of requests (RELAX_API_THREADS): however
+#: many subscribers there are, other requests never wait behind their polls.
+STREAM_THREADS = 4
+_STREAM_LIMITERS: weakref.WeakKeyDictionary[Any, anyio.CapacityLimiter] = weakref.WeakKeyDictionary()
 
 
-def _parse_cursor(text: str | None) -> dict[str, int]:
-    cursor = dict.fromkeys(_CURSOR_KEYS, 0)
-    for part in (text or "")[:200].split("."):
-        digits = part[1:]
-        if part[:1] in cursor and digits.isascii() and digits.isdigit() and int(digits) <= BIGINT_MAX:
-            cursor[part[0]] = int(digits)
-    return cursor
+def _stream_limiter() -> anyio.CapacityLimiter:
+    """The limiter of streams' polls of the running event loop (a limiter belongs to one loop)."""
+    loop = asyncio.get_running_loop()
+    limiter = _STREAM_LIMITERS.get(loop)
+    if limiter is None:
+        limiter = _STREAM_LIMITERS[loop] = anyio.CapacityLimiter(STREAM_THREADS)
+    return limiter
 
 
-def _format_cursor(cursor: dict[str, int]) -> str:
-    return ".".join(f"{k}{cursor[k]}" for k in _CURSOR_KEYS)
+def _check_access(db, settings, job_id: str, token: str) -> None:  # type: ignore[no-untyped-def]
+    with db.session(read_only=True) as s:
+        JobService(s, artifact_root=settings.artifacts).get(job_id, authenticate(s, token))
+
+
+def _sse(cursor: StreamCursor, kind: str, data: dict) -> bytes:  # type: ignore[type-arg]
+    return f"id: {cursor.format()}\nevent: {kind}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def _metric_payload(m) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    return {
+        "id": m.id,
+        "name": m.name,
+        "step": m.step,
+        "value": m.value,
+        "time": m.time.isoformat(),
+        "attempt": m.attempt,
+    }
+
+
+# What each kind of row is sent as: the same fields as the kind's read endpoint.
+_STREAM_PAYLOADS = {
+    "event": lambda row: JobEventPublic.model_validate(row).model_dump(mode="json"),
+    "metric": _metric_payload,
+    "log": lambda row: LogLinePublic.model_validate(row).model_dump(mode="json"),
+    "checkpoint": lambda row: CheckpointPublic.model_validate(row).model_dump(mode="json"),
+    "rollout": lambda row: RolloutPublic.model_validate(row).model_dump(mode="json"),
+    "prediction": lambda row: PredictionPublic.model_validate(row).model_dump(mode="json"),
+}

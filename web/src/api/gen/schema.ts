@@ -32,7 +32,9 @@ export interface paths {
         };
         /**
          * Prometheus
-         * @description Prometheus text format; needs an admin key or RELAX_METRICS_TOKEN (other teams' usage).
+         * @description Prometheus text format; needs an admin key or RELAX_METRICS_TOKEN (other teams' usage). The platform's
+         *     state read from the database now, and every process's measurements (scheduler/observability.py,
+         *     docs/observability.md).
          */
         get: operations["prometheus_metrics_get"];
         put?: never;
@@ -459,9 +461,12 @@ export interface paths {
         };
         /**
          * Stream Job
-         * @description Server-sent events: `status` on every change, then `event`, `metric`, `log`, `checkpoint`,
-         *     `rollout` and `prediction` as they arrive; `end` after the job reaches a terminal status. Every
-         *     message carries an `id:`; reconnect with `Last-Event-ID` (or `?after=`) to resume without replay.
+         * @description Server-sent events: `status` (the job's `JobPublic` fields) first and on every change,
+         *     then every `event` (each state change is one), `metric`, `log`, `checkpoint`, `rollout` and
+         *     `prediction` row of the job, each once, oldest first per kind; `end` once the job is terminal and
+         *     every row of it was sent. Every message but `end` carries its own `id:`
+         *     (`e<id>.m<id>.l<id>.c<id>.r<id>.p<id>.s<token>`, the position after it); reconnect with
+         *     `Last-Event-ID` (or `?after=`) to resume after that message without gaps or repeats.
          *     The key is checked on every poll: a key revoked or expired meanwhile ends the stream (a reconnect
          *     gets the 401).
          */
@@ -4333,8 +4338,10 @@ export interface operations {
     stream_job_v1_jobs__job_id__stream_get: {
         parameters: {
             query?: {
-                /** @description Resume from an event id seen before (as Last-Event-ID). */
+                /** @description Resume after a message's id (as Last-Event-ID, which it overrides). */
                 after?: string | null;
+                /** @description Only these kinds of rows (repeat the parameter); `status` and `end` always come. */
+                kinds?: ("event" | "metric" | "log" | "checkpoint" | "rollout" | "prediction")[] | null;
             };
             header?: {
                 "last-event-id"?: string | null;
