@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -39,9 +40,8 @@ from scheduler.db.engine import Database
 from scheduler.db.models import Allocation, Job, JobEvent, Node, Pool, utcnow
 from scheduler.domain.jobs import TERMINAL, JobStatus
 
-METRICS_DIR_ENV = (
-    "RELAX_METRICS_DIR"  # the root: one folder per part, each that part's PROMETHEUS_MULTIPROC_DIR
-)
+# the root: one folder per part, each that part's PROMETHEUS_MULTIPROC_DIR
+METRICS_DIR_ENV = "RELAX_METRICS_DIR"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # ---- measured in each process ------------------------------------------------------------------------------
@@ -151,10 +151,12 @@ def preempt_reason(reason: str | None) -> str:
 
 @dataclass
 class EventCounts:
-    """Admissions, preemptions and outcomes counted from `job_events`, read incrementally: each scrape reads
-    only the events after the last settled id (a primary-key range), so a scrape stays cheap however long the
-    history. Events younger than `settle_s` are re-read at each scrape rather than settled, so one whose
-    transaction committed after a later id was read (ids are taken at insert, not commit) is still counted."""
+    """Admissions, preemptions and outcomes counted from `job_events`, incrementally: each scrape reads only the
+    events after the last settled id (a primary-key range), so a scrape stays cheap however long the history.
+    The events up to the first one younger than `settle_s` are settled: counted in the database, grouped (only
+    the preemptions' rows come back, for their reasons), and never read again. The younger ones are re-read at
+    each scrape, so an event whose transaction committed after a later id was read (ids are taken at insert,
+    not at commit) is still counted."""
 
     settle_s: float = 300.0
     settled_id: int = 0
@@ -165,43 +167,74 @@ class EventCounts:
 
     def read(self, session: sa.orm.Session, now: datetime) -> dict[str, Tally]:
         with self.lock:
-            rows = session.execute(
-                sa.select(
-                    JobEvent.id,
-                    JobEvent.time,
-                    JobEvent.from_status,
-                    JobEvent.to_status,
-                    JobEvent.reason,
-                    Job.pool,
-                    Job.failure_reason,
-                )
-                .join(Job, Job.id == JobEvent.job_id)
-                .where(JobEvent.id > self.settled_id, JobEvent.kind == "transition")
-                .where(JobEvent.to_status.in_([str(s) for s in _WATCHED]))
-                .order_by(JobEvent.id)
-            ).all()
             cut = now - timedelta(seconds=self.settle_s)
+            after = JobEvent.id > self.settled_id
+            young = session.scalar(sa.select(sa.func.min(JobEvent.id)).where(after, JobEvent.time >= cut))
+            top = session.scalar(sa.select(sa.func.max(JobEvent.id)).where(after))
+            settle_to = (young - 1) if young is not None else top
+            if settle_to is not None and settle_to > self.settled_id:
+                upto = JobEvent.id <= settle_to
+                for r in session.execute(_grouped(after, upto)):
+                    if not _preemption_like(r.to_status, r.from_status):
+                        _count(self.settled, r, r.n)
+                for r in session.execute(
+                    _rows(after, upto, _preemption_like(JobEvent.to_status, JobEvent.from_status))
+                ):
+                    _count(self.settled, r)
+                self.settled_id = settle_to
             fresh = {k: Tally() for k in self.settled}
-            settling = True
-            for r in rows:
-                settling = settling and r.time is not None and _aware(r.time) < cut
-                into = self.settled if settling else fresh
-                _count(into, r)
-                if settling:
-                    self.settled_id = r.id
+            for r in session.execute(_rows(JobEvent.id > self.settled_id)):
+                _count(fresh, r)
             return {k: self.settled[k] + fresh[k] for k in self.settled}
 
 
-def _count(into: dict[str, Tally], r: sa.Row) -> None:
+def _watched(*where: Any) -> list[Any]:
+    return [
+        *where,
+        JobEvent.kind == "transition",
+        JobEvent.to_status.in_([str(s) for s in _WATCHED]),
+    ]
+
+
+def _grouped(*where: Any) -> sa.Select:
+    return (
+        sa.select(
+            Job.pool, JobEvent.to_status, JobEvent.from_status, Job.failure_reason, sa.func.count().label("n")
+        )
+        .join(Job, Job.id == JobEvent.job_id)
+        .where(*_watched(*where))
+        .group_by(Job.pool, JobEvent.to_status, JobEvent.from_status, Job.failure_reason)
+    )
+
+
+def _rows(*where: Any) -> sa.Select:
+    return (
+        sa.select(JobEvent.from_status, JobEvent.to_status, JobEvent.reason, Job.pool, Job.failure_reason)
+        .join(Job, Job.id == JobEvent.job_id)
+        .where(*_watched(*where))
+    )
+
+
+def _preemption_like(to: Any, src: Any) -> Any:
+    """A transition that may be a preemption: to PREEMPTING, or an admitted job sent back to the queue (its
+    reason says whether it was one). Works on values and on columns."""
+    if isinstance(to, str):
+        return to == JobStatus.PREEMPTING or (to == JobStatus.QUEUED and src == JobStatus.ADMITTED)
+    return sa.or_(
+        to == str(JobStatus.PREEMPTING), sa.and_(to == str(JobStatus.QUEUED), src == str(JobStatus.ADMITTED))
+    )
+
+
+def _count(into: dict[str, Tally], r: Any, n: int = 1) -> None:
     to, src = r.to_status, r.from_status
     if to == JobStatus.ADMITTED:
-        into["admit"][(r.pool,)] += 1
+        into["admit"][(r.pool,)] += n
     elif to == JobStatus.PREEMPTING or (
         to == JobStatus.QUEUED and src == JobStatus.ADMITTED and preempt_reason(r.reason) != "other"
     ):  # a launched job preempted, or an admitted one sent back before it launched
-        into["preempt"][(r.pool, preempt_reason(r.reason))] += 1
+        into["preempt"][(r.pool, preempt_reason(r.reason))] += n
     elif to in TERMINAL:
-        into["end"][(r.pool, to, r.failure_reason or "")] += 1
+        into["end"][(r.pool, to, r.failure_reason or "")] += n
 
 
 class DatabaseCollector:
