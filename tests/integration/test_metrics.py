@@ -250,3 +250,32 @@ def test_the_dashboard_reads_only_what_metrics_exposes(api, tmp_path: Path) -> N
         assert {"x", "y", "w", "h"} <= set(p["gridPos"]), p["title"]
         if p["type"] != "row":
             assert p["datasource"]["uid"] == "${datasource}" and p["targets"], p["title"]
+
+
+def test_settled_counts_match_a_full_recount(api, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Counts settled at once (settle_s=0), across scrapes as events arrive, equal a recount from scratch and the
+    counts of events still within the window."""
+    from scheduler.db.models import utcnow
+    from scheduler.observability import EventCounts
+
+    client, _settings, _broker = api
+    db: Database = client.app.state.db
+    _cluster(db)
+    eager = EventCounts(settle_s=0)
+
+    def read(events: EventCounts) -> dict:
+        with db.session(read_only=True) as s:
+            return events.read(s, utcnow())
+
+    config = PolicyConfig(reclaim_after_s=0, min_runtime_s=0)
+    for round_ in range(3):
+        jobs = [make_job(db, queue="vision", gpus_per_replica=8, name=f"v{round_}{i}") for i in range(2)]
+        run_scheduling_pass(db, client.app.state.dispatcher, artifact_root=tmp_path, config=config)
+        with db.session() as s:
+            svc = JobService(s, artifact_root=tmp_path)
+            for j in jobs:
+                svc.transition(j, JobStatus.STARTING, expected_from=JobStatus.ADMITTED, reason="test")
+                svc.transition(j, JobStatus.SUCCEEDED, expected_from=JobStatus.STARTING, reason="done")
+        assert read(eager) == read(EventCounts(settle_s=0)) == read(EventCounts())
+    got = read(eager)
+    assert eager.settled_id > 0 and sum(got["admit"].values()) == 6 and sum(got["end"].values()) == 6
