@@ -67,6 +67,20 @@ PASS_LAST = Gauge(
     multiprocess_mode="max",
     registry=PROCESS,
 )
+RAY_CONTACT = Gauge(
+    "relax_pool_ray_last_contact_timestamp_seconds",
+    "When a pool's reconciler last had an answer from the pool's Ray Jobs API (Unix time): a cluster that stops "
+    "answering shows as a growing gap, whether or not jobs run on it.",
+    ["pool"],
+    multiprocess_mode="max",
+    registry=PROCESS,
+)
+RAY_FAILURES = Counter(
+    "relax_pool_ray_unanswered",
+    "Reconciler calls to a pool's Ray Jobs API that got no answer.",
+    ["pool"],
+    registry=PROCESS,
+)
 REPORTS = Counter(
     "relax_reports_ingested",
     "Driver report batches applied (a resend of an applied batch is not counted).",
@@ -91,6 +105,14 @@ def observe_request(method: str, route: str, status: int, seconds: float) -> Non
 def observe_pass(seconds: float) -> None:
     PASS_DURATION.observe(seconds)
     PASS_LAST.set(time.time())
+
+
+def observe_ray(pool: str, answered: bool) -> None:
+    """A reconciler's call to `pool`'s Ray: answered, or not."""
+    if answered:
+        RAY_CONTACT.labels(pool).set(time.time())
+    else:
+        RAY_FAILURES.labels(pool).inc()
 
 
 def count_report(metric_points: int) -> None:

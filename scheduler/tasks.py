@@ -45,6 +45,7 @@ from scheduler.dispatch import (
 from scheduler.domain.jobs import ON_CLUSTER, FailureReason, JobStatus
 from scheduler.logs import annotate, log_context
 from scheduler.memory import freeze_startup_objects
+from scheduler.observability import observe_ray
 from scheduler.scheduling import PassResult, run_scheduling_pass
 from scheduler.services.job_tokens import bootstrap_secret
 from scheduler.services.jobs import JobService
@@ -303,6 +304,7 @@ def reconcile_pool(ctx: WorkerContext, pool_name: str) -> None:
     try:
         launcher = launcher_for(address, ctx.settings.ray_token(pool_name))
     except Exception as err:  # the pool's Ray does not answer: its drivers are judged by their reports
+        observe_ray(pool_name, answered=False)
         log.warning("pool %s: Ray at %s does not answer: %s", pool_name, address, err)
         lost = [
             _lost_if_silent(
@@ -314,6 +316,7 @@ def reconcile_pool(ctx: WorkerContext, pool_name: str) -> None:
         if freed:
             ctx.dispatcher.request_pass()
         return
+    observe_ray(pool_name, answered=True)
     freed = False
     grace = timedelta(seconds=ctx.settings.scheduler.launch_grace_seconds)
     preempt_grace = timedelta(seconds=ctx.settings.scheduler.preempt_grace_seconds)
@@ -322,6 +325,7 @@ def reconcile_pool(ctx: WorkerContext, pool_name: str) -> None:
         try:
             info = launcher.status(sub_id) if sub_id else None
         except Exception as err:  # noqa: BLE001 - as above, for this job
+            observe_ray(pool_name, answered=False)
             freed |= _lost_if_silent(
                 ctx, job_id, status, f"the pool's Ray at {address} does not answer ({str(err)[:200]})"
             )

@@ -298,3 +298,30 @@ def test_a_starting_job_whose_driver_had_started_on_a_ray_now_gone_is_requeued(w
     tasks.reconcile_pool(ctx, "local")  # the same attempt cannot be relaunched: its secret was used
     job, held, lost = _job(ctx, job_id)
     assert job.status == JobStatus.QUEUED and held == 0 and lost == 1, job.status_reason
+
+
+def test_the_reconciler_records_each_answer_and_silence_of_the_pools_ray(world, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """relax_pool_ray_last_contact_timestamp_seconds and relax_pool_ray_unanswered_total (issue 16 item 5: Ray
+    cluster health per pool), set by every reconcile whether or not jobs run there."""
+    import time
+
+    from scheduler.observability import PROCESS
+
+    ctx, ray, _api = world
+    _running(ctx, ray)
+    before = time.time()
+    tasks.reconcile_pool(ctx, "local")
+    contact = PROCESS.get_sample_value("relax_pool_ray_last_contact_timestamp_seconds", {"pool": "local"})
+    assert contact is not None and contact >= before
+    missed = PROCESS.get_sample_value("relax_pool_ray_unanswered_total", {"pool": "local"}) or 0.0
+
+    def no_answer(address: str, token: str | None = None) -> FakeRay:
+        raise ConnectionError(f"{address}: connection refused")
+
+    monkeypatch.setattr(tasks, "launcher_for", no_answer)
+    tasks.reconcile_pool(ctx, "local")
+    assert PROCESS.get_sample_value("relax_pool_ray_unanswered_total", {"pool": "local"}) == missed + 1
+    assert (
+        PROCESS.get_sample_value("relax_pool_ray_last_contact_timestamp_seconds", {"pool": "local"})
+        == contact
+    )
