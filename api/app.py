@@ -122,9 +122,7 @@ def create_app(
     app.state.db = db or Database(settings.database_url, echo=settings.database.echo)
     app.state.units_of_work = weakref.WeakKeyDictionary()  # api/deps.py: a bound per event loop
     # the API asks for a pass after each change: coalesced, published off the request's thread
-    app.state.dispatcher = dispatcher or CoalescingDispatcher(
-        CeleryDispatcher(make_celery(settings, with_tasks=False))
-    )
+    app.state.dispatcher = dispatcher or CoalescingDispatcher(CeleryDispatcher(make_celery(settings)))
 
     # innermost: its refusals carry the request id and are audited (the middlewares below are outer)
     app.add_middleware(RequestLimits, settings=settings.api)

@@ -11,13 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from jobspec.argv import (
-    PASSTHROUGH,
-    SGLANG_PREFIX,
-    parse_passthrough_scalar,
-    passthrough_prefix,
-    unknown_flag_issue,
-)
+from jobspec.argv import parse_passthrough_scalar, passthrough_prefix, unknown_flag_issue
 from jobspec.bounds import (
     INT_MAX,
     INT_MIN,
@@ -30,7 +24,7 @@ from jobspec.bounds import (
     untyped_problem,
 )
 from jobspec.issues import SpecIssue
-from jobspec.spec import FIELDS, FIELDS_BY_FLAG, FieldSpec, JobSpec
+from jobspec.spec import FIELDS, FIELDS_BY_FLAG, PASSTHROUGH, SGLANG_PREFIX, FieldSpec, JobSpec
 
 __all__ = [
     "values_from_obj",

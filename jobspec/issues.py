@@ -82,28 +82,3 @@ class SpecError(Exception):
 
     def to_dict(self) -> dict[str, Any]:
         return {"issues": [i.to_dict() for i in self.issues]}
-
-
-def one_per_mistake(issues: list[SpecIssue]) -> list[SpecIssue]:
-    """Drop rule issues that only repeat a mistake already reported about the same parameter.
-
-    A value refused before the rules ran (a bad type or choice, a flag without its value, invalid JSON)
-    leaves the field at its default, and an unknown key such as ``rollout-batch-sise`` leaves the field
-    it misspells unset; a rule that then complains about that field ("--rollout-batch-size is required")
-    reports the same mistake a second time, in a confusing form. Such rule issues are dropped; every
-    other issue is kept, in order.
-    """
-    from jobspec.spec import FIELDS, FIELDS_BY_FLAG
-    from jobspec.suggest import suggest_flag
-
-    refused: set[str] = set()
-    for issue in issues:
-        if not issue.is_error or issue.code.startswith("rule.") or not issue.field:
-            continue
-        refused.add(issue.field)
-        if issue.code == "spec.unknown_key" and "did you mean" in issue.hint:  # only these were searched
-            guess = suggest_flag(issue.field)
-            name = FIELDS_BY_FLAG.get(guess) if guess else None
-            if name is not None:
-                refused.add(FIELDS[name].flag)
-    return [i for i in issues if not (i.code.startswith("rule.") and set(i.fields) & refused)]

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from jobspec.argv import PASSTHROUGH, decode_argv
+from jobspec.argv import decode_argv
 from jobspec.demand import ResourceDemand, compute_demand
 from jobspec.intake import (
     check_representable,
@@ -18,9 +18,10 @@ from jobspec.intake import (
     validate_spec,
     values_from_obj,
 )
-from jobspec.issues import SpecError, SpecIssue, Understood, one_per_mistake
+from jobspec.issues import SpecError, SpecIssue, Understood
 from jobspec.rules import run_input_rules, run_rules
-from jobspec.spec import FIELDS, JobSpec
+from jobspec.spec import FIELDS, FIELDS_BY_FLAG, PASSTHROUGH, JobSpec
+from jobspec.suggest import suggest_flag
 
 __all__ = ["NormalizedSpec", "normalize", "TOO_LARGE"]
 
@@ -174,3 +175,25 @@ def _understood(given: dict[str, Any], values: dict[str, Any], derived: dict[str
     except (ValueError, SpecError):  # no layout: no demand
         demand = None
     return Understood(spec=spec.to_dict(), argv=spec.to_argv(), derived=dict(derived), demand=demand)
+
+
+def one_per_mistake(issues: list[SpecIssue]) -> list[SpecIssue]:
+    """Drop rule issues that only repeat a mistake already reported about the same parameter.
+
+    A value refused before the rules ran (a bad type or choice, a flag without its value, invalid JSON)
+    leaves the field at its default, and an unknown key such as ``rollout-batch-sise`` leaves the field
+    it misspells unset; a rule that then complains about that field ("--rollout-batch-size is required")
+    reports the same mistake a second time, in a confusing form. Such rule issues are dropped; every
+    other issue is kept, in order.
+    """
+    refused: set[str] = set()
+    for issue in issues:
+        if not issue.is_error or issue.code.startswith("rule.") or not issue.field:
+            continue
+        refused.add(issue.field)
+        if issue.code == "spec.unknown_key" and "did you mean" in issue.hint:  # only these were searched
+            guess = suggest_flag(issue.field)
+            name = FIELDS_BY_FLAG.get(guess) if guess else None
+            if name is not None:
+                refused.add(FIELDS[name].flag)
+    return [i for i in issues if not (i.code.startswith("rule.") and set(i.fields) & refused)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import types
 import typing
 from dataclasses import dataclass
@@ -181,8 +182,6 @@ class JobSpec(*reversed(GROUP_MODELS)):  # type: ignore[misc]
 
     def to_argv(self) -> list[str]:
         """Relax launcher flags for every non-default value; `normalize(argv=...)` gives this spec back."""
-        from jobspec.argv import encode_argv
-
         return encode_argv(self)
 
     def to_dict(self) -> dict[str, Any]:
@@ -359,3 +358,67 @@ def function_path_fields() -> list[str]:
 def megatron_fields() -> list[str]:
     """The explicit list of Megatron-LM flags Relax Platform accepts (field names)."""
     return [n for n, f in FIELDS.items() if f.origin == "megatron"]
+
+
+SGLANG_PREFIX = "sglang-"
+#: flag prefix -> the passthrough field that collects those flags (untyped, without the prefix).
+PASSTHROUGH = {"teacher-sglang-": "teacher_sglang", SGLANG_PREFIX: "sglang"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding (jobspec/argv.py decodes): here, beside the fields, so that the spec writes its own flags
+
+
+def _scalar_token(value: Any) -> str:
+    if isinstance(value, bool):  # pragma: no cover - booleans are flags, never tokens
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def _emit_scalar(flag: str, token: str) -> list[str]:
+    # `--flag=value` keeps values that start with '-' (or are empty) from being read as flags.
+    if token == "" or token.startswith("-"):
+        return [f"--{flag}={token}"]
+    return [f"--{flag}", token]
+
+
+def encode_argv(spec: Any) -> list[str]:
+    """Flags for every non-default field of `spec`, in reference order."""
+    out: list[str] = []
+    # A JobSpec's values from its __dict__: an attribute lookup searches its ~120 base classes first (3.5 ms for
+    # every field, against 0.1 ms)
+    values = spec.__dict__ if isinstance(getattr(spec, "__dict__", None), dict) else None
+    for f in FIELDS.values():
+        value = values[f.name] if values is not None and f.name in values else getattr(spec, f.name)
+        if f.kind == "passthrough":
+            prefix = next(p for p, name in PASSTHROUGH.items() if name == f.name)
+            for key, item in value.items():
+                flag = prefix + key.replace("_", "-")
+                if item is True:
+                    out.append(f"--{flag}")
+                elif isinstance(item, list):
+                    out += [f"--{flag}", *(_scalar_token(x) for x in item)]
+                else:
+                    out += _emit_scalar(flag, _scalar_token(item))
+            continue
+        if value == f.default and type(value) is type(f.default):
+            continue
+        if f.kind in ("flag", "flag_off", "negatable"):
+            if value is not None:
+                out += [f"--{flag}" for flag, stored in f.switches.items() if stored == value][:1]
+        elif f.kind == "bool_value":
+            out.append(f"--{f.flag}=true" if value else f"--{f.flag}=")
+        elif f.kind == "list":
+            if value is not None:
+                out += [f"--{f.flag}", *(_scalar_token(x) for x in value)]
+        elif f.kind == "append":
+            for group in value or ():
+                out += [f"--{f.flag}", *(_scalar_token(x) for x in group)]
+        elif f.kind == "json":
+            if value is not None:
+                out += [f"--{f.flag}", json.dumps(value, separators=(",", ":"), ensure_ascii=False)]
+        elif value is not None:
+            out += _emit_scalar(f.flag, _scalar_token(value))
+    return out

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import ray
 
-from runtime.bootstrap import CredentialError, JobCredential, exchange, take_bootstrap_secret
 from runtime.capabilities import unsupported_parameters
+from runtime.credential import CredentialError, JobCredential, exchange, take_bootstrap_secret
 from runtime.devices import Device
 from runtime.observability import Stage, StepTimer, configure_logging
 from runtime.pipeline import Pipeline, build_pipeline, resume, role_plan

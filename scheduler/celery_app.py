@@ -53,7 +53,7 @@ class TickScheduler(PersistentScheduler):
             return 0 if "NOT_FOUND" in str(err) or "no queue" in str(err) else None
 
 
-def make_celery(settings: Settings, *, with_tasks: bool = True) -> Celery:
+def make_celery(settings: Settings) -> Celery:
     broker = settings.broker_url
     if broker.startswith("sqla+"):
         # The SQL transport polls; its default 1 s makes every hand-off a second late. It takes the
@@ -88,8 +88,4 @@ def make_celery(settings: Settings, *, with_tasks: bool = True) -> Celery:
         # Redis re-delivers an unacknowledged task after this long; longer than any task runs.
         # (The SQL transport hands its transport options to create_engine, so not there.)
         app.conf.broker_transport_options = {"visibility_timeout": 3600}
-    if with_tasks:
-        from scheduler.tasks import register_tasks
-
-        register_tasks(app, settings)
     return app

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from scheduler import policy as P
+from scheduler.celery_app import make_celery
 from scheduler.db.engine import Database
 from scheduler.db.models import (
     Allocation,
@@ -34,6 +35,7 @@ from scheduler.dispatch import Dispatcher
 from scheduler.domain.jobs import HOLDING_SLOTS, JobStatus
 from scheduler.observability import observe_pass
 from scheduler.policy.invariants import check
+from scheduler.policy.placement import gangs_of
 from scheduler.services.jobs import JobService
 from scheduler.transactions import after_commit
 
@@ -79,20 +81,6 @@ def _ts(value: datetime | None) -> float | None:
 def node_key(pool: str, node: str) -> str:
     """Node names are unique within a pool; the policy sees them qualified by pool."""
     return f"{pool}/{node}"
-
-
-def gangs_of(demand: dict) -> tuple[P.Gang, ...]:
-    """The job spec's resource demand as the policy's gangs."""
-    return tuple(
-        P.Gang(
-            role=str(g["role"]),
-            gpus=int(g["gpus_per_replica"]),
-            count=int(g["replicas"]),
-            one_node=bool(g.get("one_node", True)),
-            colocate_with=g.get("shares_with"),
-        )
-        for g in demand.get("groups", [])
-    )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -369,7 +357,6 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
     import json
 
-    from scheduler.celery_app import make_celery
     from scheduler.dispatch import CeleryDispatcher
     from scheduler.settings import get_settings
 
@@ -378,7 +365,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     settings = get_settings()
     db = Database(settings.database_url)
-    dispatcher = CeleryDispatcher(make_celery(settings, with_tasks=False))
+    dispatcher = CeleryDispatcher(make_celery(settings))
     try:
         for _ in range(args.passes):
             r = run_scheduling_pass(db, dispatcher, artifact_root=settings.artifacts)

@@ -10,6 +10,7 @@ from runtime.redaction import install_log_redaction
 from scheduler.celery_app import make_celery
 from scheduler.logs import configure_logging
 from scheduler.settings import get_settings
+from scheduler.tasks import register_tasks
 
 install_log_redaction()  # no key or token in the worker's logs (Ray's errors included)
 _PART = "beat" if "beat" in sys.argv[1:] else "worker"  # `celery ... beat`; `worker --beat` is a worker
@@ -25,4 +26,6 @@ def _logging(loglevel: int | str | None = None, **_: object) -> None:
     configure_logging(_PART, level=loglevel or "INFO")
 
 
-app = make_celery(get_settings())
+_settings = get_settings()
+app = make_celery(_settings)
+register_tasks(app, _settings)  # the worker's tasks (and the beat's schedule runs them)

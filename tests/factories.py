@@ -72,7 +72,7 @@ def make_broker_app(broker_url: str, home: Path):  # type: ignore[no-untyped-def
     from scheduler.settings import CelerySettings, Settings
 
     settings = Settings(home=home, celery=CelerySettings(broker_url=broker_url))
-    return make_celery(settings, with_tasks=False)
+    return make_celery(settings)
 
 
 def drain_queue(app, queue: str, *, wait: float = 0.5) -> list[tuple[str, list]]:  # type: ignore[no-untyped-def]

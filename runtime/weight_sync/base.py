@@ -42,9 +42,3 @@ class WeightSync(ABC):
 
 
 WEIGHT_SYNC_BACKENDS: Registry[type[WeightSync]] = Registry("weight sync backend")
-
-
-def create_weight_sync(name: str) -> WeightSync:
-    from runtime.weight_sync import object_store  # noqa: F401 - registers the built-in backend
-
-    return WEIGHT_SYNC_BACKENDS.get(name)()

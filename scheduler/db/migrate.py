@@ -37,32 +37,3 @@ def upgrade(url: str, revision: str = "head") -> None:
 
 def downgrade(url: str, revision: str) -> None:
     command.downgrade(alembic_config(url), revision)
-
-
-def main() -> None:
-    """`python -m scheduler.db.migrate`: upgrade the configured database (RELAX_DATABASE_URL) to
-    head, then make sure the default team (and, when RELAX_BOOTSTRAP_ADMIN_KEY is set, that admin
-    key) exist. Safe to run on every start of every replica."""
-    import os
-
-    from scheduler.db.engine import Database
-    from scheduler.services.auth import ensure_api_key
-    from scheduler.services.platform import ensure_team
-    from scheduler.settings import get_settings
-
-    url = get_settings().database_url
-    upgrade(url)
-    db = Database(url)
-    try:
-        with db.session() as s:
-            ensure_team(s, "default")
-            raw = os.environ.get("RELAX_BOOTSTRAP_ADMIN_KEY")
-            if raw:
-                ensure_api_key(s, raw, name="bootstrap-admin", role="admin", team_id=None)
-    finally:
-        db.dispose()
-    print(f"database at head: {url.split('@')[-1]}")
-
-
-if __name__ == "__main__":
-    main()

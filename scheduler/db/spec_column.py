@@ -151,7 +151,7 @@ def _defaults(ident: str) -> dict[str, Any]:
             return _known[ident]
     raise LookupError(
         f"a job's spec was stored against defaults {ident}, which no database this process uses records "
-        "(table spec_defaults); run `python -m scheduler.db.migrate` with the platform version that wrote it"
+        "(table spec_defaults); run `python -m scheduler.dbinit` with the platform version that wrote it"
     )
 
 

@@ -238,3 +238,17 @@ def _lay_on_host(gang: Gang, assignments: list[Assignment]) -> list[Assignment] 
         if left:
             return None
     return out
+
+
+def gangs_of(demand: dict) -> tuple[Gang, ...]:
+    """The job spec's resource demand (`jobspec.demand.ResourceDemand` as JSON) as the policy's gangs."""
+    return tuple(
+        Gang(
+            role=str(g["role"]),
+            gpus=int(g["gpus_per_replica"]),
+            count=int(g["replicas"]),
+            one_node=bool(g.get("one_node", True)),
+            colocate_with=g.get("shares_with"),
+        )
+        for g in demand.get("groups", [])
+    )

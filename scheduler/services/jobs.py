@@ -57,7 +57,7 @@ from scheduler.domain.jobs import ALLOWED_TRANSITIONS, ON_CLUSTER, FailureReason
 from scheduler.domain.roles import Action
 from scheduler.logs import annotate
 from scheduler.observability import count_report
-from scheduler.policy.placement import PoolCapacity, place_demand
+from scheduler.policy.placement import PoolCapacity, gangs_of, place_demand
 from scheduler.policy.types import Node as PolicyNode
 from scheduler.services.auth import Principal, team_for
 from scheduler.services.job_tokens import job_token
@@ -683,8 +683,6 @@ class JobService:
 
     def _fits(self, pool_name: str, demand: dict[str, Any]) -> bool | None:
         """Whether the demand could ever be placed in the pool taken empty; None for a pool with no nodes."""
-        from scheduler.scheduling import gangs_of
-
         members = self._nodes().get(pool_name, [])
         if not members:
             return None

@@ -25,7 +25,7 @@ def broker_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 def test_no_tick_is_sent_while_the_scheduler_queue_is_not_taken(broker_url: str, tmp_path: Path) -> None:
-    app = make_celery(Settings(home=tmp_path, celery=CelerySettings(broker_url=broker_url)), with_tasks=False)
+    app = make_celery(Settings(home=tmp_path, celery=CelerySettings(broker_url=broker_url)))
     assert app.conf.beat_scheduler == "scheduler.celery_app:TickScheduler"
     beat = TickScheduler(app=app, schedule_filename=str(tmp_path / "schedule"), lazy=True)
     beat.setup_schedule()

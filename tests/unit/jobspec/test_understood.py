@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jobspec import SpecError, normalize
-from jobspec.issues import one_per_mistake
+from jobspec.normalization import one_per_mistake
 
 
 def understood(obj: object = None, argv: list[str] | None = None):

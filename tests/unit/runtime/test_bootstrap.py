@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
-from runtime import bootstrap
-from runtime.bootstrap import BOOTSTRAP_ENV, CredentialError, exchange, take_bootstrap_secret
+from runtime import bootstrap, credential
+from runtime.credential import BOOTSTRAP_ENV, CredentialError, exchange, take_bootstrap_secret
 
 
 class Answers:
@@ -30,7 +30,7 @@ class Answers:
 
 @pytest.fixture(autouse=True)
 def no_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bootstrap.time, "sleep", lambda s: None)
+    monkeypatch.setattr(credential.time, "sleep", lambda s: None)
 
 
 def test_exchange_gets_the_attempts_token_with_the_bootstrap_secret(monkeypatch: pytest.MonkeyPatch) -> None:

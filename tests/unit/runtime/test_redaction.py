@@ -105,7 +105,7 @@ def test_the_driver_ships_no_secret_in_its_log_lines_or_events(tmp_path) -> None
 
 
 def test_the_drivers_credential_keeps_its_token_out_of_reprs_and_derives_per_purpose_secrets() -> None:
-    from runtime.bootstrap import JobCredential
+    from runtime.credential import JobCredential
 
     cred = JobCredential(job_id="job_1", attempt=3, token=TOKEN)
     assert TOKEN not in repr(cred) and "job_1" in repr(cred)

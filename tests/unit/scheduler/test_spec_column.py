@@ -41,7 +41,7 @@ def test_each_spec_read_gets_its_own_lists_and_dicts() -> None:
 
 
 def test_defaults_nobody_recorded_are_an_error_that_says_what_to_do() -> None:
-    with pytest.raises(LookupError, match="spec_defaults.*scheduler.db.migrate"):
+    with pytest.raises(LookupError, match="spec_defaults.*scheduler.dbinit"):
         expand({DEFAULTS_KEY: "ffffffffffffffffffff", "seed": 3})
     with pytest.raises(LookupError, match="does not hold"):
         expand_with({DEFAULTS_KEY: "ffffffffffffffffffff"}, {})
