@@ -255,7 +255,11 @@ class Allocation(Base):
 
 class Metric(Base):
     __tablename__ = "metrics"
-    __table_args__ = (sa.Index("ix_metrics_job_name_step", "job_id", "name", "step"),)
+    __table_args__ = (
+        sa.Index("ix_metrics_job_name_step", "job_id", "name", "step"),
+        # the live stream reads a job's points by cursor: WHERE job_id = ? AND id > ? ORDER BY id (docs/stream.md)
+        sa.Index("ix_metrics_job_id_id", "job_id", "id"),
+    )
 
     id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True)
     job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"))
