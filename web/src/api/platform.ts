@@ -1,5 +1,5 @@
 // Pools (with their nodes) and queues: the capacity side of the platform.
-import { queryOptions } from "@tanstack/react-query";
+import { queryOptions, useQuery } from "@tanstack/react-query";
 import { api, unwrap } from "./client";
 import { LIVE_REFRESH_MS } from "./jobs";
 import type { Pool, Queue } from "./types";
@@ -25,4 +25,12 @@ export function queuesQuery() {
     refetchInterval: LIVE_REFRESH_MS,
     staleTime: 30_000,
   });
+}
+
+/** Each pool's accelerator by pool name ("cpu" for CPU slots), from the pools query (empty until it loads). */
+export function usePoolAccelerators(): ReadonlyMap<string, string> {
+  const pools = useQuery(poolsQuery());
+  const out = new Map<string, string>();
+  for (const p of pools.data ?? []) out.set(p.name, String(p.accelerator ?? ""));
+  return out;
 }

@@ -118,6 +118,26 @@ export function waitDuration(job: JobTimes, now: number = Date.now()): number | 
   return isTerminal(job.status) ? null : now - created.getTime();
 }
 
+/** What a pool's slots are: GPUs, or CPU slots where the pool's accelerator is "cpu" (the embedded platform on a
+ * machine without GPUs). An unknown pool (not loaded yet) counts as GPUs. */
+export function slotNoun(accelerator: string | null | undefined, count = 2): string {
+  const cpu = accelerator === "cpu";
+  if (count === 1) return cpu ? "CPU slot" : "GPU";
+  return cpu ? "CPU slots" : "GPUs";
+}
+
+/** "1 GPU", "8 GPUs", "1 CPU slot", "2 CPU slots". */
+export function formatSlots(count: number, accelerator: string | null | undefined): string {
+  return `${count} ${slotNoun(accelerator, count)}`;
+}
+
+/** A column of several pools' slots: "GPUs" or "CPU slots" when all are alike, else "Slots". */
+export function slotsHeading(accelerators: readonly (string | null | undefined)[]): string {
+  const kinds = new Set(accelerators.map((a) => (a === "cpu" ? "cpu" : "gpu")));
+  if (kinds.size === 1) return kinds.has("cpu") ? "CPU slots" : "GPUs";
+  return kinds.size === 0 ? "GPUs" : "Slots";
+}
+
 /** "12 / 250 (4.8%)", or "12" when the total is unknown. */
 export function formatProgress(step: number | null | undefined, total: number | null | undefined): string {
   if (step == null && total == null) return "—";

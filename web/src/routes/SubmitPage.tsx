@@ -4,7 +4,7 @@ import { useQuery } from "@tanstack/react-query";
 import { type KeyboardEvent, useEffect, useMemo, useState } from "react";
 import example from "../../../examples/grpo-arith.yaml?raw";
 import { jobDetailQuery, useSubmitJob } from "../api/jobs";
-import { queuesQuery } from "../api/platform";
+import { queuesQuery, usePoolAccelerators } from "../api/platform";
 import { useValidateSpec } from "../api/specs";
 import type { JobCreate, ResourceDemand, SpecValidate, SpecValidation } from "../api/types";
 import type { FieldIssue } from "../api/client";
@@ -47,6 +47,7 @@ function newIdempotencyKey(): string {
 }
 
 function ValidationView({ result }: { result: SpecValidation }) {
+  const accelerator = usePoolAccelerators().get(String(result.pool ?? ""));
   const derived = Object.entries(result.derived ?? {});
   // Errors and warnings arrive apart; sort by severity anyway, so a list is never shown under the wrong head.
   const all = [...(result.errors ?? []), ...(result.warnings ?? [])] as unknown as FieldIssue[];
@@ -74,7 +75,7 @@ function ValidationView({ result }: { result: SpecValidation }) {
       {result.demand ? (
         <div style={{ marginTop: 14 }}>
           <h3>Resource demand</h3>
-          <DemandView demand={result.demand as unknown as ResourceDemand} />
+          <DemandView demand={result.demand as unknown as ResourceDemand} accelerator={accelerator} />
         </div>
       ) : null}
       {derived.length ? (

@@ -6,9 +6,12 @@ import {
   formatMetric,
   formatProgress,
   formatRelative,
+  formatSlots,
   isTerminal,
   parseTime,
   runDuration,
+  slotNoun,
+  slotsHeading,
   waitDuration,
 } from "../../src/lib/format";
 
@@ -95,5 +98,21 @@ describe("formatting: job durations", () => {
     expect(runDuration(job, now)).toBe(240_000);
     expect(isTerminal(job.status)).toBe(true);
     expect(isTerminal("CANCELLING")).toBe(false);
+  });
+});
+
+describe("slots named for their pool", () => {
+  it("says GPUs, or CPU slots on a cpu pool", () => {
+    expect(formatSlots(1, "nvidia-h200")).toBe("1 GPU");
+    expect(formatSlots(8, undefined)).toBe("8 GPUs");
+    expect(formatSlots(1, "cpu")).toBe("1 CPU slot");
+    expect(formatSlots(2, "cpu")).toBe("2 CPU slots");
+    expect(slotNoun("cpu")).toBe("CPU slots");
+  });
+  it("heads a column by what its pools have", () => {
+    expect(slotsHeading(["cpu", "cpu"])).toBe("CPU slots");
+    expect(slotsHeading(["h100", undefined])).toBe("GPUs");
+    expect(slotsHeading(["cpu", "h100"])).toBe("Slots");
+    expect(slotsHeading([])).toBe("GPUs");
   });
 });

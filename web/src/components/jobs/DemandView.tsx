@@ -1,18 +1,31 @@
-// A job's resource demand: the GPU groups per role, colocation, nodes needed.
+// A job's resource demand: the slot groups per role, colocation, nodes needed; slots named for their pool (GPUs, or
+// CPU slots on a pool whose accelerator is "cpu").
 import type { ResourceDemand } from "../../api/types";
+import { slotNoun } from "../../lib/format";
 
-export function DemandView({ demand }: { demand: ResourceDemand | null | undefined }) {
+export function DemandView({
+  demand,
+  accelerator,
+}: {
+  demand: ResourceDemand | null | undefined;
+  accelerator?: string | null;
+}) {
   if (!demand || !Array.isArray(demand.groups)) return <div className="muted">No demand computed.</div>;
+  const slots = slotNoun(accelerator);
   return (
     <div>
-      {demand.summary ? <p className="mono" style={{ marginTop: 0 }}>{demand.summary}</p> : null}
+      {demand.summary ? (
+        <p className="mono" style={{ marginTop: 0 }}>
+          {accelerator === "cpu" ? demand.summary.replace(/\bGPU(s?)\b/g, "CPU slot$1") : demand.summary}
+        </p>
+      ) : null}
       <dl className="facts" style={{ marginBottom: 10 }}>
         <div>
-          <dt>Total GPUs/slots</dt>
+          <dt>Total {slots}</dt>
           <dd data-testid="demand-total">{demand.total_gpus}</dd>
         </div>
         <div>
-          <dt>GPUs per node</dt>
+          <dt>{slots} per node</dt>
           <dd>{demand.num_gpus_per_node}</dd>
         </div>
         <div>
@@ -32,12 +45,12 @@ export function DemandView({ demand }: { demand: ResourceDemand | null | undefin
       </dl>
       <div className="table-wrap">
         <table>
-          <caption className="sr-only">GPU groups</caption>
+          <caption className="sr-only">{slots} by role</caption>
           <thead>
             <tr>
               <th scope="col">Role</th>
               <th scope="col" className="num">Replicas</th>
-              <th scope="col" className="num">GPUs / replica</th>
+              <th scope="col" className="num">{slots} / replica</th>
               <th scope="col">One node</th>
               <th scope="col">Shares with</th>
             </tr>

@@ -1,6 +1,7 @@
 // The top of a job's page: status and why, progress, timing, placement, and the actions.
+import { usePoolAccelerators } from "../../api/platform";
 import type { JobDetail } from "../../api/types";
-import { describeFailure, formatDuration, formatProgress, formatRelative, formatTime, isTerminal, parseTime, runDuration, waitDuration } from "../../lib/format";
+import { describeFailure, formatDuration, formatProgress, formatRelative, formatTime, isTerminal, parseTime, runDuration, slotNoun, waitDuration } from "../../lib/format";
 import { Bar } from "../common/Bar";
 import { StatusBadge } from "../common/StatusBadge";
 import { useNow } from "../common/useNow";
@@ -10,6 +11,7 @@ const STALE_REPORT_MS = 120_000;
 
 export function JobHeader({ job }: { job: JobDetail }) {
   const now = useNow();
+  const accelerator = usePoolAccelerators().get(job.pool);
   const lastReport = parseTime(job.last_report_at);
   const stale = job.status === "RUNNING" && lastReport != null && now - lastReport.getTime() > STALE_REPORT_MS;
   const waited = waitDuration(job, now);
@@ -75,7 +77,7 @@ export function JobHeader({ job }: { job: JobDetail }) {
             <dd>{job.priority_class} ({job.priority}{job.preemptible ? "" : ", not preemptible"})</dd>
           </div>
           <div>
-            <dt>GPUs / slots</dt>
+            <dt>{slotNoun(accelerator)}</dt>
             <dd>{job.total_gpus}</dd>
           </div>
           <div>
@@ -134,7 +136,7 @@ export function JobHeader({ job }: { job: JobDetail }) {
                   <th scope="col">Pool</th>
                   <th scope="col">Node</th>
                   <th scope="col">Role</th>
-                  <th scope="col" className="num">GPUs</th>
+                  <th scope="col" className="num">{slotNoun(accelerator)}</th>
                 </tr>
               </thead>
               <tbody>

@@ -1,6 +1,7 @@
 // The jobs table: one row per job with what an operator scans for (status, where, how far, why).
 import type { Job } from "../../api/types";
-import { formatDuration, formatProgress, formatRelative, formatTime, isTerminal, runDuration, waitDuration } from "../../lib/format";
+import { usePoolAccelerators } from "../../api/platform";
+import { formatDuration, formatProgress, formatRelative, formatSlots, formatTime, isTerminal, runDuration, slotsHeading, waitDuration } from "../../lib/format";
 import { buildHash } from "../../lib/router";
 import { Bar } from "../common/Bar";
 import { StatusBadge } from "../common/StatusBadge";
@@ -18,6 +19,7 @@ export function whyText(job: Job): string {
 }
 
 export function JobsTable({ jobs, now }: { jobs: readonly Job[]; now: number }) {
+  const accelerators = usePoolAccelerators();
   return (
     <div className="table-wrap">
       <table data-testid="jobs-table">
@@ -27,7 +29,7 @@ export function JobsTable({ jobs, now }: { jobs: readonly Job[]; now: number }) 
             <th scope="col">Job</th>
             <th scope="col">Status</th>
             <th scope="col">Queue / pool</th>
-            <th scope="col" className="num">GPUs</th>
+            <th scope="col" className="num">{slotsHeading(jobs.map((j) => accelerators.get(j.pool)))}</th>
             <th scope="col">Progress</th>
             <th scope="col">Created</th>
             <th scope="col" className="num">Duration</th>
@@ -55,7 +57,7 @@ export function JobsTable({ jobs, now }: { jobs: readonly Job[]; now: number }) 
                   {j.queue}
                   <div className="muted small">{j.pool}</div>
                 </td>
-                <td className="num">{j.total_gpus}</td>
+                <td className="num nowrap">{formatSlots(j.total_gpus, accelerators.get(j.pool))}</td>
                 <td>
                   <div className="progress-cell">
                     <span className="small">{formatProgress(j.progress_step, j.total_steps)}</span>

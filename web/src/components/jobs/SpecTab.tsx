@@ -2,6 +2,7 @@
 // applied) and the resource demand the scheduler placed.
 import { useMemo, useState } from "react";
 import type { FieldIssue } from "../../api/client";
+import { usePoolAccelerators } from "../../api/platform";
 import type { JobDetail, ResourceDemand } from "../../api/types";
 import { IssueList } from "../common/ErrorPanel";
 import { JsonBlock } from "../common/JsonBlock";
@@ -12,6 +13,7 @@ type Show = "set" | "nonempty" | "all";
 const key = (k: string) => k.replace(/-/g, "_");
 
 export function SpecTab({ job }: { job: JobDetail }) {
+  const accelerator = usePoolAccelerators().get(job.pool);
   const [filter, setFilter] = useState("");
   const [show, setShow] = useState<Show>("set");
   const submittedSpec = (job.submitted.spec ?? {}) as Record<string, unknown>;
@@ -89,7 +91,7 @@ export function SpecTab({ job }: { job: JobDetail }) {
         ) : null}
         <div className="panel">
           <h3>Resource demand</h3>
-          <DemandView demand={job.demand as unknown as ResourceDemand} />
+          <DemandView demand={job.demand as unknown as ResourceDemand} accelerator={accelerator} />
         </div>
         <div className="panel">
           <JsonBlock label="Submitted" value={job.submitted} />
