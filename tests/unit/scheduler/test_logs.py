@@ -34,15 +34,16 @@ def restore_logging() -> Iterator[None]:
     root = logging.getLogger()
     saved = (list(root.handlers), root.level)
     named = {
-        n: (list(logging.getLogger(n).handlers), logging.getLogger(n).propagate)
-        for n in ("uvicorn", "uvicorn.error", "uvicorn.access")
+        n: (list(logging.getLogger(n).handlers), logging.getLogger(n).propagate, logging.getLogger(n).level)
+        for n in ("uvicorn", "uvicorn.error", "uvicorn.access", "celery")
     }
     yield
     root.handlers[:] = saved[0]
     root.setLevel(saved[1])
-    for n, (handlers, propagate) in named.items():
+    for n, (handlers, propagate, level) in named.items():
         logging.getLogger(n).handlers[:] = handlers
         logging.getLogger(n).propagate = propagate
+        logging.getLogger(n).setLevel(level)
     logging.captureWarnings(False)
 
 
@@ -124,6 +125,8 @@ def test_uvicorns_and_the_roots_records_go_through_one_handler(
     assert len(root.handlers) == 1
     out = io.StringIO()
     root.handlers[0].setStream(out)  # type: ignore[attr-defined]
+    for name in ("uvicorn.access", "celery"):  # uvicorn sets their levels itself; another test may have left one
+        logging.getLogger(name).setLevel(logging.INFO)
     logging.getLogger("uvicorn.access").info(
         '%s - "%s %s HTTP/%s" %d', "127.0.0.1:1", "GET", "/x", "1.1", 200
     )
