@@ -157,3 +157,35 @@ def make_job(
         s.add(JobEvent(job_id=job_id, kind="transition", to_status="QUEUED", reason="test factory"))
         assert s.scalar(sa.select(sa.func.count()).select_from(Job).where(Job.id == job_id)) == 1
     return job_id
+
+
+def two_team_gpu_pool(db: Database) -> None:
+    """Pool h200 of 4 nodes x 8 GPUs; teams and queues math and vision on it, 16 nominal GPUs each (created as
+    the admin API creates them)."""
+    from scheduler.services.auth import Principal
+    from scheduler.services.platform import create_pool, create_queue, create_team
+
+    admin = Principal(key_id="key_test", role="admin", team_id=None)
+    with db.session() as s:
+        create_pool(
+            s,
+            admin,
+            name="h200",
+            accelerator="h200",
+            ray_address=None,
+            python=None,
+            nodes=[{"name": f"n{i}", "gpus": 8} for i in range(4)],
+        )
+        for team in ("math", "vision"):
+            create_team(s, admin, team)
+            create_queue(
+                s,
+                admin,
+                name=team,
+                pool="h200",
+                team=team,
+                nominal_gpus=16,
+                borrowing_limit=None,
+                lending_limit=None,
+                weight=1.0,
+            )

@@ -21,8 +21,7 @@ from scheduler.policy import PolicyConfig
 from scheduler.scheduling import run_scheduling_pass
 from scheduler.services.auth import Principal
 from scheduler.services.jobs import JobService, Report
-from scheduler.services.platform import create_pool, create_queue, create_team
-from tests.factories import make_job
+from tests.factories import make_job, two_team_gpu_pool
 
 ADMIN = Principal(key_id="key_test", role="admin", team_id=None)
 REPO = Path(__file__).resolve().parents[2]
@@ -49,30 +48,7 @@ def names(samples: Samples, name: str) -> list[dict[str, str]]:
 
 
 def _cluster(db: Database) -> None:
-    """Pool h200 of 4 nodes x 8 GPUs; queues math and vision, 16 nominal GPUs each."""
-    with db.session() as s:
-        create_pool(
-            s,
-            ADMIN,
-            name="h200",
-            accelerator="h200",
-            ray_address=None,
-            python=None,
-            nodes=[{"name": f"n{i}", "gpus": 8} for i in range(4)],
-        )
-        for team in ("math", "vision"):
-            create_team(s, ADMIN, team)
-            create_queue(
-                s,
-                ADMIN,
-                name=team,
-                pool="h200",
-                team=team,
-                nominal_gpus=16,
-                borrowing_limit=None,
-                lending_limit=None,
-                weight=1.0,
-            )
+    two_team_gpu_pool(db)
 
 
 def test_metrics_follow_admissions_preemptions_and_outcomes(api, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

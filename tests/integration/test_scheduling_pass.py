@@ -18,8 +18,7 @@ from scheduler.dispatch import CeleryDispatcher
 from scheduler.scheduling import run_scheduling_pass
 from scheduler.services.auth import Principal
 from scheduler.services.jobs import JobService
-from scheduler.services.platform import create_pool, create_queue, create_team
-from tests.factories import bootstrap, make_broker_app, make_job
+from tests.factories import bootstrap, make_broker_app, make_job, two_team_gpu_pool
 
 ADMIN = Principal(key_id="key_test", role="admin", team_id=None)
 
@@ -29,29 +28,7 @@ def cluster(db_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
     """Pool h200 of 4 nodes x 8 GPUs; queues math (16 nominal) and vision (16 nominal)."""
     db = Database(db_url)
     bootstrap(db, tmp_path)
-    with db.session() as s:
-        create_pool(
-            s,
-            ADMIN,
-            name="h200",
-            accelerator="h200",
-            ray_address=None,
-            python=None,
-            nodes=[{"name": f"n{i}", "gpus": 8} for i in range(4)],
-        )
-        for team in ("math", "vision"):
-            create_team(s, ADMIN, team)
-            create_queue(
-                s,
-                ADMIN,
-                name=team,
-                pool="h200",
-                team=team,
-                nominal_gpus=16,
-                borrowing_limit=None,
-                lending_limit=None,
-                weight=1.0,
-            )
+    two_team_gpu_pool(db)
     yield db
     db.dispose()
 
