@@ -5,28 +5,44 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import lru_cache
 
 log = logging.getLogger(__name__)
 
-# Ray's JobStatus values, spelled out so that callers need not import ray.
-RAY_PENDING, RAY_RUNNING, RAY_STOPPED, RAY_SUCCEEDED, RAY_FAILED = (
-    "PENDING",
-    "RUNNING",
-    "STOPPED",
-    "SUCCEEDED",
-    "FAILED",
-)
+
+class RayJobStatus(StrEnum):
+    """Ray's `JobStatus` of a Ray job (its wire values), spelled out so that callers need not import ray."""
+
+    PENDING = "PENDING"  # submitted; the entrypoint has not started
+    RUNNING = "RUNNING"
+    STOPPED = "STOPPED"  # stopped on request (`stop_job`)
+    SUCCEEDED = "SUCCEEDED"  # the entrypoint exited 0
+    FAILED = "FAILED"  # the entrypoint exited non-zero, or its supervisor or node died
+
+    def is_terminal(self) -> bool:
+        return self in (RayJobStatus.STOPPED, RayJobStatus.SUCCEEDED, RayJobStatus.FAILED)
+
+
+# The members by their older names (tests and callers of the launcher use them).
+RAY_PENDING = RayJobStatus.PENDING
+RAY_RUNNING = RayJobStatus.RUNNING
+RAY_STOPPED = RayJobStatus.STOPPED
+RAY_SUCCEEDED = RayJobStatus.SUCCEEDED
+RAY_FAILED = RayJobStatus.FAILED
 
 
 @dataclass(frozen=True)
 class RayJobInfo:
-    status: str  # one of the RAY_* values
+    status: RayJobStatus  # a plain string of one of its values is taken as that member
     message: str | None
     # Ray's JobErrorType of a FAILED job (e.g. JOB_ENTRYPOINT_COMMAND_ERROR, JOB_SUPERVISOR_ACTOR_DIED) and the
     # entrypoint's exit code (negative: killed by that signal; 128+N from the shell: killed by signal N)
     error_type: str | None = None
     exit_code: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", RayJobStatus(self.status))
 
 
 def driver_entrypoint(python: str, job_id: str, api_url: str) -> str:
@@ -94,7 +110,7 @@ class RayJobLauncher:
             raise
         error_type = getattr(info, "error_type", None)
         return RayJobInfo(
-            status=str(info.status.value if hasattr(info.status, "value") else info.status),
+            status=RayJobStatus(str(info.status.value if hasattr(info.status, "value") else info.status)),
             message=info.message,
             error_type=str(getattr(error_type, "value", error_type)) if error_type else None,
             exit_code=getattr(info, "driver_exit_code", None),

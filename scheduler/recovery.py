@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import logging
 import signal
-from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 
-from runtime.launcher import RAY_STOPPED, RayJobInfo
+from runtime.launcher import RayJobInfo, RayJobStatus
 from runtime.redaction import redact
 from scheduler.db.engine import Database
 from scheduler.db.models import Checkpoint, Job, JobEvent
 from scheduler.domain.jobs import FailureReason, JobStatus
+from scheduler.domain.reconcile import Verdict
 from scheduler.services.jobs import JobService
 
 log = logging.getLogger(__name__)
@@ -45,15 +45,6 @@ _SETUP_ERROR_TYPES = frozenset(
         "JOB_ENTRYPOINT_COMMAND_START_ERROR",
     }
 )
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """Why a driver's Ray job ended: `lost` (resume it) or a failure of the job itself (`failure`)."""
-
-    lost: bool
-    why: str  # one line, the true reason
-    failure: FailureReason | None = None
 
 
 def killed_by(exit_code: int | None) -> str | None:
@@ -79,7 +70,7 @@ def ray_head(message: str | None) -> str:
 def judge_ended(sub_id: str, info: RayJobInfo) -> Verdict:
     """A Ray job that ended FAILED, or STOPPED without the platform asking: was its driver lost?"""
     head = ray_head(info.message)
-    if info.status == RAY_STOPPED:
+    if info.status == RayJobStatus.STOPPED:
         return Verdict(
             True, f"Ray job {sub_id} ended STOPPED outside the platform" + (f": {head}" if head else "")
         )

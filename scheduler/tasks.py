@@ -8,26 +8,18 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import socket
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import cached_property
 
 import sqlalchemy as sa
 from celery import Celery, signals
 
-from runtime.launcher import (
-    RAY_FAILED,
-    RAY_STOPPED,
-    RAY_SUCCEEDED,
-    driver_entrypoint,
-    launcher_for,
-    submission_id,
-)
+from runtime.launcher import RayJobInfo, RayJobLauncher, driver_entrypoint, launcher_for, submission_id
 from runtime.redaction import redact
 from runtime.spool import spool_dir
 from scheduler import health, recovery
@@ -43,6 +35,7 @@ from scheduler.dispatch import (
     PassCoalescer,
 )
 from scheduler.domain.jobs import ON_CLUSTER, FailureReason, JobStatus
+from scheduler.domain.reconcile import Fact, Facts, Move, MoveKind, Need, decide
 from scheduler.logs import annotate, log_context
 from scheduler.memory import freeze_startup_objects
 from scheduler.observability import observe_ray
@@ -283,15 +276,29 @@ def _launch_failed(ctx: WorkerContext, job_id: str, address: str | None, err: Ex
     ctx.dispatcher.request_pass()
 
 
+@dataclass(frozen=True)
+class _Watched:
+    """An on-cluster job as the reconciler read it."""
+
+    id: str
+    status: JobStatus
+    sub_id: str | None
+    launched_at: datetime | None
+    changed_at: datetime
+    all_steps_done: bool
+
+
 def reconcile_pool(ctx: WorkerContext, pool_name: str) -> None:
-    """Compare each on-cluster job with its Ray job and move it on; frees slots of ended jobs."""
+    """Compare each on-cluster job with its Ray job and move it on; frees slots of ended jobs. What to do is the
+    reconcile table's (scheduler/domain/reconcile.py); this reads the jobs, asks Ray, gathers the facts the
+    table asks for and performs its move."""
     with ctx.db.session() as s:
         pool = s.get(Pool, pool_name)
         if pool is None or not pool.ray_address:
             return
         address = pool.ray_address
         jobs = [
-            (
+            _Watched(
                 j.id,
                 JobStatus(j.status),
                 j.ray_submission_id,
@@ -306,121 +313,117 @@ def reconcile_pool(ctx: WorkerContext, pool_name: str) -> None:
     except Exception as err:  # the pool's Ray does not answer: its drivers are judged by their reports
         observe_ray(pool_name, answered=False)
         log.warning("pool %s: Ray at %s does not answer: %s", pool_name, address, err)
-        lost = [
-            _lost_if_silent(
-                ctx, job_id, status, f"the pool's Ray at {address} does not answer ({str(err)[:200]})"
-            )
-            for job_id, status, *_ in jobs
-        ]
-        freed = any(lost)
-        if freed:
+        lost = [_reconcile_job(ctx, None, pool_name, address, job, None, ray_error=str(err)) for job in jobs]
+        if any(lost):
             ctx.dispatcher.request_pass()
         return
     observe_ray(pool_name, answered=True)
     freed = False
-    grace = timedelta(seconds=ctx.settings.scheduler.launch_grace_seconds)
-    preempt_grace = timedelta(seconds=ctx.settings.scheduler.preempt_grace_seconds)
-    for job_id, status, sub_id, launched_at, changed_at, all_steps_done in jobs:
-        annotate(job_id=job_id)  # the task's context (`reconcile`): this job's lines name it
+    for job in jobs:
+        annotate(job_id=job.id)  # the task's context (`reconcile`): this job's lines name it
         try:
-            info = launcher.status(sub_id) if sub_id else None
+            info = launcher.status(job.sub_id) if job.sub_id else None
         except Exception as err:  # noqa: BLE001 - as above, for this job
             observe_ray(pool_name, answered=False)
-            freed |= _lost_if_silent(
-                ctx, job_id, status, f"the pool's Ray at {address} does not answer ({str(err)[:200]})"
-            )
+            freed |= _reconcile_job(ctx, launcher, pool_name, address, job, None, ray_error=str(err))
             continue
-        if info is None:
-            # late: past the launch grace, or launched before the pool's (embedded) Ray head was restarted,
-            # which cannot know the job: waiting the grace out left the job holding its slots without a
-            # driver for over a minute after a restart (chaos trials)
-            late = (
-                launched_at is None
-                or utcnow() - launched_at > grace
-                or _ray_restarted_since(pool_name, launched_at)
-            )
-            gone = f"Ray job {sub_id} is gone: the pool's Ray at {address} does not know it (restarted?)"
-            if status == JobStatus.CANCELLING and late:
-                freed |= _move(
-                    ctx, job_id, status, JobStatus.CANCELLED, "cancelled; the Ray job never started"
-                )
-            elif status == JobStatus.RUNNING or (
-                status == JobStatus.STARTING and late and _driver_started(ctx, job_id)
-            ):  # it ran on a Ray that is gone: what its driver left, then a new attempt resumes it
-                _final, done = _collect_run_end(ctx, job_id, all_steps_done)
-                if done and recovery.finished_cleanly(ctx.db, job_id):
-                    why = "the driver finished (exit 0, its final report stored); its Ray job is gone now"
-                    freed |= _move(ctx, job_id, status, JobStatus.SUCCEEDED, why)
-                else:
-                    freed |= _lost(ctx, job_id, status, gone)
-            elif status == JobStatus.STARTING and late:
-                launch_job(ctx, job_id)  # the worker that launched it died before submitting
-            elif status == JobStatus.PREEMPTING:
-                freed |= _move(
-                    ctx, job_id, status, JobStatus.QUEUED, "preempted; its Ray job is gone, waiting to resume"
-                )
-            continue
-        ended = info.status in (RAY_SUCCEEDED, RAY_FAILED, RAY_STOPPED)
-        if status == JobStatus.CANCELLING and not ended:
-            launcher.stop(sub_id)
-            continue
-        if status == JobStatus.PREEMPTING and not ended:
-            # The driver was asked to checkpoint and exit; past the grace period it is stopped.
-            if utcnow() - changed_at > preempt_grace:
-                launcher.stop(sub_id)
-            continue
-        if status == JobStatus.RUNNING and not ended:  # Ray says it runs: does the driver still report?
-            silence = _silence(ctx, job_id)
-            if silence is not None and _api_answers(ctx):
-                launcher.stop(sub_id)
-                why = f"the driver sent nothing for {silence:.0f}s while Ray job {sub_id} was {info.status}; stopped"
-                freed |= _lost(ctx, job_id, status, why)
-            continue
-        final_stored = False
-        if ended:  # before the job moves on: what its driver could not deliver, and its checkpoints on disk
-            final_stored, all_steps_done = _collect_run_end(ctx, job_id, all_steps_done)
-        if info.status == RAY_SUCCEEDED:
-            if status == JobStatus.PREEMPTING and not all_steps_done:
-                reason = "preempted; the driver checkpointed and exited, waiting to resume"
-                freed |= _move(ctx, job_id, status, JobStatus.QUEUED, reason)
-            elif status == JobStatus.CANCELLING:
-                freed |= _move(ctx, job_id, status, JobStatus.CANCELLED, "the driver finished")
-            elif not final_stored:  # SUCCEEDED only once the driver's last report is stored
-                freed |= _await_final_report(ctx, job_id, status)
-            else:
-                reason = "the driver finished and its final report is stored"
-                freed |= _move(ctx, job_id, status, JobStatus.SUCCEEDED, reason)
-        elif info.status == RAY_STOPPED:
-            if status == JobStatus.CANCELLING:
-                freed |= _move(ctx, job_id, status, JobStatus.CANCELLED, "the Ray job was stopped")
-            elif status == JobStatus.PREEMPTING:
-                freed |= _move(ctx, job_id, status, JobStatus.QUEUED, "preempted; waiting to resume")
-            else:  # stopped outside the platform: the driver is lost, not done
-                why = recovery.judge_ended(sub_id, info).why
-                freed |= _lost(ctx, job_id, status, why, log_tail=launcher.logs_tail(sub_id))
-        elif info.status == RAY_FAILED:
-            if status == JobStatus.CANCELLING:
-                freed |= _move(ctx, job_id, status, JobStatus.CANCELLED, "cancelled")
-            elif status == JobStatus.PREEMPTING:  # stopped hard (or its node died) while preempted
-                freed |= _move(ctx, job_id, status, JobStatus.QUEUED, "preempted; waiting to resume")
-            else:
-                tail = launcher.logs_tail(sub_id)
-                verdict = recovery.judge_ended(sub_id, info)
-                if verdict.lost:  # killed, or its node or job supervisor died: resumed from its checkpoint
-                    freed |= _lost(ctx, job_id, status, verdict.why, log_tail=tail)
-                else:
-                    freed |= _move(
-                        ctx,
-                        job_id,
-                        status,
-                        JobStatus.FAILED,
-                        failure_summary(info.message, tail),
-                        failure=verdict.failure or FailureReason.USER_CODE,
-                        log_tail=tail,
-                    )
+        freed |= _reconcile_job(ctx, launcher, pool_name, address, job, info)
     annotate(job_id=None)
     if freed:
         ctx.dispatcher.request_pass()
+
+
+def _reconcile_job(
+    ctx: WorkerContext,
+    launcher: RayJobLauncher | None,
+    pool_name: str,
+    address: str,
+    job: _Watched,
+    info: RayJobInfo | None,
+    *,
+    ray_error: str | None = None,
+) -> bool:
+    """One job through the reconcile table: the facts it asks for, one at a time in its order, then its move.
+    Returns whether the job moved (its slots may be free)."""
+    preempt_grace = timedelta(seconds=ctx.settings.scheduler.preempt_grace_seconds)
+    facts = Facts(
+        ours=job.status,
+        ray=info.status if info is not None else None,
+        address=address,
+        sub_id=job.sub_id,
+        ray_error=ray_error,
+        ray_message=info.message if info is not None else None,
+        all_steps_done=job.all_steps_done,
+        preempt_grace_passed=utcnow() - job.changed_at > preempt_grace,
+    )
+    while isinstance(step := decide(facts), Need):
+        facts = _gather(ctx, launcher, pool_name, job, info, facts, step.fact)
+    return _perform(ctx, launcher, job, step)
+
+
+def _gather(
+    ctx: WorkerContext,
+    launcher: RayJobLauncher | None,
+    pool_name: str,
+    job: _Watched,
+    info: RayJobInfo | None,
+    facts: Facts,
+    fact: Fact,
+) -> Facts:
+    """Find out one fact the reconcile table asks for (the I/O behind it)."""
+    match fact:
+        case Fact.LATE:  # past the launch grace, or launched before the pool's (embedded) Ray head restarted
+            grace = timedelta(seconds=ctx.settings.scheduler.launch_grace_seconds)
+            late = (
+                job.launched_at is None
+                or utcnow() - job.launched_at > grace
+                or _ray_restarted_since(pool_name, job.launched_at)
+            )
+            return replace(facts, late=late)
+        case Fact.DRIVER_STARTED:
+            return replace(facts, driver_started=_driver_started(ctx, job.id))
+        case Fact.RUN_END:
+            final, done = _collect_run_end(ctx, job.id, facts.all_steps_done)
+            return replace(facts, final_stored=final, all_steps_done=done)
+        case Fact.FINISHED_CLEANLY:
+            return replace(facts, finished_cleanly=recovery.finished_cleanly(ctx.db, job.id))
+        case Fact.SILENCE:
+            return replace(facts, silence=_silence(ctx, job.id))
+        case Fact.API_ANSWERS:
+            return replace(facts, api_answers=_api_answers(ctx))
+        case Fact.LOG_TAIL:
+            assert launcher is not None and job.sub_id is not None
+            return replace(facts, log_tail=tuple(launcher.logs_tail(job.sub_id)))
+        case Fact.VERDICT:
+            assert info is not None and job.sub_id is not None
+            return replace(facts, verdict=recovery.judge_ended(job.sub_id, info))
+    raise AssertionError(f"no way to learn {fact}")
+
+
+def _perform(ctx: WorkerContext, launcher: RayJobLauncher | None, job: _Watched, move: Move) -> bool:
+    """Carry out the reconcile table's move for the job. Returns whether the job moved."""
+    tail = list(move.log_tail) or None
+    match move.kind:
+        case MoveKind.NOTHING:
+            return False
+        case MoveKind.STOP_RAY_JOB:
+            assert launcher is not None and job.sub_id is not None
+            launcher.stop(job.sub_id)
+            return False
+        case MoveKind.RELAUNCH:
+            launch_job(ctx, job.id)  # the worker that launched it died before submitting
+            return False
+        case MoveKind.AWAIT_FINAL_REPORT:
+            return _await_final_report(ctx, job.id, job.status)
+        case MoveKind.MOVE:
+            assert move.to is not None
+            return _move(ctx, job.id, job.status, move.to, move.reason, failure=move.failure, log_tail=tail)
+        case MoveKind.MARK_LOST:
+            if move.stop_first:
+                assert launcher is not None and job.sub_id is not None
+                launcher.stop(job.sub_id)
+            return _lost(ctx, job.id, job.status, move.reason, log_tail=tail)
+    raise AssertionError(f"no way to perform {move.kind}")
 
 
 def _collect_run_end(ctx: WorkerContext, job_id: str, all_steps_done: bool) -> tuple[bool, bool]:
@@ -516,16 +519,6 @@ def _silence(ctx: WorkerContext, job_id: str) -> float | None:
     return silence if silence > ctx.settings.scheduler.driver_silence_seconds else None
 
 
-def _lost_if_silent(ctx: WorkerContext, job_id: str, status: JobStatus, why: str) -> bool:
-    """The pool's Ray does not answer: a STARTING or RUNNING job whose driver is silent too is lost."""
-    if status not in (JobStatus.STARTING, JobStatus.RUNNING):
-        return False
-    silence = _silence(ctx, job_id)
-    if silence is None or not _api_answers(ctx):
-        return False
-    return _lost(ctx, job_id, status, f"{why}, and the driver sent nothing for {silence:.0f}s")
-
-
 def _api_answers(ctx: WorkerContext) -> bool:
     """Whether the platform's API answers (`/healthz` at the URL drivers report to): a driver is judged
     silent only while it could have reported."""
@@ -534,30 +527,6 @@ def _api_answers(ctx: WorkerContext) -> bool:
             return r.status == 200
     except OSError:
         return False
-
-
-_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*")
-
-
-_DRIVER_FAILED = re.compile(r"\bdriver failed: (.+)$")  # runtime/driver.py's last word on an exception
-_TRACEBACK = "Traceback (most recent call last):"
-
-
-def failure_summary(ray_message: str | None, log_tail: list[str]) -> str:
-    """One line saying why a driver failed: Ray's first line, and the exception the driver failed with (its
-    `driver failed: ...` line, else the exception line of the log's last traceback), else the log's last line.
-    An exception line outside the last traceback (a warning logged earlier, another process's noise) is never
-    taken for the cause."""
-    head = (ray_message or "the driver failed").strip().splitlines()[0]
-    head = head.split(", last available logs")[0].rstrip(",.: ")
-    cause = next((m.group(1).strip() for ln in reversed(log_tail) if (m := _DRIVER_FAILED.search(ln))), "")
-    if not cause:
-        starts = [i for i, ln in enumerate(log_tail) if ln.strip() == _TRACEBACK]
-        after = log_tail[starts[-1] :] if starts else []
-        cause = next((ln.strip() for ln in reversed(after) if _EXCEPTION_LINE.match(ln.strip())), "")
-    if not cause:
-        cause = next((ln.strip() for ln in reversed(log_tail) if ln.strip()), "")
-    return redact(f"{head}: {cause[:500]}" if cause else head)
 
 
 def _move(

@@ -1,6 +1,6 @@
 """The one-line reason of a failed driver, taken from Ray's message and the driver's log."""
 
-from scheduler.tasks import failure_summary
+from scheduler.domain.reconcile import failure_summary
 
 
 def test_last_exception_line_wins() -> None:

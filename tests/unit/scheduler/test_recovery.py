@@ -10,8 +10,8 @@ import pytest
 
 from runtime.launcher import RAY_FAILED, RAY_STOPPED, RayJobInfo
 from scheduler.domain.jobs import FailureReason
+from scheduler.domain.reconcile import failure_summary
 from scheduler.recovery import judge_ended, killed_by, restart_limit
-from scheduler.tasks import failure_summary
 
 KILLED_MSG = (
     "Job entrypoint command failed with exit code 137, last available logs (truncated to 20,000 chars):\n..."
