@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
-import ray
-
 from runtime.registry import Registry
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # ray only for annotations: the package imports without it (in_place.py needs none)
+    import ray
+
     from runtime.roles.groups import TrainGroup
 
 

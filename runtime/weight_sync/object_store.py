@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import ray
-
 from runtime.weight_sync.base import WEIGHT_SYNC_BACKENDS, WeightReceiver, WeightSync, WeightSyncBackend
 
 if TYPE_CHECKING:
+    import ray
+
     from runtime.roles.groups import TrainGroup
 
 
@@ -25,5 +25,7 @@ class ObjectStoreWeightSync(WeightSync):
         weights_ref = train.async_named_weights()
         refs = [ref for receiver in receivers for ref in receiver.async_load_weights(weights_ref, version)]
         if wait:
+            import ray
+
             ray.get(refs)
         return refs

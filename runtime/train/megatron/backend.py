@@ -48,7 +48,13 @@ from runtime.train import checkpoint as relax_checkpoint
 from runtime.train.base import TRAIN_BACKENDS, TrainBackendName, TrainContext
 from runtime.train.checkpoint import CheckpointFormat, CheckpointRecord, atomic_directory, record
 from runtime.train.megatron import checkpoint as ckpt
-from runtime.train.megatron.convert import gather_hf_state, load_hf_checkpoint, unwrap, write_hf_folder
+from runtime.train.megatron.convert import (
+    gather_hf_state,
+    iter_stage_hf_state,
+    load_hf_checkpoint,
+    unwrap,
+    write_hf_folder,
+)
 from runtime.train.megatron.cpu import install_cpu_shims
 from runtime.train.megatron.kernels import compile_transformer_layers, fuse_adam, token_log_probs_and_entropy
 from runtime.train.megatron.model import build_model, model_args_for, transformer_config
@@ -1111,6 +1117,18 @@ class MegatronTrainBackend(MegatronModelRunner):
             self._sync_params()
             state = gather_hf_state(self.models, self.args, self.layout, dst=0)
         return state or {}
+
+    def iter_device_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy as (Hugging Face name, tensor) pairs on this rank's device, one piece (embedding, each
+        layer, final norm and head) at a time: what a rollout engine colocated in this process copies in place
+        (`runtime.weight_sync.in_place`). Tensors the two layouts share are the live parameters (detached);
+        the fused q/k/v and gate/up matrices are split into new device tensors. Tensor-parallel shards are
+        all-gathered (a collective over the tensor-parallel group: every rank iterates to the end). Only this
+        pipeline stage's tensors: with pipeline parallelism an engine would miss the rest and refuse."""
+        install_cpu_shims()
+        with self._weights_readable():
+            self._sync_params()
+            yield from iter_stage_hf_state(self.models, self.args, self.layout)
 
     def parameter_checksum(self) -> float:
         """Sum of |w| over the gathered Hugging Face weights (comparable with the torch backend's)."""
