@@ -24,7 +24,8 @@ Rows:
   rewards, advantages, `RolloutBatch` -> `train_step` (micro-batches of `--micro-batch` rows) -> push weights.
 - **trl**: `trl.GRPOTrainer` on a `Qwen2ForCausalLM` of the same shape (bf16 on CUDA, SDPA), HF `generate`
   inside, per-device batch `--micro-batch` x `rows / micro-batch` accumulation steps = one generation batch
-  of all rows per optimizer step, `beta=0`, `loss_type="grpo"` (per-sequence means, as ours), lr `--lr`. Its
+  of all rows per optimizer step, `beta=0`, `loss_type="grpo"` (per-sequence means, as ours), lr `--lr`
+  (constant, as ours), otherwise TRL's defaults (gradient checkpointing on, logits only for the completion). Its
   prompts are text over a word-level tokenizer with one word per model id (so 512 words = 512 ids); the
   generation is timed by wrapping the model's `generate`.
 - **hf-generate**: `bench.gpu_rollout.run_hf` (one warm-up call, then one timed call) on the same model
@@ -420,7 +421,7 @@ def run_trl(work: Workload, device: torch.device, log: Callable[[str], None]) ->
 
 LABELS = {
     "ours": "ours: megatron backend + fastgen, colocated, weights in place",
-    "trl": "TRL GRPOTrainer (HF generate + HF training)",
+    "trl": "TRL GRPOTrainer (HF generate + HF training, TRL's defaults: gradient checkpointing)",
     "hf-generate": "plain HF generate (generation only)",
 }
 
