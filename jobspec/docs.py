@@ -224,7 +224,7 @@ def render_parameters_md() -> str:
     lines += [
         "## Cross-field rules and derived defaults",
         "",
-        "Checked by `jobspec.normalize()` in this order (`jobspec/rules.py`). Each issue carries the code below.",
+        "Checked by `jobspec.normalize()` in this order (`jobspec/rules/__init__.py`). Each issue carries the code below.",
         "",
         "| Code | Flags | Rule |",
         "|---|---|---|",

@@ -8,7 +8,11 @@ at the same place; a retired code leaves both (and joins `RETIRED_RULES`).
 
 from __future__ import annotations
 
-from jobspec.rules import INPUT_RULES, RULES
+import importlib
+import pkgutil
+
+import jobspec.rules
+from jobspec.rules import INPUT_RULES, RULES, Rule
 
 RECORDED_INPUT_ORDER = ("rule.loss_type_sft_loss",)
 
@@ -177,3 +181,17 @@ def test_every_rule_is_listed_once() -> None:
     codes = [r.code for r in listed]
     assert len(codes) == len(set(codes)), sorted({c for c in codes if codes.count(c) > 1})
     assert len({id(r.fn) for r in listed}) == len(listed)
+
+
+def test_every_rule_written_is_listed_once_under_its_code() -> None:
+    """A rule written in a module but left out of the list would never run; one listed twice would run twice."""
+    written: list[Rule] = []
+    for info in pkgutil.iter_modules(jobspec.rules.__path__):
+        module = importlib.import_module(f"jobspec.rules.{info.name}")
+        for name, value in vars(module).items():
+            if isinstance(value, Rule):
+                assert name == value.code.removeprefix("rule."), (module.__name__, name, value.code)
+                written.append(value)
+    listed = INPUT_RULES + RULES
+    assert sorted(id(r) for r in written) == sorted(id(r) for r in listed)
+    assert len(written) == len(RECORDED_INPUT_ORDER) + len(RECORDED_ORDER)

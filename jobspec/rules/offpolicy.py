@@ -1,0 +1,102 @@
+"""Off-policy correction (rollout log-probs, TIS), routing replay, partial rollout, the freeze lists."""
+
+from __future__ import annotations
+
+from jobspec.rules.context import RuleContext, cli_flags, rule
+
+
+@rule(
+    "rule.get_mismatch_metrics_needs_tis_function",
+    "get-mismatch-metrics",
+    "custom-tis-function-path",
+    summary="--get-mismatch-metrics needs --custom-tis-function-path.",
+)
+def get_mismatch_metrics_needs_tis_function(ctx: RuleContext) -> None:
+    if not ctx.is_sft and ctx.get_mismatch_metrics and ctx.custom_tis_function_path is None:
+        ctx.error("--get-mismatch-metrics needs --custom-tis-function-path", "set --custom-tis-function-path")
+
+
+@rule(
+    "rule.rollout_logprobs_and_tis_exclusive",
+    "use-rollout-logprobs",
+    "use-tis",
+    summary="--use-rollout-logprobs and --use-tis cannot both be set.",
+)
+def rollout_logprobs_and_tis_exclusive(ctx: RuleContext) -> None:
+    if not ctx.is_sft and ctx.use_rollout_logprobs and ctx.use_tis:
+        ctx.error(
+            "--use-rollout-logprobs and --use-tis are both set (TIS corrects toward the actor's log-probs)",
+            "keep one of them",
+        )
+
+
+@rule(
+    "rule.tis_clip_range",
+    "tis-clip-low",
+    "tis-clip",
+    summary="--tis-clip-low above --tis-clip clips every importance ratio to one value (warning; Relax accepts it).",
+)
+def tis_clip_range(ctx: RuleContext) -> None:
+    if ctx.tis_clip_low > ctx.tis_clip:
+        ctx.warn(
+            f"--tis-clip-low {ctx.tis_clip_low} > --tis-clip {ctx.tis_clip}: the clipping range is empty",
+            "use tis_clip_low <= tis_clip",
+        )
+
+
+@rule(
+    "rule.rollout_routing_replay_implies_routing_replay",
+    "use-rollout-routing-replay",
+    "use-routing-replay",
+    summary="--use-rollout-routing-replay turns on --use-routing-replay (derived).",
+)
+def rollout_routing_replay_implies_routing_replay(ctx: RuleContext) -> None:
+    if ctx.use_rollout_routing_replay and not ctx.use_routing_replay:
+        ctx.derive("use_routing_replay", True)
+
+
+@rule(
+    "rule.partial_rollout_and_rollout_routing_replay",
+    "partial-rollout",
+    "use-rollout-routing-replay",
+    summary="--partial-rollout and --use-rollout-routing-replay are mutually exclusive.",
+)
+def partial_rollout_and_rollout_routing_replay(ctx: RuleContext) -> None:
+    if not ctx.is_sft and ctx.partial_rollout and ctx.use_rollout_routing_replay:
+        ctx.error(
+            "--partial-rollout (partly off-policy samples) and --use-rollout-routing-replay (exact train/inference "
+            "routing) cannot be combined",
+            "keep one of them",
+        )
+
+
+@rule(
+    "rule.partial_rollout_options",
+    "partial-rollout",
+    "partial-rollout-max-aborted-count",
+    "mask-offpolicy-in-partial-rollout",
+    summary="Partial-rollout options need --partial-rollout (warning).",
+)
+def partial_rollout_options(ctx: RuleContext) -> None:
+    used = [
+        n
+        for n in ("partial_rollout_max_aborted_count", "mask_offpolicy_in_partial_rollout")
+        if ctx.non_default(n)
+    ]
+    if used and not ctx.partial_rollout:
+        ctx.warn(
+            f"{cli_flags(*used)} only apply with --partial-rollout", "add --partial-rollout or remove them"
+        )
+
+
+@rule(
+    "rule.freeze_lists_exclusive",
+    "only-train-params-name-list",
+    "freeze-params-name-list",
+    summary="--only-train-params-name-list and --freeze-params-name-list are mutually exclusive.",
+)
+def freeze_lists_exclusive(ctx: RuleContext) -> None:
+    if ctx.only_train_params_name_list and ctx.freeze_params_name_list:
+        ctx.error(
+            "--only-train-params-name-list and --freeze-params-name-list are both set", "keep one of them"
+        )

@@ -1,0 +1,244 @@
+"""Data and the services around rollout: prompt data and its keys, prefetching, remote reward models,
+GenRM, external engines, the slime router, restarts, debug dumps, the custom config."""
+
+from __future__ import annotations
+
+from jobspec.rules.context import RuleContext, cli_flags, rule
+from jobspec.spec import FIELDS
+
+
+@rule(
+    "rule.prompt_data_required",
+    "prompt-data",
+    "data-source-path",
+    "load-debug-rollout-data",
+    summary="RL training reads prompts from --prompt-data (unless a custom data source / rollout function, "
+    "--debug-train-only or --load-debug-rollout-data supplies samples).",
+    deviation="Relax's start-up checks do not require --prompt-data for RL; the default data source fails "
+    "when it opens it. The platform refuses it at submission.",
+)
+def prompt_data_required(ctx: RuleContext) -> None:
+    if ctx.is_sft or ctx.prompt_data is not None or ctx.debug_train_only:
+        return
+    if ctx.non_default("data_source_path") or ctx.non_default("rollout_function_path"):
+        return
+    ctx.error(
+        "--prompt-data is not set and the default data source reads prompts from it",
+        "set --prompt-data PATH (or a custom --data-source-path)",
+    )
+
+
+@rule(
+    "rule.conversation_key_map_needs_no_label_key",
+    "conversation-key-map",
+    "label-key",
+    summary="--conversation-key-map only applies when --label-key is not set (warning).",
+)
+def conversation_key_map_needs_no_label_key(ctx: RuleContext) -> None:
+    if ctx.conversation_key_map is not None and ctx.label_key is not None:
+        ctx.warn(
+            "--conversation-key-map is ignored because --label-key is set",
+            "remove --label-key when --input-key holds whole message lists",
+        )
+
+
+@rule(
+    "rule.prefetch_needs_streaming_dataset",
+    "use-streaming-dataset",
+    "prefetch-chunk-size",
+    "prefetch-max-cached",
+    "prefetch-num-workers",
+    summary="--prefetch-* options only apply with --use-streaming-dataset (warning).",
+)
+def prefetch_needs_streaming_dataset(ctx: RuleContext) -> None:
+    used = [
+        n
+        for n in ("prefetch_chunk_size", "prefetch_max_cached", "prefetch_num_workers")
+        if ctx.non_default(n)
+    ]
+    if used and not ctx.use_streaming_dataset:
+        ctx.warn(
+            f"{cli_flags(*used)} only apply with --use-streaming-dataset (multimodal data)",
+            "add --use-streaming-dataset or remove them",
+        )
+
+
+@rule(
+    "rule.remote_rm_needs_rm_url",
+    "rm-type",
+    "rm-url",
+    summary="--rm-type remote_rm needs --rm-url.",
+    deviation="Relax's start-up checks do not look for --rm-url; the job would fail at its first reward. "
+    "The platform refuses it at submission.",
+)
+def remote_rm_needs_rm_url(ctx: RuleContext) -> None:
+    if ctx.rm_type == "remote_rm" and ctx.rm_url is None:
+        ctx.error("--rm-type remote_rm needs --rm-url", "set --rm-url http://host:port/path")
+
+
+@rule(
+    "rule.genrm_sampling_config_keys",
+    "genrm-sampling-config",
+    summary="--genrm-sampling-config keys Relax reads: temperature, top_p, top_k, max_response_len and "
+    "chat_template_kwargs; other keys are ignored (warning).",
+)
+def genrm_sampling_config_keys(ctx: RuleContext) -> None:
+    cfg = ctx.genrm_sampling_config
+    if not isinstance(cfg, dict):
+        return
+    unknown = sorted(k for k in cfg if k not in GENRM_SAMPLING_KEYS)
+    if unknown:
+        ctx.warn(
+            f"--genrm-sampling-config key(s) {', '.join(map(str, unknown))} are not read by Relax's GenRM and "
+            "have no effect",
+            f"use {', '.join(GENRM_SAMPLING_KEYS)}",
+        )
+
+
+#: The keys Relax's GenRM service reads from --genrm-sampling-config (relax/components/genrm.py, main).
+GENRM_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_response_len", "chat_template_kwargs")
+
+
+@rule(
+    "rule.genrm_options_need_model",
+    "genrm-model-path",
+    "genrm-engine-config",
+    "genrm-sampling-config",
+    "genrm-num-gpus",
+    summary="GenRM options need --genrm-model-path (warning); with it, the two configs default to {} (derived).",
+)
+def genrm_options_need_model(ctx: RuleContext) -> None:
+    if ctx.genrm_model_path is None:
+        used = [
+            n
+            for n in (
+                "genrm_engine_config",
+                "genrm_sampling_config",
+                "genrm_num_gpus",
+                "genrm_num_gpus_per_engine",
+            )
+            if ctx.non_default(n)
+        ]
+        if used:
+            ctx.warn(
+                f"{cli_flags(*used)} have no effect without --genrm-model-path",
+                "set --genrm-model-path or remove them",
+            )
+        return
+    for name in ("genrm_engine_config", "genrm_sampling_config"):
+        if ctx.values[name] is None:
+            ctx.derive(name, {})
+
+
+@rule(
+    "rule.rollout_external_needs_addrs",
+    "rollout-external",
+    "rollout-external-engine-addrs",
+    summary="--rollout-external needs --rollout-external-engine-addrs (addresses alone are a warning).",
+    deviation="Relax's start-up checks do not look for the addresses; the job would fail when it connects "
+    "to the external engines. The platform refuses it at submission.",
+)
+def rollout_external_needs_addrs(ctx: RuleContext) -> None:
+    if ctx.rollout_external and not ctx.rollout_external_engine_addrs:
+        ctx.error("--rollout-external needs --rollout-external-engine-addrs", "list the engines' host:port")
+    elif ctx.rollout_external_engine_addrs and not ctx.rollout_external:
+        ctx.warn(
+            "--rollout-external-engine-addrs is ignored without --rollout-external", "add --rollout-external"
+        )
+
+
+@rule(
+    "rule.sticky_routing_needs_slime_router",
+    "slime-router-sticky",
+    "use-slime-router",
+    summary="--slime-router-sticky has no effect without --use-slime-router (warning, as Relax's help says).",
+)
+def sticky_routing_needs_slime_router(ctx: RuleContext) -> None:
+    if ctx.slime_router_sticky and not ctx.use_slime_router:
+        ctx.warn("--slime-router-sticky has no effect without --use-slime-router", "add --use-slime-router")
+
+
+@rule(
+    "rule.slime_router_options",
+    "use-slime-router",
+    "slime-router-sticky-idle-secs",
+    "slime-router-timeout",
+    summary="SlimeRouter options need --use-slime-router, and the sticky idle timeout needs sticky routing (warning).",
+)
+def slime_router_options(ctx: RuleContext) -> None:
+    names = (
+        "slime_router_middleware_paths",
+        "slime_router_timeout",
+        "slime_router_max_connections",
+        "slime_router_health_check_failure_threshold",
+    )
+    used = [n for n in names if ctx.non_default(n)]
+    if used and not ctx.use_slime_router:
+        ctx.warn(
+            f"{cli_flags(*used)} only apply with --use-slime-router",
+            "add --use-slime-router or remove them",
+            fields=("use-slime-router", *(FIELDS[n].flag for n in used)),
+        )
+    if ctx.non_default("slime_router_sticky_idle_secs") and not ctx.slime_router_sticky:
+        ctx.warn(
+            "--slime-router-sticky-idle-secs only applies with --slime-router-sticky",
+            "add --slime-router-sticky or remove it",
+            fields=("slime-router-sticky-idle-secs", "slime-router-sticky"),
+        )
+
+
+@rule(
+    "rule.max_global_restart_needs_health_check",
+    "max-global-restart",
+    "use-health-check",
+    "use-fault-tolerance",
+    summary="--max-global-restart only applies with --use-health-check or --use-fault-tolerance (warning).",
+)
+def max_global_restart_needs_health_check(ctx: RuleContext) -> None:
+    # On the platform, --use-fault-tolerance makes it the number of times a lost driver is resumed from the
+    # job's checkpoint (scheduler/recovery.py).
+    if ctx.non_default("max_global_restart") and not (ctx.use_health_check or ctx.use_fault_tolerance):
+        ctx.warn(
+            "--max-global-restart only applies with --use-health-check or --use-fault-tolerance",
+            "add --use-fault-tolerance (the platform resumes a lost driver at most this many times)",
+        )
+
+
+@rule(
+    "rule.dump_details_sets_debug_paths",
+    "dump-details",
+    "save-debug-rollout-data",
+    "save-debug-train-data",
+    summary="--dump-details DIR sets --save-debug-rollout-data and --save-debug-train-data under DIR (derived).",
+)
+def dump_details_sets_debug_paths(ctx: RuleContext) -> None:
+    base = ctx.dump_details
+    if base is None:
+        return
+    targets = {
+        "save_debug_rollout_data": f"{base}/rollout_data/{{rollout_id}}.pt",
+        "save_debug_train_data": f"{base}/train_data/{{rollout_id}}_{{rank}}.pt",
+    }
+    for name, value in targets.items():
+        if ctx.values[name] != value:
+            if ctx.values[name] is not None:
+                ctx.warn(
+                    f"--dump-details overrides --{FIELDS[name].flag} with {value!r}",
+                    f"remove --{FIELDS[name].flag}",
+                    fields=("dump-details", FIELDS[name].flag),
+                )
+            ctx.derive(name, value)
+
+
+@rule(
+    "rule.custom_config_applied_at_launch",
+    "custom-config-path",
+    summary="--custom-config-path overrides parameters at launch from a file this validator cannot read (warning).",
+)
+def custom_config_applied_at_launch(ctx: RuleContext) -> None:
+    if ctx.custom_config_path is not None:
+        ctx.warn(
+            f"--custom-config-path {ctx.custom_config_path!r} overrides parameters when the job starts; those "
+            "values are not validated here",
+            "put the parameters in the spec itself to have them validated",
+        )
