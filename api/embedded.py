@@ -45,6 +45,7 @@ from typing import IO, Any
 import psutil
 
 from runtime.redaction import install_log_redaction
+from scheduler.celery_app import WORKER_FLAGS
 from scheduler.db.engine import Database
 from scheduler.db.migrate import upgrade
 from scheduler.dispatch import SCHEDULER_QUEUE, pool_queue
@@ -750,7 +751,9 @@ def main() -> None:
             ray_address = head.address
         accelerator, slots = bootstrap(settings, ray_address)
         queues = f"{SCHEDULER_QUEUE},{pool_queue(LOCAL_POOL)}"
-        worker = _celery("worker", "-Q", queues, "-P", "threads", "-c", "4", "-n", f"relax-{LOCAL_POOL}@%h")
+        worker = _celery(
+            "worker", "-Q", queues, "-P", "threads", "-c", "4", "-n", f"relax-{LOCAL_POOL}@%h", *WORKER_FLAGS
+        )
         sup.add(Part("worker", lambda: ([*worker, "--loglevel", "INFO"], part_env("worker"))))
         sup.add(Part("beat", lambda: (_celery("beat", "--loglevel", "INFO"), part_env("beat"))))
         api_logging = run_dir / "logging-api.json"

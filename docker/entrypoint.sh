@@ -25,15 +25,16 @@ case "$role" in
       --proxy-headers --workers "${RELAX_API_WORKERS:-2}" --log-config "$log_config" "$@" ;;
   scheduler)
     metrics_dir scheduler
-    # the beat that triggers passes, and the worker that runs them (--quiet: log lines only, no banner)
+    # the beat that triggers passes, and the worker that runs them (--quiet: log lines only, no banner; without
+    # gossip, mingle and event heartbeats: scheduler/celery_app.py::WORKER_FLAGS says why)
     exec celery -A scheduler.worker --quiet worker --beat -Q scheduler -P threads -c 2 \
-      -n "scheduler@%h" --loglevel INFO "$@" ;;
+      -n "scheduler@%h" --without-gossip --without-mingle --without-heartbeat --loglevel INFO "$@" ;;
   worker)
     pool="${1:?usage: worker POOL}"
     shift
     metrics_dir "worker-${pool}"
     exec celery -A scheduler.worker --quiet worker -Q "pool.${pool}" -P threads -c "${RELAX_WORKER_THREADS:-8}" \
-      -n "pool-${pool}@%h" --loglevel INFO "$@" ;;
+      -n "pool-${pool}@%h" --without-gossip --without-mingle --without-heartbeat --loglevel INFO "$@" ;;
   *)
     exec "$role" "$@" ;;
 esac

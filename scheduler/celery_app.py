@@ -13,6 +13,13 @@ from scheduler.settings import Settings
 
 log = logging.getLogger(__name__)
 
+# Worker command-line switches every worker of the platform runs with: Celery's worker-to-worker chatter (gossip,
+# mingle, event heartbeats) serves nothing here (workers coordinate through the database; readiness reads each
+# worker's heartbeat row), and gossip restarting after a lost Redis connection can kill the worker inside kombu
+# ("'NoneType' object has no attribute 'hostname'", celery/kombu#582; seen once in a fresh-clone run of
+# tests/integration/test_outages.py). docker/entrypoint.sh passes the same switches.
+WORKER_FLAGS = ("--without-gossip", "--without-mingle", "--without-heartbeat")
+
 
 class TickScheduler(PersistentScheduler):
     """Celery's beat scheduler, except that no tick is sent while `max_waiting` messages already wait in the

@@ -12,6 +12,7 @@ import pytest
 import redis
 import sqlalchemy as sa
 
+from scheduler.celery_app import WORKER_FLAGS
 from scheduler.db.engine import Database
 from scheduler.db.models import Job, SchedulerLock
 from scheduler.dispatch import CeleryDispatcher
@@ -67,6 +68,7 @@ def test_worker_runs_the_pass_and_launch_through_the_broker(
             "INFO",
             "-n",
             f"test-{os.getpid()}@%h",
+            *WORKER_FLAGS,
         ],
         cwd=ROOT,
         env=env,

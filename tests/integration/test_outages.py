@@ -30,6 +30,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from scheduler import health
+from scheduler.celery_app import WORKER_FLAGS
 from scheduler.db.engine import Database
 from scheduler.db.migrate import upgrade
 from scheduler.db.models import Job
@@ -161,7 +162,17 @@ def test_the_broker_away_stores_submissions_fails_readyz_and_a_worker_schedules_
         "RELAX_SCHEDULER_HEARTBEAT_SECONDS": "1",
     }
     argv = [sys.executable, "-m", "celery", "-A", "scheduler.worker", "worker", "-Q", "scheduler,pool.local"]
-    argv += ["-P", "threads", "-c", "2", "--loglevel", "INFO", "-n", f"outage-{os.getpid()}@%h"]
+    argv += [
+        "-P",
+        "threads",
+        "-c",
+        "2",
+        "--loglevel",
+        "INFO",
+        "-n",
+        f"outage-{os.getpid()}@%h",
+        *WORKER_FLAGS,
+    ]
     log = tmp_path / "worker.log"
     worker = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
 
