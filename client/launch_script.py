@@ -166,7 +166,7 @@ class Call:
     what: str = ""  # for display: "python3 -m x", "python3 - (heredoc)", "ray start", ...
 
     def where(self) -> str:
-        return f"{_show(self.file)}:{self.line}"
+        return f"{display_path(self.file)}:{self.line}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -460,7 +460,7 @@ def _abspath(file: str, cwd: str) -> str:
     return os.path.normpath(os.path.join(cwd, file)) if cwd else os.path.normpath(file)
 
 
-def _show(path: str) -> str:
+def display_path(path: str) -> str:
     """A path for messages: relative to the current directory when it is below it."""
     try:
         rel = os.path.relpath(path)
@@ -726,7 +726,7 @@ def resolve_launch_script(
             hit = _syntax_error(check.stderr)
             file, line, msg = hit if hit else (str(script), None, check.stderr.strip()[-500:])
             raise LaunchScriptError(
-                "syntax", given, f"bash cannot parse it: {msg}", file=_show(file), line=line
+                "syntax", given, f"bash cannot parse it: {msg}", file=display_path(file), line=line
             )
 
         timed_out = False
@@ -810,13 +810,15 @@ def _result(
                 given,
                 f"the script reads standard input ({r.argv[0] if r.argv else 'read'}), which relaxctl closes; "
                 "give the value with --env NAME=VALUE instead",
-                file=_show(r.file),
+                file=display_path(r.file),
                 line=r.line,
             )
     hit = _syntax_error(stderr)
     if hit:
         file, line, msg = hit
-        raise LaunchScriptError("syntax", given, f"bash cannot parse it: {msg}", file=_show(file), line=line)
+        raise LaunchScriptError(
+            "syntax", given, f"bash cannot parse it: {msg}", file=display_path(file), line=line
+        )
 
     calls: list[Call] = []
     neutralised: list[Call] = []
@@ -861,7 +863,7 @@ def _result(
                 given,
                 f"still running after {timeout_s:g} s (the time limit; --script-timeout) before reaching a "
                 "training command",
-                file=_show(where_file) if where_file else None,
+                file=display_path(where_file) if where_file else None,
                 line=where_line,
                 details=[f"stderr: {ln}" for ln in tail[-5:]],
             )
@@ -876,7 +878,7 @@ def _result(
                 "exited",
                 given,
                 f"the script stopped with {status_text} before reaching a training command",
-                file=_show(where_file) if where_file else None,
+                file=display_path(where_file) if where_file else None,
                 line=where_line,
                 details=[*seen, *(f"stderr: {ln}" for ln in tail)],
             )
@@ -894,7 +896,7 @@ def _result(
     if timed_out:
         notes.append(
             f"the script was still running {timeout_s:g} s after its training command, at "
-            f"{_show(where_file or '?')}:{where_line}; it was stopped there and what follows was not checked"
+            f"{display_path(where_file or '?')}:{where_line}; it was stopped there and what follows was not checked"
         )
     elif status != 0:
         notes.append(f"the script ended with {status_text} after its training command (ignored)")
@@ -905,7 +907,7 @@ def _result(
             given,
             "the training command refers to the scratch HOME or TMPDIR that relaxctl gives the script "
             f"({leaked[0]!r}); give the real value with --env HOME=… (or the variable the script reads)",
-            file=_show(call.file),
+            file=display_path(call.file),
             line=call.line,
         )
     runtime_env = runtime_env_path = working_dir = submission_id = None

@@ -86,6 +86,7 @@ def test_relaxctl_submits_a_launch_script(api, tmp_path, monkeypatch) -> None:  
     from typer.testing import CliRunner
 
     import client.cli as cli
+    import client.commands as commands
     from client.sdk import RelaxClient
 
     client, _, _ = api
@@ -106,7 +107,7 @@ def test_relaxctl_submits_a_launch_script(api, tmp_path, monkeypatch) -> None:  
         c.close = lambda: None  # type: ignore[method-assign]  # the fixture closes the test client
         return c
 
-    monkeypatch.setattr(cli, "_client", sdk)
+    monkeypatch.setattr(commands, "connect", sdk)
     r = CliRunner().invoke(
         cli.app,
         [

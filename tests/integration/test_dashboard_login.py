@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 import client.cli as cli
+import client.commands as commands
 from client.sdk import RelaxClient
 from scheduler.db.models import ApiKey, utcnow
 from scheduler.services import login_codes
@@ -29,7 +30,7 @@ def _cli_client(monkeypatch: pytest.MonkeyPatch, test_client: Any) -> None:
         c._http = test_client
         return c
 
-    monkeypatch.setattr(cli, "_client", make)
+    monkeypatch.setattr(commands, "connect", make)
     monkeypatch.setattr(RelaxClient, "close", lambda self: None)  # the test client outlives the command
 
 

@@ -226,6 +226,7 @@ def test_relaxctl_admin_grants_and_models_tiny(t: Teams, monkeypatch) -> None:  
     from typer.testing import CliRunner
 
     import client.cli as cli
+    import client.commands as commands
     import runtime.data.arith as arith
     import runtime.models.tiny as tiny
     from client.sdk import RelaxClient
@@ -236,7 +237,7 @@ def test_relaxctl_admin_grants_and_models_tiny(t: Teams, monkeypatch) -> None:  
         c.close = lambda: None  # type: ignore[method-assign]
         return c
 
-    monkeypatch.setattr(cli, "_client", sdk)
+    monkeypatch.setattr(commands, "connect", sdk)
     run = CliRunner().invoke
     r = run(cli.app, ["admin", "grants", "add", "alpha", str(t.outside), "--mode", "rw"])
     assert r.exit_code == 0, r.output

@@ -11,6 +11,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 import client.cli as cli
+import client.commands as commands
 
 SCRIPT = """#!/bin/bash
 MODEL_ARGS=(--num-layers 2 --hidden-size 64)
@@ -54,7 +55,7 @@ class FakeClient:
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, Any]]]:
     recorded: list[tuple[str, dict[str, Any]]] = []
-    monkeypatch.setattr(cli, "_client", lambda url, key: FakeClient(recorded))
+    monkeypatch.setattr(commands, "connect", lambda url, key: FakeClient(recorded))
     return recorded
 
 
@@ -68,8 +69,8 @@ def script(tmp_path: Path) -> Path:
 @pytest.fixture(autouse=True)
 def wide_console(monkeypatch: pytest.MonkeyPatch) -> None:
     """Consoles wide enough that rich never wraps a long tmp path (pytest-xdist's are longer) mid-word."""
-    monkeypatch.setattr(cli, "out", Console(width=400))
-    monkeypatch.setattr(cli, "err", Console(stderr=True, width=400))
+    monkeypatch.setattr(commands, "out", Console(width=400))
+    monkeypatch.setattr(commands, "err", Console(stderr=True, width=400))
 
 
 def invoke(*argv: str) -> Any:
@@ -212,7 +213,7 @@ class NamedJobsClient:
 
 def test_jobs_are_addressed_by_id_or_by_a_name_only_one_job_has(monkeypatch: pytest.MonkeyPatch) -> None:
     asked: list[str] = []
-    monkeypatch.setattr(cli, "_client", lambda url, key: NamedJobsClient(asked))
+    monkeypatch.setattr(commands, "connect", lambda url, key: NamedJobsClient(asked))
     runner = CliRunner()
     assert runner.invoke(cli.app, ["metrics", "sft-arith"]).exit_code == 0
     assert runner.invoke(cli.app, ["metrics", "job_0000000000030000000c"]).exit_code == 0

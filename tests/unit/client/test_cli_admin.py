@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 import client.cli as cli
+import client.commands as commands
 
 TEAM = {
     "id": "team_1",
@@ -77,7 +78,7 @@ class FakeClient:
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
     recorded: list[tuple[str, Any]] = []
-    monkeypatch.setattr(cli, "_client", lambda url, key: FakeClient(recorded))
+    monkeypatch.setattr(commands, "connect", lambda url, key: FakeClient(recorded))
     return recorded
 
 

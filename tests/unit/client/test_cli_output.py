@@ -21,6 +21,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 import client.cli as cli
+import client.commands as commands
 from api.app import create_app
 from scheduler.db.engine import Database
 from scheduler.db.migrate import upgrade
@@ -124,8 +125,8 @@ def api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Api]:
     url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
     monkeypatch.setenv("RELAX_URL", url)
     monkeypatch.setenv("RELAX_API_KEY", key)
-    monkeypatch.setattr(cli, "out", Console(width=80, no_color=True))
-    monkeypatch.setattr(cli, "err", Console(width=80, stderr=True, no_color=True))
+    monkeypatch.setattr(commands, "out", Console(width=80, no_color=True))
+    monkeypatch.setattr(commands, "err", Console(width=80, stderr=True, no_color=True))
     try:
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as client:
             yield Api(client, settings, db)
