@@ -18,7 +18,7 @@ from runtime.capabilities import unsupported_parameters
 from runtime.credential import CredentialError, JobCredential, exchange, take_bootstrap_secret
 from runtime.devices import Device
 from runtime.observability import Stage, StepTimer, configure_logging
-from runtime.pipeline import Pipeline, build_pipeline, resume, role_plan
+from runtime.pipeline import Pipeline, RLPipeline, SFTPipeline, build_pipeline, role_plan
 from runtime.redaction import install_log_redaction
 from runtime.reporter import EventKind, HttpReporter, LocalReporter, Reporter
 from runtime.roles.placement import plan_topology
@@ -31,11 +31,11 @@ DEFAULT_DRAIN_S = 60.0
 
 
 # ---- the loops: one screen each ------------------------------------------------------------------------------
-def run_rl(p: Pipeline, start: int) -> None:
+def run_rl(p: RLPipeline, start: int) -> None:
     """RL: rollout (data, generate, reward, filter) -> log-probs -> values (PPO's critic) -> advantages ->
     train -> weight sync, with periodic save and eval. Modes (fully-async, debug) are stage
     implementations chosen at build."""
-    p.begin_rl(start)
+    p.begin(start)
     p.reporter.metrics(start, p.evaluate(start))
     for rollout_id in range(start, p.total_rollouts):
         t = StepTimer()
@@ -56,28 +56,28 @@ def run_rl(p: Pipeline, start: int) -> None:
         with t.stage(Stage.EVAL):
             eval_metrics = p.evaluate(rollout_id + 1)
         t.finish()
-        p.report_rl_step(rollout_id, rollout, batch, train_metrics, t)
+        p.report_step(rollout_id, rollout, batch, train_metrics, t)
         p.reporter.metrics(rollout_id + 1, eval_metrics)
         if stop_requested(p, rollout_id):
             return
     finish(p)
 
 
-def run_sft(p: Pipeline, start: int) -> None:
+def run_sft(p: SFTPipeline, start: int) -> None:
     """SFT: next batch of examples -> train (loss on assistant tokens only), with periodic save,
     perplexity eval and predictions."""
     for rollout_id in range(start, p.total_rollouts):
         t = StepTimer()
         with t.stage(Stage.DATA):
-            batch = p.sft_batch()
+            batch = p.next_batch()
         with t.stage(Stage.TRAIN):
             train_metrics = p.train(rollout_id, batch)
         with t.stage(Stage.SAVE):
-            p.save_step(rollout_id, None, batch)
+            p.save_step(rollout_id, batch)
         with t.stage(Stage.EVAL):
-            eval_metrics = p.sft_evaluate(rollout_id)
+            eval_metrics = p.evaluate(rollout_id)
         t.finish()
-        p.report_sft_step(rollout_id, batch, train_metrics, t)
+        p.report_step(rollout_id, batch, train_metrics, t)
         p.reporter.metrics(rollout_id + 1, eval_metrics)
         if stop_requested(p, rollout_id):
             return
@@ -258,8 +258,11 @@ def main(argv: list[str] | None = None, *, credential: JobCredential | None = No
         )
         owns_ray = init_ray(args.ray_address or os.environ.get("RAY_ADDRESS"), spec)
         pipeline = build_pipeline(spec, reporter)
-        start = resume(pipeline)
-        (run_sft if spec.is_sft else run_rl)(pipeline, start)
+        start = pipeline.resume()
+        if isinstance(pipeline, SFTPipeline):
+            run_sft(pipeline, start)
+        else:
+            run_rl(pipeline, start)
     except Exception as exc:
         log.exception("driver failed: %s: %s", type(exc).__name__, exc)
         reporter.event(EventKind.FAILED, f"{type(exc).__name__}: {exc}")

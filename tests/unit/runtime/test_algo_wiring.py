@@ -20,7 +20,7 @@ from runtime.algos.advantages import (
 )
 from runtime.algos.losses import LossConfig
 from runtime.devices import Device
-from runtime.pipeline import Pipeline, loss_config_from, role_plan, train_config_from, validate
+from runtime.pipeline import RLPipeline, loss_config_from, role_plan, train_config_from
 from runtime.rewards import RewardModel
 from runtime.rollout.context import RolloutOutput
 from runtime.rollout.engine import SamplingParams, TorchRolloutEngine
@@ -219,29 +219,24 @@ def test_role_plan_reference_critic_and_engines(monkeypatch: pytest.MonkeyPatch)
         role_plan(base, 3)
 
 
-def test_validate_accepts_inferred_or_fallback_reward_types() -> None:
-    spec = RuntimeSpec(hf_checkpoint="/m", prompt_data="/d", rollout_batch_size=4, num_rollout=1)
-    with pytest.raises(ValueError, match="rm_type"):
-        validate(spec)
-    validate(dataclasses.replace(spec, rm_type_infer=True))
-    validate(dataclasses.replace(spec, rm_type_fallback="zero"))
-    with pytest.raises(ValueError, match="rollout_external_engine_addrs"):
-        validate(dataclasses.replace(spec, rm_type="math", rollout_external=True))
-
-
 # -- the advantages and log-probs stages ------------------------------------------------------------------
 
 
-def _pipeline(spec: RuntimeSpec, reward: RewardModel | None = None) -> Pipeline:
+def _pipeline(spec: RuntimeSpec, reward: RewardModel | None = None) -> RLPipeline:
     roles = SimpleNamespace(train=None, actor_fwd=None, reference=None, critic=None)
-    return Pipeline(
+    return RLPipeline(
         spec=spec,
         reporter=None,  # type: ignore[arg-type]
         tokenizer=SimpleNamespace(pad_token_id=0),
         roles=roles,  # type: ignore[arg-type]
         total_rollouts=1,
         checkpoints=None,  # type: ignore[arg-type]
+        weight_sync=None,  # type: ignore[arg-type]
+        relay=None,
+        source=None,  # type: ignore[arg-type]
+        generation=None,
         reward=reward,
+        postprocess=None,
     )
 
 

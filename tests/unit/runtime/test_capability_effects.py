@@ -274,10 +274,10 @@ def train_config(values: dict[str, Any]) -> Any:
 
 
 def advantages(values: dict[str, Any]) -> Any:
-    """The advantages stage: `pipeline.advantage_config`, and `Pipeline.compute_advantages` on a batch."""
+    """The advantages stage: `pipeline.advantage_config`, and `RLPipeline.compute_advantages` on a batch."""
     import torch
 
-    from runtime.pipeline import Pipeline, advantage_config
+    from runtime.pipeline import RLPipeline, advantage_config
 
     spec = _spec(values)
     batch = _batch()
@@ -285,7 +285,7 @@ def advantages(values: dict[str, Any]) -> Any:
     batch.ref_log_probs = -0.7 * batch.loss_mask
     batch.values = torch.zeros_like(batch.loss_mask)
     batch.teacher_log_probs = -0.9 * batch.loss_mask  # OPD's teacher: a per-token KL of 0.4
-    Pipeline.compute_advantages(SimpleNamespace(spec=spec, reward=None), batch)  # type: ignore[arg-type]
+    RLPipeline.compute_advantages(SimpleNamespace(spec=spec, reward=None), batch)  # type: ignore[arg-type]
     computed = (
         None if batch.advantages is None else [round(x, 5) for x in batch.advantages.flatten().tolist()]
     )
@@ -326,15 +326,15 @@ def sampling(values: dict[str, Any]) -> Any:
 
 
 def predict(values: dict[str, Any]) -> Any:
-    """`Pipeline._predict_context`: SamplingParams and length limits of eval-style generation."""
-    from runtime.pipeline import Pipeline
+    """`SFTPipeline._predict_context`: SamplingParams and length limits of eval-style generation."""
+    from runtime.pipeline import SFTPipeline
 
     fake = SimpleNamespace(
         spec=_spec(values),
         roles=SimpleNamespace(rollout=object(), use_for_rollout=lambda: None),
         tokenizer=None,
     )
-    ctx = Pipeline._predict_context(fake, 3)  # type: ignore[arg-type]
+    ctx = SFTPipeline._predict_context(fake, 3)  # type: ignore[arg-type]
     return ctx.params, ctx.limits
 
 
@@ -385,35 +385,36 @@ def _batch() -> Any:
 
 
 def wiring(values: dict[str, Any]) -> Any:
-    """`pipeline._wire_rl` (an RL job's rollout side: data source, rollout source, hooks, length limits,
-    eval sets) on a fake pipeline with a one-prompt data set."""
+    """`pipeline.rl.build_rl` (an RL job's rollout side: data source, rollout source, hooks, length limits,
+    eval sets) over fake shared parts with a one-prompt data set."""
     from runtime.data.prompts import PromptFormatter, PromptItem
-    from runtime.pipeline import _wire_rl, dataset_config
+    from runtime.pipeline import dataset_config
+    from runtime.pipeline.rl import build_rl
 
     spec = _spec(values)
     (FOLDER / "eval.jsonl").write_text("".join(json.dumps(row) + "\n" for row in EVAL_ROWS))
-    fake = SimpleNamespace(
+    parts = dict(
         spec=spec,
+        reporter=None,
         tokenizer=_WordTokenizer(),
         roles=SimpleNamespace(rollout=object()),
         total_rollouts=300,
-        reward=None,
-        data=None,
-        source=None,
-        postprocess=None,
-        rollout_ctx=None,
-        eval_fn=None,
+        checkpoints=None,
+        weight_sync=None,
+        relay=None,
     )
     items = [PromptItem(0, "one prompt", "1", {}, {"input": "one prompt", "label": "1"})]
-    _wire_rl(fake, PromptFormatter(_WordTokenizer(), dataset_config(spec)), items)  # type: ignore[arg-type]
-    if fake.reward is not None:
-        fake.reward.close()
-    source, ctx, data = fake.source, fake.rollout_ctx, fake.data
+    built = build_rl(parts, PromptFormatter(_WordTokenizer(), dataset_config(spec)), items)  # type: ignore[arg-type]
+    if built.reward is not None:
+        built.reward.close()
+    generation = built.generation
+    source = built.source
+    ctx, data = (generation.ctx, generation.data) if generation is not None else (None, None)
     live = getattr(source, "inner", source)
     rollout_fn = getattr(live, "rollout_fn", None)
     return {
-        "postprocess": fake.postprocess,
-        "eval_fn": fake.eval_fn,
+        "postprocess": built.postprocess,
+        "eval_fn": generation.eval_fn if generation is not None else None,
         "rollout_fn": rollout_fn.__closure__[0].cell_contents if rollout_fn is not None else None,
         "data": None
         if data is None
@@ -435,18 +436,16 @@ def wiring(values: dict[str, Any]) -> Any:
 
 
 def debug_train_data(values: dict[str, Any]) -> Any:
-    """`Pipeline.save_step`: the files a step writes besides its checkpoint (`save-debug-train-data`)."""
-    from runtime.pipeline import Pipeline
+    """`PipelineBase._save_due`: the files a step writes besides its checkpoint (`save-debug-train-data`)."""
+    from runtime.pipeline import PipelineBase
 
     written = FOLDER / "save_debug_train_data"  # the alternative value's path (a file, or a folder)
     if written.is_dir():
         shutil.rmtree(written)
     written.unlink(missing_ok=True)
     spec = dataclasses.replace(_spec(values), save=None)
-    fake = SimpleNamespace(
-        spec=spec, last_rollout=None, checkpoints=SimpleNamespace(due=lambda k: False, collect=lambda: None)
-    )
-    Pipeline.save_step(fake, 0, None, _batch())  # type: ignore[arg-type]
+    fake = SimpleNamespace(spec=spec, checkpoints=SimpleNamespace(due=lambda k: False, collect=lambda: None))
+    PipelineBase._save_due(fake, 0, _batch())  # type: ignore[arg-type]
     return sorted(str(p) for p in FOLDER.rglob("*") if p.is_file() and "save_debug_train_data" in str(p))
 
 
@@ -478,8 +477,8 @@ def skip_special_tokens(values: dict[str, Any]) -> Any:
 def pipeline_build(values: dict[str, Any]) -> Any:
     """`pipeline.build_pipeline` up to starting the roles: the prompts it reads and keeps (the tokenizer is
     one token per word; `start_roles` is replaced by a recorder)."""
-    from runtime import pipeline as pipeline_module
     from runtime.devices import Device, DeviceKind
+    from runtime.pipeline import build as pipeline_module
 
     (FOLDER / "prompts.jsonl").write_text("".join(json.dumps(row) + "\n" for row in EVAL_ROWS))
     (FOLDER / "prompts-b.jsonl").write_text(json.dumps(EVAL_ROWS[1]) + "\n")
@@ -511,17 +510,26 @@ def pipeline_build(values: dict[str, Any]) -> Any:
 
 
 def sft_wiring(values: dict[str, Any]) -> Any:
-    """`pipeline._wire_sft` (an SFT job's data: the example builder, its oversize policy, the prompt order,
-    the eval rows) on a fake pipeline."""
+    """`pipeline.sft.build_sft` (an SFT job's data: the example builder, its oversize policy, the prompt
+    order, the eval rows) over fake shared parts."""
     from runtime.data.prompts import PromptFormatter, PromptItem
-    from runtime.pipeline import _wire_sft, dataset_config
+    from runtime.pipeline import dataset_config
+    from runtime.pipeline.sft import build_sft
 
     spec = _spec(values)
     (FOLDER / "eval.jsonl").write_text("".join(json.dumps(row) + "\n" for row in EVAL_ROWS))
-    fake = SimpleNamespace(spec=spec, sft=None)
+    parts = dict(
+        spec=spec,
+        reporter=None,
+        tokenizer=_WordTokenizer(),
+        roles=None,
+        total_rollouts=300,
+        checkpoints=None,
+        weight_sync=None,
+        relay=None,
+    )
     items = [PromptItem(i, f"prompt {i}", "1", {}, {"input": f"prompt {i}"}) for i in range(8)]
-    _wire_sft(fake, PromptFormatter(_WordTokenizer(), dataset_config(spec)), items, [])  # type: ignore[arg-type]
-    sft = fake.sft
+    sft = build_sft(parts, PromptFormatter(_WordTokenizer(), dataset_config(spec)), items, [])  # type: ignore[arg-type]
     cursor = sft.cursor
     return (
         sft.builder.label_key,
@@ -539,23 +547,23 @@ def rewards(values: dict[str, Any]) -> Any:
 
 
 def pipeline_schedule(values: dict[str, Any]) -> Any:
-    """When the pipeline evaluates (`Pipeline.eval_due`), whether the policy trains (`policy_trains`), when
+    """When the pipeline evaluates (`RLPipeline.eval_due`), whether the policy trains (`policy_trains`), when
     the engines take new weights (`sync_weights`), over 300 rollouts."""
-    from runtime.pipeline import Pipeline
+    from runtime.pipeline import RLPipeline
 
     spec = _spec(values)
     pushed: list[bool] = []
     fake = SimpleNamespace(
         spec=spec,
-        rollout_ctx=SimpleNamespace(eval_datasets=["eval"]),
+        generation=SimpleNamespace(ctx=SimpleNamespace(eval_datasets=["eval"])),
         total_rollouts=300,
-        source=None,
+        source=SimpleNamespace(trained=lambda steps_done: None),
         push_weights=lambda version, engines: pushed.append(engines),
     )
-    evals = [Pipeline.eval_due(fake, k) for k in range(301)]  # type: ignore[arg-type]
-    trains = [Pipeline.policy_trains(fake, k) for k in range(20)]  # type: ignore[arg-type]
+    evals = [RLPipeline.eval_due(fake, k) for k in range(301)]  # type: ignore[arg-type]
+    trains = [RLPipeline.policy_trains(fake, k) for k in range(20)]  # type: ignore[arg-type]
     for k in range(20):
-        Pipeline.sync_weights(fake, k)  # type: ignore[arg-type]
+        RLPipeline.sync_weights(fake, k)  # type: ignore[arg-type]
     return evals, trains, pushed
 
 
@@ -587,8 +595,8 @@ def checkpoints(values: dict[str, Any]) -> Any:
 
 
 def resume(values: dict[str, Any]) -> Any:
-    """`pipeline.resume`: the checkpoint it loads and the rollout it starts from."""
-    from runtime import pipeline as pipeline_module
+    """`PipelineBase.resume`: the checkpoint it loads and the rollout it starts from."""
+    from runtime.pipeline import PipelineBase
 
     loads: list[str] = []
     fake = SimpleNamespace(
@@ -597,19 +605,18 @@ def resume(values: dict[str, Any]) -> Any:
             train=SimpleNamespace(load_checkpoint=lambda path: loads.append(path)),
             critic=SimpleNamespace(load_checkpoint=lambda path: loads.append("critic:" + path)),
         ),
-        data=None,
-        sft=None,
     )
-    return pipeline_module.resume(fake), loads  # type: ignore[arg-type]
+    return PipelineBase.resume(fake), loads  # type: ignore[arg-type]
 
 
 def critic(values: dict[str, Any]) -> Any:
     """`pipeline.critic_plan` (PPO's critic) and where its checkpoints go (`critic_save_root`)."""
-    from runtime import pipeline as pipeline_module
+    from runtime.pipeline import critic_plan
+    from runtime.train.critic import critic_save_root
 
     spec = _spec(values)
-    root = pipeline_module.critic_save_root(spec.critic_save, spec.save)
-    return pipeline_module.critic_plan(spec, 300, "/model"), root
+    root = critic_save_root(spec.critic_save, spec.save)
+    return critic_plan(spec, 300, "/model"), root
 
 
 def demand(values: dict[str, Any]) -> Any:

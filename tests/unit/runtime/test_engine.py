@@ -63,12 +63,14 @@ def test_length_limits_take_the_context_into_account() -> None:
 
 
 def test_rollout_data_postprocess_hook_edits_the_batch(tmp_path: Path) -> None:
-    from runtime.pipeline import Pipeline
+    from runtime.pipeline import RLPipeline
     from runtime.reporter import LocalReporter
     from runtime.roles.groups import Roles
     from runtime.rollout.context import RolloutOutput
+    from runtime.rollout.sources import LoadedRollout
     from runtime.saving import CheckpointManager
     from runtime.spec import RuntimeSpec
+    from runtime.weight_sync import WeightSyncBackend, create_weight_sync
     from tests.unit.runtime.fakes import CharTokenizer
 
     def mask_first_token(samples: list[Sample], batch):  # type: ignore[no-untyped-def]
@@ -78,13 +80,18 @@ def test_rollout_data_postprocess_hook_edits_the_batch(tmp_path: Path) -> None:
     spec = RuntimeSpec()
     reporter = LocalReporter(tmp_path)
     try:
-        pipeline = Pipeline(
+        pipeline = RLPipeline(
             spec=spec,
             reporter=reporter,
             tokenizer=CharTokenizer(),
             roles=Roles(topology=None, placement_groups={}, train=None, rollout=None),  # type: ignore[arg-type]
             total_rollouts=1,
             checkpoints=CheckpointManager(spec, reporter, None),
+            weight_sync=create_weight_sync(WeightSyncBackend.OBJECT_STORE),
+            relay=None,
+            source=LoadedRollout(str(tmp_path / "{rollout_id}.pt"), subsample=None, seed=0),
+            generation=None,
+            reward=None,
             postprocess=mask_first_token,
         )
         samples = [Sample(0, 0, "p", tokens=[5, 6, 7, 8], response_length=3, reward=1.0)]

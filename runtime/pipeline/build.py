@@ -1,0 +1,106 @@
+"""The one builder: reads the data, starts the roles, builds the RL or SFT pipeline the spec asks for, and
+reports the job as running. The spec it gets has passed `jobspec`'s rules (at submission, or in
+`runtime.spec.load_spec` for a spec file); only what the pipeline alone needs is checked here."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+import transformers
+from transformers import AutoTokenizer
+
+from runtime.access import check_paths
+from runtime.data.prompts import (
+    PromptFormatter,
+    PromptItem,
+    drop_long_prompts,
+    read_prompt_items,
+    split_eval_holdout,
+)
+from runtime.devices import Device
+from runtime.pipeline.base import PipelineParts
+from runtime.pipeline.plans import dataset_config, role_plan
+from runtime.pipeline.rl import RLPipeline, build_rl, check_rl_spec
+from runtime.pipeline.sft import SFTPipeline, build_sft, check_sft_spec
+from runtime.reporter import EventKind, Phase, Reporter
+from runtime.roles.groups import start_roles
+from runtime.roles.logs import LogRelay
+from runtime.saving import CheckpointManager
+from runtime.spec import RuntimeSpec
+from runtime.weight_sync import WeightSyncBackend, create_weight_sync
+
+transformers.utils.logging.disable_progress_bar()
+log = logging.getLogger("runtime.pipeline")
+
+Pipeline = RLPipeline | SFTPipeline
+
+
+def build_pipeline(
+    spec: RuntimeSpec,
+    reporter: Reporter,
+    *,
+    device: Device | None = None,
+    actor_env: dict[str, str] | None = None,
+) -> Pipeline:
+    """Read the data, start the roles, build the job's pipeline, and report the job as running."""
+    (check_sft_spec if spec.is_sft else check_rl_spec)(spec)
+    check_paths(spec)  # a platform job opens only the paths the platform resolved (runtime.access)
+    torch.manual_seed(spec.seed)
+    device = device or Device.for_roles()
+    tokenizer = AutoTokenizer.from_pretrained(spec.hf_checkpoint)
+    formatter = PromptFormatter(tokenizer, dataset_config(spec))
+    items = read_prompt_items(spec.prompt_data, formatter.config) if spec.prompt_data else []
+    sft_eval_items: list[PromptItem] = []
+    if spec.is_sft and spec.eval_size is not None:
+        items, sft_eval_items = split_eval_holdout(items, spec.eval_size, spec.seed)
+    elif not spec.is_sft:
+        items, dropped = drop_long_prompts(items, formatter, spec.rollout_max_prompt_len)
+        if dropped:
+            log.warning(
+                "rollout_max_prompt_len=%s: %d prompt(s) longer than that dropped",
+                spec.rollout_max_prompt_len,
+                dropped,
+            )
+    total = spec.total_rollouts(len(items))
+    started = time.perf_counter()
+    roles = start_roles(role_plan(spec, total, device), device=device, env_vars=actor_env)
+    relay = LogRelay(roles.log_sink, reporter) if roles.log_sink is not None else None
+    reporter.event(EventKind.MODEL_LOADED, f"{spec.hf_checkpoint} in {time.perf_counter() - started:.1f}s")
+    checkpoints = CheckpointManager(spec, reporter, roles.train)
+    parts: PipelineParts = {
+        "spec": spec,
+        "reporter": reporter,
+        "tokenizer": tokenizer,
+        "roles": roles,
+        "total_rollouts": total,
+        "checkpoints": checkpoints,
+        "weight_sync": create_weight_sync(WeightSyncBackend.OBJECT_STORE),
+        "relay": relay,
+    }
+    try:
+        pipeline: Pipeline = (
+            build_sft(parts, formatter, items, sft_eval_items)
+            if spec.is_sft
+            else build_rl(parts, formatter, items)
+        )
+    except BaseException:
+        _abandon(checkpoints, relay, roles)
+        raise
+    reporter.set_phase(Phase.RUNNING)
+    reporter.set_progress(0, total)
+    return pipeline
+
+
+def _abandon(checkpoints: CheckpointManager, relay: LogRelay | None, roles: Any) -> None:
+    """A build that failed after the roles started: what `PipelineBase.close` would release."""
+    try:
+        checkpoints.collect(wait=True)
+    except Exception:  # noqa: BLE001 - the build's own error is the one to raise
+        log.warning("closing the pipeline", exc_info=True)
+    finally:
+        if relay is not None:
+            relay.close()
+        roles.shutdown()

@@ -1,0 +1,261 @@
+"""What a job's spec asks of its trainer, critic, roles and data: pure spec -> config functions, no I/O.
+
+Both kinds of pipeline (`rl.py`, `sft.py`) and the driver (`role_plan` sizes a private Ray cluster) read
+these; they hold no state and start nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+
+import torch
+
+from runtime.access import owner_of
+from runtime.algos.advantages import AdvantageConfig
+from runtime.algos.losses import LossConfig
+from runtime.algos.opd import OPDConfig
+from runtime.data.prompts import DatasetConfig
+from runtime.devices import Device
+from runtime.roles.groups import CriticPlan, RolePlan, engine_kind_from_env
+from runtime.roles.placement import Role, critic_world_size, train_world_size
+from runtime.rollout.sglang.passthrough import server_argv
+from runtime.spec import RuntimeSpec
+from runtime.train.base import is_multi_rank
+from runtime.train.checkpoint import resolve_model_folder
+from runtime.train.critic import CriticConfig
+from runtime.train.schedule import DecayStyle, LRSchedule
+from runtime.train.torch_backend import TrainConfig
+from runtime.types import RolloutBatch
+
+log = logging.getLogger("runtime.pipeline")
+
+
+def train_config_from(spec: RuntimeSpec, total_rollouts: int) -> TrainConfig:
+    gbs = spec.effective_global_batch_size
+    steps_per_rollout = math.ceil(spec.samples_per_rollout / gbs) if gbs else 1
+    style = DecayStyle(spec.lr_decay_style)
+    schedule = LRSchedule(
+        lr=spec.lr,
+        min_lr=spec.min_lr,
+        style=style,
+        warmup_steps=spec.lr_warmup_iters,
+        decay_steps=spec.lr_decay_iters or total_rollouts * steps_per_rollout,
+    )
+    return TrainConfig(
+        loss_type=spec.loss_type,
+        loss=loss_config_from(spec),
+        lr_schedule=schedule,
+        weight_decay=spec.weight_decay,
+        adam_beta1=spec.adam_beta1,
+        adam_beta2=spec.adam_beta2,
+        adam_eps=spec.adam_eps,
+        clip_grad=spec.clip_grad,
+        seed=spec.seed,
+        global_batch_size=gbs or None,
+        micro_batch_size=spec.micro_batch_size,
+        max_tokens_per_micro_batch=spec.max_tokens_per_gpu if spec.use_dynamic_batch_size else None,
+        log_probs_max_tokens=spec.log_probs_max_tokens_per_gpu,
+        log_probs_temperature=1.0 if spec.is_sft else spec.rollout_temperature,
+        save_optimizer=not spec.no_save_optim,
+        ref_load=spec.ref_load,
+        ref_ckpt_step=spec.ref_ckpt_step,
+        ref_update_interval=spec.ref_update_interval,
+        opd_teacher_load=spec.opd_teacher_load if spec.has_teacher else None,
+        opd_teacher_ckpt_step=spec.opd_teacher_ckpt_step if spec.has_teacher else None,
+        only_train_params=tuple(spec.only_train_params_name_list or ()),
+        freeze_params=tuple(spec.freeze_params_name_list or ()),
+        owner=owner_of(spec),
+    )
+
+
+def loss_config_from(spec: RuntimeSpec) -> LossConfig:
+    """The loss parameters (policy loss, KL loss, off-policy corrections, value loss, hooks)."""
+    return LossConfig(
+        eps_clip=spec.eps_clip,
+        eps_clip_high=spec.effective_eps_clip_high,
+        eps_clip_c=spec.eps_clip_c,
+        use_kl_loss=spec.use_kl_loss,
+        kl_loss_coef=spec.kl_loss_coef,
+        kl_loss_type=spec.kl_loss_type,
+        use_unbiased_kl=spec.use_unbiased_kl,
+        entropy_coef=spec.entropy_coef,
+        per_token_loss=spec.calculate_per_token_loss,
+        advantage_estimator=spec.advantage_estimator,
+        sapo_tau_pos=spec.sapo_tau_pos,
+        sapo_tau_neg=spec.sapo_tau_neg,
+        use_rollout_logprobs=spec.use_rollout_logprobs,
+        use_tis=spec.use_tis,
+        tis_clip=spec.tis_clip,
+        tis_clip_low=spec.tis_clip_low,
+        custom_tis_function_path=spec.custom_tis_function_path,
+        get_mismatch_metrics=spec.get_mismatch_metrics,
+        custom_pg_loss_reducer_function_path=spec.custom_pg_loss_reducer_function_path,
+        use_opsm=spec.use_opsm,
+        opsm_delta=spec.opsm_delta,
+        value_clip=spec.value_clip,
+        custom_loss_function_path=spec.custom_loss_function_path,
+        opd=opd_config(spec),
+    )
+
+
+def opd_config(spec: RuntimeSpec) -> OPDConfig | None:
+    """On-policy distillation's parameters (`use-opd`), None where it does not run (`has_teacher`)."""
+    if not spec.has_teacher:
+        return None
+    return OPDConfig(
+        kl_type=spec.opd_kl_type,
+        kl_coef=spec.opd_kl_coef,
+        loss_coef=spec.opd_loss_coef,
+        log_prob_min_clamp=spec.opd_log_prob_min_clamp,
+        per_token_clip=spec.opd_per_token_clip,
+        is_clip=spec.opd_is_clip,
+        only_reward=spec.opd_only_reward,
+    )
+
+
+def student_log_probs(spec: RuntimeSpec, batch: RolloutBatch) -> torch.Tensor | None:
+    """pi_old of the sampled tokens, as the advantages stage reads it (KL shaping, OPD's advantage mode and
+    `opd/kl`): the engine's with `use-rollout-logprobs`, else the trainer's recompute."""
+    return batch.rollout_log_probs if spec.use_rollout_logprobs else batch.old_log_probs
+
+
+def advantage_config(spec: RuntimeSpec, *, rewards_normalization: bool) -> AdvantageConfig:
+    """The advantages stage's parameters, on-policy distillation's (`opd_config`) included."""
+    return AdvantageConfig(
+        std_normalization=not spec.disable_grpo_std_normalization,
+        rewards_normalization=rewards_normalization,
+        gamma=spec.gamma,
+        lambd=spec.lambd,
+        kl_coef=spec.kl_coef,
+        kl_type=spec.kl_loss_type,
+        normalize_advantages=spec.normalize_advantages,
+        opd=opd_config(spec),
+    )
+
+
+def critic_plan(
+    spec: RuntimeSpec, total_rollouts: int, initial_weights: str, device: Device | None = None
+) -> CriticPlan | None:
+    """PPO's critic: the policy's initial weights with a fresh value head, `critic-lr` (default lr) with
+    its own `critic-lr-warmup-iters`, the policy's batching and optimizer settings; on the job's train
+    backend (megatron: megatron-core, which reads its architecture and layout from the spec's values, on
+    `placement.critic_world_size` ranks: one per device of the critic's `resource` entry)."""
+    if not spec.has_critic:
+        return None
+    policy = train_config_from(spec, total_rollouts)
+    schedule = dataclasses.replace(
+        policy.lr_schedule,
+        lr=spec.critic_lr if spec.critic_lr is not None else spec.lr,
+        warmup_steps=spec.critic_lr_warmup_iters,
+    )
+    multi_rank = is_multi_rank(spec.train_backend)
+    return CriticPlan(
+        model_path=initial_weights,
+        backend=spec.train_backend,
+        hf_checkpoint=str(spec.hf_checkpoint),
+        values=spec.values() if multi_rank else {},
+        world=(
+            critic_world_size(spec.resource, _model_parallel_size(spec), device or Device.for_roles())
+            if multi_rank
+            else None
+        ),
+        config=CriticConfig(
+            lr_schedule=schedule,
+            loss=policy.loss,
+            weight_decay=policy.weight_decay,
+            adam_beta1=policy.adam_beta1,
+            adam_beta2=policy.adam_beta2,
+            adam_eps=policy.adam_eps,
+            clip_grad=policy.clip_grad,
+            seed=policy.seed,
+            global_batch_size=policy.global_batch_size,
+            micro_batch_size=policy.micro_batch_size,
+            max_tokens_per_micro_batch=policy.max_tokens_per_micro_batch,
+            owner=policy.owner,
+        ),
+    )
+
+
+def dataset_config(
+    spec: RuntimeSpec,
+    *,
+    input_key: str | None = None,
+    label_key: str | None = None,
+    tool_key: str | None = None,
+) -> DatasetConfig:
+    return DatasetConfig(
+        input_key=input_key or spec.input_key,
+        label_key=label_key if label_key is not None else spec.label_key,
+        metadata_key=spec.metadata_key,
+        tool_key=tool_key or spec.tool_key,
+        conversation_key_map=dict(spec.conversation_key_map or {}),
+        apply_chat_template=spec.apply_chat_template,
+        apply_chat_template_kwargs=dict(spec.apply_chat_template_kwargs or {}),
+        system_prompt=spec.system_prompt,
+    )
+
+
+def trainer_world(spec: RuntimeSpec, device: Device | None = None) -> int | None:
+    """A multi-rank backend's number of trainer ranks (`placement.train_world_size`); None for the torch
+    backend (one trainer). Reads the model-parallel sizes from the spec's values (Megatron's dests)."""
+    if not is_multi_rank(spec.train_backend) or not spec.trains:
+        return None
+    return train_world_size(spec.resource, _model_parallel_size(spec), device or Device.for_roles())
+
+
+def _model_parallel_size(spec: RuntimeSpec) -> int:
+    """Tensor x pipeline x context parallel sizes, from the spec's values (Megatron's dests)."""
+    values = spec.values()
+    model_parallel = 1
+    for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+        model_parallel *= int(values.get(name) or 1)
+    return model_parallel
+
+
+def role_plan(spec: RuntimeSpec, total: int, device: Device | None = None) -> RolePlan:
+    """The roles a job runs, from `resource` and the mode."""
+    resource = spec.resource or {}
+    initial = (
+        str(resolve_model_folder(spec.ref_load, spec.ref_ckpt_step))
+        if spec.ref_load
+        else str(spec.hf_checkpoint)
+    )
+    separate: dict[Role, str] = {}
+    # colocated and hybrid modes swap these models into the actor's devices (the platform reserves none
+    # for them): they live in the trainer's process
+    if not spec.colocate and spec.trains:
+        if Role.REFERENCE in resource and spec.needs_reference:
+            separate[Role.REFERENCE] = initial
+        elif Role.REFERENCE in resource:
+            log.warning("resource.reference is set but no KL term needs a reference model: not started")
+        if Role.ACTOR_FWD in resource and not spec.is_sft:
+            separate[Role.ACTOR_FWD] = initial
+    return RolePlan(
+        backend=spec.train_backend,
+        hf_checkpoint=str(spec.hf_checkpoint),
+        train_config=train_config_from(spec, total),
+        resource=spec.resource,
+        colocate=spec.colocated,
+        with_train=spec.trains,
+        with_rollout=spec.generates,
+        need_ref=spec.needs_reference and Role.REFERENCE not in separate,
+        separate=separate,
+        log_probs_temperature=1.0 if spec.is_sft else spec.rollout_temperature,
+        engine_kind=engine_kind_from_env(),
+        engine_args=server_argv(spec.extra.get("sglang")),
+        external_engines=tuple(spec.rollout_external_engine_addrs or ()) if spec.rollout_external else (),
+        critic=critic_plan(spec, total, initial, device),
+        train_world=trainer_world(spec, device),
+        values=spec.values() if is_multi_rank(spec.train_backend) else {},
+        warm_page_cache=_warmed_folders(spec, initial),
+    )
+
+
+def _warmed_folders(spec: RuntimeSpec, initial: str) -> tuple[str, ...]:
+    """`--warm-hf-checkpoint-page-cache`: the Hugging Face folders the roles load (the policy's, and the
+    reference's / initial weights' when they differ)."""
+    if not spec.values().get("warm_hf_checkpoint_page_cache"):
+        return ()
+    return tuple(dict.fromkeys((str(spec.hf_checkpoint), initial)))
