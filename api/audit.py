@@ -50,12 +50,26 @@ def _complete(request: Request, entry: AuditEntry) -> AuditEntry:
     return entry
 
 
+def entry_for_change(request: Request) -> AuditEntry | None:
+    """The entry of an audited request with its route and request id, for a service that writes its row in
+    the statement of the change itself (`JobService.submit(audit=...)`: a round trip less); the route then
+    calls `written_with_change`. None for a request that is not audited."""
+    entry = audit_entry(request)
+    return _complete(request, entry) if entry is not None else None
+
+
+def written_with_change(request: Request) -> None:
+    """The row of this call is in its unit of work already (`entry_for_change`): `record_with_change` writes
+    none. If that unit of work does not commit, the middleware writes the row alone, as for any failure."""
+    request.state.audit_with_change = True
+
+
 def record_with_change(request: Request, session: Session, status_code: int | None) -> None:
     """Write the row of a call whose route returned, in the request's unit of work. The status is the
     route's (or the one it set on `Response`): an audited route refuses by raising, never by returning
     an error response itself."""
     entry = audit_entry(request)
-    if entry is None:
+    if entry is None or getattr(request.state, "audit_with_change", False):
         return
     route = request.scope.get("route")
     status = status_code or getattr(route, "status_code", None) or 200

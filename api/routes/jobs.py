@@ -16,6 +16,7 @@ from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from api.audit import entry_for_change, written_with_change
 from api.deps import (
     AuditDep,
     BearerDep,
@@ -116,13 +117,17 @@ def _submit(
         launch_script=body.launch_script.model_dump() if body.launch_script else None,
     )
     judged = reader.judge(principal, sub)
-    job, created = svc.submit(principal, sub, judged)
-    audit.note(
-        target=job.id, name=job.name, queue=job.queue, priority_class=job.priority_class, created=created
-    )
+    # a job created has the call's audit row written in its own statement (noted by the service)
+    entry = entry_for_change(request)
+    job, created = svc.submit(principal, sub, judged, audit=entry, audit_status=201)
     if created:
+        if entry is not None:
+            written_with_change(request)
         after_commit(svc.session, dispatcher.request_pass)
     else:
+        audit.note(
+            target=job.id, name=job.name, queue=job.queue, priority_class=job.priority_class, created=False
+        )
         response.status_code = 200
     detail = _detail(svc, job, new=created)
     finish_units_of_work(request, response.status_code)

@@ -54,25 +54,28 @@ def _safe(value: Any) -> Any:
 _INSERT = AuditEvent.__table__.insert()
 
 
+def row_values(entry: AuditEntry, status_code: int) -> dict[str, Any]:
+    """The `audit_events` row of `entry` (every column but the id), for `record` or a statement that writes
+    it beside its change (`JobService.submit`)."""
+    return {
+        "time": utcnow(),
+        "request_id": entry.request_id,
+        "key_id": entry.key_id,
+        "role": entry.role,
+        "team_id": entry.team_id,
+        "method": entry.method,
+        "path": entry.path,
+        "target": entry.target,
+        "status_code": status_code,
+        "details": dict(entry.details),
+    }
+
+
 def record(session: Session, entry: AuditEntry, status_code: int) -> None:
     """Write the row in `session`: the request's own unit of work when the call succeeded (so the row
     commits with the change, or not at all), a fresh one for a refused or failed call. One INSERT, no ORM
     object (nothing reads the row back in the request)."""
-    session.execute(
-        _INSERT,
-        {
-            "time": utcnow(),
-            "request_id": entry.request_id,
-            "key_id": entry.key_id,
-            "role": entry.role,
-            "team_id": entry.team_id,
-            "method": entry.method,
-            "path": entry.path,
-            "target": entry.target,
-            "status_code": status_code,
-            "details": dict(entry.details),
-        },
-    )
+    session.execute(_INSERT, row_values(entry, status_code))
 
 
 def list_events(

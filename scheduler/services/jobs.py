@@ -29,6 +29,7 @@ from runtime.redaction import redact
 from runtime.spool import read_spool, spool_dir, spool_key
 from scheduler.db.models import (
     Allocation,
+    AuditEvent,
     Checkpoint,
     Job,
     JobEvent,
@@ -59,6 +60,7 @@ from scheduler.logs import annotate
 from scheduler.observability import count_report
 from scheduler.policy.placement import PoolCapacity, gangs_of, place_demand
 from scheduler.policy.types import Node as PolicyNode
+from scheduler.services.audit import AuditEntry, row_values
 from scheduler.services.auth import Principal, team_for
 from scheduler.services.job_tokens import job_token
 from scheduler.services.paths import TeamStorage, real, resolve_paths, team_storage
@@ -170,28 +172,44 @@ _IDEMPOTENT_JOB = sa.select(Job).where(
     Job.team_id == sa.bindparam("team_id"), Job.idempotency_key == sa.bindparam("key")
 )
 _INSERT_EVENT = JobEvent.__table__.insert()
+_INSERT_AUDIT = AuditEvent.__table__.insert()
 
 
 @cache
-def _job_with_event(event_columns: tuple[str, ...]) -> sa.Insert:
+def _job_with_event(event_columns: tuple[str, ...], audited: bool = False) -> sa.Insert:
     """PostgreSQL: a job's row and its event's in one statement (the job's INSERT as a data-modifying WITH of
     the event's: one round trip instead of two, the event's foreign key checked at the statement's end).
-    Parameters `job_<column>` and `event_<column>`."""
+    Parameters `job_<column>` and `event_<column>`; `audited`: the call's audit row too, in a second WITH
+    (parameters `audit_<column>`; PostgreSQL runs a data-modifying WITH whether or not it is referred to)."""
     jobs, events = Job.__table__, JobEvent.__table__
     new_job = jobs.insert().values({c: sa.bindparam(f"job_{c.key}", type_=c.type) for c in jobs.columns})
-    return (
+    statement = (
         events.insert()
         .values({c: sa.bindparam(f"event_{c}", type_=events.c[c].type) for c in event_columns})
         .add_cte(new_job.cte("new_job"))
     )
+    if audited:
+        audits = AuditEvent.__table__
+        columns = [c for c in audits.columns if c.key != "id"]
+        audit = audits.insert().values({c: sa.bindparam(f"audit_{c.key}", type_=c.type) for c in columns})
+        statement = statement.add_cte(audit.cte("new_audit"))
+    return statement
 
 
-def _inserted(session: Session, *, event: dict[str, Any] | None = None, **given: Any) -> Job:
+def _inserted(
+    session: Session,
+    *,
+    event: dict[str, Any] | None = None,
+    audit: dict[str, Any] | None = None,
+    **given: Any,
+) -> Job:
     """A new job row written with one INSERT (no unit-of-work flush), and its `Job` in `session` as if read
     back: every column set (a column not given gets its default, as the ORM would give it), so that nothing
     is loaded again and later changes to it are written as usual. With `event` (a `JobEvent`'s columns but its
     job's id and time, which are the job's id and `created_at`), that event too: on PostgreSQL in the same
-    statement (`_job_with_event`), elsewhere in a second one."""
+    statement (`_job_with_event`), elsewhere in a second one. With `audit` (an `audit_events` row's columns but
+    its id: `scheduler.services.audit.row_values`), that row too: on PostgreSQL in the same statement again
+    (with `event` only), elsewhere in one more."""
     unknown = set(given) - set(Job.__table__.columns.keys())
     if unknown:
         raise TypeError(f"no job column {sorted(unknown)}")
@@ -212,10 +230,15 @@ def _inserted(session: Session, *, event: dict[str, Any] | None = None, **given:
         if session.get_bind().dialect.name == "postgresql":
             params = {f"job_{k}": v for k, v in values.items()}
             params.update((f"event_{k}", v) for k, v in event.items())
-            session.execute(_job_with_event(tuple(event)), params)
+            if audit is not None:
+                params.update((f"audit_{k}", v) for k, v in audit.items())
+            session.execute(_job_with_event(tuple(event), audit is not None), params)
+            audit = None
         else:
             session.execute(_INSERT_JOB, values)
             session.execute(_INSERT_EVENT, event)
+    if audit is not None:
+        session.execute(_INSERT_AUDIT, audit)
     job = Job(**values)
     make_transient_to_detached(job)
     session.add(job)
@@ -436,10 +459,21 @@ class JobService:
             self._platform,
         )
 
-    def submit(self, principal: Principal, sub: Submission, judged: Judged | None = None) -> tuple[Job, bool]:
+    def submit(
+        self,
+        principal: Principal,
+        sub: Submission,
+        judged: Judged | None = None,
+        *,
+        audit: AuditEntry | None = None,
+        audit_status: int = 201,
+    ) -> tuple[Job, bool]:
         """Validate and store a job QUEUED. Returns (job, created); a repeated idempotency key
         returns the original job with created=False. With `judged` (from `judge`, in a unit of work of its
-        own before this one) the spec is not normalized again unless its pool changed meanwhile."""
+        own before this one) the spec is not normalized again unless its pool changed meanwhile. With `audit`
+        (the call's entry, its caller and route known), a job created has it noted (the job as target, its
+        name, queue and class, created=True) and its row written with the job's, status `audit_status` (on
+        PostgreSQL in the same statement): the caller writes no row of its own then."""
         principal.require(Action.JOB_SUBMIT)
         if judged is not None and judged.session is self.session and judged.objects is not None:
             # judged in this transaction, just before: every check passed here already
@@ -477,10 +511,13 @@ class JobService:
                 details={"issues": [i.to_dict() for i in resolution.issues]},
             )
         demand = normalized.demand.model_dump(mode="json")
+        name = sub.name or _default_name(resolution.spec)
+        if audit is not None:
+            audit.note(target=job_id, name=name, queue=queue.name, priority_class=pclass.name, created=True)
         job = _inserted(
             self.session,
             id=job_id,
-            name=sub.name or _default_name(resolution.spec),
+            name=name,
             team_id=team.id,
             queue=queue.name,
             pool=pool.name,
@@ -506,6 +543,7 @@ class JobService:
                 "to_status": JobStatus.QUEUED,
                 "reason": f"submitted to queue {queue.name} (pool {pool.name})",
             },
+            audit=row_values(audit, audit_status) if audit is not None else None,
         )
         annotate(job_id=job_id)  # the request's later lines (its access line) name the new job
         after_commit(

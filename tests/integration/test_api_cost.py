@@ -27,11 +27,11 @@ def _statements(engine: sa.Engine) -> list[str]:
     return seen
 
 
-def test_a_submission_reads_and_writes_in_four_statements(api) -> None:  # type: ignore[no-untyped-def]
+def test_a_submission_reads_and_writes_in_three_statements(api) -> None:  # type: ignore[no-untyped-def]
     """On PostgreSQL (one transaction): the key with its team; the queue named, the priority classes, the nodes
-    and the team's grants (one statement); the job with its event (one statement); the audit row. (SQLite judges
-    in a read-only unit of work first, and reads again in the write one; it writes the job and its event in two
-    statements.)"""
+    and the team's grants (one statement); the job with its event and the call's audit row (one statement).
+    (SQLite judges in a read-only unit of work first, and reads again in the write one; it writes the job, its
+    event and the audit row in three statements.)"""
     client, _, _ = api
     db = client.app.state.db
     member = _member(client)
@@ -43,8 +43,9 @@ def test_a_submission_reads_and_writes_in_four_statements(api) -> None:  # type:
     assert r.status_code == 201, r.text
     kinds = [" ".join(s.split()[:4]) for s in seen]
     writes = [k for k in kinds if k.startswith(("INSERT", "WITH"))]
-    if db.dialect == "postgresql":  # the job and its event in one statement
-        assert writes == ["WITH new_job AS (INSERT", "INSERT INTO audit_events (time,"], kinds
+    if db.dialect == "postgresql":  # the job, its event and the audit row in one statement
+        assert writes == ["WITH new_job AS (INSERT"], kinds
+        assert "new_audit AS (INSERT INTO audit_events" in " ".join(seen[kinds.index(writes[0])].split())
         assert len([k for k in kinds if k.startswith("SELECT")]) == 2, kinds
     else:
         assert writes == [
@@ -74,6 +75,27 @@ def test_a_submission_reads_and_writes_in_four_statements(api) -> None:  # type:
         assert [(a.method, a.path, a.status_code, a.details["name"]) for a in audit] == [
             ("POST", "/v1/jobs", 201, "counted")
         ]
+
+
+def test_the_audit_row_written_with_the_job_and_a_repeat_audited_on_its_own(api) -> None:  # type: ignore[no-untyped-def]
+    """A created job's audit row is written in the job's statement (PostgreSQL) with what the route noted
+    before; a repeated idempotency key creates nothing, and its call is audited as before (200, created
+    false, the same target)."""
+    client, _, _ = api
+    member = _member(client)
+    headers = member | {"Idempotency-Key": "audit-once"}
+    first = client.post("/v1/jobs", json={"name": "once", "spec": grpo_spec()}, headers=headers)
+    again = client.post("/v1/jobs", json={"name": "once", "spec": grpo_spec()}, headers=headers)
+    assert (first.status_code, again.status_code) == (201, 200) and first.json()["id"] == again.json()["id"]
+    with client.app.state.db.session(read_only=True) as s:
+        rows = s.scalars(
+            sa.select(AuditEvent).where(AuditEvent.target == first.json()["id"]).order_by(AuditEvent.id)
+        ).all()
+    assert [(a.status_code, a.details["created"], a.details["name"], a.details["queue"]) for a in rows] == [
+        (201, True, "once", "default"),
+        (200, False, "once", "default"),
+    ]
+    assert all(a.key_id and a.role == "member" and a.request_id and a.path == "/v1/jobs" for a in rows)
 
 
 def test_the_submitted_job_is_the_sessions_own(db_url: str, tmp_path: Path) -> None:
