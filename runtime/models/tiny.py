@@ -41,7 +41,7 @@ GENERAL_TEXT = [
 
 @dataclass(frozen=True)
 class TinyModelShape:
-    """Defaults measured in runtime/README.md: large enough to learn the arithmetic task in minutes."""
+    """Defaults measured in docs/reference/runtime.md: big enough to learn the arithmetic task in minutes."""
 
     hidden_size: int = 64
     intermediate_size: int = 256

@@ -1,7 +1,7 @@
 """The Megatron backend end to end on the embedded platform: examples/grpo-arith-megatron.yaml (the arithmetic
 task of grpo-arith.yaml, `--train-backend megatron`, tensor parallelism 2 on two CPU slots over gloo),
 submitted over HTTP after the SFT warm-up it starts from, learns as the torch run does. The example's 300 steps
-take rollout/reward from ~0.13 to ~0.7 (runtime/README.md; `python -m bench.example_run --grpo
+take rollout/reward from ~0.13 to ~0.7 (docs/reference/runtime.md; `python -m bench.example_run --grpo
 grpo-arith-megatron`); here the same spec runs 100 steps (the cosine schedule then decays over 100), which takes
 it from below 0.2 (mean of the first 5 steps) to above 0.28 (mean of the last 10): measured 0.13 -> 0.36, and
 0.13 -> 0.38 with the torch backend (`python -m runtime.demo ROOT --examples sft-arith.yaml

@@ -28,9 +28,7 @@ def _wait_status(c: RelaxClient, job_id: str, statuses: set[str], timeout: float
     raise AssertionError(f"{job_id} stuck in {c.get_job(job_id)['status']}")
 
 
-GRPO_STEPS = (
-    100  # the example's 300 are measured by `python -m bench.example_run` (README.md, runtime/README.md)
-)
+GRPO_STEPS = 100  # the example's 300 are measured by `python -m bench.example_run` (README.md, docs/reference/runtime.md)
 
 
 def test_sft_then_grpo_learns(platform: RunningPlatform, tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ unlike SGLang, which leaves `/health*` and `/metrics` open.
 
 Routes are thin: parse with `protocol`, call the serving engine, answer in SGLang's shapes and status codes
 (400 with `{"error": {"message"}}` for bad requests, as SGLang's `_create_error_response`). The endpoint
-table and the differences from SGLang are in runtime/README.md ("SGLang protocol").
+table and the differences from SGLang are in docs/reference/runtime.md ("SGLang protocol").
 
 The serving engine is `FastGenServing` (fastgen_serving.py: continuous batching on fastgen) or
 `ServingEngine` (serving.py: HF `generate`), chosen by `--relax-engine auto|fastgen|hf` (default:
