@@ -19,7 +19,7 @@ from scheduler.policy import POLICIES, Assignment, Gang, JobView, Node, Placemen
 from scheduler.policy.invariants import check
 
 GPUS_PER_NODE = 8
-# Job sizes in the proportions of the ITP trace (bench/README.md): mostly 1-GPU jobs.
+# Job sizes in the proportions of the ITP trace (docs/benchmarks.md): mostly 1-GPU jobs.
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 SIZE_WEIGHTS = (57682, 1483, 2371, 7009, 381, 354, 71)
 
