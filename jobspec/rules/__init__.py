@@ -56,6 +56,7 @@ RULES: tuple[Rule, ...] = (
     modes.fully_async_colocate_is_hybrid,
     modes.load_debug_rollout_data_implies_debug_train_only,
     modes.debug_modes_exclusive,
+    modes.debug_train_only_needs_rollout_data,
     modes.debug_rollout_only_topology,
     modes.agentic_rollout,
     # Relax's legacy per-role GPU flags (before every rule that reads --resource)
@@ -143,6 +144,7 @@ RULES: tuple[Rule, ...] = (
     evaluation.eval_size_exclusive_with_eval_prompt_data,
     evaluation.eval_size_fraction_or_count,
     evaluation.sft_predict_interval_requirements,
+    evaluation.sft_predict_interval_without_debug_train_only,
     evaluation.eval_function_path_default,
     evaluation.eval_input_key_default,
     evaluation.eval_max_context_len_default,
@@ -162,6 +164,7 @@ RULES: tuple[Rule, ...] = (
     services.prompt_data_required,
     services.conversation_key_map_needs_no_label_key,
     services.prefetch_needs_streaming_dataset,
+    services.rm_type_unset,
     services.remote_rm_needs_rm_url,
     services.genrm_sampling_config_keys,
     services.genrm_options_need_model,

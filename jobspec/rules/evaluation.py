@@ -164,6 +164,26 @@ def sft_predict_interval_requirements(ctx: RuleContext) -> None:
 
 
 @rule(
+    "rule.sft_predict_interval_without_debug_train_only",
+    "sft-predict-interval",
+    "debug-train-only",
+    "load-debug-rollout-data",
+    summary="--sft-predict-interval generates with rollout engines, which --debug-train-only does not start.",
+    deviation="Relax's start-up checks accept the pair, but with --debug-train-only (or "
+    "--load-debug-rollout-data, which turns it on) Relax parses no SGLang arguments and starts no engines, so "
+    "the first prediction pass has nothing to generate with. The platform refuses it at submission.",
+)
+def sft_predict_interval_without_debug_train_only(ctx: RuleContext) -> None:
+    if ctx.is_sft and ctx.sft_predict_interval is not None and ctx.debug_train_only:
+        why = " (--load-debug-rollout-data turns it on)" if ctx.load_debug_rollout_data is not None else ""
+        ctx.error(
+            f"--sft-predict-interval generates predictions with rollout engines, but --debug-train-only{why} "
+            "starts none",
+            "remove --sft-predict-interval, or --debug-train-only",
+        )
+
+
+@rule(
     "rule.eval_function_path_default",
     "eval-function-path",
     "rollout-function-path",

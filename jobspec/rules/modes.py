@@ -117,6 +117,26 @@ def debug_modes_exclusive(ctx: RuleContext) -> None:
 
 
 @rule(
+    "rule.debug_train_only_needs_rollout_data",
+    "debug-train-only",
+    "load-debug-rollout-data",
+    "loss-type",
+    summary="RL with --debug-train-only trains on saved rollouts: it needs --load-debug-rollout-data.",
+    deviation="Relax's start-up checks accept RL --debug-train-only without --load-debug-rollout-data, but "
+    "--debug-train-only starts no SGLang engines, so such a job has no rollouts to train on and fails at its "
+    "first step. The platform refuses it at submission. (SFT reads --prompt-data itself and is exempt.)",
+)
+def debug_train_only_needs_rollout_data(ctx: RuleContext) -> None:
+    if not ctx.is_sft and ctx.debug_train_only and ctx.load_debug_rollout_data is None:
+        ctx.error(
+            "--debug-train-only starts no rollout engines, and an RL job without them trains on saved "
+            "rollouts, but --load-debug-rollout-data is not set",
+            "set --load-debug-rollout-data PATH (rollouts saved by --save-debug-rollout-data), or remove "
+            "--debug-train-only",
+        )
+
+
+@rule(
     "rule.debug_rollout_only_topology",
     "debug-rollout-only",
     "colocate",

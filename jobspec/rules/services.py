@@ -64,6 +64,28 @@ def prefetch_needs_streaming_dataset(ctx: RuleContext) -> None:
 
 
 @rule(
+    "rule.rm_type_unset",
+    "rm-type",
+    "custom-rm-path",
+    "rm-type-infer",
+    "rm-type-fallback",
+    summary="An RL job that generates scores each sample by its metadata rm_type when none of --rm-type, "
+    "--custom-rm-path, --rm-type-infer and --rm-type-fallback is set (warning).",
+)
+def rm_type_unset(ctx: RuleContext) -> None:
+    if ctx.is_sft or ctx.debug_train_only:  # SFT scores nothing; loaded rollouts are not scored again
+        return
+    if ctx.rm_type or ctx.custom_rm_path or ctx.rm_type_infer or ctx.rm_type_fallback:
+        return
+    ctx.warn(
+        "no reward is configured (--rm-type, --custom-rm-path, --rm-type-infer, --rm-type-fallback): every "
+        f"sample must name its reward in metadata.rm_type (the --metadata-key field, {ctx.metadata_key!r}), "
+        "or the job fails at its first reward",
+        "set --rm-type (e.g. math), or --rm-type-fallback zero to score unlabelled samples 0",
+    )
+
+
+@rule(
     "rule.remote_rm_needs_rm_url",
     "rm-type",
     "rm-url",

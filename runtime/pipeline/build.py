@@ -1,6 +1,6 @@
 """The one builder: reads the data, starts the roles, builds the RL or SFT pipeline the spec asks for, and
 reports the job as running. The spec it gets has passed `jobspec`'s rules (at submission, or in
-`runtime.spec.load_spec` for a spec file); only what the pipeline alone needs is checked here."""
+`runtime.spec.load_spec` for a spec file), which hold every spec rule: nothing is re-checked here."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from runtime.data.prompts import (
 from runtime.devices import Device
 from runtime.pipeline.base import PipelineParts
 from runtime.pipeline.plans import dataset_config, role_plan
-from runtime.pipeline.rl import RLPipeline, build_rl, check_rl_spec
-from runtime.pipeline.sft import SFTPipeline, build_sft, check_sft_spec
+from runtime.pipeline.rl import RLPipeline, build_rl
+from runtime.pipeline.sft import SFTPipeline, build_sft
 from runtime.reporter import EventKind, Phase, Reporter
 from runtime.roles.groups import start_roles
 from runtime.roles.logs import LogRelay
@@ -46,7 +46,6 @@ def build_pipeline(
     actor_env: dict[str, str] | None = None,
 ) -> Pipeline:
     """Read the data, start the roles, build the job's pipeline, and report the job as running."""
-    (check_sft_spec if spec.is_sft else check_rl_spec)(spec)
     check_paths(spec)  # a platform job opens only the paths the platform resolved (runtime.access)
     torch.manual_seed(spec.seed)
     device = device or Device.for_roles()

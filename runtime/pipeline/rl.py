@@ -26,24 +26,11 @@ from runtime.rollout.generate import LengthLimits
 from runtime.rollout.results import write_eval_result, write_train_result
 from runtime.rollout.sources import AheadRollout, LiveRollout, LoadedRollout, RolloutSource
 from runtime.rollout.stats import rollout_metrics
-from runtime.spec import RuntimeSpec
 from runtime.train.checkpoint import CheckpointRecord
 from runtime.train.critic import critic_save_root
 from runtime.types import RolloutBatch
 
 log = logging.getLogger("runtime.pipeline")
-
-
-def check_rl_spec(spec: RuntimeSpec) -> None:
-    """What this pipeline needs of an RL spec beyond what `jobspec` checks at submission (each named in the
-    report of the restructuring, to move into jobspec's rules)."""
-    if not spec.load_debug_rollout_data and not spec.prompt_data:
-        raise ValueError("missing required parameter(s): prompt_data")
-    rewarded = spec.rm_type or spec.custom_rm_path or spec.rm_type_infer or spec.rm_type_fallback
-    if spec.generates and not rewarded:
-        raise ValueError("an RL job needs rm_type or custom_rm_path (or rm_type_infer / rm_type_fallback)")
-    if spec.debug_train_only and not spec.load_debug_rollout_data:
-        raise ValueError("debug_train_only trains on saved rollouts: set load_debug_rollout_data")
 
 
 @dataclass(frozen=True)

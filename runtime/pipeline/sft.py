@@ -19,19 +19,9 @@ from runtime.reporter import EventKind
 from runtime.rollout.context import DEFAULT_MAX_RESPONSE_LEN
 from runtime.rollout.generate import GenerateContext, LengthLimits, advance
 from runtime.rollout.params import SamplingParams
-from runtime.spec import RuntimeSpec
 from runtime.types import RolloutBatch, Sample
 
 log = logging.getLogger("runtime.pipeline")
-
-
-def check_sft_spec(spec: RuntimeSpec) -> None:
-    """What this pipeline needs of an SFT spec beyond what `jobspec` checks at submission (each named in the
-    report of the restructuring, to move into jobspec's rules)."""
-    if not spec.load_debug_rollout_data and not spec.prompt_data:
-        raise ValueError("missing required parameter(s): prompt_data")
-    if spec.debug_train_only and spec.sft_predict_interval is not None:
-        raise ValueError("debug_train_only starts no rollout engines: drop sft_predict_interval")
 
 
 @dataclass(kw_only=True)

@@ -4,6 +4,10 @@ Recorded from `jobspec/rules.py` at 6fd48c2, where the rules ran in the order th
 rules became a package of modules with one explicit list (issue 13). Derivations come before the checks that
 read their result, so an order change can change what a spec normalizes to. A new rule goes into both lists,
 at the same place; a retired code leaves both (and joins `RETIRED_RULES`).
+
+Added since, from the runtime pipeline's own checks (issue 13): `rule.debug_train_only_needs_rollout_data`
+(after the debug modes are settled), `rule.sft_predict_interval_without_debug_train_only` (beside the other
+`--sft-predict-interval` checks) and `rule.rm_type_unset` (with the reward rules).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ RECORDED_ORDER = (
     "rule.fully_async_colocate_is_hybrid",
     "rule.load_debug_rollout_data_implies_debug_train_only",
     "rule.debug_modes_exclusive",
+    "rule.debug_train_only_needs_rollout_data",
     "rule.debug_rollout_only_topology",
     "rule.agentic_rollout",
     "rule.legacy_layout_resource",
@@ -97,6 +102,7 @@ RECORDED_ORDER = (
     "rule.eval_size_exclusive_with_eval_prompt_data",
     "rule.eval_size_fraction_or_count",
     "rule.sft_predict_interval_requirements",
+    "rule.sft_predict_interval_without_debug_train_only",
     "rule.eval_function_path_default",
     "rule.eval_input_key_default",
     "rule.eval_max_context_len_default",
@@ -114,6 +120,7 @@ RECORDED_ORDER = (
     "rule.prompt_data_required",
     "rule.conversation_key_map_needs_no_label_key",
     "rule.prefetch_needs_streaming_dataset",
+    "rule.rm_type_unset",
     "rule.remote_rm_needs_rm_url",
     "rule.genrm_sampling_config_keys",
     "rule.genrm_options_need_model",

@@ -15,6 +15,7 @@ BASE: dict[str, Any] = {
     "hf-checkpoint": "/models/qwen",
     "ref-load": "/ckpt/ref",
     "prompt-data": "/data/train.jsonl",
+    "rm-type": "math",
     "rollout-batch-size": 8,
     "n-samples-per-prompt": 4,
     "num-rollout": 10,
@@ -49,6 +50,13 @@ OPD_MANAGED = {
 TORCH = {"train-backend": "torch"}
 OPD_MEGATRON = {"use-opd": True, "opd-type": "megatron", "opd-teacher-load": "/ckpt/teacher"}
 EVAL = {"eval-prompt-data": ["aime", "/data/aime.jsonl"]}
+PREDICT = {  # SFT predictions every 10 steps, on rollout engines of their own
+    "sft-predict-interval": 10,
+    "save": "/out",
+    "save-interval": 10,
+    "eval-size": 0.05,
+    "resource": {"actor": [1, 2], "rollout": [1, 1], "sft": [1, 0]},
+}
 MAX = "__max_gpus_per_node"
 
 
@@ -95,13 +103,25 @@ CASES: list[tuple[str, dict, Any, dict]] = [
         "rule.load_debug_rollout_data_implies_debug_train_only",
         {"load-debug-rollout-data": "/dbg/{rollout_id}.pt"},
         ("derived", "debug_train_only", True),
-        {"debug-train-only": True},
+        {"debug-train-only": True, "load-debug-rollout-data": "/dbg/{rollout_id}.pt"},
     ),
     (
         "rule.debug_modes_exclusive",
         {"debug-rollout-only": True, "debug-train-only": True},
         "error",
+        {"debug-train-only": True, "load-debug-rollout-data": "/dbg/{rollout_id}.pt"},
+    ),
+    (
+        "rule.debug_train_only_needs_rollout_data",
         {"debug-train-only": True},
+        "error",
+        {"debug-train-only": True, "load-debug-rollout-data": "/dbg/{rollout_id}.pt"},
+    ),
+    (
+        "rule.debug_train_only_needs_rollout_data",
+        {"debug-train-only": True},
+        "error",
+        merge(SFT, {"debug-train-only": True}),
     ),
     (
         "rule.debug_modes_exclusive",
@@ -672,6 +692,18 @@ CASES: list[tuple[str, dict, Any, dict]] = [
         ),
     ),
     (
+        "rule.sft_predict_interval_without_debug_train_only",
+        merge(SFT, PREDICT, {"debug-train-only": True}),
+        "error",
+        merge(SFT, PREDICT),
+    ),
+    (
+        "rule.sft_predict_interval_without_debug_train_only",
+        merge(SFT, PREDICT, {"load-debug-rollout-data": "/dbg/{rollout_id}.pt"}),
+        "error",
+        merge(SFT, {"debug-train-only": True}),
+    ),
+    (
         "rule.eval_function_path_default",
         {},
         ("derived", "eval_function_path", "relax.engine.rollout.sglang_rollout.generate_rollout"),
@@ -758,6 +790,16 @@ CASES: list[tuple[str, dict, Any, dict]] = [
         "warning",
         {"prefetch-num-workers": 4, "use-streaming-dataset": True},
     ),
+    ("rule.rm_type_unset", {"rm-type": DROP}, "warning", {"rm-type": DROP, "rm-type-fallback": "zero"}),
+    ("rule.rm_type_unset", {"rm-type": DROP}, "warning", {"rm-type": DROP, "rm-type-infer": True}),
+    ("rule.rm_type_unset", {"rm-type": DROP}, "warning", {"rm-type": DROP, "custom-rm-path": "pkg.rm"}),
+    (
+        "rule.rm_type_unset",
+        {"rm-type": DROP, "debug-rollout-only": True},
+        "warning",
+        {"rm-type": DROP, "load-debug-rollout-data": "/dbg/{rollout_id}.pt"},
+    ),
+    ("rule.rm_type_unset", {"rm-type": DROP}, "warning", merge(SFT, {"rm-type": DROP})),
     (
         "rule.remote_rm_needs_rm_url",
         {"rm-type": "remote_rm"},

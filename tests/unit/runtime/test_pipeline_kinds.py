@@ -6,15 +6,19 @@ from __future__ import annotations
 import dataclasses
 import typing
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from jobspec import SpecError
+from runtime.data.prompts import PromptFormatter, PromptItem
+from runtime.data.source import DataSourceInit, RolloutDataSource
 from runtime.pipeline import PipelineBase, RLPipeline, SFTPipeline
-from runtime.pipeline.rl import check_rl_spec
-from runtime.pipeline.sft import check_sft_spec
+from runtime.pipeline.plans import dataset_config
+from runtime.pipeline.rl import build_rl
 from runtime.spec import RuntimeSpec, load_spec, read_spec_file
+from tests.unit.runtime.fakes import EOS, CharTokenizer, ScriptedEngine
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -65,8 +69,9 @@ def _raw(example: str, tmp_path: Path, **changes: Any) -> dict[str, Any]:
     return raw
 
 
-# Each check `runtime.pipeline.validate` repeated, with the jobspec rule that refuses it at submission (and
-# in `load_spec`, which is how the driver reads a spec file).
+# Each check the pipeline made (`runtime.pipeline.validate`'s copies of jobspec rules, then the checks only
+# `check_rl_spec` / `check_sft_spec` made), with the jobspec rule that refuses it at submission (and in
+# `load_spec`, which is how the driver reads a spec file).
 REMOVED = {
     "hf_checkpoint": ("grpo-arith.yaml", {"hf-checkpoint": None}, "rule.hf_checkpoint_required"),
     "rollout_batch_size": (
@@ -83,6 +88,16 @@ REMOVED = {
         "rule.rollout_external_needs_addrs",
     ),
     "save_interval_needs_save": ("grpo-arith.yaml", {"save": None}, "rule.save_interval_needs_save"),
+    "rl_debug_train_only_needs_rollout_data": (
+        "grpo-arith.yaml",
+        {"debug-train-only": True},
+        "rule.debug_train_only_needs_rollout_data",
+    ),
+    "sft_predict_interval_without_debug_train_only": (
+        "sft-arith.yaml",
+        {"sft-predict-interval": 5, "eval-size": 0.1, "debug-train-only": True},
+        "rule.sft_predict_interval_without_debug_train_only",
+    ),
     "sft_predict_interval_needs_save": (
         "sft-arith.yaml",
         {"save": None, "save-interval": None, "sft-predict-interval": 5, "eval-size": 0.1},
@@ -110,23 +125,71 @@ def test_fully_async_with_colocate_is_hybrid_never_colocated(tmp_path: Path) -> 
     assert not RuntimeSpec(hybrid=True, colocate=True).colocated
 
 
-def test_what_only_the_pipeline_checks() -> None:
-    """Checks jobspec does not make (yet): the builder refuses them before it reads data or starts roles."""
-    rl = RuntimeSpec(hf_checkpoint="/m", prompt_data="/d", rollout_batch_size=4, num_rollout=1)
-    with pytest.raises(ValueError, match="rm_type"):
-        check_rl_spec(rl)
-    check_rl_spec(dataclasses.replace(rl, rm_type_infer=True))
-    check_rl_spec(dataclasses.replace(rl, rm_type_fallback="zero"))
-    with pytest.raises(ValueError, match="load_debug_rollout_data"):
-        check_rl_spec(dataclasses.replace(rl, rm_type="math", debug_train_only=True))
-    # stricter than jobspec's rule.prompt_data_required: a custom data source still needs prompt_data
-    with pytest.raises(ValueError, match="prompt_data"):
-        check_rl_spec(dataclasses.replace(rl, rm_type="math", prompt_data=None, data_source_path="a.b"))
-    check_rl_spec(dataclasses.replace(rl, prompt_data=None, load_debug_rollout_data="/d/{rollout_id}.pt"))
+class GeneratedPrompts(RolloutDataSource):
+    """A `data-source-path` class that makes its own prompts (it reads no `prompt-data`), each naming its
+    reward in its metadata."""
 
-    sft = dataclasses.replace(rl, loss_type="sft")
-    check_sft_spec(sft)
-    with pytest.raises(ValueError, match="sft_predict_interval"):
-        check_sft_spec(dataclasses.replace(sft, debug_train_only=True, sft_predict_interval=2))
-    with pytest.raises(ValueError, match="prompt_data"):
-        check_sft_spec(dataclasses.replace(sft, prompt_data=None))
+    def __init__(self, init: DataSourceInit) -> None:
+        items = [PromptItem(i, f"{i}+{i}=|", str(2 * i), {"rm_type": "math"}, {}) for i in range(3)]
+        super().__init__(dataclasses.replace(init, items=items))
+
+
+def test_a_custom_data_source_runs_without_prompt_data_or_rm_type(tmp_path: Path) -> None:
+    """The pipeline used to refuse any RL spec without prompt-data, and any without a reward option; the
+    runtime runs one whose data source makes its prompts (as jobspec's rule.prompt_data_required lets
+    through: `build_pipeline` reads no prompt file and hands the builder no items), scoring each sample by
+    its metadata rm_type (Relax's precedence; jobspec's rule.rm_type_unset only warns)."""
+    raw = _raw(
+        "grpo-arith.yaml",
+        tmp_path,
+        **{
+            "prompt-data": None,
+            "rm-type": None,
+            "eval-prompt-data": None,
+            "eval-interval": None,
+            "data-source-path": f"{__name__}.GeneratedPrompts",
+            "rollout-batch-size": 2,
+            "n-samples-per-prompt": 2,
+            "global-batch-size": 4,
+            "micro-batch-size": 4,
+            "rollout-shuffle": False,
+            "rollout-max-response-len": 16,
+        },
+    )
+    spec = load_spec(raw)
+    assert spec.prompt_data is None and spec.rm_type is None and spec.generates
+    # right for 1+1, wrong for 0+0
+    engine = ScriptedEngine(lambda prompt: [ord(c) for c in "\\boxed{2}"] + [EOS])
+    parts = {
+        "spec": spec,
+        "reporter": None,
+        "tokenizer": CharTokenizer(),
+        "roles": SimpleNamespace(rollout=engine),
+        "total_rollouts": spec.total_rollouts(0),
+        "checkpoints": None,
+        "weight_sync": None,
+        "relay": None,
+    }
+    formatter = PromptFormatter(CharTokenizer(), dataset_config(spec))
+    pipeline = build_rl(parts, formatter, [])  # type: ignore[arg-type]
+    try:
+        assert pipeline.generation is not None and isinstance(pipeline.generation.data, GeneratedPrompts)
+        output = pipeline.source.collect(0)
+    finally:
+        assert pipeline.reward is not None
+        pipeline.reward.close()
+    assert [group[0].prompt for group in output.groups] == ["0+0=|", "1+1=|"]
+    assert [sample.reward for group in output.groups for sample in group] == [0.0, 0.0, 1.0, 1.0]  # math
+    assert engine.calls  # the samples were generated
+
+
+def test_the_rules_moved_from_the_pipeline_let_through_what_the_runtime_runs(tmp_path: Path) -> None:
+    """Each check the pipeline made alone, now a jobspec rule: the specs the runtime runs still load."""
+    loaded = {"debug-train-only": True, "load-debug-rollout-data": str(tmp_path / "{rollout_id}.pt")}
+    assert load_spec(_raw("grpo-arith.yaml", tmp_path, **loaded)).debug_train_only  # trains on saved rollouts
+    sft = load_spec(_raw("sft-arith.yaml", tmp_path, **{"debug-train-only": True}))  # SFT reads prompt-data
+    assert sft.debug_train_only and sft.is_sft and not sft.generates
+    # no reward option: each sample's metadata.rm_type picks its reward (a warning, not a refusal)
+    for option in ({}, {"rm-type-fallback": "zero"}, {"rm-type-infer": True}, {"custom-rm-path": "pkg.rm"}):
+        spec = load_spec(_raw("grpo-arith.yaml", tmp_path, **{"rm-type": None, **option}))
+        assert spec.rm_type is None
