@@ -22,7 +22,7 @@ from runtime.pipeline import Pipeline, RLPipeline, SFTPipeline, build_pipeline, 
 from runtime.redaction import install_log_redaction
 from runtime.reporter import EventKind, HttpReporter, LocalReporter, Reporter
 from runtime.roles.placement import plan_topology
-from runtime.spec import RuntimeSpec, load_spec, parameter_defaults, read_spec_file
+from runtime.spec import RuntimeSpec, load_spec_with_warnings, parameter_defaults, read_spec_file
 from runtime.spool import spool_dir
 
 log = logging.getLogger("runtime.driver")
@@ -147,6 +147,16 @@ def fetch_job(api_url: str, job_id: str, token: str, *, deadline_s: float = 120.
         delay = min(delay * 2, 10.0)
 
 
+def load_job_spec(raw: dict[str, Any], *, name: str | None, normalized: bool) -> RuntimeSpec:
+    """The job's spec (`runtime.spec.load_spec`), logging each warning of jobspec's rules once, with its
+    code (a spec file's; a platform job's were given at submission)."""
+    spec, warnings = load_spec_with_warnings(raw, name=name, normalized=normalized)
+    for issue in warnings:
+        hint = f" ({issue.hint})" if issue.hint else ""
+        log.warning("spec warning %s: %s%s", issue.code, issue.message, hint)
+    return spec
+
+
 def check_capabilities(spec: RuntimeSpec) -> None:
     """Refuse, by name, parameters set to something the job's backend does not implement."""
     defaults = parameter_defaults()
@@ -245,7 +255,7 @@ def main(argv: list[str] | None = None, *, credential: JobCredential | None = No
             fetched = fetch_job(args.api_url, args.job_id, credential.token)
             attach_spool(reporter, fetched, credential.attempt)
             raw = dict(fetched["spec"])
-        spec = load_spec(raw, name=name, normalized=not standalone)
+        spec = load_job_spec(raw, name=name, normalized=not standalone)
         check_capabilities(spec)
         log.info(
             "job %s: %s on %s, %s",

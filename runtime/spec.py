@@ -338,15 +338,25 @@ def load_spec(raw: Mapping[str, Any], *, name: str | None = None, normalized: bo
     """The single entry point. A spec from the platform is already normalized (every field present with its
     default); a hand-written one goes through `jobspec.normalize` when that is available, which applies
     Relax's cross-field rules and derived defaults, else through our own defaults."""
+    return load_spec_with_warnings(raw, name=name, normalized=normalized)[0]
+
+
+def load_spec_with_warnings(
+    raw: Mapping[str, Any], *, name: str | None = None, normalized: bool = False
+) -> tuple[RuntimeSpec, list[Any]]:
+    """`load_spec`, and the warnings of `jobspec`'s rules (`jobspec.SpecIssue`s; none for a spec the
+    platform normalized, whose warnings were given at submission)."""
+    warnings: list[Any] = []
     if not normalized:
         try:
             from jobspec import normalize  # type: ignore[attr-defined]
         except ImportError:
             log.debug("jobspec.normalize unavailable; using the runtime's own defaults")
         else:
-            spec_model = normalize(obj=dict(raw)).spec  # raises jobspec.SpecError listing every issue
+            result = normalize(obj=dict(raw))  # raises jobspec.SpecError listing every issue
+            spec_model, warnings = result.spec, list(result.warnings)
             raw = spec_model.to_dict() if hasattr(spec_model, "to_dict") else spec_model.model_dump()
-    return RuntimeSpec.from_mapping(raw, name=name)
+    return RuntimeSpec.from_mapping(raw, name=name), warnings
 
 
 def parameter_defaults() -> dict[str, Any] | None:
