@@ -22,15 +22,16 @@ def log_step(name: str, step: int) -> int:
     """A stored metric step in the numbering of the driver's log (`step 1/300` … `step 300/300`).
 
     The driver stores a step's own metrics (rollout/…, train/…, perf/…) under the step's index from 0
-    (runtime/pipeline.py `_finish_step`: `reporter.metrics(rollout_id, …)` then logs `rollout_id + 1`), and an
-    evaluation under the number of steps done (runtime/driver.py: `reporter.metrics(rollout_id + 1, eval…)`).
+    (runtime/pipeline/base.py `PipelineBase.finish_step`: `reporter.metrics(rollout_id, …)` then logs
+    `rollout_id + 1`), and an evaluation under the number of steps done (runtime/driver.py:
+    `reporter.metrics(rollout_id + 1, eval…)`).
     The API keeps what the driver sent; only what relaxctl prints is converted."""
     return step if name.startswith(EVAL_PREFIX) else step + 1
 
 
-#: Driver events whose reason begins `step <index from 0>:` (runtime/saving.py, runtime/pipeline.py): the
-#: checkpoint, export or predictions of that step, whose folder keeps the index (`iter_0000002` is the third
-#: step's, `step 3/300` in the log).
+#: Driver events whose reason begins `step <index from 0>:` (runtime/saving.py, runtime/pipeline/rl.py and
+#: runtime/pipeline/sft.py): the checkpoint, export or predictions of that step, whose folder keeps the index
+#: (`iter_0000002` is the third step's, `step 3/300` in the log).
 STEP_EVENTS = frozenset({"checkpoint_saved", "hf_exported", "predictions_written"})
 _STEP_REASON = re.compile(r"^((?:critic )?step )(\d+):")
 
