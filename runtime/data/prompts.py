@@ -190,6 +190,10 @@ class PromptCursor:
         return len(self.items)
 
     def next_prompts(self, count: int) -> list[PromptItem]:
+        if count > 0 and not self.items:  # a job without --prompt-data whose hooks still draw from it
+            raise ValueError(
+                "no prompts to draw: set --prompt-data, or a --data-source-path that makes its own"
+            )
         picked = []
         while len(picked) < count:
             if self.position.offset >= len(self._order):

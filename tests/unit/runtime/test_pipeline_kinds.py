@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from jobspec import SpecError
-from runtime.data.prompts import PromptFormatter, PromptItem
+from runtime.data.prompts import DatasetConfig, PromptFormatter, PromptItem
 from runtime.data.source import DataSourceInit, RolloutDataSource
 from runtime.pipeline import PipelineBase, RLPipeline, SFTPipeline
 from runtime.pipeline.plans import dataset_config
@@ -181,6 +181,21 @@ def test_a_custom_data_source_runs_without_prompt_data_or_rm_type(tmp_path: Path
     assert [group[0].prompt for group in output.groups] == ["0+0=|", "1+1=|"]
     assert [sample.reward for group in output.groups for sample in group] == [0.0, 0.0, 1.0, 1.0]  # math
     assert engine.calls  # the samples were generated
+
+
+def test_the_default_data_source_without_prompt_data_refuses_to_draw(tmp_path: Path) -> None:
+    """rule.prompt_data_required also lets through a custom rollout function without prompt-data (it may
+    make its own samples); one that still draws from the default data source gets an error, not a hang."""
+    init = DataSourceInit(
+        items=[],
+        formatter=PromptFormatter(CharTokenizer(), DatasetConfig()),
+        n_samples_per_prompt=2,
+        shuffle=True,
+        seed=0,
+    )
+    with pytest.raises(ValueError, match="no prompts to draw"):
+        RolloutDataSource(init).get_groups(1)
+    assert RolloutDataSource(init).get_groups(0) == []
 
 
 def test_the_rules_moved_from_the_pipeline_let_through_what_the_runtime_runs(tmp_path: Path) -> None:
