@@ -51,11 +51,11 @@ run: install  ## start the embedded platform on http://127.0.0.1:8400
 	$(VENV)/bin/relaxctl up
 
 # Two pytest-xdist workers by default (`-n 2 --dist loadgroup`): the tests that start Ray, a Celery worker or a
-# whole platform form three heavy groups, each run in order on one worker; everything else goes to whichever
-# worker is free (tests/conftest.py says why and how). Measured on fresh clones (2-core machine): 1,034 s of pytest
-# with two workers on 2026-12-04, 1,359 s on 2026-12-05 (over the 20-minute budget: being looked into); the last
-# serial run took 2,793 s (before the learning tests were shortened) and three workers 2,535 s (three heavy
-# groups at once overload two cores).
+# whole platform run in two lanes, one worker each, the first lane from the start and the last after the light
+# tests, so that two of them rarely run at once (tests/conftest.py says why and how). Measured on this 2-core
+# machine: pytest 1,034 s (fresh clone, 2026-12-04) and 1,359 s (fresh clone, 2026-12-05) with three heavy groups
+# side by side; the lanes: see README's Tests line. The last serial run took 2,793 s (before the learning tests
+# were shortened) and three workers 2,535 s (three heavy groups at once overload two cores).
 # `make test PYTEST_XDIST=` (empty) or `PYTEST_ARGS="-n 0"` runs serially.
 PYTEST_XDIST ?= -n 2 --dist loadgroup
 test: install  ## the whole suite (unit, integration on SQLite+PostgreSQL and Redis, Ray, end to end)

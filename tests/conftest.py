@@ -87,42 +87,40 @@ def relax_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 # Running in parallel (`make test` runs two pytest-xdist workers, `-n 2 --dist loadgroup`; see the Makefile):
-# what starts Ray, a Celery worker or a whole platform is in one of three heavy groups, and each group runs on
-# one worker, its tests one after another as in a serial run: two Rays started by `ray.init(address="local")`
-# would share Ray's fixed default ports (the embedded platform's Ray takes free ports, so one of those beside
-# one of these is fine), a Celery test flushes its worker's Redis database, and a module's platform is shared
-# by its tests. The groups are balanced by their measured time and handed out first (they are collected
-# first), one per worker; everything else (unit tests, the API over SQLite and PostgreSQL, subprocesses of the
-# API or the scheduler, gloo worlds on free loopback ports) is handed out one test at a time to whichever
-# worker is free. Each test's PostgreSQL schema and tmp_path are its own, each worker has its own Redis
-# database (REDIS_URL), the Hypothesis database (.hypothesis/) writes atomically under keys of its own per
-# test, and pytest's cache is off (-p no:cacheprovider). Timeouts in the heavy tests allow for two
-# neighbours on two cores.
-HEAVY_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+# what starts Ray, a Celery worker or a whole platform is "heavy", and the heavy tests run in two lanes, each
+# lane on one worker, its tests one after another as in a serial run: two Rays started by
+# `ray.init(address="local")` would share Ray's fixed default ports (so tests/ray/ is all in one lane; the
+# embedded platform's Ray takes free ports, so one of those beside one of these is fine), a Celery test flushes
+# its worker's Redis database, and a module's platform is shared by its tests.
+# The first lane is handed out first, then every light test (unit tests, the API over SQLite and PostgreSQL,
+# subprocesses of the API or the scheduler, gloo worlds on free loopback ports) one at a time to whichever worker
+# is free, and the last lane after them: so for most of the run one worker runs heavy tests beside light ones,
+# never two heavy tests at once. Two heavy tests side by side on two cores each run 2-3x slower than alone (their
+# Ray actors, gloo ranks, engines and platforms outnumber the cores: megatron's TP=2 learning test took 277 s
+# beside tests/ray, 129 s beside light tests and 100 s alone), so the lanes finish sooner one after another than
+# side by side: pytest 1,161 s with three heavy groups at once, 1,056 s with one heavy lane (2026-12-05, this
+# machine shared with other work). The last lane is sized so that the light tests plus it take about as long as
+# the first lane. Each test's PostgreSQL schema and tmp_path are its own, each worker has its own Redis database
+# (REDIS_URL), the Hypothesis database (.hypothesis/) writes atomically under keys of its own per test, and
+# pytest's cache is off (-p no:cacheprovider). Timeouts in the heavy tests allow for a neighbour on two cores.
+FIRST, LAST = "heavy-first", "heavy-last"
+HEAVY_LANES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
-        "heavy-megatron",
+        LAST,  # ~300 s: platforms of their own (free ports), a Celery worker, the browser
         (
-            "tests/e2e/test_megatron_learns.py",
-            "tests/e2e/test_preemption.py",
-            "tests/e2e/test_network_exposure.py",
-        ),
-    ),
-    (
-        "heavy-ray",
-        (
-            "tests/ray/",
-            "tests/browser/",
+            "tests/e2e/test_pipeline_features.py",
             "tests/integration/test_celery_worker.py",  # a real Celery worker process (and Redis's flushdb)
+            "tests/browser/",
         ),
     ),
-    ("heavy-platform", ("tests/e2e/",)),  # every other end-to-end module
+    (FIRST, ("tests/e2e/", "tests/ray/")),  # ~850 s: every other end-to-end module, and every local Ray
 )
 
 
 def heavy_group(nodeid: str) -> str | None:
-    for group, paths in HEAVY_GROUPS:
+    for lane, paths in HEAVY_LANES:
         if nodeid.startswith(paths):
-            return group
+            return lane
     return None
 
 
@@ -141,13 +139,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    order = {group: i for i, (group, _) in enumerate(HEAVY_GROUPS)}
     for item in items:
-        group = heavy_group(item.nodeid)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-    # the heavy groups first, in their order; the rest as collected (a stable sort keeps each module together)
-    items.sort(key=lambda item: order.get(heavy_group(item.nodeid) or "", len(order)))
+        lane = heavy_group(item.nodeid)
+        if lane is not None:
+            item.add_marker(pytest.mark.xdist_group(lane))
+    # the first lane, then the light tests as collected, then the last lane (a stable sort keeps each module
+    # together)
+    position = {FIRST: 0, None: 1, LAST: 2}
+    items.sort(key=lambda item: position[heavy_group(item.nodeid)])
 
 
 try:
