@@ -125,7 +125,10 @@ def test_uvicorns_and_the_roots_records_go_through_one_handler(
     assert len(root.handlers) == 1
     out = io.StringIO()
     root.handlers[0].setStream(out)  # type: ignore[attr-defined]
-    for name in ("uvicorn.access", "celery"):  # uvicorn sets their levels itself; another test may have left one
+    for name in (
+        "uvicorn.access",
+        "celery",
+    ):  # uvicorn sets their levels itself; another test may have left one
         logging.getLogger(name).setLevel(logging.INFO)
     logging.getLogger("uvicorn.access").info(
         '%s - "%s %s HTTP/%s" %d', "127.0.0.1:1", "GET", "/x", "1.1", 200
