@@ -35,6 +35,8 @@ from rich.text import Text
 from client.display import EVAL_PREFIX, event_reason, log_step
 from client.sdk import ApiError, RelaxClient
 
+#: A job's terminal statuses: `scheduler.domain.jobs.TERMINAL`, which the CLI may not import (it talks HTTP
+#: only); tests/unit/api/test_wire_types.py holds this copy to it.
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 HEADLINE = ("rollout/reward", "train/loss", "eval/loss", "perf/step_time")
 #: Seconds an item waits before it is printed, for anything that happened before it to arrive: longer than

@@ -148,7 +148,17 @@ def make_job(
                 labels={},
                 spec={},
                 submitted={},
-                demand={"groups": groups, "total_gpus": replicas * gpus_per_replica},
+                demand={
+                    "groups": groups,
+                    "total_gpus": replicas * gpus_per_replica,
+                    # the rest of a demand as jobspec.demand.ResourceDemand has it (the API returns it typed)
+                    "num_gpus_per_node": max(gpus_per_replica, 8),
+                    "colocated": colocated_rollout,
+                    "nodes_needed": -(-replicas * gpus_per_replica // max(gpus_per_replica, 8)),
+                    "cpu_roles": [],
+                    "summary": "",
+                    "legacy_layout": False,
+                },
                 total_gpus=replicas * gpus_per_replica,
                 output_dir=str(team_area(artifact_root, q.team_id) / "jobs" / job_id),
             )

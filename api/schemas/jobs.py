@@ -10,20 +10,14 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from api.schemas import Labels
 from jobspec.bounds import MAX_ARGV_WORDS, MAX_PATH_LENGTH, MAX_SPEC_KEYS, MAX_WORD_LENGTH
+from jobspec.demand import ResourceDemand
+from jobspec.issues import SpecIssue
 from scheduler.db.models import BIGINT_MAX, INTEGER_MAX, INTEGER_MIN
+from scheduler.domain.jobs import FailureReason, JobStatus
 
-JobStatusName = Literal[
-    "QUEUED",
-    "ADMITTED",
-    "STARTING",
-    "RUNNING",
-    "CANCELLING",
-    "PREEMPTING",
-    "SUCCEEDED",
-    "FAILED",
-    "CANCELLED",
-]
-FailureReasonName = Literal["setup", "user_code", "no_resource", "controller", "lost"]
+# The wire types of the responses are the domain's own declarations (docs/adr/0008): a job's status and
+# failure reason are `scheduler.domain.jobs`'s enums (OpenAPI lists their values), its demand is
+# `jobspec.demand.ResourceDemand` and a spec issue `jobspec.issues.SpecIssue`.
 
 
 LAUNCH_SCRIPT_TEXT_MAX = 256 * 1024  # bytes of UTF-8
@@ -133,9 +127,9 @@ class JobPublic(BaseModel):
     team_id: str
     queue: str
     pool: str
-    status: JobStatusName
+    status: JobStatus
     status_reason: str | None = Field(description="Why the job is in its status (for FAILED: the error).")
-    failure_reason: FailureReasonName | None
+    failure_reason: FailureReason | None
     priority_class: str
     priority: int
     preemptible: bool
@@ -157,11 +151,29 @@ class JobPublic(BaseModel):
     last_report_at: datetime | None
 
 
+class AllocationPublic(BaseModel):
+    """GPUs of one node held by one role of the job (a row of `scheduler.db.models.Allocation`; a colocated
+    role riding on its host's GPUs is listed too)."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    node: str
+    role: str
+    gpus: int
+    pool: str
+
+
 class JobDetail(JobPublic):
-    spec: dict[str, Any]
-    submitted: dict[str, Any]
-    demand: dict[str, Any]
-    allocations: list[dict[str, Any]] = Field(default_factory=list)
+    # an assignment is validated too: the route fills `allocations` after the job is read
+    model_config = ConfigDict(from_attributes=True, validate_assignment=True)
+
+    spec: dict[str, Any] = Field(description="The normalized spec: every Relax parameter, paths resolved.")
+    submitted: dict[str, Any] = Field(
+        description="What was submitted (`spec`, or `args` and `launch_script`) and what the submission "
+        "found: the spec's `warnings`, the values the rules `derived`, the jobs it reads (`inputs`)."
+    )
+    demand: ResourceDemand
+    allocations: list[AllocationPublic] = Field(default_factory=list)
 
 
 class JobsPage(BaseModel):
@@ -175,8 +187,8 @@ class JobEventPublic(BaseModel):
     id: int
     time: datetime
     kind: str
-    from_status: str | None
-    to_status: str | None
+    from_status: JobStatus | None
+    to_status: JobStatus | None
     reason: str | None
 
 
@@ -279,6 +291,25 @@ class SpecValidate(BaseModel):
         return self
 
 
+class PoolFit(BaseModel):
+    """A pool taken empty, with every node it has (cordoned and down nodes too: they may come back)."""
+
+    name: str
+    gpus: int
+    nodes: int
+    largest_node: int = Field(description="GPUs of its largest node.")
+    fits: bool | None = Field(description="Whether the demand could be placed; null: the pool has no nodes.")
+
+
+class Capacity(BaseModel):
+    """Whether a demand could ever be placed, in the job's pool and in the largest pool."""
+
+    needs_gpus: int
+    pool: PoolFit
+    largest_pool: PoolFit
+    fits_some_pool: bool
+
+
 class SpecValidation(BaseModel):
     """The dry run's answer. Every key is present whatever the outcome; with errors, `spec`, `argv`,
     `derived` and `demand` describe what was understood (null when not even that is known)."""
@@ -289,10 +320,10 @@ class SpecValidation(BaseModel):
     derived: dict[str, Any] = Field(
         default_factory=dict, description="Values Relax derives (its rules, its Megatron defaults)."
     )
-    warnings: list[dict[str, Any]] = Field(default_factory=list, description="Issues of severity warning.")
-    errors: list[dict[str, Any]] = Field(default_factory=list, description="Issues of severity error.")
-    demand: dict[str, Any] | None = Field(None, description="GPU groups per role, total GPUs, nodes needed.")
-    capacity: dict[str, Any] | None = Field(
+    warnings: list[SpecIssue] = Field(default_factory=list, description="Issues of severity warning.")
+    errors: list[SpecIssue] = Field(default_factory=list, description="Issues of severity error.")
+    demand: ResourceDemand | None = Field(None, description="GPU groups per role, total GPUs, nodes needed.")
+    capacity: Capacity | None = Field(
         None,
         description="Whether the demand could ever be placed: in the job's pool (`pool.fits`), in the largest "
         "pool, and in some pool (`fits_some_pool`); `fits` is null for a pool with no nodes yet.",

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from api.schemas import Labels
 from jobspec.bounds import MAX_DEMAND_GPUS, MAX_GPUS_PER_NODE
 from scheduler.db.models import Pool
+from scheduler.domain.jobs import JobStatus
 
 #: GPUs (slots) of one node: the scheduling pass sizes its tables by a node's count, so it is bounded as a
 #: spec's per-node GPU count is (a node of 2^63-1 GPUs made a pass allocate until its worker had 16.6 GB).
@@ -130,7 +131,7 @@ class NodePublic(BaseModel):
     other_gpus: int = Field(
         0, description="GPUs held here by jobs not listed in `jobs`: other teams' jobs, for a team key."
     )
-    labels: dict[str, Any]
+    labels: dict[str, str]
     cordoned: bool
     alive: bool
 
@@ -274,4 +275,4 @@ class AuditEventsPage(BaseModel):
 class DrainResult(BaseModel):
     pool: str
     node: str
-    requeued: dict[str, str] = Field(description="job id -> its new status (PREEMPTING or QUEUED)")
+    requeued: dict[str, JobStatus] = Field(description="job id -> its new status (PREEMPTING or QUEUED)")

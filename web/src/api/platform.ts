@@ -2,7 +2,6 @@
 import { queryOptions, useQuery } from "@tanstack/react-query";
 import { api, unwrap } from "./client";
 import { LIVE_REFRESH_MS } from "./jobs";
-import type { Pool, Queue } from "./types";
 
 export const platformKeys = {
   all: ["platform"] as const,
@@ -13,7 +12,7 @@ export const platformKeys = {
 export function poolsQuery() {
   return queryOptions({
     queryKey: platformKeys.pools(),
-    queryFn: ({ signal }) => unwrap(api.GET("/v1/pools", { signal })).then((p) => p.data as unknown as Pool[]),
+    queryFn: ({ signal }) => unwrap(api.GET("/v1/pools", { signal })).then((p) => p.data),
     refetchInterval: LIVE_REFRESH_MS,
   });
 }
@@ -21,7 +20,7 @@ export function poolsQuery() {
 export function queuesQuery() {
   return queryOptions({
     queryKey: platformKeys.queues(),
-    queryFn: ({ signal }) => unwrap(api.GET("/v1/queues", { signal })).then((p) => p.data as unknown as Queue[]),
+    queryFn: ({ signal }) => unwrap(api.GET("/v1/queues", { signal })).then((p) => p.data),
     refetchInterval: LIVE_REFRESH_MS,
     staleTime: 30_000,
   });

@@ -1,4 +1,5 @@
 // How the dashboard writes times, durations, sizes and numbers. Pure functions: unit-tested.
+import type { JobStatus } from "../api/types";
 
 /**
  * Parse an API timestamp. The API stores UTC; a value without a zone designator (SQLite returns
@@ -95,7 +96,9 @@ export interface JobTimes {
   finished_at: string | null;
 }
 
-export const TERMINAL_STATUSES = ["SUCCEEDED", "FAILED", "CANCELLED"] as const;
+/** `JobStatus.is_terminal()` of scheduler/domain/jobs.py: the API's schema has no such flag, so this copy is held
+ * to the domain's set by tests/unit/api/test_wire_types.py. */
+export const TERMINAL_STATUSES: readonly JobStatus[] = ["SUCCEEDED", "FAILED", "CANCELLED"];
 
 export function isTerminal(status: string): boolean {
   return (TERMINAL_STATUSES as readonly string[]).includes(status);

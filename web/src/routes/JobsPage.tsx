@@ -2,7 +2,7 @@
 import { useQuery } from "@tanstack/react-query";
 import { type FormEvent, useEffect, useState } from "react";
 import { jobsListQuery } from "../api/jobs";
-import { JOB_STATUSES } from "../api/types";
+import { JOB_STATUSES, type JobStatus } from "../api/types";
 import { ErrorPanel } from "../components/common/ErrorPanel";
 import { Loading } from "../components/common/Loading";
 import { useNow } from "../components/common/useNow";
@@ -13,7 +13,7 @@ import { buildHash, navigate, type Route } from "../lib/router";
 const PAGE_SIZE = 50;
 
 /** The statuses an operator usually wants together. */
-const PRESETS: Record<string, readonly string[]> = {
+const PRESETS: Record<string, readonly JobStatus[]> = {
   active: ["QUEUED", "ADMITTED", "STARTING", "RUNNING", "PREEMPTING", "CANCELLING"],
   finished: ["SUCCEEDED", "FAILED", "CANCELLED"],
 };

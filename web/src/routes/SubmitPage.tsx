@@ -6,8 +6,7 @@ import example from "../../../examples/grpo-arith.yaml?raw";
 import { jobDetailQuery, useSubmitJob } from "../api/jobs";
 import { queuesQuery, usePoolAccelerators } from "../api/platform";
 import { useValidateSpec } from "../api/specs";
-import type { JobCreate, ResourceDemand, SpecValidate, SpecValidation } from "../api/types";
-import type { FieldIssue } from "../api/client";
+import type { JobCreate, SpecValidate, SpecValidation } from "../api/types";
 import { ErrorPanel, IssueList } from "../components/common/ErrorPanel";
 import { DemandView } from "../components/jobs/DemandView";
 import { buildSubmission, type EditorMode, jobDocument } from "../lib/submission";
@@ -50,7 +49,7 @@ function ValidationView({ result }: { result: SpecValidation }) {
   const accelerator = usePoolAccelerators().get(String(result.pool ?? ""));
   const derived = Object.entries(result.derived ?? {});
   // Errors and warnings arrive apart; sort by severity anyway, so a list is never shown under the wrong head.
-  const all = [...(result.errors ?? []), ...(result.warnings ?? [])] as unknown as FieldIssue[];
+  const all = [...(result.errors ?? []), ...(result.warnings ?? [])];
   const errors = all.filter((i) => i.severity !== "warning");
   const warnings = all.filter((i) => i.severity === "warning");
   return (
@@ -75,7 +74,7 @@ function ValidationView({ result }: { result: SpecValidation }) {
       {result.demand ? (
         <div style={{ marginTop: 14 }}>
           <h3>Resource demand</h3>
-          <DemandView demand={result.demand as unknown as ResourceDemand} accelerator={accelerator} />
+          <DemandView demand={result.demand} accelerator={accelerator} />
         </div>
       ) : null}
       {derived.length ? (

@@ -710,6 +710,21 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /**
+         * AllocationPublic
+         * @description GPUs of one node held by one role of the job (a row of `scheduler.db.models.Allocation`; a colocated
+         *     role riding on its host's GPUs is listed too).
+         */
+        AllocationPublic: {
+            /** Gpus */
+            gpus: number;
+            /** Node */
+            node: string;
+            /** Pool */
+            pool: string;
+            /** Role */
+            role: string;
+        };
         /** ApiKeyCreate */
         ApiKeyCreate: {
             /**
@@ -867,6 +882,18 @@ export interface components {
              */
             next_cursor: number | null;
         };
+        /**
+         * Capacity
+         * @description Whether a demand could ever be placed, in the job's pool and in the largest pool.
+         */
+        Capacity: {
+            /** Fits Some Pool */
+            fits_some_pool: boolean;
+            largest_pool: components["schemas"]["PoolFit"];
+            /** Needs Gpus */
+            needs_gpus: number;
+            pool: components["schemas"]["PoolFit"];
+        };
         /** CheckpointIn */
         CheckpointIn: {
             /**
@@ -922,7 +949,7 @@ export interface components {
              * @description job id -> its new status (PREEMPTING or QUEUED)
              */
             requeued: {
-                [key: string]: string;
+                [key: string]: components["schemas"]["JobStatus"];
             };
         };
         /** ErrorBody */
@@ -963,6 +990,31 @@ export interface components {
             message: string;
             /** Time */
             time?: number | null;
+        };
+        /**
+         * FailureReason
+         * @enum {string}
+         */
+        FailureReason: "setup" | "user_code" | "no_resource" | "controller" | "lost";
+        /**
+         * GpuGroup
+         * @description GPUs one role needs: `replicas` x `gpus_per_replica`.
+         *
+         *     one_node: each replica's GPUs must sit on one node (an inference engine, or an actor
+         *     model-parallel group that fits in a node). shares_with: the role whose GPUs this one reuses
+         *     (colocated roles add no GPUs to the total).
+         */
+        GpuGroup: {
+            /** Gpus Per Replica */
+            gpus_per_replica: number;
+            /** One Node */
+            one_node: boolean;
+            /** Replicas */
+            replicas: number;
+            /** Role */
+            role: string;
+            /** Shares With */
+            shares_with?: string | null;
         };
         /** HTTPValidationError */
         HTTPValidationError: {
@@ -1018,9 +1070,7 @@ export interface components {
             /** Admitted At */
             admitted_at: string | null;
             /** Allocations */
-            allocations?: {
-                [key: string]: unknown;
-            }[];
+            allocations?: components["schemas"]["AllocationPublic"][];
             /** Attempt */
             attempt: number;
             /**
@@ -1028,12 +1078,8 @@ export interface components {
              * Format: date-time
              */
             created_at: string;
-            /** Demand */
-            demand: {
-                [key: string]: unknown;
-            };
-            /** Failure Reason */
-            failure_reason: ("setup" | "user_code" | "no_resource" | "controller" | "lost") | null;
+            demand: components["schemas"]["ResourceDemand"];
+            failure_reason: components["schemas"]["FailureReason"] | null;
             /** Finished At */
             finished_at: string | null;
             /** Id */
@@ -1066,23 +1112,25 @@ export interface components {
             queue_position: number | null;
             /** Ray Submission Id */
             ray_submission_id: string | null;
-            /** Spec */
+            /**
+             * Spec
+             * @description The normalized spec: every Relax parameter, paths resolved.
+             */
             spec: {
                 [key: string]: unknown;
             };
             /** Started At */
             started_at: string | null;
-            /**
-             * Status
-             * @enum {string}
-             */
-            status: "QUEUED" | "ADMITTED" | "STARTING" | "RUNNING" | "CANCELLING" | "PREEMPTING" | "SUCCEEDED" | "FAILED" | "CANCELLED";
+            status: components["schemas"]["JobStatus"];
             /**
              * Status Reason
              * @description Why the job is in its status (for FAILED: the error).
              */
             status_reason: string | null;
-            /** Submitted */
+            /**
+             * Submitted
+             * @description What was submitted (`spec`, or `args` and `launch_script`) and what the submission found: the spec's `warnings`, the values the rules `derived`, the jobs it reads (`inputs`).
+             */
             submitted: {
                 [key: string]: unknown;
             };
@@ -1102,8 +1150,7 @@ export interface components {
         };
         /** JobEventPublic */
         JobEventPublic: {
-            /** From Status */
-            from_status: string | null;
+            from_status: components["schemas"]["JobStatus"] | null;
             /** Id */
             id: number;
             /** Kind */
@@ -1115,8 +1162,7 @@ export interface components {
              * Format: date-time
              */
             time: string;
-            /** To Status */
-            to_status: string | null;
+            to_status: components["schemas"]["JobStatus"] | null;
         };
         /** JobEventsPage */
         JobEventsPage: {
@@ -1143,8 +1189,7 @@ export interface components {
              * Format: date-time
              */
             created_at: string;
-            /** Failure Reason */
-            failure_reason: ("setup" | "user_code" | "no_resource" | "controller" | "lost") | null;
+            failure_reason: components["schemas"]["FailureReason"] | null;
             /** Finished At */
             finished_at: string | null;
             /** Id */
@@ -1179,11 +1224,7 @@ export interface components {
             ray_submission_id: string | null;
             /** Started At */
             started_at: string | null;
-            /**
-             * Status
-             * @enum {string}
-             */
-            status: "QUEUED" | "ADMITTED" | "STARTING" | "RUNNING" | "CANCELLING" | "PREEMPTING" | "SUCCEEDED" | "FAILED" | "CANCELLED";
+            status: components["schemas"]["JobStatus"];
             /**
              * Status Reason
              * @description Why the job is in its status (for FAILED: the error).
@@ -1203,6 +1244,11 @@ export interface components {
             /** Wait Reason */
             wait_reason: string | null;
         };
+        /**
+         * JobStatus
+         * @enum {string}
+         */
+        JobStatus: "QUEUED" | "ADMITTED" | "STARTING" | "RUNNING" | "CANCELLING" | "PREEMPTING" | "SUCCEEDED" | "FAILED" | "CANCELLED";
         /**
          * JobTokenGrant
          * @description The attempt's bearer token: valid while the attempt is live; keep it in memory only.
@@ -1419,7 +1465,7 @@ export interface components {
             jobs: components["schemas"]["NodeJob"][];
             /** Labels */
             labels: {
-                [key: string]: unknown;
+                [key: string]: string;
             };
             /** Name */
             name: string;
@@ -1531,6 +1577,28 @@ export interface components {
              * @description Ray Jobs API address, e.g. http://ray-head:8265
              */
             ray_address?: string | null;
+        };
+        /**
+         * PoolFit
+         * @description A pool taken empty, with every node it has (cordoned and down nodes too: they may come back).
+         */
+        PoolFit: {
+            /**
+             * Fits
+             * @description Whether the demand could be placed; null: the pool has no nodes.
+             */
+            fits: boolean | null;
+            /** Gpus */
+            gpus: number;
+            /**
+             * Largest Node
+             * @description GPUs of its largest node.
+             */
+            largest_node: number;
+            /** Name */
+            name: string;
+            /** Nodes */
+            nodes: number;
         };
         /** PoolPublic */
         PoolPublic: {
@@ -1760,6 +1828,44 @@ export interface components {
             /** Seq */
             seq: number;
         };
+        /**
+         * ResourceDemand
+         * @description What the scheduler must place for one job.
+         */
+        ResourceDemand: {
+            /** Colocated */
+            colocated: boolean;
+            /**
+             * Cpu Roles
+             * @description roles that need no GPU
+             */
+            cpu_roles?: string[];
+            /** Groups */
+            groups: components["schemas"]["GpuGroup"][];
+            /**
+             * Legacy Layout
+             * @description no --resource: the actor's GPUs come from Relax's legacy --actor-num-nodes x --actor-num-gpus-per-node (8 GPUs unless set)
+             * @default false
+             */
+            legacy_layout: boolean;
+            /**
+             * Nodes Needed
+             * @description minimum number of nodes of num_gpus_per_node GPUs
+             */
+            nodes_needed: number;
+            /** Num Gpus Per Node */
+            num_gpus_per_node: number;
+            /**
+             * Summary
+             * @default
+             */
+            summary: string;
+            /**
+             * Total Gpus
+             * @description GPUs the job occupies (shared groups add none)
+             */
+            total_gpus: number;
+        };
         /** RolloutIn */
         RolloutIn: {
             /**
@@ -1828,6 +1934,36 @@ export interface components {
             /** Team Id */
             team_id: string | null;
         };
+        /**
+         * SpecIssue
+         * @description One problem found in a job spec.
+         *
+         *     `code` is a stable dotted identifier (``spec.*`` for single-field problems, ``argv.*`` for
+         *     command-line syntax, ``rule.*`` for cross-field rules, ``demand.*`` for GPU topology);
+         *     `field` is the Relax flag name with hyphens (``rollout-batch-size``), and `fields` lists every
+         *     flag a multi-field rule involves (it always contains `field` when `field` is set).
+         */
+        SpecIssue: {
+            /** Code */
+            code: string;
+            /** Field */
+            field: string | null;
+            /** Fields */
+            fields?: string[];
+            /**
+             * Hint
+             * @default
+             */
+            hint: string;
+            /** Message */
+            message: string;
+            /**
+             * Severity
+             * @default error
+             * @enum {string}
+             */
+            severity: "error" | "warning";
+        };
         /** SpecValidate */
         SpecValidate: {
             /** Args */
@@ -1854,20 +1990,10 @@ export interface components {
              * @description The resolved Relax argv (non-default values).
              */
             argv?: string[] | null;
-            /**
-             * Capacity
-             * @description Whether the demand could ever be placed: in the job's pool (`pool.fits`), in the largest pool, and in some pool (`fits_some_pool`); `fits` is null for a pool with no nodes yet.
-             */
-            capacity?: {
-                [key: string]: unknown;
-            } | null;
-            /**
-             * Demand
-             * @description GPU groups per role, total GPUs, nodes needed.
-             */
-            demand?: {
-                [key: string]: unknown;
-            } | null;
+            /** @description Whether the demand could ever be placed: in the job's pool (`pool.fits`), in the largest pool, and in some pool (`fits_some_pool`); `fits` is null for a pool with no nodes yet. */
+            capacity?: components["schemas"]["Capacity"] | null;
+            /** @description GPU groups per role, total GPUs, nodes needed. */
+            demand?: components["schemas"]["ResourceDemand"] | null;
             /**
              * Derived
              * @description Values Relax derives (its rules, its Megatron defaults).
@@ -1879,9 +2005,7 @@ export interface components {
              * Errors
              * @description Issues of severity error.
              */
-            errors?: {
-                [key: string]: unknown;
-            }[];
+            errors?: components["schemas"]["SpecIssue"][];
             /** Pool */
             pool?: string | null;
             /** Queue */
@@ -1902,9 +2026,7 @@ export interface components {
              * Warnings
              * @description Issues of severity warning.
              */
-            warnings?: {
-                [key: string]: unknown;
-            }[];
+            warnings?: components["schemas"]["SpecIssue"][];
         };
         /**
          * StoragePublic
@@ -6098,3 +6220,17 @@ export interface operations {
         };
     };
 }
+type FlattenedDeepRequired<T> = {
+    [K in keyof T]-?: FlattenedDeepRequired<T[K] extends unknown[] | undefined | null ? Extract<T[K], unknown[]>[number] : T[K]>;
+};
+type ReadonlyArray<T> = [
+    Exclude<T, undefined>
+] extends [
+    unknown[]
+] ? Readonly<Exclude<T, undefined>> : Readonly<Exclude<T, undefined>[]>;
+export const pathsV1JobsJob_idStreamGetParametersQueryKindsAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/jobs/{job_id}/stream"]["get"]["parameters"]["query"]["kinds"]> = ["event", "metric", "log", "checkpoint", "rollout", "prediction"];
+export const failureReasonValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FailureReason"]> = ["setup", "user_code", "no_resource", "controller", "lost"];
+export const jobStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobStatus"]> = ["QUEUED", "ADMITTED", "STARTING", "RUNNING", "CANCELLING", "PREEMPTING", "SUCCEEDED", "FAILED", "CANCELLED"];
+export const launchScriptInLauncherAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["LaunchScriptIn"]["launcher"]> = ["python", "torchrun", "ray job submit"];
+export const pathGrantCreateModeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PathGrantCreate"]["mode"]> = ["ro", "rw"];
+export const specIssueSeverityValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["SpecIssue"]["severity"]> = ["error", "warning"];

@@ -142,10 +142,10 @@ export function JobHeader({ job }: { job: JobDetail }) {
               <tbody>
                 {(job.allocations ?? []).map((a, i) => (
                   <tr key={i}>
-                    <td>{String(a.pool ?? "")}</td>
-                    <td>{String(a.node ?? "")}</td>
-                    <td>{String(a.role ?? "")}</td>
-                    <td className="num">{String(a.gpus ?? "")}</td>
+                    <td>{a.pool}</td>
+                    <td>{a.node}</td>
+                    <td>{a.role}</td>
+                    <td className="num">{a.gpus}</td>
                   </tr>
                 ))}
               </tbody>

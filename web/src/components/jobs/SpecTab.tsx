@@ -1,9 +1,8 @@
 // Spec tab: what was submitted, the normalized spec (every Relax parameter, derived defaults
 // applied) and the resource demand the scheduler placed.
 import { useMemo, useState } from "react";
-import type { FieldIssue } from "../../api/client";
 import { usePoolAccelerators } from "../../api/platform";
-import type { JobDetail, ResourceDemand } from "../../api/types";
+import type { JobDetail, SpecIssue } from "../../api/types";
 import { IssueList } from "../common/ErrorPanel";
 import { JsonBlock } from "../common/JsonBlock";
 import { DemandView } from "./DemandView";
@@ -26,7 +25,7 @@ export function SpecTab({ job }: { job: JobDetail }) {
     return keys;
   }, [submittedSpec, job.submitted.args]);
   const derivedKeys = useMemo(() => new Set(Object.keys((job.submitted.derived ?? {}) as object).map(key)), [job.submitted.derived]);
-  const warnings = (Array.isArray(job.submitted.warnings) ? job.submitted.warnings : []) as FieldIssue[];
+  const warnings = (Array.isArray(job.submitted.warnings) ? job.submitted.warnings : []) as SpecIssue[];
 
   const entries = useMemo(() => {
     const f = key(filter.trim().toLowerCase());
@@ -91,7 +90,7 @@ export function SpecTab({ job }: { job: JobDetail }) {
         ) : null}
         <div className="panel">
           <h3>Resource demand</h3>
-          <DemandView demand={job.demand as unknown as ResourceDemand} accelerator={accelerator} />
+          <DemandView demand={job.demand} accelerator={accelerator} />
         </div>
         <div className="panel">
           <JsonBlock label="Submitted" value={job.submitted} />
