@@ -548,3 +548,34 @@ def test_flags_a_shell_cannot_split_are_an_error_not_a_crash(api) -> None:  # ty
     assert r.json()["error"]["details"]["issues"][0]["code"] == "argv.unparsable"
     dry = client.post("/v1/specs/validate", json={"args": "--hf-checkpoint '/models/tiny"}).json()
     assert set(dry) == VALIDATION_KEYS and [e["code"] for e in dry["errors"]] == ["argv.unparsable"]
+
+
+def test_a_job_and_a_dry_run_carry_the_declared_wire_types(api) -> None:  # type: ignore[no-untyped-def]
+    """docs/adr/0008 item 1: the demand is jobspec's ResourceDemand key for key, an allocation its four
+    columns, a status one of JobStatus, and every issue of the dry run SpecIssue's six keys (a path issue too)."""
+    from jobspec.demand import GpuGroup, ResourceDemand
+    from scheduler.dispatch import CeleryDispatcher
+    from scheduler.domain.jobs import JobStatus
+    from scheduler.scheduling import run_scheduling_pass
+
+    client, _, broker = api
+    job = client.post("/v1/jobs", json={"spec": grpo_spec()}).json()
+    run_scheduling_pass(client.app.state.db, CeleryDispatcher(broker))
+    got = client.get(f"/v1/jobs/{job['id']}").json()
+    assert set(got["demand"]) == set(ResourceDemand.model_fields)
+    assert all(set(g) == set(GpuGroup.model_fields) for g in got["demand"]["groups"])
+    assert got["status"] == "ADMITTED" and got["allocations"]
+    assert all(set(a) == {"node", "role", "gpus", "pool"} for a in got["allocations"])
+    events = client.get(f"/v1/jobs/{job['id']}/events").json()["data"]
+    assert {e["to_status"] for e in events} <= {s.value for s in JobStatus} | {None}
+    dry = client.post(
+        "/v1/specs/validate",
+        json={"spec": grpo_spec(**{"max-actor-ckpt-to-keep": 3, "prompt-data": "s3://bucket/x.jsonl"})},
+    ).json()
+    issues = dry["errors"] + dry["warnings"]
+    assert {i["code"] for i in issues} >= {
+        "spec.unsupported_scheme",
+        "rule.max_actor_ckpt_to_keep_needs_save",
+    }
+    keys = {"code", "field", "fields", "message", "hint", "severity"}
+    assert all(set(i) == keys and i["field"] in i["fields"] for i in issues), issues
