@@ -52,7 +52,7 @@ def _complete(request: Request, entry: AuditEntry) -> AuditEntry:
 
 def entry_for_change(request: Request) -> AuditEntry | None:
     """The entry of an audited request with its route and request id, for a service that writes its row in
-    the statement of the change itself (`JobService.submit(audit=...)`: a round trip less); the route then
+    the statement of the change itself (`JobSubmission.submit(audit=...)`: a round trip less); the route then
     calls `written_with_change`. None for a request that is not audited."""
     entry = audit_entry(request)
     return _complete(request, entry) if entry is not None else None

@@ -19,7 +19,10 @@ from scheduler.domain.roles import Action
 from scheduler.logs import annotate
 from scheduler.services.audit import AuditEntry
 from scheduler.services.auth import Principal, authenticate, find_api_key, principal_for_key
-from scheduler.services.jobs import JobService
+from scheduler.services.lifecycle import JobLifecycle
+from scheduler.services.outputs import JobOutputs
+from scheduler.services.reports import JobReports
+from scheduler.services.submission import JobSubmission
 from scheduler.settings import Settings
 
 
@@ -132,10 +135,10 @@ SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 async def get_read_session(request: Request, session: SessionDep) -> AsyncIterator[Session]:
     """A unit of work that only reads, for what a mutating request reads before it writes, or instead: the
-    dry run, and the judging of a submission's spec (`JobService.judge`). On SQLite a read-only one of its
+    dry run, and the judging of a submission's spec (`JobSubmission.judge`). On SQLite a read-only one of its
     own, which takes no write lock, so a long judgement does not stop other writers (a 120,000-key spec held
     the lock for 71 s). Where a transaction locks only the rows it writes (PostgreSQL), the request's own
-    unit of work: one transaction instead of two, and `JobService.submit` reads nothing again."""
+    unit of work: one transaction instead of two, and `JobSubmission.submit` reads nothing again."""
     db: Database = request.app.state.db
     if not db.single_writer:
         yield session
@@ -207,17 +210,42 @@ def require_metrics_reader(settings: SettingsDep, db: DatabaseDep, token: Bearer
 MetricsReaderDep = Annotated[None, Depends(require_metrics_reader)]
 
 
-async def get_job_service(session: SessionDep, request: Request) -> JobService:
+# The job services, one a concern (scheduler/services/: submission, lifecycle, reports, outputs): a route takes
+# the one it needs.
+async def get_job_submission(session: SessionDep, request: Request) -> JobSubmission:
     state = request.app.state
-    return JobService(session, artifact_root=state.artifact_root, home=state.settings.home)
+    return JobSubmission(session, artifact_root=state.artifact_root, home=state.settings.home)
 
 
-JobServiceDep = Annotated[JobService, Depends(get_job_service)]
+JobSubmissionDep = Annotated[JobSubmission, Depends(get_job_submission)]
 
 
-async def get_read_job_service(session: ReadSessionDep, request: Request) -> JobService:
+async def get_read_job_submission(session: ReadSessionDep, request: Request) -> JobSubmission:
+    """Judging a submission and the dry run: reads only (`ReadSessionDep`)."""
     state = request.app.state
-    return JobService(session, artifact_root=state.artifact_root, home=state.settings.home)
+    return JobSubmission(session, artifact_root=state.artifact_root, home=state.settings.home)
 
 
-ReadJobServiceDep = Annotated[JobService, Depends(get_read_job_service)]
+ReadJobSubmissionDep = Annotated[JobSubmission, Depends(get_read_job_submission)]
+
+
+async def get_job_lifecycle(session: SessionDep) -> JobLifecycle:
+    return JobLifecycle(session)
+
+
+JobLifecycleDep = Annotated[JobLifecycle, Depends(get_job_lifecycle)]
+
+
+async def get_job_reports(session: SessionDep, request: Request) -> JobReports:
+    state = request.app.state
+    return JobReports(session, artifact_root=state.artifact_root, home=state.settings.home)
+
+
+JobReportsDep = Annotated[JobReports, Depends(get_job_reports)]
+
+
+async def get_job_outputs(session: SessionDep) -> JobOutputs:
+    return JobOutputs(session)
+
+
+JobOutputsDep = Annotated[JobOutputs, Depends(get_job_outputs)]

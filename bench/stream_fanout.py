@@ -117,7 +117,7 @@ def write_step(db: Database, job_id: str, step: int, metrics: int, logs: int) ->
     """One step's rows, as one report of the driver stores them."""
     now = datetime.now(UTC)
     with db.session() as s:
-        # as `JobService.ingest_report`: the report moves the job's row first (`report_seq`, progress)
+        # as `JobReports.ingest_report`: the report moves the job's row first (`report_seq`, progress)
         s.execute(
             sa.update(Job)
             .where(Job.id == job_id)

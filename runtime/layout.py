@@ -2,7 +2,7 @@
 `.relax-job` mark and, when complete, its state file) and `latest_checkpointed_iteration.txt`.
 
 Pure file-system reads, shared by the runtime (resume: `latest_complete_iteration`) and the platform
-(reconciling a job's checkpoint records with its files: scheduler/services/jobs.py). Writing lives in
+(reconciling a job's checkpoint records with its files: scheduler/services/reports.py). Writing lives in
 `runtime/train/checkpoint.py`.
 """
 

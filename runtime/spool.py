@@ -10,7 +10,7 @@ deleted once every report in it was acknowledged. A line cut short by a crash en
 never acknowledged, nor fsynced).
 
 Both sides use this module: the driver's reporter (`runtime/reporter.py`) appends and delivers; the
-platform's reconciler reads what an ended driver left (`scheduler/services/jobs.py::collect_spool`).
+platform's reconciler reads what an ended driver left (`scheduler/services/reports.py::collect_spool`).
 """
 
 from __future__ import annotations

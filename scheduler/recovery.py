@@ -4,12 +4,12 @@ A pool's reconciler (`scheduler.tasks.reconcile_pool`, every beat tick) asks Ray
 cluster. A STARTING or RUNNING job whose driver is *lost* — its Ray job unknown to the pool's Ray (Ray was
 restarted), ended by a signal (SIGKILL, the OOM killer), its job supervisor or node gone, stopped outside
 the platform, or silent past `driver_silence_seconds` — is requeued (-> QUEUED, slots freed) and its next
-attempt resumes from its latest checkpoint (`JobService.driver_spec` points `load` at its own `save`: the
+attempt resumes from its latest checkpoint (`JobReports.driver_spec` points `load` at its own `save`: the
 preemption path), at most `restart_limit` times; then it is FAILED (`lost`) with the true reason. A driver
 that failed by itself (it exited non-zero: the pipeline or a user hook raised) is not retried: FAILED as
 `user_code` with the exception its log ends with.
 
-Every change goes through `JobService.transition` (compare-and-set): a reconciler running twice moves a job
+Every change goes through `JobLifecycle.transition` (compare-and-set): a reconciler running twice moves a job
 once.
 """
 
@@ -27,7 +27,8 @@ from scheduler.db.engine import Database
 from scheduler.db.models import Checkpoint, Job, JobEvent
 from scheduler.domain.jobs import FailureReason, JobStatus
 from scheduler.domain.reconcile import Verdict
-from scheduler.services.jobs import JobService
+from scheduler.services.lifecycle import JobLifecycle
+from scheduler.services.reports import JobReports
 
 log = logging.getLogger(__name__)
 
@@ -124,14 +125,13 @@ def recover(
     why: str,
     *,
     default_limit: int,
-    artifact_root: Any,
     log_tail: list[str] | None = None,
 ) -> JobStatus | None:
     """The job's driver is lost (`why`): requeue it to resume from its latest checkpoint, or FAILED (`lost`)
     once it was resumed `restart_limit` times. Returns the new status (None: someone moved it first)."""
     why = redact(why)
     with db.session() as s:
-        svc = JobService(s, artifact_root=artifact_root)
+        svc = JobLifecycle(s)
         job = s.get(Job, job_id)
         if job is None or job.status != src:
             return None
@@ -170,6 +170,6 @@ def recover(
             return None
         svc.record_event(job, LOST_EVENT, why)
         if log_tail:
-            svc.add_logs(job, ({"message": line, "level": "INFO"} for line in log_tail), source="ray")
+            JobReports(s).add_ray_log_tail(job, log_tail)
     log.warning("job %s: %s", job_id, reason)
     return target

@@ -10,7 +10,6 @@ import socket
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -36,7 +35,7 @@ from scheduler.domain.jobs import HOLDING_SLOTS, JobStatus
 from scheduler.observability import observe_pass
 from scheduler.policy.invariants import check
 from scheduler.policy.placement import gangs_of
-from scheduler.services.jobs import JobService
+from scheduler.services.lifecycle import JobLifecycle
 from scheduler.transactions import after_commit
 
 log = logging.getLogger(__name__)
@@ -220,7 +219,6 @@ def run_scheduling_pass(
     db: Database,
     dispatcher: Dispatcher,
     *,
-    artifact_root: Path,
     holder: str | None = None,
     config: P.PolicyConfig | None = None,
 ) -> PassResult:
@@ -229,7 +227,7 @@ def run_scheduling_pass(
     allocated twice, a placement on a cordoned or dead node, a gang not placed whole) is not applied.
 
     It reads the active jobs' scheduling columns only, and writes only what changed: the admitted and
-    preempted jobs (through `JobService`), and the queued jobs whose wait reason, position or nominated nodes
+    preempted jobs (through `JobLifecycle`), and the queued jobs whose wait reason, position or nominated nodes
     differ from what they hold, in one batched UPDATE."""
     result = PassResult()
     t0, cpu0 = time.perf_counter(), time.thread_time()
@@ -245,7 +243,7 @@ def run_scheduling_pass(
         if result.violations:
             log.error("scheduling pass refused a decision that breaks invariants: %s", result.violations)
             return result
-        svc = JobService(session, artifact_root=artifact_root)
+        svc = JobLifecycle(session)
         status = {job_id: row.status for job_id, row in rows.items()}  # as this pass leaves them
         for job_id, reason in decision.preempt:
             new = svc.preempt(job_id, reason)
@@ -368,7 +366,7 @@ def main(argv: list[str] | None = None) -> None:
     dispatcher = CeleryDispatcher(make_celery(settings))
     try:
         for _ in range(args.passes):
-            r = run_scheduling_pass(db, dispatcher, artifact_root=settings.artifacts)
+            r = run_scheduling_pass(db, dispatcher)
             print(
                 json.dumps(
                     {

@@ -41,7 +41,8 @@ from scheduler.memory import freeze_startup_objects
 from scheduler.observability import observe_ray
 from scheduler.scheduling import PassResult, run_scheduling_pass
 from scheduler.services.job_tokens import bootstrap_secret
-from scheduler.services.jobs import JobService
+from scheduler.services.lifecycle import JobLifecycle
+from scheduler.services.reports import JobReports
 from scheduler.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -67,13 +68,10 @@ class WorkerContext:
     def passes(self) -> PassCoalescer:
         """The passes of this process: requests that come while one runs share the next."""
         return PassCoalescer(
-            lambda: run_scheduling_pass(self.db, self.dispatcher, artifact_root=self.settings.artifacts),
+            lambda: run_scheduling_pass(self.db, self.dispatcher),
             self.settings.scheduler.pass_interval_seconds,
             self.settings.scheduler.pass_duty,
         )
-
-    def jobs(self, session) -> JobService:  # type: ignore[no-untyped-def]
-        return JobService(session, artifact_root=self.settings.artifacts)
 
 
 def register_tasks(app: Celery, settings: Settings) -> WorkerContext:
@@ -161,7 +159,7 @@ def relaunch_stalled(ctx: WorkerContext, *, older_than: float = ADMITTED_RELAUNC
 def launch_job(ctx: WorkerContext, job_id: str) -> None:
     """ADMITTED -> STARTING, then submit the driver as a Ray job (again, if a worker died mid-way)."""
     with ctx.db.session() as s:
-        svc = ctx.jobs(s)
+        svc = JobLifecycle(s)
         job = s.get(Job, job_id)
         if job is None:
             return
@@ -259,7 +257,7 @@ def _ray_restarted_since(pool: str, when: datetime) -> bool:
 def _launch_failed(ctx: WorkerContext, job_id: str, address: str | None, err: Exception) -> None:
     log.error("launch of %s failed", job_id, exc_info=err)
     with ctx.db.session() as s:
-        svc = ctx.jobs(s)
+        svc = JobLifecycle(s)
         svc.transition(
             job_id,
             JobStatus.FAILED,
@@ -432,25 +430,25 @@ def _collect_run_end(ctx: WorkerContext, job_id: str, all_steps_done: bool) -> t
     and whether it trained every step (progress may have come from the spool just now)."""
     collected = None
     with ctx.db.session() as s:
-        svc = ctx.jobs(s)
+        reports = JobReports(s)
         job = s.get(Job, job_id)
         if job is None or JobStatus(job.status) not in ON_CLUSTER:
             return False, all_steps_done
         try:
             with s.begin_nested():
-                collected = svc.collect_spool(job, ctx.settings.signing_key())
+                collected = reports.collect_spool(job, ctx.settings.signing_key())
             if collected.applied or collected.problem:
                 log.info("job %s: %s", job_id, collected.summary(job.attempt))
         except Exception:  # noqa: BLE001 - never let one job's spool stop the pool's reconciler
             log.exception("job %s: collecting the report spool failed", job_id)
         try:
             with s.begin_nested():
-                svc.reconcile_checkpoints(job)
+                reports.reconcile_checkpoints(job)
         except Exception:  # noqa: BLE001
             log.exception("job %s: reconciling checkpoints with the disk failed", job_id)
         s.refresh(job)
         done = job.total_steps is not None and (job.progress_step or 0) >= job.total_steps
-        final = svc.final_report_stored(job)
+        final = reports.final_report_stored(job)
     if collected is not None and collected.complete:
         collected.discard()  # stored and committed: the spool's job is done
     return final, done
@@ -462,11 +460,10 @@ def _await_final_report(ctx: WorkerContext, job_id: str, src: JobStatus) -> bool
     then it FAILED (`lost`), saying so. Returns whether it moved."""
     grace = timedelta(seconds=ctx.settings.scheduler.final_report_grace_seconds)
     with ctx.db.session() as s:
-        svc = ctx.jobs(s)
         job = s.get(Job, job_id)
         if job is None:
             return False
-        since = svc.awaiting_final_report_since(job)
+        since = JobReports(s).awaiting_final_report_since(job)
         if utcnow() - since < grace:
             return False
         reason = (
@@ -474,7 +471,7 @@ def _await_final_report(ctx: WorkerContext, job_id: str, src: JobStatus) -> bool
             f"{grace.total_seconds():.0f}s (last stored report seq {job.report_seq}); what it could not "
             f"deliver stays in {spool_dir(job.output_dir, job.attempt)}"
         )
-        return svc.transition(
+        return JobLifecycle(s).transition(
             job_id, JobStatus.FAILED, expected_from=src, reason=reason, failure=FailureReason.LOST
         )
 
@@ -493,7 +490,6 @@ def _lost(
         src,
         why,
         default_limit=ctx.settings.scheduler.max_driver_restarts,
-        artifact_root=ctx.settings.artifacts,
         log_tail=log_tail,
     )
     return moved is not None
@@ -540,9 +536,9 @@ def _move(
     log_tail: list[str] | None = None,
 ) -> bool:
     with ctx.db.session() as s:
-        svc = ctx.jobs(s)
-        moved = svc.transition(job_id, dst, expected_from=src, reason=reason, failure=failure)
+        lifecycle = JobLifecycle(s)
+        moved = lifecycle.transition(job_id, dst, expected_from=src, reason=reason, failure=failure)
         if moved and log_tail:
-            job = svc.get(job_id)
-            svc.add_logs(job, ({"message": line, "level": "INFO"} for line in log_tail), source="ray")
+            job = lifecycle.get(job_id)
+            JobReports(s).add_ray_log_tail(job, log_tail)
         return moved

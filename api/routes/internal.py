@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
 
-from api.deps import BearerDep, JobServiceDep, SessionDep, SettingsDep
+from api.deps import BearerDep, JobReportsDep, SessionDep, SettingsDep
 from api.errors import envelope
 from api.schemas import ERROR_RESPONSES
 from api.schemas.jobs import ReportAck, ReportCreate
@@ -19,7 +19,7 @@ from scheduler.db.models import Job
 from scheduler.services.audit import AuditEntry
 from scheduler.services.audit import record as record_audit
 from scheduler.services.job_tokens import authorize_job_token, claim_job_token
-from scheduler.services.jobs import Report
+from scheduler.services.reports import Report
 
 router = APIRouter(prefix="/v1/internal/jobs", tags=["internal"], responses=ERROR_RESPONSES)
 
@@ -68,7 +68,7 @@ def claim_token(
 
 
 @router.get("/{job_id}/spec")
-def driver_spec(job: TokenJob, svc: JobServiceDep) -> dict[str, Any]:
+def driver_spec(job: TokenJob, svc: JobReportsDep) -> dict[str, Any]:
     return {
         "job_id": job.id,
         "name": job.name,
@@ -79,6 +79,6 @@ def driver_spec(job: TokenJob, svc: JobServiceDep) -> dict[str, Any]:
 
 
 @router.post("/{job_id}/report", response_model=ReportAck)
-def driver_report(job: TokenJob, body: ReportCreate, svc: JobServiceDep) -> ReportAck:
+def driver_report(job: TokenJob, body: ReportCreate, svc: JobReportsDep) -> ReportAck:
     stop = svc.ingest_report(job, Report(**body.model_dump(exclude_none=True)))  # absent: the defaults
     return ReportAck(stop_requested=stop)

@@ -22,10 +22,11 @@ from api.deps import (
     BearerDep,
     DatabaseDep,
     DispatcherDep,
-    JobServiceDep,
+    JobLifecycleDep,
+    JobOutputsDep,
+    JobSubmissionDep,
     PrincipalDep,
-    ReadJobServiceDep,
-    SettingsDep,
+    ReadJobSubmissionDep,
     finish_units_of_work,
 )
 from api.schemas import ERROR_RESPONSES
@@ -54,14 +55,15 @@ from scheduler.domain.errors import DomainError, NotFound
 from scheduler.domain.jobs import JobStatus
 from scheduler.services.audit import AuditEntry
 from scheduler.services.auth import Principal, authenticate
-from scheduler.services.jobs import JobService, Submission
+from scheduler.services.outputs import JobOutputs
 from scheduler.services.stream import MAX_ID_LENGTH, JobStream, StreamCursor
+from scheduler.services.submission import JobSubmission, Submission
 from scheduler.transactions import after_commit
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
 
 
-def _detail(svc: JobService, job, *, new: bool = False) -> JobDetail:  # type: ignore[no-untyped-def]
+def _detail(svc: JobOutputs, job, *, new: bool = False) -> JobDetail:  # type: ignore[no-untyped-def]
     detail = JobDetail.model_validate(job, from_attributes=True)
     if not new:  # a job created by this request holds nothing yet
         detail.allocations = [
@@ -77,8 +79,8 @@ def _detail(svc: JobService, job, *, new: bool = False) -> JobDetail:  # type: i
 async def submit_job(
     request: Request,
     body: JobCreate,
-    reader: ReadJobServiceDep,
-    svc: JobServiceDep,
+    reader: ReadJobSubmissionDep,
+    svc: JobSubmissionDep,
     principal: PrincipalDep,
     dispatcher: DispatcherDep,
     response: Response,
@@ -96,8 +98,8 @@ async def submit_job(
 def _submit(
     request: Request,
     body: JobCreate,
-    reader: JobService,
-    svc: JobService,
+    reader: JobSubmission,
+    svc: JobSubmission,
     principal: Principal,
     dispatcher: Dispatcher,
     response: Response,
@@ -129,7 +131,7 @@ def _submit(
             target=job.id, name=job.name, queue=job.queue, priority_class=job.priority_class, created=False
         )
         response.status_code = 200
-    detail = _detail(svc, job, new=created)
+    detail = _detail(JobOutputs(svc.session), job, new=created)
     finish_units_of_work(request, response.status_code)
     return detail
 
@@ -137,7 +139,7 @@ def _submit(
 @router.get("", response_model=JobsPage)
 async def list_jobs(
     request: Request,
-    svc: JobServiceDep,
+    svc: JobOutputsDep,
     principal: PrincipalDep,
     status: Annotated[list[str] | None, Query(description="Repeat or comma-separate.")] = None,
     name: str | None = None,
@@ -164,13 +166,13 @@ async def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobDetail)
-def get_job(job_id: str, svc: JobServiceDep, principal: PrincipalDep) -> JobDetail:
+def get_job(job_id: str, svc: JobOutputsDep, principal: PrincipalDep) -> JobDetail:
     return _detail(svc, svc.get(job_id, principal))
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic)
 def cancel_job(
-    job_id: str, svc: JobServiceDep, principal: PrincipalDep, dispatcher: DispatcherDep
+    job_id: str, svc: JobLifecycleDep, principal: PrincipalDep, dispatcher: DispatcherDep
 ) -> JobPublic:
     job = svc.cancel(job_id, principal)
     if job.status == JobStatus.CANCELLING:
@@ -181,7 +183,7 @@ def cancel_job(
 
 
 @router.get("/{job_id}/events", response_model=JobEventsPage)
-def job_events(job_id: str, svc: JobServiceDep, principal: PrincipalDep) -> JobEventsPage:
+def job_events(job_id: str, svc: JobOutputsDep, principal: PrincipalDep) -> JobEventsPage:
     job = svc.get(job_id, principal)
     return JobEventsPage(data=[JobEventPublic.model_validate(e) for e in svc.events(job)])
 
@@ -189,7 +191,7 @@ def job_events(job_id: str, svc: JobServiceDep, principal: PrincipalDep) -> JobE
 @router.get("/{job_id}/metrics", response_model=JobMetrics)
 def job_metrics(
     job_id: str,
-    svc: JobServiceDep,
+    svc: JobOutputsDep,
     principal: PrincipalDep,
     names: Annotated[list[str] | None, Query(description="Metric names; repeat or comma-separate.")] = None,
     since_step: Annotated[int | None, Query(ge=INTEGER_MIN, le=INTEGER_MAX)] = None,
@@ -207,7 +209,7 @@ def job_metrics(
 @router.get("/{job_id}/logs", response_model=LogsPage)
 def job_logs(
     job_id: str,
-    svc: JobServiceDep,
+    svc: JobOutputsDep,
     principal: PrincipalDep,
     after: Annotated[int, Query(ge=0, le=BIGINT_MAX, description="Id of the last line already seen.")] = 0,
     limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
@@ -222,19 +224,19 @@ def job_logs(
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointsPage)
-def job_checkpoints(job_id: str, svc: JobServiceDep, principal: PrincipalDep) -> CheckpointsPage:
+def job_checkpoints(job_id: str, svc: JobOutputsDep, principal: PrincipalDep) -> CheckpointsPage:
     job = svc.get(job_id, principal)
     return CheckpointsPage(data=[CheckpointPublic.model_validate(c) for c in svc.checkpoints(job)])
 
 
 @router.get("/{job_id}/rollouts", response_model=RolloutsPage)
-def job_rollouts(job_id: str, svc: JobServiceDep, principal: PrincipalDep) -> RolloutsPage:
+def job_rollouts(job_id: str, svc: JobOutputsDep, principal: PrincipalDep) -> RolloutsPage:
     job = svc.get(job_id, principal)
     return RolloutsPage(data=[RolloutPublic.model_validate(r) for r in svc.rollouts(job)])
 
 
 @router.get("/{job_id}/predictions", response_model=PredictionsPage)
-def job_predictions(job_id: str, svc: JobServiceDep, principal: PrincipalDep) -> PredictionsPage:
+def job_predictions(job_id: str, svc: JobOutputsDep, principal: PrincipalDep) -> PredictionsPage:
     """SFT predictions files (`<save>/predict/predictions_step_<id>.jsonl`): prompt, reference, completion."""
     job = svc.get(job_id, principal)
     return PredictionsPage(data=[PredictionPublic.model_validate(p) for p in svc.predictions(job)])
@@ -248,7 +250,7 @@ def job_predictions(job_id: str, svc: JobServiceDep, principal: PrincipalDep) ->
 def download_artifact(
     job_id: str,
     path: Annotated[str, PathParam(max_length=MAX_PATH_LENGTH)],
-    svc: JobServiceDep,
+    svc: JobOutputsDep,
     principal: PrincipalDep,
 ) -> FileResponse:
     """A file under the job's output directory (checkpoint shards, rollout records, exports)."""
@@ -277,7 +279,6 @@ async def stream_job(
     job_id: str,
     request: Request,
     db: DatabaseDep,
-    settings: SettingsDep,
     principal: PrincipalDep,
     token: BearerDep,
     last_event_id: Annotated[str | None, Header()] = None,
@@ -307,7 +308,7 @@ async def stream_job(
     def poll() -> tuple[list[bytes], bool, bool]:
         """One poll's messages, whether every source was read to its end, whether the stream ends."""
         with db.session(read_only=True) as s:
-            job = JobService(s, artifact_root=settings.artifacts).get(job_id, authenticate(s, token))
+            job = JobOutputs(s).get(job_id, authenticate(s, token))
             found = stream.poll(s, job)
             out: list[bytes] = []
             if found.status is not None:
@@ -320,7 +321,7 @@ async def stream_job(
             return out, found.drained, found.ended
 
     # Check access before the stream starts, so that a wrong id is a 404 and not an empty stream.
-    await run_in_threadpool(_check_access, db, settings, job_id, token)
+    await run_in_threadpool(_check_access, db, job_id, token)
 
     async def gen() -> AsyncIterator[bytes]:
         quiet = 0
@@ -363,9 +364,9 @@ def _stream_limiter() -> anyio.CapacityLimiter:
     return limiter
 
 
-def _check_access(db, settings, job_id: str, token: str) -> None:  # type: ignore[no-untyped-def]
+def _check_access(db, job_id: str, token: str) -> None:  # type: ignore[no-untyped-def]
     with db.session(read_only=True) as s:
-        JobService(s, artifact_root=settings.artifacts).get(job_id, authenticate(s, token))
+        JobOutputs(s).get(job_id, authenticate(s, token))
 
 
 def _sse(cursor: StreamCursor, kind: str, data: dict) -> bytes:  # type: ignore[type-arg]

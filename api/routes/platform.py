@@ -9,7 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from api.deps import AuditDep, DispatcherDep, JobServiceDep, PrincipalDep, SessionDep
+from api.deps import AuditDep, DispatcherDep, JobLifecycleDep, PrincipalDep, SessionDep
 from api.schemas import ERROR_RESPONSES
 from api.schemas.platform import (
     ApiKeyCreate,
@@ -218,7 +218,7 @@ def update_node(
     node: str,
     body: NodeUpdate,
     session: SessionDep,
-    svc: JobServiceDep,
+    svc: JobLifecycleDep,
     principal: PrincipalDep,
     dispatcher: DispatcherDep,
 ) -> DrainResult:
@@ -243,7 +243,7 @@ def drain(
     name: str,
     node: str,
     session: SessionDep,
-    svc: JobServiceDep,
+    svc: JobLifecycleDep,
     principal: PrincipalDep,
     dispatcher: DispatcherDep,
 ) -> DrainResult:

@@ -5,17 +5,17 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import AuditDep, PrincipalDep, ReadJobServiceDep, finish_units_of_work
+from api.deps import AuditDep, PrincipalDep, ReadJobSubmissionDep, finish_units_of_work
 from api.schemas import ERROR_RESPONSES
 from api.schemas.jobs import SpecValidate, SpecValidation
-from scheduler.services.jobs import Submission
+from scheduler.services.submission import Submission
 
 router = APIRouter(prefix="/v1/specs", tags=["specs"], responses=ERROR_RESPONSES)
 
 
 @router.post("/validate", response_model=SpecValidation)
 async def validate_spec(
-    request: Request, body: SpecValidate, svc: ReadJobServiceDep, principal: PrincipalDep, audit: AuditDep
+    request: Request, body: SpecValidate, svc: ReadJobSubmissionDep, principal: PrincipalDep, audit: AuditDep
 ) -> SpecValidation:
     """Dry run: the normalized spec, derived defaults, warnings, errors, resource demand and the
     queue and pool the job would wait in. 200 for any spec; `valid` says whether a submit would pass.

@@ -50,7 +50,7 @@ The table (first matching row; "ask X" rows gather X, then go on down their bloc
 | STARTING, RUNNING    | FAILED                | ask LOG_TAIL, VERDICT; lost           | MARK_LOST the verdict's why, with the log tail |
 | STARTING, RUNNING    | FAILED                | not lost                              | MOVE FAILED `failure_summary(Ray's message, tail)`, the verdict's failure (else user_code), with the log tail |
 
-Moves: MOVE is `JobService.transition` (compare-and-set from ours); MARK_LOST is `scheduler.recovery.recover`
+Moves: MOVE is `JobLifecycle.transition` (compare-and-set from ours); MARK_LOST is `scheduler.recovery.recover`
 (requeued, or FAILED `lost` past the restart limit); AWAIT_FINAL_REPORT keeps the job until
 `final_report_grace_seconds`, then FAILED `lost`; RELAUNCH sends the launch again (the same attempt);
 STOP_RAY_JOB asks Ray to stop the job (the next pass sees it ended). Every move stays within

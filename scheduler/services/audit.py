@@ -56,7 +56,7 @@ _INSERT = AuditEvent.__table__.insert()
 
 def row_values(entry: AuditEntry, status_code: int) -> dict[str, Any]:
     """The `audit_events` row of `entry` (every column but the id), for `record` or a statement that writes
-    it beside its change (`JobService.submit`)."""
+    it beside its change (`JobSubmission.submit`)."""
     return {
         "time": utcnow(),
         "request_id": entry.request_id,

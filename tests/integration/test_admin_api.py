@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 
 from scheduler.dispatch import TASK_STOP, CeleryDispatcher, pool_queue
 from scheduler.scheduling import run_scheduling_pass
-from scheduler.services.jobs import JobService
+from scheduler.services.lifecycle import JobLifecycle
 from tests.factories import drain_queue, grpo_spec, make_job
 
 
@@ -85,7 +85,7 @@ def test_cordon_drain_and_node_down(admin) -> None:  # type: ignore[no-untyped-d
     b = {"id": make_job(db, queue="math-h200", gpus_per_replica=8)}
     client.patch("/v1/pools/h200/nodes/n2", json={"cordoned": True})
     dispatcher = CeleryDispatcher(broker)
-    run_scheduling_pass(db, dispatcher, artifact_root=settings.artifacts)
+    run_scheduling_pass(db, dispatcher)
     jobs = {j: client.get(f"/v1/jobs/{j}").json() for j in (a["id"], b["id"])}
     assert jobs[a["id"]]["status"] == "ADMITTED" and jobs[a["id"]]["allocations"][0]["node"] == "n1"
     assert jobs[b["id"]]["status"] == "QUEUED"  # n2 is cordoned
@@ -96,13 +96,11 @@ def test_cordon_drain_and_node_down(admin) -> None:  # type: ignore[no-untyped-d
     assert (q["used_gpus"], q["running_jobs"], q["queued_jobs"], q["queued_gpus"]) == (8, 1, 1, 8)
     assert q["borrowed_gpus"] == max(0, 8 - q["nominal_gpus"])
     client.patch("/v1/pools/h200/nodes/n2", json={"cordoned": False})
-    run_scheduling_pass(db, dispatcher, artifact_root=settings.artifacts)
+    run_scheduling_pass(db, dispatcher)
     assert client.get(f"/v1/jobs/{b['id']}").json()["allocations"][0]["node"] == "n2"
     # a has started; draining n1 asks it to checkpoint and requeue
     with db.session() as s:
-        JobService(s, artifact_root=settings.artifacts).transition(
-            a["id"], "STARTING", expected_from="ADMITTED", reason="test"
-        )
+        JobLifecycle(s).transition(a["id"], "STARTING", expected_from="ADMITTED", reason="test")
     r = client.post("/v1/pools/h200/nodes/n1/drain").json()
     assert r["requeued"] == {a["id"]: "PREEMPTING"}
     h200 = next(p for p in client.get("/v1/pools").json()["data"] if p["name"] == "h200")
@@ -115,16 +113,14 @@ def test_cordon_drain_and_node_down(admin) -> None:  # type: ignore[no-untyped-d
     drain_queue(broker, pool_queue("h200"))
     # a preempted job that had started gets its Ray job stopped at once when its node dies
     with db.session() as s:
-        svc = JobService(s, artifact_root=settings.artifacts)
+        svc = JobLifecycle(s)
         svc.transition(a["id"], "QUEUED", expected_from="PREEMPTING", reason="test")
     client.patch("/v1/pools/h200/nodes/n1", json={"cordoned": False})
     client.patch("/v1/pools/h200/nodes/n2", json={"alive": True})
-    run_scheduling_pass(db, dispatcher, artifact_root=settings.artifacts)
+    run_scheduling_pass(db, dispatcher)
     node_of_a = client.get(f"/v1/jobs/{a['id']}").json()["allocations"][0]["node"]
     with db.session() as s:
-        JobService(s, artifact_root=settings.artifacts).transition(
-            a["id"], "STARTING", expected_from="ADMITTED", reason="test"
-        )
+        JobLifecycle(s).transition(a["id"], "STARTING", expected_from="ADMITTED", reason="test")
     drain_queue(broker, pool_queue("h200"))
     r = client.patch(f"/v1/pools/h200/nodes/{node_of_a}", json={"alive": False}).json()
     assert r["requeued"] == {a["id"]: "PREEMPTING"}

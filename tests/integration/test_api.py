@@ -200,13 +200,13 @@ def _driver_headers(client, settings, job_id: str) -> dict[str, str]:  # type: i
 
 def test_driver_reports_flow_to_the_read_endpoints(api) -> None:  # type: ignore[no-untyped-def]
     client, settings, broker = api
-    from scheduler.services.jobs import JobService
+    from scheduler.services.lifecycle import JobLifecycle
 
     job = client.post("/v1/jobs", json={"spec": grpo_spec(save="ckpt")}).json()
     # the scheduler and a worker would do this; here through the same service the worker uses
     db = client.app.state.db
     with db.session() as s:
-        svc = JobService(s, artifact_root=settings.artifacts)
+        svc = JobLifecycle(s)
         svc.transition(job["id"], "ADMITTED", expected_from="QUEUED", reason="test")
         svc.transition(job["id"], "STARTING", expected_from="ADMITTED", reason="test")
     h = _driver_headers(client, settings, job["id"])
@@ -289,11 +289,11 @@ def test_pools_queues_health_and_prometheus(api) -> None:  # type: ignore[no-unt
 
 def test_stream_resumes_from_last_event_id_and_logs_tail(api) -> None:  # type: ignore[no-untyped-def]
     client, settings, _ = api
-    from scheduler.services.jobs import JobService
+    from scheduler.services.lifecycle import JobLifecycle
 
     job = client.post("/v1/jobs", json={"name": "streamed-job", "spec": grpo_spec()}).json()
     with client.app.state.db.session() as s:
-        svc = JobService(s, artifact_root=settings.artifacts)
+        svc = JobLifecycle(s)
         svc.transition(job["id"], "ADMITTED", expected_from="QUEUED", reason="test")
         svc.transition(job["id"], "STARTING", expected_from="ADMITTED", reason="test")
     h = _driver_headers(client, settings, job["id"])
@@ -313,9 +313,7 @@ def test_stream_resumes_from_last_event_id_and_logs_tail(api) -> None:  # type: 
     ]
     client.post(f"/v1/jobs/{job['id']}/cancel")
     with client.app.state.db.session() as s:
-        JobService(s, artifact_root=settings.artifacts).transition(
-            job["id"], "CANCELLED", expected_from="CANCELLING", reason="test"
-        )
+        JobLifecycle(s).transition(job["id"], "CANCELLED", expected_from="CANCELLING", reason="test")
 
     def read(headers: dict[str, str]) -> list[tuple[str, str]]:
         out, last_id, kind = [], None, None

@@ -1,5 +1,5 @@
 """What a submission and a listing cost the database, and that the cheaper ways they are written keep their
-results: the job row read back is the job the 201 answered, the job `JobService.submit` returns is the
+results: the job row read back is the job the 201 answered, the job `JobSubmission.submit` returns is the
 session's own, and the list's filters select what they name."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from scheduler.db.models import AuditEvent, Job, JobEvent
 from scheduler.services.auth import Principal
-from scheduler.services.jobs import JobService, Submission
+from scheduler.services.submission import JobSubmission, Submission
 from tests.factories import grpo_spec
 
 
@@ -109,7 +109,7 @@ def test_the_submitted_job_is_the_sessions_own(db_url: str, tmp_path: Path) -> N
         bootstrap(db, tmp_path)
         admin = Principal(key_id="key_test", role="admin", team_id=None)
         with db.session() as s:
-            svc = JobService(s, artifact_root=tmp_path / "artifacts", home=tmp_path)
+            svc = JobSubmission(s, artifact_root=tmp_path / "artifacts", home=tmp_path)
             job, created = svc.submit(admin, Submission(spec=grpo_spec(), labels={"a": "b"}))
             assert created and s.get(Job, job.id) is job
             written = {c.key: getattr(job, c.key) for c in Job.__table__.columns}

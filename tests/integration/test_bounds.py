@@ -13,7 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from jobspec.bounds import MAX_GPUS_PER_NODE, MAX_JSON_DEPTH, MAX_PATH_LENGTH, MAX_SPEC_KEYS
-from scheduler.services.jobs import JobService
+from scheduler.services.lifecycle import JobLifecycle
 from scheduler.settings import ApiSettings
 from tests.factories import grpo_spec
 from tests.integration.test_api import TINY_ARGS, _driver_headers
@@ -161,7 +161,7 @@ def test_nul_characters_are_refused_before_the_database(api) -> None:  # type: i
     assert r.status_code == 201 and r.json()["labels"] == {"a": "\\u0000"}
     job = r.json()["id"]
     with client.app.state.db.session() as s:
-        svc = JobService(s, artifact_root=settings.artifacts)
+        svc = JobLifecycle(s)
         svc.transition(job, "ADMITTED", expected_from="QUEUED", reason="test")
         svc.transition(job, "STARTING", expected_from="ADMITTED", reason="test")
     report = {"attempt": 1, "seq": 0, "logs": [{"time": 1e9, "level": "INFO", "message": "bin\x00ary"}]}
@@ -246,7 +246,7 @@ def _write_lock_probe(db, pids: set[int]) -> str | None:  # type: ignore[no-unty
 def test_validation_holds_no_write_lock(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A validate request with 120,000 unknown keys held SQLite's write lock for 71 s, so other writes
     failed: the spec is judged outside any write transaction (the audit row, the job row come after)."""
-    import scheduler.services.jobs as jobs_module
+    import scheduler.services.submission as jobs_module
 
     client, _, _ = api
     db = client.app.state.db

@@ -17,7 +17,8 @@ from scheduler.db.engine import Database
 from scheduler.db.models import Job, SchedulerLock
 from scheduler.dispatch import CeleryDispatcher
 from scheduler.services.auth import Principal
-from scheduler.services.jobs import JobService, Submission
+from scheduler.services.outputs import JobOutputs
+from scheduler.services.submission import JobSubmission, Submission
 from tests.conftest import REDIS_URL
 from tests.factories import bootstrap, grpo_spec, make_broker_app
 
@@ -41,7 +42,7 @@ def test_worker_runs_the_pass_and_launch_through_the_broker(
     # with a setup error naming the address. (tests/ray and tests/e2e launch on a real Ray.)
     bootstrap(db, tmp_path, ray_address="http://127.0.0.1:9")
     with db.session() as s:
-        job, _ = JobService(s, artifact_root=tmp_path / "artifacts", home=tmp_path).submit(
+        job, _ = JobSubmission(s, artifact_root=tmp_path / "artifacts", home=tmp_path).submit(
             ADMIN, Submission(spec=grpo_spec())
         )
     env = os.environ | {
@@ -91,7 +92,7 @@ def test_worker_runs_the_pass_and_launch_through_the_broker(
         assert status == "FAILED", log[-3000:]
         assert "127.0.0.1:9" in reason
         with db.session() as s:
-            events = JobService(s, artifact_root=tmp_path).events(s.get(Job, job.id))
+            events = JobOutputs(s).events(s.get(Job, job.id))
             assert [e.to_status for e in events] == ["QUEUED", "ADMITTED", "STARTING", "FAILED"]
             assert s.get(Job, job.id).failure_reason == "setup"
             # the worker records its heartbeat (/readyz, scheduler/health.py)

@@ -31,7 +31,8 @@ from scheduler.dispatch import CeleryDispatcher
 from scheduler.domain.jobs import JobStatus
 from scheduler.services import platform
 from scheduler.services.auth import Principal, create_api_key
-from scheduler.services.jobs import JobService
+from scheduler.services.lifecycle import JobLifecycle
+from scheduler.services.reports import JobReports
 from scheduler.settings import CelerySettings, DatabaseSettings, Settings
 from tests.factories import bootstrap, grpo_spec, make_broker_app, make_job
 
@@ -93,14 +94,14 @@ def _side(db: Database, settings: Settings, tag: str, name: str) -> Side:
     live = make_job(db, queue=f"{tag}-queue", name=f"{tag}-live-job", artifact_root=art)
     done = make_job(db, queue=f"{tag}-queue", name=f"{tag}-done-job", artifact_root=art)
     with db.session() as s:
-        svc = JobService(s, artifact_root=art)
+        svc = JobLifecycle(s)
         for src, dst in (("QUEUED", "ADMITTED"), ("ADMITTED", "STARTING"), ("STARTING", "RUNNING")):
             assert svc.transition(live, JobStatus(dst), expected_from=JobStatus(src), reason="fixture")
         s.get(Job, live).token_claimed_attempt = 1
         s.add(Allocation(job_id=live, pool="local", node="node-0", role="actor", gpus=1))
         assert svc.transition(done, JobStatus.CANCELLED, expected_from=JobStatus.QUEUED, reason="fixture")
         job = s.get(Job, done)
-        svc.add_logs(job, [{"message": f"{tag}-log-line"}], source="driver")
+        JobReports(s).add_logs(job, [{"message": f"{tag}-log-line"}], source="driver")
         s.add(Metric(job_id=done, attempt=0, step=1, name=f"{tag}/metric", value=1.0, time=utcnow()))
         s.add(
             Checkpoint(

@@ -1,4 +1,4 @@
-"""JobService and the scheduling pass against real SQLite and PostgreSQL databases."""
+"""The job services (submission, lifecycle, reports) and the scheduling pass against real SQLite and PostgreSQL databases."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from scheduler.domain.errors import Conflict, InvalidSpec, InvalidTransition
 from scheduler.domain.jobs import JobStatus
 from scheduler.scheduling import run_scheduling_pass
 from scheduler.services.auth import Principal
-from scheduler.services.jobs import JobService, Report, Submission
+from scheduler.services.lifecycle import JobLifecycle
+from scheduler.services.reports import JobReports, Report
+from scheduler.services.submission import JobSubmission, Submission
 from tests.factories import bootstrap, drain_queue, grpo_spec, make_broker_app
 
 ADMIN = Principal(key_id="key_test", role="admin", team_id=None)
@@ -37,7 +39,7 @@ def db(db_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
 
 def submit(db: Database, tmp_path: Path, **kw) -> str:  # type: ignore[no-untyped-def]
     with db.session() as s:
-        job, _ = JobService(s, artifact_root=tmp_path / "artifacts", home=tmp_path).submit(
+        job, _ = JobSubmission(s, artifact_root=tmp_path / "artifacts", home=tmp_path).submit(
             ADMIN, Submission(**kw)
         )
         return job.id
@@ -78,7 +80,7 @@ def test_idempotency_key_returns_the_same_job(db: Database, tmp_path: Path) -> N
 def test_transition_is_compare_and_set(db: Database, tmp_path: Path) -> None:
     job_id = submit(db, tmp_path, spec=grpo_spec())
     with db.session() as s:
-        svc = JobService(s, artifact_root=tmp_path)
+        svc = JobLifecycle(s)
         assert svc.transition(job_id, JobStatus.ADMITTED, expected_from=JobStatus.QUEUED, reason="r")
         # a second writer that still believes the job is QUEUED loses
         assert not svc.transition(job_id, JobStatus.ADMITTED, expected_from=JobStatus.QUEUED, reason="r")
@@ -91,7 +93,7 @@ def test_scheduling_pass_admits_within_capacity_and_explains_the_wait(
 ) -> None:  # type: ignore[no-untyped-def]
     app, disp = broker
     ids = [submit(db, tmp_path, spec=grpo_spec()) for _ in range(3)]
-    result = run_scheduling_pass(db, disp, artifact_root=tmp_path)
+    result = run_scheduling_pass(db, disp)
     with db.session() as s:
         jobs = {j.id: j for j in s.scalars(sa.select(Job))}
         used = s.scalar(sa.select(sa.func.sum(Allocation.gpus)).where(sa.not_(Allocation.shared)))
@@ -104,14 +106,14 @@ def test_scheduling_pass_admits_within_capacity_and_explains_the_wait(
     waiting = [j for j in jobs.values() if j.status == JobStatus.QUEUED]
     assert waiting and all(j.wait_reason and j.queue_position for j in waiting)
     # a second pass admits nothing more: the slots are taken
-    assert run_scheduling_pass(db, disp, artifact_root=tmp_path).admitted == []
+    assert run_scheduling_pass(db, disp).admitted == []
 
 
 def test_cancel_frees_slots(db: Database, tmp_path: Path, broker) -> None:  # type: ignore[no-untyped-def]
     job_id = submit(db, tmp_path, spec=grpo_spec())
-    run_scheduling_pass(db, broker[1], artifact_root=tmp_path)
+    run_scheduling_pass(db, broker[1])
     with db.session() as s:
-        svc = JobService(s, artifact_root=tmp_path)
+        svc = JobLifecycle(s)
         assert svc.transition(job_id, JobStatus.STARTING, expected_from=JobStatus.ADMITTED, reason="launch")
         svc.transition(job_id, JobStatus.RUNNING, expected_from=JobStatus.STARTING, reason="up")
         job = svc.cancel(job_id, ADMIN)
@@ -125,9 +127,9 @@ def test_cancel_frees_slots(db: Database, tmp_path: Path, broker) -> None:  # ty
 
 def test_reports_are_applied_once_and_fenced_by_attempt(db: Database, tmp_path: Path, broker) -> None:  # type: ignore[no-untyped-def]
     job_id = submit(db, tmp_path, spec=grpo_spec())
-    run_scheduling_pass(db, broker[1], artifact_root=tmp_path)
+    run_scheduling_pass(db, broker[1])
     with db.session() as s:
-        svc = JobService(s, artifact_root=tmp_path)
+        svc, reports = JobLifecycle(s), JobReports(s)
         svc.transition(job_id, JobStatus.STARTING, expected_from=JobStatus.ADMITTED, reason="launch")
         job = svc.get(job_id)
         assert job.attempt == 1
@@ -139,25 +141,25 @@ def test_reports_are_applied_once_and_fenced_by_attempt(db: Database, tmp_path: 
             metrics=[{"step": 1, "name": "rollout/reward", "value": 0.25, "time": 1.0}],
             logs=[{"message": "hello", "time": 1.0}],
         )
-        assert svc.ingest_report(job, report) is False
-        assert svc.ingest_report(job, report) is False  # a retry of the same batch
+        assert reports.ingest_report(job, report) is False
+        assert reports.ingest_report(job, report) is False  # a retry of the same batch
         assert job.status == JobStatus.RUNNING and job.progress_step == 1
         assert s.scalar(sa.select(sa.func.count()).select_from(Metric)) == 1
         with pytest.raises(Conflict):
-            svc.ingest_report(job, Report(attempt=0, seq=5))
+            reports.ingest_report(job, Report(attempt=0, seq=5))
         svc.cancel(job_id, ADMIN)
-        assert svc.ingest_report(job, Report(attempt=1, seq=1)) is True  # the driver is asked to stop
+        assert reports.ingest_report(job, Report(attempt=1, seq=1)) is True  # the driver is asked to stop
 
 
 def test_a_preempted_job_resumes_from_its_checkpoint(db: Database, tmp_path: Path, broker) -> None:  # type: ignore[no-untyped-def]
     job_id = submit(db, tmp_path, spec=grpo_spec(save="ckpt"))
-    run_scheduling_pass(db, broker[1], artifact_root=tmp_path)
+    run_scheduling_pass(db, broker[1])
     with db.session() as s:
-        svc = JobService(s, artifact_root=tmp_path)
+        svc, reports = JobLifecycle(s), JobReports(s)
         svc.transition(job_id, JobStatus.STARTING, expected_from=JobStatus.ADMITTED, reason="launch")
         job = svc.get(job_id)
-        assert "load" not in svc.driver_spec(job) or svc.driver_spec(job)["load"] is None
-        svc.ingest_report(
+        assert "load" not in reports.driver_spec(job) or reports.driver_spec(job)["load"] is None
+        reports.ingest_report(
             job,
             Report(
                 attempt=1,
@@ -174,26 +176,26 @@ def test_a_preempted_job_resumes_from_its_checkpoint(db: Database, tmp_path: Pat
             ),
         )
         assert svc.preempt(job_id, "test") == JobStatus.PREEMPTING
-        assert svc.ingest_report(job, Report(attempt=1, seq=1)) is True  # checkpoint and exit
+        assert reports.ingest_report(job, Report(attempt=1, seq=1)) is True  # checkpoint and exit
         svc.transition(job_id, JobStatus.QUEUED, expected_from=JobStatus.PREEMPTING, reason="driver exited")
         assert svc.get(job_id).preemptions == 1
         folder = Path(job.spec["save"]) / "iter_0000003"  # the files the record names (checked on resume)
         folder.mkdir(parents=True)
         (folder / "trainer_state.json").write_text("{}")
-    run_scheduling_pass(db, broker[1], artifact_root=tmp_path)
+    run_scheduling_pass(db, broker[1])
     with db.session() as s:
-        svc = JobService(s, artifact_root=tmp_path)
+        svc = JobLifecycle(s)
         svc.transition(job_id, JobStatus.STARTING, expected_from=JobStatus.ADMITTED, reason="relaunch")
         job = svc.get(job_id)
         assert job.attempt == 2
-        assert svc.driver_spec(job)["load"] == job.spec["save"]
+        assert JobReports(s).driver_spec(job)["load"] == job.spec["save"]
 
 
 def test_a_high_priority_job_is_not_preempted(db: Database, tmp_path: Path, broker) -> None:  # type: ignore[no-untyped-def]
     job_id = submit(db, tmp_path, spec=grpo_spec(), priority_class="high")
-    run_scheduling_pass(db, broker[1], artifact_root=tmp_path)
+    run_scheduling_pass(db, broker[1])
     with db.session() as s:
-        svc = JobService(s, artifact_root=tmp_path)
+        svc = JobLifecycle(s)
         with pytest.raises(Conflict):
             svc.preempt(job_id, "reclaim")
         assert svc.preempt(job_id, "node lost", force=True) == JobStatus.QUEUED

@@ -14,7 +14,7 @@ from scheduler import tasks
 from scheduler.db.models import AuditEvent, Job, JobEvent, Metric, Queue
 from scheduler.domain.jobs import JobStatus
 from scheduler.services.job_tokens import bootstrap_secret, job_token
-from scheduler.services.jobs import JobService
+from scheduler.services.lifecycle import JobLifecycle
 from scheduler.services.platform import ensure_team
 from tests.factories import make_job
 
@@ -23,7 +23,7 @@ RID = {"X-Request-ID": "fixed-request-id"}  # so that whole error bodies can be 
 
 def _move(client, settings, job_id: str, *steps: tuple[str, str]) -> None:  # type: ignore[no-untyped-def]
     with client.app.state.db.session() as s:
-        svc = JobService(s, artifact_root=settings.artifacts)
+        svc = JobLifecycle(s)
         for src, dst in steps:
             assert svc.transition(job_id, dst, expected_from=src, reason="test"), (src, dst)
 
@@ -98,7 +98,7 @@ def test_a_token_ends_with_its_attempt_and_the_next_attempt_gets_its_own(api) ->
         f"/v1/internal/jobs/{job_id}/report", json=_report(0, phase="running"), headers=old
     ).json() == {"stop_requested": False}
     with client.app.state.db.session() as s:
-        assert JobService(s, artifact_root=settings.artifacts).preempt(job_id, "test") == JobStatus.PREEMPTING
+        assert JobLifecycle(s).preempt(job_id, "test") == JobStatus.PREEMPTING
     # while preempting, the attempt is live: the driver hears "stop" and may send its last reports
     assert client.post(f"/v1/internal/jobs/{job_id}/report", json=_report(1), headers=old).json() == {
         "stop_requested": True

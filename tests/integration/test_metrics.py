@@ -20,7 +20,8 @@ from scheduler.observability import METRICS_DIR_ENV, MULTIPROC_ENV
 from scheduler.policy import PolicyConfig
 from scheduler.scheduling import run_scheduling_pass
 from scheduler.services.auth import Principal
-from scheduler.services.jobs import JobService, Report
+from scheduler.services.lifecycle import JobLifecycle
+from scheduler.services.reports import JobReports, Report
 from tests.factories import make_job, two_team_gpu_pool
 
 ADMIN = Principal(key_id="key_test", role="admin", team_id=None)
@@ -64,16 +65,16 @@ def test_metrics_follow_admissions_preemptions_and_outcomes(api, tmp_path: Path)
     # vision borrows all 32 GPUs while math is idle; one more vision job waits
     lenders = [make_job(db, queue="vision", gpus_per_replica=8, name=f"v{i}") for i in range(4)]
     waiting = make_job(db, queue="vision", gpus_per_replica=8, name="waits")
-    r = run_scheduling_pass(db, dispatcher, artifact_root=tmp_path)
+    r = run_scheduling_pass(db, dispatcher)
     assert sorted(r.admitted) == sorted(lenders), r
     with db.session() as s:
-        svc = JobService(s, artifact_root=tmp_path)
+        svc = JobLifecycle(s)
         for j in lenders:
             svc.transition(j, JobStatus.STARTING, expected_from=JobStatus.ADMITTED, reason="test")
         # a driver's report: 3 metric points
         job = svc.get(lenders[0])
         points = [{"step": i, "name": "loss", "value": 1.0 / (i + 1), "time": 1.0 + i} for i in range(3)]
-        svc.ingest_report(job, Report(attempt=1, seq=0, phase="running", metrics=points))
+        JobReports(s).ingest_report(job, Report(attempt=1, seq=0, phase="running", metrics=points))
         for j in lenders[1:]:
             svc.transition(j, JobStatus.RUNNING, expected_from=JobStatus.STARTING, reason="test")
 
@@ -94,10 +95,10 @@ def test_metrics_follow_admissions_preemptions_and_outcomes(api, tmp_path: Path)
     # math comes for its GPUs: two vision jobs are preempted (reclaim), then stop and queue again
     owner = make_job(db, queue="math", gpus_per_replica=8, replicas=2, name="owner")
     config = PolicyConfig(reclaim_after_s=0, min_runtime_s=0)
-    r = run_scheduling_pass(db, dispatcher, artifact_root=tmp_path, config=config)
+    r = run_scheduling_pass(db, dispatcher, config=config)
     assert len(r.preempted) == 2, r
     with db.session() as s:
-        svc = JobService(s, artifact_root=tmp_path)
+        svc = JobLifecycle(s)
         for j in r.preempted:
             svc.transition(j, JobStatus.QUEUED, expected_from=JobStatus.PREEMPTING, reason="test: stopped")
         survivors = [j for j in lenders if j not in r.preempted]
@@ -110,7 +111,7 @@ def test_metrics_follow_admissions_preemptions_and_outcomes(api, tmp_path: Path)
             failure=FailureReason.USER_CODE,
         )
         svc.cancel(waiting, ADMIN)
-    r = run_scheduling_pass(db, dispatcher, artifact_root=tmp_path, config=config)
+    r = run_scheduling_pass(db, dispatcher, config=config)
     assert owner in r.admitted, r
 
     job_id = lenders[0]
@@ -213,7 +214,7 @@ def test_the_dashboard_reads_only_what_metrics_exposes(api, tmp_path: Path) -> N
     db: Database = client.app.state.db
     _cluster(db)
     make_job(db, queue="math", gpus_per_replica=8, name="one")
-    run_scheduling_pass(db, client.app.state.dispatcher, artifact_root=tmp_path)
+    run_scheduling_pass(db, client.app.state.dispatcher)
     client.get("/healthz")
     exposed = _exposed(client.get("/metrics").text)
     dashboard = json.loads(DASHBOARD.read_text())
@@ -246,9 +247,9 @@ def test_settled_counts_match_a_full_recount(api, tmp_path: Path) -> None:  # ty
     config = PolicyConfig(reclaim_after_s=0, min_runtime_s=0)
     for round_ in range(3):
         jobs = [make_job(db, queue="vision", gpus_per_replica=8, name=f"v{round_}{i}") for i in range(2)]
-        run_scheduling_pass(db, client.app.state.dispatcher, artifact_root=tmp_path, config=config)
+        run_scheduling_pass(db, client.app.state.dispatcher, config=config)
         with db.session() as s:
-            svc = JobService(s, artifact_root=tmp_path)
+            svc = JobLifecycle(s)
             for j in jobs:
                 svc.transition(j, JobStatus.STARTING, expected_from=JobStatus.ADMITTED, reason="test")
                 svc.transition(j, JobStatus.SUCCEEDED, expected_from=JobStatus.STARTING, reason="done")

@@ -243,7 +243,7 @@ def test_a_launch_lost_with_the_broker_is_sent_again_instead_of_holding_slots_fo
     job_id = client.post("/v1/jobs", json={"spec": grpo_spec()}).json()["id"]
     drain_queue(broker, "scheduler")
     services["redis"].cut()
-    admitted = run_scheduling_pass(services["db"], CeleryDispatcher(broker), artifact_root=settings.artifacts)
+    admitted = run_scheduling_pass(services["db"], CeleryDispatcher(broker))
     assert admitted.admitted == [job_id] and _status(services["db"], job_id)[0] == "ADMITTED"
     services["redis"].restore()
     assert drain_queue(broker, "pool.local") == []  # the launch never reached the broker
@@ -266,7 +266,7 @@ def test_a_launch_while_the_embedded_ray_restarts_waits_for_its_new_address(
 
     from scheduler import tasks
     from scheduler.db.models import Pool
-    from scheduler.services.jobs import JobService
+    from scheduler.services.lifecycle import JobLifecycle
     from tests.factories import make_job
 
     client, settings, broker = api
@@ -287,9 +287,7 @@ def test_a_launch_while_the_embedded_ray_restarts_waits_for_its_new_address(
     def admitted() -> str:
         job_id = make_job(db, artifact_root=settings.artifacts)
         with db.session() as s:
-            JobService(s, artifact_root=settings.artifacts).transition(
-                job_id, "ADMITTED", expected_from="QUEUED", reason="test"
-            )
+            JobLifecycle(s).transition(job_id, "ADMITTED", expected_from="QUEUED", reason="test")
         return job_id
 
     def ray_back() -> None:  # what the supervisor does once the new head answers (api/embedded.py)

@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from scheduler.db.models import Job
-from scheduler.services.jobs import JobService
+from scheduler.services.reports import JobReports
 from tests.factories import grpo_spec, seed_area
 
 
@@ -170,8 +170,8 @@ def test_grants_crud_and_what_they_open(t: Teams) -> None:
 
     # the driver gets the roots with its spec, and checks them again there
     with c.app.state.db.session(read_only=True) as s:
-        svc = JobService(s, artifact_root=t.settings.artifacts, home=t.home)
-        policy = svc.driver_spec(s.get(Job, out.json()["id"]))["platform_paths"]
+        reports = JobReports(s, artifact_root=t.settings.artifacts, home=t.home)
+        policy = reports.driver_spec(s.get(Job, out.json()["id"]))["platform_paths"]
     assert policy["job_id"] == out.json()["id"]
     assert (
         str(scratch) in policy["write"] and str(data) in policy["read"] and str(data) not in policy["write"]

@@ -17,7 +17,9 @@ from scheduler.dispatch import SCHEDULER_QUEUE, TASK_PASS, CeleryDispatcher
 from scheduler.domain.jobs import JobStatus
 from scheduler.scheduling import run_scheduling_pass
 from scheduler.services.auth import Principal
-from scheduler.services.jobs import JobService, Report, Submission
+from scheduler.services.lifecycle import JobLifecycle
+from scheduler.services.reports import JobReports, Report
+from scheduler.services.submission import JobSubmission, Submission
 from scheduler.settings import CelerySettings, DatabaseSettings, SchedulerSettings, Settings
 from tests.factories import bootstrap, drain_queue, grpo_spec, make_broker_app
 
@@ -63,19 +65,17 @@ def world(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type
 def _preempted_job(ctx: tasks.WorkerContext, *, step: int, total: int) -> str:
     """A running low-priority job that reported `step` of `total` and was then preempted."""
     with ctx.db.session() as s:
-        job, _ = JobService(s, artifact_root=ctx.settings.artifacts, home=ctx.settings.home).submit(
+        job, _ = JobSubmission(s, artifact_root=ctx.settings.artifacts, home=ctx.settings.home).submit(
             ADMIN, Submission(spec=grpo_spec(save="ckpt"), priority_class="low")
         )
         job_id = job.id
-    assert run_scheduling_pass(ctx.db, ctx.dispatcher, artifact_root=ctx.settings.artifacts).admitted == [
-        job_id
-    ]
+    assert run_scheduling_pass(ctx.db, ctx.dispatcher).admitted == [job_id]
     with ctx.db.session() as s:
-        svc = JobService(s, artifact_root=ctx.settings.artifacts)
+        svc = JobLifecycle(s)
         svc.transition(job_id, JobStatus.STARTING, expected_from=JobStatus.ADMITTED, reason="launch")
         job = svc.get(job_id)
         job.ray_submission_id = f"relax-{job_id}-1"
-        svc.ingest_report(
+        JobReports(s).ingest_report(
             job, Report(attempt=1, seq=0, phase="running", progress={"step": step, "total_steps": total})
         )
         assert svc.preempt(job_id, "for a higher priority job") == JobStatus.PREEMPTING
@@ -113,7 +113,7 @@ def test_a_preempted_driver_that_had_finished_every_step_succeeds(world, tmp_pat
     ctx, ray = world
     job_id = _preempted_job(ctx, step=10, total=10)
     with ctx.db.session() as s:  # its last report, the end marker, is stored (else it would wait for it)
-        JobService(s, artifact_root=ctx.settings.artifacts).ingest_report(
+        JobReports(s).ingest_report(
             s.get(Job, job_id),
             Report(attempt=1, seq=1, events=[{"kind": "final_report", "message": "exit 0"}]),
         )

@@ -50,7 +50,7 @@ def test_a_starting_job_launched_before_the_embedded_ray_restarted_is_launched_a
     import json
 
     from scheduler import health, tasks
-    from scheduler.services.jobs import JobService
+    from scheduler.services.lifecycle import JobLifecycle
     from tests.factories import make_job
 
     client, settings, broker = api
@@ -70,7 +70,7 @@ def test_a_starting_job_launched_before_the_embedded_ray_restarted_is_launched_a
     ctx.__dict__["db"] = db
     job_id = make_job(db, artifact_root=settings.artifacts)
     with db.session() as s:
-        svc = JobService(s, artifact_root=settings.artifacts)
+        svc = JobLifecycle(s)
         svc.transition(job_id, "ADMITTED", expected_from="QUEUED", reason="test")
         svc.transition(job_id, "STARTING", expected_from="ADMITTED", reason="test")
         svc.get(job_id).ray_submission_id = f"{job_id}-a1"

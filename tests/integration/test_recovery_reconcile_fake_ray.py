@@ -29,7 +29,9 @@ from scheduler.domain.jobs import JobStatus
 from scheduler.recovery import LOST_EVENT
 from scheduler.scheduling import run_scheduling_pass
 from scheduler.services.auth import Principal
-from scheduler.services.jobs import JobService, Report, Submission
+from scheduler.services.lifecycle import JobLifecycle
+from scheduler.services.reports import JobReports, Report
+from scheduler.services.submission import JobSubmission, Submission
 from scheduler.settings import CelerySettings, DatabaseSettings, SchedulerSettings, Settings
 from tests.factories import bootstrap, drain_queue, grpo_spec, make_broker_app
 
@@ -92,24 +94,22 @@ def _running(ctx: tasks.WorkerContext, ray: FakeRay, **spec: object) -> tuple[st
     """A job that was admitted, launched and reported running (step 3 of 10, a checkpoint of step 2);
     returns (job id, its Ray submission id)."""
     with ctx.db.session() as s:
-        job, _ = JobService(s, artifact_root=ctx.settings.artifacts, home=ctx.settings.home).submit(
+        job, _ = JobSubmission(s, artifact_root=ctx.settings.artifacts, home=ctx.settings.home).submit(
             ADMIN, Submission(spec=grpo_spec(save="ckpt", **spec))
         )
         job_id = job.id
-    assert (
-        job_id in run_scheduling_pass(ctx.db, ctx.dispatcher, artifact_root=ctx.settings.artifacts).admitted
-    )
+    assert job_id in run_scheduling_pass(ctx.db, ctx.dispatcher).admitted
     return job_id, _launch_and_run(ctx, ray, job_id)
 
 
 def _launch_and_run(ctx: tasks.WorkerContext, ray: FakeRay, job_id: str) -> str:
     with ctx.db.session() as s:
-        svc = JobService(s, artifact_root=ctx.settings.artifacts)
+        svc = JobLifecycle(s)
         assert svc.transition(job_id, JobStatus.STARTING, expected_from=JobStatus.ADMITTED, reason="launch")
         job = svc.get(job_id)
         job.ray_submission_id = sub_id = f"{job_id}-a{job.attempt}"
         Path(job.output_dir, "ckpt", "iter_0000002").mkdir(parents=True, exist_ok=True)
-        svc.ingest_report(
+        JobReports(s).ingest_report(
             job,
             Report(
                 attempt=job.attempt,
@@ -139,9 +139,7 @@ def _job(ctx: tasks.WorkerContext, job_id: str) -> tuple[Job, int, int]:
 
 
 def _readmit(ctx: tasks.WorkerContext, ray: FakeRay, job_id: str) -> str:
-    assert (
-        job_id in run_scheduling_pass(ctx.db, ctx.dispatcher, artifact_root=ctx.settings.artifacts).admitted
-    )
+    assert job_id in run_scheduling_pass(ctx.db, ctx.dispatcher).admitted
     return _launch_and_run(ctx, ray, job_id)
 
 
@@ -160,7 +158,7 @@ def test_a_running_job_whose_ray_job_is_gone_is_requeued_to_resume_from_its_chec
     _readmit(ctx, ray, job_id)
     with ctx.db.session() as s:
         job = s.get(Job, job_id)
-        spec = JobService(s, artifact_root=ctx.settings.artifacts).driver_spec(job)
+        spec = JobReports(s).driver_spec(job)
         assert job.attempt == 2 and spec["load"] == spec["save"] == job.spec["save"]
 
 
@@ -170,7 +168,7 @@ def test_a_job_whose_driver_finished_before_its_ray_went_away_succeeds(world) ->
     ctx, ray, _ = world
     job_id, sub_id = _running(ctx, ray)
     with ctx.db.session() as s:
-        JobService(s, artifact_root=ctx.settings.artifacts).ingest_report(
+        JobReports(s).ingest_report(
             s.get(Job, job_id),
             Report(
                 attempt=1,
@@ -276,14 +274,14 @@ def test_with_the_pools_ray_unreachable_only_a_silent_driver_is_lost(world) -> N
 def test_a_starting_job_whose_driver_had_started_on_a_ray_now_gone_is_requeued(world) -> None:  # type: ignore[no-untyped-def]
     ctx, ray, _ = world
     with ctx.db.session() as s:
-        job, _ = JobService(s, artifact_root=ctx.settings.artifacts, home=ctx.settings.home).submit(
+        job, _ = JobSubmission(s, artifact_root=ctx.settings.artifacts, home=ctx.settings.home).submit(
             ADMIN, Submission(spec=grpo_spec(save="ckpt"))
         )
         job_id = job.id
-    run_scheduling_pass(ctx.db, ctx.dispatcher, artifact_root=ctx.settings.artifacts)
+    run_scheduling_pass(ctx.db, ctx.dispatcher)
     long_ago = utcnow() - timedelta(seconds=ctx.settings.scheduler.launch_grace_seconds + 1)
     with ctx.db.session() as s:
-        svc = JobService(s, artifact_root=ctx.settings.artifacts)
+        svc = JobLifecycle(s)
         svc.transition(job_id, JobStatus.STARTING, expected_from=JobStatus.ADMITTED, reason="launch")
         s.execute(
             sa.update(Job)

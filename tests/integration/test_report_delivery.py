@@ -29,7 +29,9 @@ from scheduler.dispatch import CeleryDispatcher
 from scheduler.domain.jobs import JobStatus
 from scheduler.services.auth import Principal
 from scheduler.services.job_tokens import bootstrap_secret, job_token
-from scheduler.services.jobs import WAITING_FOR_FINAL_REPORT, JobService, Report, Submission
+from scheduler.services.lifecycle import JobLifecycle
+from scheduler.services.reports import WAITING_FOR_FINAL_REPORT, JobReports, Report
+from scheduler.services.submission import JobSubmission, Submission
 from scheduler.settings import CelerySettings, DatabaseSettings, Settings
 from tests.factories import bootstrap, grpo_spec, make_broker_app
 
@@ -70,15 +72,16 @@ def world(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type
     db.dispose()
 
 
-def _svc(s: Any, ctx: tasks.WorkerContext) -> JobService:
-    return JobService(s, artifact_root=ctx.settings.artifacts, home=ctx.settings.home)
+def _reports(s: Any, ctx: tasks.WorkerContext) -> JobReports:
+    return JobReports(s, artifact_root=ctx.settings.artifacts, home=ctx.settings.home)
 
 
 def _running_job(ctx: tasks.WorkerContext, ray: FakeRay) -> tuple[str, str]:
     """A job whose attempt 1 runs (no report yet); its Ray job is RUNNING. Returns (id, its save folder)."""
     with ctx.db.session() as s:
-        svc = _svc(s, ctx)
-        job, _ = svc.submit(ADMIN, Submission(spec=grpo_spec(save="ckpt")))
+        submission = JobSubmission(s, artifact_root=ctx.settings.artifacts, home=ctx.settings.home)
+        job, _ = submission.submit(ADMIN, Submission(spec=grpo_spec(save="ckpt")))
+        svc = JobLifecycle(s)
         for src, dst in (("QUEUED", "ADMITTED"), ("ADMITTED", "STARTING"), ("STARTING", "RUNNING")):
             assert svc.transition(job.id, dst, expected_from=src, reason="test")
         job.ray_submission_id = f"{job.id}-a1"
@@ -116,7 +119,7 @@ def test_a_resent_report_is_stored_once_and_a_gap_is_refused(api) -> None:  # ty
 
     job_id = make_job(client.app.state.db, artifact_root=settings.artifacts)
     with client.app.state.db.session() as s:
-        svc = JobService(s, artifact_root=settings.artifacts)
+        svc = JobLifecycle(s)
         for src, dst in (("QUEUED", "ADMITTED"), ("ADMITTED", "STARTING")):
             assert svc.transition(job_id, dst, expected_from=src, reason="test")
     secret = bootstrap_secret(settings.signing_key(), job_id, 1)
@@ -152,7 +155,7 @@ def test_a_job_is_succeeded_only_once_its_final_report_is_stored(world) -> None:
     ctx, ray = world
     job_id, _ = _running_job(ctx, ray)
     with ctx.db.session() as s:
-        _svc(s, ctx).ingest_report(s.get(Job, job_id), Report(attempt=1, seq=0, phase="running"))
+        _reports(s, ctx).ingest_report(s.get(Job, job_id), Report(attempt=1, seq=0, phase="running"))
     ray.status_of[f"{job_id}-a1"] = RAY_SUCCEEDED  # the driver exited 0; its last reports have not arrived
     tasks.reconcile_pool(ctx, "local")
     job = _job(ctx, job_id)
@@ -163,7 +166,7 @@ def test_a_job_is_succeeded_only_once_its_final_report_is_stored(world) -> None:
     assert len(_events(ctx, job_id, "awaiting_final_report")) == 1
 
     with ctx.db.session() as s:  # the driver's last report arrives late (e.g. the API came back)
-        _svc(s, ctx).ingest_report(s.get(Job, job_id), Report(attempt=1, seq=1, events=[FINAL]))
+        _reports(s, ctx).ingest_report(s.get(Job, job_id), Report(attempt=1, seq=1, events=[FINAL]))
     tasks.reconcile_pool(ctx, "local")
     job = _job(ctx, job_id)
     assert job.status == JobStatus.SUCCEEDED and "final report is stored" in job.status_reason
@@ -193,7 +196,7 @@ def test_the_reconciler_delivers_what_an_ended_driver_left_in_its_spool(world, t
     forged.close()
     tasks.reconcile_pool(ctx, "local")  # the Ray job still runs: nothing is collected while it does
     with ctx.db.session() as s:
-        assert _svc(s, ctx).collect_spool(s.get(Job, job_id), ctx.settings.signing_key()).applied == 0
+        assert _reports(s, ctx).collect_spool(s.get(Job, job_id), ctx.settings.signing_key()).applied == 0
     assert _job(ctx, job_id).report_seq == -1
     assert "does not verify" in _events(ctx, job_id, "spool_collected")[-1]
     for segment in folder.iterdir():
@@ -238,7 +241,7 @@ def test_checkpoint_records_follow_the_disk_and_a_resume_finds_an_unregistered_o
     job_id, save = _running_job(ctx, ray)
     registered = _checkpoint(save, 1, job_id)
     with ctx.db.session() as s:
-        _svc(s, ctx).ingest_report(
+        _reports(s, ctx).ingest_report(
             s.get(Job, job_id),
             Report(attempt=1, seq=0, checkpoints=[{"step": 1, "path": str(registered), "size_bytes": 1}]),
         )
@@ -252,7 +255,7 @@ def test_checkpoint_records_follow_the_disk_and_a_resume_finds_an_unregistered_o
     Path(registered).rmdir()  # a person (or a lost disk) removed a registered one
 
     with ctx.db.session() as s:
-        result = _svc(s, ctx).reconcile_checkpoints(s.get(Job, job_id))
+        result = _reports(s, ctx).reconcile_checkpoints(s.get(Job, job_id))
     assert result.registered == [3] and result.missing == [str(registered)]
     with ctx.db.session() as s:
         rows = [(c.step, c.path) for c in s.scalars(sa.select(Checkpoint).where(Checkpoint.job_id == job_id))]
@@ -266,11 +269,11 @@ def test_checkpoint_records_follow_the_disk_and_a_resume_finds_an_unregistered_o
     other_id, other_save = _running_job(ctx, ray)
     _checkpoint(other_save, 7, other_id)
     with ctx.db.session() as s:
-        svc = _svc(s, ctx)
+        svc = JobLifecycle(s)
         for src, dst in (("RUNNING", "PREEMPTING"), ("PREEMPTING", "QUEUED"), ("QUEUED", "ADMITTED")):
             assert svc.transition(other_id, dst, expected_from=src, reason="test")
         assert svc.transition(other_id, "STARTING", expected_from="ADMITTED", reason="relaunch")
-        spec = svc.driver_spec(s.get(Job, other_id))
+        spec = _reports(s, ctx).driver_spec(s.get(Job, other_id))
     assert spec["load"] == other_save
     with ctx.db.session() as s:
         assert list(s.scalars(sa.select(Checkpoint.step).where(Checkpoint.job_id == other_id))) == [7]

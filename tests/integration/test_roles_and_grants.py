@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from scheduler.db.models import Allocation, ApiKey, AuditEvent, Team, utcnow
 from scheduler.domain.jobs import JobStatus
 from scheduler.services.auth import find_api_key
-from scheduler.services.jobs import JobService
+from scheduler.services.lifecycle import JobLifecycle
 from tests.factories import grpo_spec, make_job
 
 
@@ -237,7 +237,7 @@ def test_pools_show_a_team_its_own_jobs_and_only_counts_of_others(math) -> None:
     mine = make_job(db, queue="math-q", name="mine", artifact_root=settings.artifacts)
     theirs = make_job(db, queue="vision-q", name="theirs", artifact_root=settings.artifacts)
     with db.session() as s:
-        svc = JobService(s, artifact_root=settings.artifacts)
+        svc = JobLifecycle(s)
         for job_id in (mine, theirs):
             svc.transition(job_id, JobStatus.ADMITTED, expected_from=JobStatus.QUEUED, reason="test")
             s.add(Allocation(job_id=job_id, pool="local", node="node-0", role="actor", gpus=1))

@@ -17,7 +17,7 @@ from scheduler.db.models import Allocation, Job, JobEvent, Node
 from scheduler.dispatch import CeleryDispatcher
 from scheduler.scheduling import run_scheduling_pass
 from scheduler.services.auth import Principal
-from scheduler.services.jobs import JobService
+from scheduler.services.lifecycle import JobLifecycle
 from tests.factories import bootstrap, make_broker_app, make_job, two_team_gpu_pool
 
 ADMIN = Principal(key_id="key_test", role="admin", team_id=None)
@@ -53,7 +53,7 @@ def _booked(db: Database) -> dict[tuple[str, str], int]:
 def test_gangs_are_placed_whole_and_waiting_jobs_say_why(cluster: Database, tmp_path: Path) -> None:
     big = make_job(cluster, queue="math", gpus_per_replica=8, replicas=2, name="big")
     small = [make_job(cluster, queue="vision", gpus_per_replica=1, name=f"s{i}") for i in range(3)]
-    r = run_scheduling_pass(cluster, _dispatcher(tmp_path), artifact_root=tmp_path)
+    r = run_scheduling_pass(cluster, _dispatcher(tmp_path))
     assert not r.violations and set(r.admitted) == {big, *small}
     with cluster.session(read_only=True) as s:
         allocs = s.scalars(
@@ -62,7 +62,7 @@ def test_gangs_are_placed_whole_and_waiting_jobs_say_why(cluster: Database, tmp_
     assert sorted(a.gpus for a in allocs) == [8, 8] and len({a.node for a in allocs}) == 2
     # 13 GPUs are left; a 16-GPU job of math (over its nominal 16) must wait, with the numbers
     waiting = make_job(cluster, queue="math", gpus_per_replica=8, replicas=2, name="waits")
-    r = run_scheduling_pass(cluster, _dispatcher(tmp_path), artifact_root=tmp_path)
+    r = run_scheduling_pass(cluster, _dispatcher(tmp_path))
     assert waiting in r.waiting and "2 groups of 8 GPUs" in r.waiting[waiting]
     with cluster.session(read_only=True) as s:
         job = s.get(Job, waiting)
@@ -113,15 +113,15 @@ def test_lent_capacity_is_taken_back_by_preemption(cluster: Database, tmp_path: 
 
     # vision borrows all 32 GPUs while math is idle
     lenders = [make_job(cluster, queue="vision", gpus_per_replica=8, name=f"v{i}") for i in range(4)]
-    run_scheduling_pass(cluster, _dispatcher(tmp_path), artifact_root=tmp_path)
+    run_scheduling_pass(cluster, _dispatcher(tmp_path))
     with cluster.session() as s:
-        svc = JobService(s, artifact_root=tmp_path)
+        svc = JobLifecycle(s)
         for j in lenders:
             svc.transition(j, "STARTING", expected_from="ADMITTED", reason="test")
             svc.transition(j, "RUNNING", expected_from="STARTING", reason="test")
     owner = make_job(cluster, queue="math", gpus_per_replica=8, replicas=2, name="owner")
     config = PolicyConfig(reclaim_after_s=0, min_runtime_s=0)  # reclaim at once in this test
-    r = run_scheduling_pass(cluster, _dispatcher(tmp_path), artifact_root=tmp_path, config=config)
+    r = run_scheduling_pass(cluster, _dispatcher(tmp_path), config=config)
     assert owner in r.waiting and len(r.preempted) == 2, r
     with cluster.session(read_only=True) as s:
         statuses = {j: s.get(Job, j).status for j in lenders}
@@ -135,10 +135,10 @@ def test_lent_capacity_is_taken_back_by_preemption(cluster: Database, tmp_path: 
         assert s.get(Job, owner).nominated_nodes == victim_nodes
     # the victims stop (their drivers saved and exited): back to the queue, their GPUs free
     with cluster.session() as s:
-        svc = JobService(s, artifact_root=tmp_path)
+        svc = JobLifecycle(s)
         for j in victims:
             svc.transition(j, "QUEUED", expected_from="PREEMPTING", reason="test: stopped")
-    r = run_scheduling_pass(cluster, _dispatcher(tmp_path), artifact_root=tmp_path, config=config)
+    r = run_scheduling_pass(cluster, _dispatcher(tmp_path), config=config)
     assert r.admitted == [owner] and not r.preempted, r
     with cluster.session(read_only=True) as s:
         got = s.get(Job, owner)

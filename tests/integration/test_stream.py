@@ -11,7 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from scheduler.db.models import Checkpoint, JobEvent, LogLine, Metric, Prediction, Rollout
-from scheduler.services.jobs import JobService
+from scheduler.services.lifecycle import JobLifecycle
 from scheduler.services.stream import BATCH, StreamCursor, read_after
 from tests.factories import grpo_spec
 
@@ -169,7 +169,7 @@ def test_a_running_job_streams_rows_as_they_come_and_ends_after_the_last(api) ->
             _add_rows(db, job["id"], metrics=1_100, logs=40, first_step=step)
             time.sleep(0.05)
         with db.session() as s:
-            svc = JobService(s, artifact_root=settings.artifacts)
+            svc = JobLifecycle(s)
             svc.transition(job["id"], "CANCELLED", expected_from="QUEUED", reason="test: the end")
 
     writer = threading.Thread(target=run)

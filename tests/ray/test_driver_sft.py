@@ -25,8 +25,9 @@ from scheduler.db.engine import Database
 from scheduler.db.migrate import upgrade
 from scheduler.db.models import Checkpoint, Job, Metric
 from scheduler.services.job_tokens import bootstrap_secret
-from scheduler.services.jobs import JobService
+from scheduler.services.lifecycle import JobLifecycle
 from scheduler.services.paths import team_area
+from scheduler.services.reports import JobReports
 from scheduler.settings import ApiSettings, DatabaseSettings, Settings
 from tests.factories import bootstrap, make_job
 from tests.ray.conftest import read_reports
@@ -273,7 +274,7 @@ def _sft_job(api: Api, artifacts: dict[str, Path]) -> str:
             "save_interval": 30,
         }
         job.spec = load_spec(raw).values()
-        svc = JobService(s, artifact_root=settings.artifacts)
+        svc = JobLifecycle(s)
         for src, dst in (("QUEUED", "ADMITTED"), ("ADMITTED", "STARTING")):
             assert svc.transition(job_id, dst, expected_from=src, reason="test")
     return job_id
@@ -327,7 +328,7 @@ def test_the_api_dies_and_returns_and_every_report_of_the_driver_arrives_once(
             (m.step, m.name, m.value) for m in s.scalars(sa.select(Metric).where(Metric.job_id == job_id))
         ]
         checkpoints = sorted(s.scalars(sa.select(Checkpoint.step).where(Checkpoint.job_id == job_id)))
-        final = JobService(s, artifact_root=live_api.settings.artifacts).final_report_stored(job)
+        final = JobReports(s).final_report_stored(job)
         assert job.status == "RUNNING" and job.progress_step == 60
     assert len(produced) > 60 * 3
     assert sorted(stored) == sorted(produced)  # every point the driver produced, exactly once

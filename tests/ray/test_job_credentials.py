@@ -28,7 +28,7 @@ from scheduler.db.engine import Database
 from scheduler.db.migrate import upgrade
 from scheduler.db.models import Job, JobEvent
 from scheduler.services.job_tokens import bootstrap_secret, job_token
-from scheduler.services.jobs import JobService
+from scheduler.services.lifecycle import JobLifecycle
 from scheduler.settings import ApiSettings, DatabaseSettings, Settings
 from tests.factories import bootstrap, make_job
 
@@ -109,9 +109,7 @@ def test_ray_jobs_api_shows_no_usable_credential(world: dict[str, Any]) -> None:
         db, artifact_root=settings.artifacts
     )  # an empty spec: the driver stops after fetching it
     with db.session() as s:
-        JobService(s, artifact_root=settings.artifacts).transition(
-            job_id, "ADMITTED", expected_from="QUEUED", reason="test"
-        )
+        JobLifecycle(s).transition(job_id, "ADMITTED", expected_from="QUEUED", reason="test")
     ctx = tasks.WorkerContext(settings=settings, app=None)  # type: ignore[arg-type]
     ctx.__dict__["db"] = db
     tasks.launch_job(ctx, job_id)

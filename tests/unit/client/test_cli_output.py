@@ -27,7 +27,7 @@ from scheduler.db.engine import Database
 from scheduler.db.migrate import upgrade
 from scheduler.dispatch import CeleryDispatcher
 from scheduler.services.job_tokens import bootstrap_secret
-from scheduler.services.jobs import JobService
+from scheduler.services.lifecycle import JobLifecycle
 from scheduler.settings import CelerySettings, DatabaseSettings, Settings
 from tests.factories import bootstrap, grpo_spec, make_broker_app
 
@@ -55,7 +55,7 @@ class Api:
     def start(self, job_id: str) -> dict[str, str]:
         """What the scheduler and a worker do, then the driver's first report (the job becomes RUNNING)."""
         with self.db.session() as s:
-            svc = JobService(s, artifact_root=self.settings.artifacts)
+            svc = JobLifecycle(s)
             svc.transition(job_id, "ADMITTED", expected_from="QUEUED", reason="test")
             svc.transition(job_id, "STARTING", expected_from="ADMITTED", reason="test")
         secret = bootstrap_secret(self.settings.signing_key(), job_id, 1)
@@ -95,7 +95,7 @@ class Api:
 
     def finish(self, job_id: str) -> None:
         with self.db.session() as s:
-            JobService(s, artifact_root=self.settings.artifacts).transition(
+            JobLifecycle(s).transition(
                 job_id, "SUCCEEDED", expected_from="RUNNING", reason="the driver exited 0"
             )
 

@@ -187,7 +187,7 @@ def test_local_reporter_prints_and_writes_jsonl(tmp_path: Path) -> None:
 
 # -- the spool: nothing acknowledged is lost (docs/reliability.md) ------------------------------------------
 class SequencedPlatform:
-    """The platform's rules for reports (scheduler/services/jobs.py::ingest_report) over real HTTP: a report
+    """The platform's rules for reports (scheduler/services/reports.py::ingest_report) over real HTTP: a report
     is stored when its seq is the next one, a resend of a stored one is acknowledged without storing it
     again, one further ahead gets 422. `refuse` answers 401 to everything (the attempt ended). It can be
     stopped and started again on the same port: an API that goes away and comes back."""

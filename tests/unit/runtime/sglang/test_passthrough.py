@@ -167,7 +167,7 @@ def test_validation_refuses_platform_flags_and_non_sglang_names(argv: list[str],
 
 
 def test_submission_names_the_refused_flag() -> None:
-    from scheduler.services.jobs import backend_refusals
+    from scheduler.services.submission import backend_refusals
 
     issues = backend_refusals(_job_values(["--sglang-port", "30000", "--sglang-not-a-flag"]))
     by_field = {i["field"]: i for i in issues}

@@ -1,13 +1,12 @@
-"""Jobs: submission, the one door for status changes, cancellation, and what drivers report."""
+"""Submitting a job: judging a submission (the spec normalized, the queue, class, pool and paths checked,
+with reads only), storing it QUEUED, and the dry run that says what submitting would do."""
 
 from __future__ import annotations
 
 import logging
 import shlex
-import shutil
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, fields
-from datetime import UTC, datetime
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -16,77 +15,37 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, make_transient_to_detached
 
 import jobspec
-from runtime.access import PATHS_KEY
 from runtime.capabilities import RESTRICTION_HINTS, unsupported_parameters
-from runtime.layout import (
-    directory_size,
-    folder_owner,
-    is_complete_checkpoint,
-    iteration_dir,
-    list_iterations,
-)
-from runtime.redaction import redact
-from runtime.spool import read_spool, spool_dir, spool_key
 from scheduler.db.models import (
-    Allocation,
     AuditEvent,
-    Checkpoint,
     Job,
     JobEvent,
-    LogLine,
-    Metric,
     Node,
     PathGrant,
     Pool,
-    Prediction,
     PriorityClass,
     Queue,
-    Rollout,
     Team,
-    utcnow,
 )
 from scheduler.domain.errors import (
-    Conflict,
     InvalidRequest,
     InvalidSpec,
-    InvalidTransition,
     NotFound,
     PermissionDenied,
 )
 from scheduler.domain.ids import new_id
-from scheduler.domain.jobs import ALLOWED_TRANSITIONS, ON_CLUSTER, FailureReason, JobStatus
+from scheduler.domain.jobs import JobStatus
 from scheduler.domain.roles import Action
 from scheduler.logs import annotate
-from scheduler.observability import count_report
 from scheduler.policy.placement import PoolCapacity, gangs_of, place_demand
 from scheduler.policy.types import Node as PolicyNode
 from scheduler.services.audit import AuditEntry, row_values
 from scheduler.services.auth import Principal, team_for
-from scheduler.services.job_tokens import job_token
-from scheduler.services.paths import TeamStorage, real, resolve_paths, team_storage
+from scheduler.services.paths import TeamStorage, resolve_paths, team_storage
 from scheduler.services.platform import granted_among, granted_queues
 from scheduler.transactions import after_commit
 
 log = logging.getLogger("relax.jobs")
-
-# The columns a job list reads: what a listing shows of a job, not its spec, request and demand (tens of kB of
-# JSON each) nor the scheduler's own bookkeeping.
-_UNLISTED = frozenset(
-    {
-        "spec",
-        "submitted",
-        "demand",
-        "nominated_nodes",
-        "idempotency_key",
-        "service_gpu_s",
-        "report_seq",
-        "token_claimed_attempt",
-        "status_changed_at",
-        "queued_at",
-        "launched_at",
-    }
-)
-_LISTED_COLUMNS = tuple(c for c in Job.__table__.columns if c.key not in _UNLISTED)
 
 # The submission's statements, built once (building one for each request costs more than running it).
 _INSERT_JOB = Job.__table__.insert()
@@ -245,38 +204,6 @@ def _inserted(
     return job
 
 
-_LIST_FILTERS: dict[str, Any] = {
-    "own_team": lambda c: c.team_id == sa.bindparam("own_team"),
-    "team": lambda c: c.team_id == sa.bindparam("team"),
-    "statuses": lambda c: c.status.in_(sa.bindparam("statuses", expanding=True)),
-    "name": lambda c: c.name == sa.bindparam("name"),
-    "queue": lambda c: c.queue == sa.bindparam("queue"),
-    "after": lambda c: c.id < sa.bindparam("after"),
-}
-
-
-@cache
-def _list_statement(given: frozenset[str]) -> sa.Select[Any]:
-    """The job list's statement for a set of filters (parameters named as in `_LIST_FILTERS`, and `limit`),
-    built once per set: building one costs more than running it."""
-    c = Job.__table__.c
-    q = sa.select(*_LISTED_COLUMNS).order_by(c.id.desc()).limit(sa.bindparam("limit", type_=sa.Integer))
-    for key, where in _LIST_FILTERS.items():
-        if key in given:
-            q = q.where(where(c))
-    return q
-
-
-# Statuses a cancel request moves from, and where it moves them.
-_CANCEL_TARGET = {
-    JobStatus.QUEUED: JobStatus.CANCELLED,
-    JobStatus.ADMITTED: JobStatus.CANCELLED,
-    JobStatus.STARTING: JobStatus.CANCELLING,
-    JobStatus.RUNNING: JobStatus.CANCELLING,
-    JobStatus.PREEMPTING: JobStatus.CANCELLING,
-}
-
-
 @dataclass(frozen=True)
 class Submission:
     """A validated request to run a job (the API schema converts to this)."""
@@ -295,7 +222,7 @@ class Submission:
 
 @dataclass(frozen=True)
 class Judged:
-    """A submission's spec, judged with reads only (`JobService.judge`): normalizing a spec takes time (a
+    """A submission's spec, judged with reads only (`JobSubmission.judge`): normalizing a spec takes time (a
     large one, seconds), and on SQLite a write transaction holds the database's one write lock meanwhile.
     `submit` takes it when the pool and its node size are still the ones it was judged for.
 
@@ -314,67 +241,10 @@ class Judged:
     platform: PlatformRead | None = field(default=None, compare=False, repr=False)
 
 
-FINAL_REPORT_EVENT = "final_report"  # runtime.reporter.EventKind.FINAL_REPORT: the driver's last report
-AWAITING_FINAL_REPORT_EVENT = "awaiting_final_report"
-WAITING_FOR_FINAL_REPORT = "the driver's Ray job ended; waiting for the driver's final reports"
+class JobSubmission:
+    """Judging and storing submissions; what it read of the platform's small tables is kept for the unit of
+    work (one read for the queue, the classes, the nodes and the grants: `_read_platform`)."""
 
-
-@dataclass(frozen=True)
-class SpoolCollection:
-    """What `JobService.collect_spool` found in an attempt's report spool."""
-
-    location: str
-    found: bool
-    applied: int = 0  # stored now
-    stored: int = 0  # stored before (delivered over HTTP, or collected already)
-    left: int = 0  # not applied: see `problem`
-    problem: str | None = None
-
-    @property
-    def complete(self) -> bool:
-        """Every report in the spool is stored: it may go (after the transaction that stored them)."""
-        return self.found and self.problem is None and not self.left
-
-    def discard(self) -> None:
-        shutil.rmtree(self.location, ignore_errors=True)
-
-    def summary(self, attempt: int) -> str:
-        text = f"attempt {attempt}: {self.applied} report(s) collected from the driver's spool at {self.location}"
-        if self.problem:
-            text += f"; {self.left} left there: {self.problem}"
-        return text
-
-
-@dataclass(frozen=True)
-class CheckpointReconciliation:
-    registered: list[int]  # steps of complete checkpoints on disk registered now
-    missing: list[str]  # paths of records removed: their folders are gone
-
-
-@dataclass(frozen=True)
-class Report:
-    """One batch from a driver (see runtime/reporter.py for the sending side)."""
-
-    attempt: int
-    seq: int
-    phase: str | None = None
-    progress: dict[str, int] | None = None
-    metrics: Sequence[dict[str, Any]] = ()
-    logs: Sequence[dict[str, Any]] = ()
-    checkpoints: Sequence[dict[str, Any]] = ()
-    rollouts: Sequence[dict[str, Any]] = ()
-    predictions: Sequence[dict[str, Any]] = ()
-    events: Sequence[dict[str, Any]] = ()
-
-
-_REPORT_FIELDS = frozenset(f.name for f in fields(Report))
-
-
-def _ts(value: float | None) -> datetime:
-    return datetime.fromtimestamp(value, UTC) if value is not None else utcnow()
-
-
-class JobService:
     def __init__(self, session: Session, *, artifact_root: Path, home: Path | None = None) -> None:
         self.session = session
         self.artifact_root = artifact_root
@@ -382,59 +252,6 @@ class JobService:
         self._node_cache: dict[str, list[tuple[str, int]]] | None = None
         self._platform: PlatformRead | None = None
 
-    # Reads ---------------------------------------------------------------------------------
-    def get(self, job_id: str, principal: Principal | None = None) -> Job:
-        """A job by id; with a principal, only one of the teams it may see (another team's job is
-        answered as missing, so its existence is not revealed)."""
-        if principal is not None:
-            principal.require(Action.JOB_READ)
-        job = self.session.get(Job, job_id)
-        if job is None or (principal is not None and not principal.can_see_team(job.team_id)):
-            raise NotFound(f"job {job_id} not found", code="job.not_found")
-        return job
-
-    def list(
-        self,
-        principal: Principal,
-        *,
-        status: Iterable[str] | None = None,
-        name: str | None = None,
-        name_contains: str | None = None,
-        team: str | None = None,
-        queue: str | None = None,
-        after: str | None = None,
-        limit: int = 50,
-    ) -> tuple[list[sa.Row[Any]], str | None]:
-        """Newest first; `after` is the id of the last job of the previous page. Rows of what a listing shows
-        of each job (columns named as the `Job`'s attributes: `_LISTED_COLUMNS`, not the spec, request and
-        demand, tens of kB of JSON each), read without making ORM objects of them."""
-        principal.require(Action.JOB_READ)
-        params: dict[str, Any] = {"limit": limit + 1}
-        if not principal.is_admin:
-            params["own_team"] = principal.team_id
-        if team:
-            params["team"] = team_for(self.session, principal, team).id
-        if status:
-            params["statuses"] = [s.upper() for s in status]
-        if name:
-            params["name"] = name
-        if queue:
-            params["queue"] = queue
-        if after:
-            params["after"] = after
-        q = _list_statement(frozenset(params))
-        if name_contains:
-            q = q.where(Job.__table__.c.name.contains(name_contains, autoescape=True))
-        rows = list(self.session.execute(q, params))
-        next_cursor = rows[limit - 1].id if len(rows) > limit else None
-        return rows[:limit], next_cursor
-
-    def events(self, job: Job) -> list[JobEvent]:
-        return list(
-            self.session.scalars(sa.select(JobEvent).where(JobEvent.job_id == job.id).order_by(JobEvent.id))
-        )
-
-    # Submission ----------------------------------------------------------------------------
     def judge(self, principal: Principal, sub: Submission) -> Judged | None:
         """What `submit` would check, with reads only, and the normalized spec, for `submit` to take (see
         `Judged`); call it in a read-only unit of work. None when the idempotency key names a job
@@ -849,142 +666,10 @@ class JobService:
         row = self.session.execute(_QUEUE, {"name": name}).first()
         return QueueRow(*row) if row is not None else None
 
-    # The one door for status changes ------------------------------------------------------
-    def transition(
-        self,
-        job_id: str,
-        to: JobStatus,
-        *,
-        expected_from: JobStatus | Iterable[JobStatus],
-        reason: str,
-        failure: FailureReason | None = None,
-    ) -> bool:
-        """Compare-and-set the status. False when the job is no longer in `expected_from` (someone
-        else moved it first): the caller re-reads instead of overwriting."""
-        to = JobStatus(to)
-        froms = (
-            {JobStatus(expected_from)}
-            if isinstance(expected_from, str)
-            else {JobStatus(f) for f in expected_from}
-        )
-        bad = [f for f in froms if to not in ALLOWED_TRANSITIONS[f]]
-        if bad:
-            raise InvalidTransition(f"{'/'.join(sorted(bad))} -> {to} is not a job transition")
-        job = self.session.get(Job, job_id)
-        if job is None:
-            raise NotFound(f"job {job_id} not found", code="job.not_found")
-        src = JobStatus(job.status)
-        now = utcnow()
-        values: dict[str, Any] = {
-            "status": to,
-            "status_reason": reason,
-            "updated_at": now,
-            "status_changed_at": now,
-        }
-        if failure is not None:
-            values["failure_reason"] = failure
-        if src in ON_CLUSTER and not to.holds_slots() and job.launched_at is not None:
-            # The run ends: add it to the job's attained service (the policy ranks by it).
-            values["service_gpu_s"] = (
-                job.service_gpu_s + (now - job.launched_at).total_seconds() * job.total_gpus
-            )
-        if to == JobStatus.ADMITTED:
-            values["admitted_at"] = now
-        elif to == JobStatus.STARTING:
-            values["launched_at"] = now
-            values["attempt"] = Job.attempt + 1
-            values["report_seq"] = -1
-        elif to == JobStatus.RUNNING:
-            values["started_at"] = now
-        elif to == JobStatus.QUEUED:
-            values["queued_at"] = now
-            if JobStatus.PREEMPTING in froms:
-                values["preemptions"] = Job.preemptions + 1
-        elif to.is_terminal():
-            values["finished_at"] = now
-        result = self.session.execute(
-            sa.update(Job)
-            .where(Job.id == job_id, Job.status.in_(list(froms)))
-            .values(**values)
-            .execution_options(synchronize_session=False)
-        )
-        if result.rowcount != 1:
-            return False
-        self.session.refresh(job)
-        if not to.holds_slots():
-            self.session.execute(sa.delete(Allocation).where(Allocation.job_id == job_id))
-        self._event(job, src, to, reason)
-        # one line a state change, once it is committed, naming the job and its team whatever the context
-        extra = {"job_id": job_id, "team": job.team_id}
-        after_commit(self.session, lambda: log.info("%s -> %s: %s", src, to, reason, extra=extra))
-        return True
-
-    def cancel(self, job_id: str, principal: Principal, *, reason: str = "cancelled by user") -> Job:
-        principal.require(Action.JOB_CANCEL)
-        job = self.get(job_id, principal)
-        for _ in range(3):  # retry when the scheduler or a worker moved the job meanwhile
-            status = JobStatus(job.status)
-            if status.is_terminal():
-                raise Conflict(f"job {job_id} already ended ({status})", code="job.already_ended")
-            if status == JobStatus.CANCELLING:
-                return job
-            target = _CANCEL_TARGET[status]
-            if self.transition(job_id, target, expected_from=status, reason=reason):
-                return job
-            self.session.refresh(job)
-        raise Conflict(f"job {job_id} kept changing status; try again", code="job.busy")
-
-    def preempt(self, job_id: str, reason: str, *, force: bool = False) -> JobStatus | None:
-        """Take a job's slots back. A launched job goes PREEMPTING: its driver is told to checkpoint and
-        exit (the next report answers stop_requested), then the reconciler requeues it; an ADMITTED job
-        goes straight back to QUEUED. `force` (node down, drain) ignores the job's preemptible flag.
-        Returns the new status, or None when the job was not in a preemptible state."""
-        job = self.get(job_id)
-        if not (job.preemptible or force):
-            raise Conflict(
-                f"job {job_id} is not preemptible (priority class {job.priority_class})",
-                code="job.not_preemptible",
-            )
-        status = JobStatus(job.status)
-        if status == JobStatus.ADMITTED:
-            ok = self.transition(job_id, JobStatus.QUEUED, expected_from=status, reason=reason)
-            return JobStatus.QUEUED if ok else None
-        if status in (JobStatus.STARTING, JobStatus.RUNNING):
-            ok = self.transition(job_id, JobStatus.PREEMPTING, expected_from=status, reason=reason)
-            return JobStatus.PREEMPTING if ok else None
-        return None
-
-    def driver_spec(self, job: Job) -> dict[str, Any]:
-        """The spec a driver runs. A relaunched job (after preemption or a lost node) resumes from its
-        latest checkpoint: `load` points at its own `save` when that holds a checkpoint."""
-        spec = dict(job.spec)
-        save = spec.get("save")
-        if job.attempt > 1 and save:
-            self.reconcile_checkpoints(job)  # the records say what is on disk before resuming from it
-        if job.attempt > 1 and not spec.get("load") and save and self._has_checkpoint(job):
-            spec["load"] = save
-        if self.home is not None:  # what the driver may open, checked again there (runtime/access.py)
-            spec[PATHS_KEY] = self._driver_paths(job)
-        return spec
-
-    def _driver_paths(self, job: Job) -> dict[str, Any]:
-        """The roots the job's driver may open: its team's area and grants in its pool as they are now, its
-        own folder and those of the jobs it reads (`job://`); the platform's home and store denied."""
-        team = self.session.get(Team, job.team_id)
-        assert team is not None
-        inputs = sorted({i["job_id"] for i in (job.submitted or {}).get("inputs", [])})
-        folders = [real(job.output_dir)]  # its own (in the area, or where an older layout put it)
-        for producer in self.session.scalars(
-            sa.select(Job).where(Job.id.in_(inputs), Job.team_id == job.team_id)
-        ):
-            if real(producer.output_dir) not in folders:
-                folders.append(real(producer.output_dir))
-        return self._storage(team, self.session.get(Pool, job.pool)).driver_policy(job.id, folders)
-
     def _storage(self, team: Team, pool: Pool | PoolRef | None) -> TeamStorage:
         """What the team's jobs in `pool` may reach (scheduler/services/paths.py)."""
         if self.home is None:
-            raise RuntimeError("JobService needs the platform's home to resolve job paths")
+            raise RuntimeError("JobSubmission needs the platform's home to resolve job paths")
         pool_name = pool.name if pool is not None else None
         read = self._platform
         return team_storage(
@@ -996,368 +681,6 @@ class JobService:
             pool=pool_name,
             grant_rows=read.grant_rows(pool_name) if read is not None and read.team_id == team.id else None,
         )
-
-    def _has_checkpoint(self, job: Job) -> bool:
-        count = self.session.scalar(
-            sa.select(sa.func.count())
-            .select_from(Checkpoint)
-            .where(Checkpoint.job_id == job.id, Checkpoint.format != "hf")
-        )
-        return bool(count)
-
-    def jobs_on_node(self, pool: str, node: str) -> list[Job]:
-        return list(
-            self.session.scalars(
-                sa.select(Job)
-                .join(Allocation, Allocation.job_id == Job.id)
-                .where(Allocation.pool == pool, Allocation.node == node)
-                .distinct()
-            )
-        )
-
-    def _event(
-        self, job: Job, src: JobStatus | None, dst: JobStatus | None, reason: str, kind: str = "transition"
-    ) -> None:
-        self.session.add(JobEvent(job_id=job.id, kind=kind, from_status=src, to_status=dst, reason=reason))
-
-    def record_event(self, job: Job, kind: str, message: str, *, at: datetime | None = None) -> None:
-        self.session.add(JobEvent(job_id=job.id, kind=kind, reason=message, time=at or utcnow()))
-
-    def add_logs(self, job: Job, lines: Iterable[dict[str, Any]], *, source: str) -> None:
-        rows = [
-            {
-                "job_id": job.id,
-                "attempt": job.attempt,
-                "time": _ts(line.get("time")),
-                "level": str(line.get("level", "INFO"))[:10],
-                "source": str(line.get("source", source))[:40],
-                "message": redact(str(line.get("message", ""))),
-            }
-            for line in lines
-        ]
-        if rows:
-            self.session.execute(sa.insert(LogLine), rows)
-
-    # Driver reports ------------------------------------------------------------------------
-    def ingest_report(self, job: Job, report: Report) -> bool:
-        """Apply one report batch of the job's live attempt; returns whether the driver should stop.
-
-        Sequence: a driver numbers its reports 0, 1, 2, … and resends a report unchanged (same seq)
-        until it is acknowledged, with one report in flight at a time (runtime/reporter.py). So a new
-        report is exactly `report_seq + 1`; one at or below `report_seq` is a resend of a report already
-        applied and is acknowledged without effect; one further ahead never comes from the driver and
-        is refused (422 `report.seq_gap`) without moving `report_seq`, so that no sender can make the
-        platform skip the driver's later reports. `report_seq` moves by compare-and-set: two copies of
-        one report sent at once are applied once."""
-        if report.attempt != job.attempt:
-            raise Conflict(
-                f"report for attempt {report.attempt} but the job is at attempt {job.attempt}",
-                code="job.stale_attempt",
-            )
-        if JobStatus(job.status) not in ON_CLUSTER:
-            raise Conflict(
-                f"job {job.id} is {job.status}: reports are accepted only from its live attempt",
-                code="job.not_running",
-            )
-        if report.seq <= job.report_seq:
-            return self._stop_requested(job)  # a resend of a batch already applied
-        expected = job.report_seq + 1
-        if report.seq != expected:
-            raise InvalidRequest(
-                f"report seq {report.seq} is ahead of the next expected seq {expected}",
-                code="report.seq_gap",
-                details={
-                    "field": "seq",
-                    "expected": expected,
-                    "hint": "send reports in order, one at a time, resending a failed one unchanged",
-                },
-            )
-        self.session.flush()
-        moved = self.session.execute(
-            sa.update(Job)
-            .where(
-                Job.id == job.id,
-                Job.attempt == report.attempt,
-                Job.report_seq == report.seq - 1,
-                Job.status.in_(list(ON_CLUSTER)),
-            )
-            .values(report_seq=report.seq, last_report_at=utcnow())
-            .execution_options(synchronize_session=False)
-        )
-        self.session.refresh(job)
-        if moved.rowcount != 1:  # applied meanwhile by a concurrent copy, or the job moved on
-            if job.attempt == report.attempt and job.report_seq >= report.seq:
-                return self._stop_requested(job)
-            raise Conflict(f"job {job.id} changed while the report was applied; resend it", code="job.busy")
-        count_report(len(report.metrics))  # relax_reports_ingested, relax_report_metric_points
-        if report.progress:
-            job.progress_step = report.progress.get("step", job.progress_step)
-            job.total_steps = report.progress.get("total_steps", job.total_steps)
-        attempt = job.attempt
-        if report.metrics:
-            self.session.execute(
-                sa.insert(Metric),
-                [
-                    {
-                        "job_id": job.id,
-                        "attempt": attempt,
-                        "step": int(m["step"]),
-                        "name": str(m["name"])[:200],
-                        "value": float(m["value"]),
-                        "time": _ts(m.get("time")),
-                    }
-                    for m in report.metrics
-                ],
-            )
-        self.add_logs(job, report.logs, source="driver")
-        for c in report.checkpoints:
-            self.session.add(
-                Checkpoint(
-                    job_id=job.id,
-                    attempt=attempt,
-                    step=int(c["step"]),
-                    path=str(c["path"]),
-                    size_bytes=int(c.get("size_bytes", 0)),
-                    format=str(c.get("format", "torch")),
-                    time=_ts(c.get("time")),
-                )
-            )
-        for r in report.rollouts:
-            self.session.add(
-                Rollout(
-                    job_id=job.id,
-                    attempt=attempt,
-                    rollout_id=int(r["rollout_id"]),
-                    split=str(r.get("split", "train")),
-                    path=str(r["path"]),
-                    num_samples=int(r.get("num_samples", 0)),
-                    time=_ts(r.get("time")),
-                )
-            )
-        for p in report.predictions:
-            self.session.add(
-                Prediction(
-                    job_id=job.id,
-                    attempt=attempt,
-                    step=int(p["step"]),
-                    path=str(p["path"]),
-                    num_samples=int(p.get("num_samples", 0)),
-                    time=_ts(p.get("time")),
-                )
-            )
-        for e in report.events:
-            kind, message = str(e.get("kind", "driver"))[:40], redact(str(e.get("message", "")))
-            if (
-                kind == FINAL_REPORT_EVENT
-            ):  # the driver's last report: names its attempt (final_report_stored)
-                message = f"attempt {attempt}: {message} (report seq {report.seq})"
-            self.record_event(job, kind, message, at=_ts(e.get("time")))
-        self.session.flush()
-        if report.phase == "running" and job.status == JobStatus.STARTING:
-            self.transition(
-                job.id, JobStatus.RUNNING, expected_from=JobStatus.STARTING, reason="driver is up"
-            )
-        return self._stop_requested(job)
-
-    @staticmethod
-    def _stop_requested(job: Job) -> bool:
-        return JobStatus(job.status) in (JobStatus.CANCELLING, JobStatus.PREEMPTING)
-
-    # The end of a run: nothing acknowledged is lost (docs/reliability.md) ----------------------
-    def final_report_stored(self, job: Job) -> bool:
-        """Whether the driver of the job's current attempt has had its last report (the one carrying the
-        `final_report` event, runtime/reporter.py `close`) stored. Reports are applied strictly in
-        sequence, so then every report of the attempt is stored. A job is SUCCEEDED only after this."""
-        return bool(
-            self.session.scalar(
-                sa.select(sa.func.count())
-                .select_from(JobEvent)
-                .where(
-                    JobEvent.job_id == job.id,
-                    JobEvent.kind == FINAL_REPORT_EVENT,
-                    JobEvent.reason.like(f"attempt {job.attempt}: %"),
-                )
-            )
-        )
-
-    def awaiting_final_report_since(self, job: Job) -> datetime:
-        """When the platform first saw this attempt's Ray job end without the final report stored. The
-        first call records it (an `awaiting_final_report` event) and says so in the job's status reason;
-        the status itself stays (the job is not SUCCEEDED until the report is stored)."""
-        marker = f"attempt {job.attempt}: "
-        since = self.session.scalar(
-            sa.select(JobEvent.time)
-            .where(
-                JobEvent.job_id == job.id,
-                JobEvent.kind == AWAITING_FINAL_REPORT_EVENT,
-                JobEvent.reason.like(marker + "%"),
-            )
-            .order_by(JobEvent.id)
-            .limit(1)
-        )
-        if since is not None:
-            return since
-        now = utcnow()
-        self.record_event(
-            job,
-            AWAITING_FINAL_REPORT_EVENT,
-            marker + f"the driver's Ray job ended before its final report was stored (last stored report "
-            f"seq {job.report_seq}); waiting for the driver's spool",
-            at=now,
-        )
-        job.status_reason = WAITING_FOR_FINAL_REPORT
-        self.session.flush()
-        return now
-
-    def collect_spool(self, job: Job, signing_key: bytes) -> SpoolCollection:
-        """Apply what the job's current attempt left in its report spool (runtime/spool.py): the reports
-        its driver could not deliver before it ended (the API was down). For the reconciler, once the Ray
-        job has ended and while the job is still on the cluster.
-
-        Only lines signed with the key derived from the attempt's token count: nobody but the driver holding
-        that token can write one, so this path trusts exactly what `POST …/report` does. Reports go through
-        `ingest_report` in sequence order, each in a savepoint: one already stored is skipped, a gap or a
-        report that fails stops the collection (the earlier ones stay applied). The caller deletes a spool
-        that is `complete` once its transaction has committed (`SpoolCollection.discard`)."""
-        directory = spool_dir(job.output_dir, job.attempt)
-        if not directory.is_dir():
-            return SpoolCollection(str(directory), found=False)
-        key = spool_key(job_token(signing_key, job.id, job.attempt))
-        applied = stored = left = 0
-        problem: str | None = None
-        for item in read_spool(directory, key):
-            if problem is not None:
-                left += 1
-                continue
-            if item.payload is None:
-                problem = "a line does not verify (not written by this attempt's driver, or damaged)"
-                left += 1
-                continue
-            if item.seq <= job.report_seq:
-                stored += 1
-                continue
-            fields = {k: v for k, v in item.payload.items() if k in _REPORT_FIELDS}
-            try:
-                with self.session.begin_nested():
-                    self.ingest_report(job, Report(**fields))
-            except Exception as exc:  # noqa: BLE001 - a report the API would refuse: stop here, say why
-                self.session.refresh(job)
-                problem = redact(f"report seq {item.seq}: {type(exc).__name__}: {exc}")[:500]
-                left += 1
-                continue
-            applied += 1
-        result = SpoolCollection(
-            str(directory), found=True, applied=applied, stored=stored, left=left, problem=problem
-        )
-        if applied or problem:
-            self.record_event(job, "spool_collected", result.summary(job.attempt))
-        return result
-
-    def reconcile_checkpoints(self, job: Job) -> CheckpointReconciliation:
-        """Make the job's checkpoint records match the files: a record whose folder is gone (retention, a
-        person, a lost disk) is removed, and a complete `iter_NNNNNNN` checkpoint this job wrote under its
-        `save` folder without a record (its registration was lost with a report) is registered. Each change
-        is a job event. Run when the job's run ends and before it resumes (`driver_spec`)."""
-        missing: list[str] = []
-        known: set[str] = set()
-        for c in self.checkpoints(job):
-            if Path(c.path).is_dir():
-                known.add(c.path)
-                continue
-            missing.append(c.path)
-            self.session.delete(c)
-            self.record_event(
-                job, "checkpoint_missing", f"{c.format} checkpoint of step {c.step} is gone from {c.path}"
-            )
-        registered: list[int] = []
-        save = (job.spec or {}).get("save")
-        if save:
-            for iteration in list_iterations(save):
-                folder = iteration_dir(save, iteration)
-                if (
-                    str(folder) in known
-                    or not is_complete_checkpoint(folder)
-                    or folder_owner(folder) != job.id
-                ):
-                    continue
-                stat = folder.stat()
-                self.session.add(
-                    Checkpoint(
-                        job_id=job.id,
-                        attempt=job.attempt,
-                        step=iteration,
-                        path=str(folder),
-                        size_bytes=directory_size(folder),
-                        format="torch",
-                        time=_ts(stat.st_mtime),
-                    )
-                )
-                registered.append(iteration)
-                self.record_event(
-                    job,
-                    "checkpoint_registered",
-                    f"torch checkpoint of step {iteration} found on disk without a registration: {folder}",
-                )
-        self.session.flush()
-        return CheckpointReconciliation(registered=registered, missing=missing)
-
-    # Outputs -------------------------------------------------------------------------------
-    def metrics(
-        self, job: Job, *, names: Sequence[str] | None = None, since_step: int | None = None
-    ) -> list[Metric]:
-        q = sa.select(Metric).where(Metric.job_id == job.id).order_by(Metric.name, Metric.step, Metric.id)
-        if names:
-            q = q.where(Metric.name.in_(list(names)))
-        if since_step is not None:
-            q = q.where(Metric.step >= since_step)
-        return list(self.session.scalars(q))
-
-    def metrics_after(self, job: Job, *, after: int, limit: int = 2000) -> list[Metric]:
-        """Points recorded after the point with id `after`, in arrival order (for streams)."""
-        return list(
-            self.session.scalars(
-                sa.select(Metric)
-                .where(Metric.job_id == job.id, Metric.id > after)
-                .order_by(Metric.id)
-                .limit(limit)
-            )
-        )
-
-    def logs(self, job: Job, *, after: int = 0, limit: int = 1000, tail: int | None = None) -> list[LogLine]:
-        """Lines after the line with id `after`, oldest first; with `tail`, the last `tail` lines."""
-        q = sa.select(LogLine).where(LogLine.job_id == job.id, LogLine.id > after)
-        if tail is not None:
-            rows = list(self.session.scalars(q.order_by(LogLine.id.desc()).limit(tail)))
-            return rows[::-1]
-        return list(self.session.scalars(q.order_by(LogLine.id).limit(limit)))
-
-    def checkpoints(self, job: Job) -> list[Checkpoint]:
-        return list(
-            self.session.scalars(
-                sa.select(Checkpoint)
-                .where(Checkpoint.job_id == job.id)
-                .order_by(Checkpoint.step, Checkpoint.id)
-            )
-        )
-
-    def rollouts(self, job: Job) -> list[Rollout]:
-        return list(
-            self.session.scalars(
-                sa.select(Rollout).where(Rollout.job_id == job.id).order_by(Rollout.rollout_id, Rollout.id)
-            )
-        )
-
-    def predictions(self, job: Job) -> list[Prediction]:
-        return list(
-            self.session.scalars(
-                sa.select(Prediction)
-                .where(Prediction.job_id == job.id)
-                .order_by(Prediction.step, Prediction.id)
-            )
-        )
-
-    def allocations(self, job: Job) -> list[Allocation]:
-        return list(self.session.scalars(sa.select(Allocation).where(Allocation.job_id == job.id)))
 
 
 def backend_refusals(values: dict[str, Any]) -> list[dict[str, Any]]:
