@@ -45,7 +45,7 @@ from typing import IO, Any
 import psutil
 
 from runtime.redaction import install_log_redaction
-from scheduler.celery_app import WORKER_FLAGS
+from scheduler.celery_app import worker_argv
 from scheduler.db.engine import Database
 from scheduler.db.migrate import upgrade
 from scheduler.dispatch import SCHEDULER_QUEUE, pool_queue
@@ -751,10 +751,8 @@ def main() -> None:
             ray_address = head.address
         accelerator, slots = bootstrap(settings, ray_address)
         queues = f"{SCHEDULER_QUEUE},{pool_queue(LOCAL_POOL)}"
-        worker = _celery(
-            "worker", "-Q", queues, "-P", "threads", "-c", "4", "-n", f"relax-{LOCAL_POOL}@%h", *WORKER_FLAGS
-        )
-        sup.add(Part("worker", lambda: ([*worker, "--loglevel", "INFO"], part_env("worker"))))
+        worker = worker_argv(queues, name=f"relax-{LOCAL_POOL}@%h", threads=4)
+        sup.add(Part("worker", lambda: (worker, part_env("worker"))))
         sup.add(Part("beat", lambda: (_celery("beat", "--loglevel", "INFO"), part_env("beat"))))
         api_logging = run_dir / "logging-api.json"
         api_logging.write_text(json.dumps(uvicorn_log_config("api")))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from celery import Celery
@@ -19,6 +20,14 @@ log = logging.getLogger(__name__)
 # ("'NoneType' object has no attribute 'hostname'", celery/kombu#582; seen once in a fresh-clone run of
 # tests/integration/test_outages.py). docker/entrypoint.sh passes the same switches.
 WORKER_FLAGS = ("--without-gossip", "--without-mingle", "--without-heartbeat")
+
+
+def worker_argv(queues: str, *, name: str, threads: int) -> list[str]:
+    """The command that starts a Celery worker of the platform on `queues` (comma-separated), `threads` threads,
+    node name `name`: the embedded platform's and the tests' (docker/entrypoint.sh spells the same in shell).
+    --quiet: no start-up banner on stdout, so that the worker's log holds only its log lines."""
+    argv = [sys.executable, "-m", "celery", "-A", "scheduler.worker", "--quiet", "worker", "-Q", queues]
+    return [*argv, "-P", "threads", "-c", str(threads), "-n", name, "--loglevel", "INFO", *WORKER_FLAGS]
 
 
 class TickScheduler(PersistentScheduler):

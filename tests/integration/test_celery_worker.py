@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 import redis
 import sqlalchemy as sa
 
-from scheduler.celery_app import WORKER_FLAGS
+from scheduler.celery_app import worker_argv
 from scheduler.db.engine import Database
 from scheduler.db.models import Job, SchedulerLock
 from scheduler.dispatch import CeleryDispatcher
@@ -52,25 +51,7 @@ def test_worker_runs_the_pass_and_launch_through_the_broker(
         "RELAX_SCHEDULER_TICK_SECONDS": "3600",  # only our explicit request may trigger the pass
     }
     worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "scheduler.worker",
-            "worker",
-            "-Q",
-            "scheduler,pool.local",
-            "-P",
-            "threads",
-            "-c",
-            "2",
-            "--loglevel",
-            "INFO",
-            "-n",
-            f"test-{os.getpid()}@%h",
-            *WORKER_FLAGS,
-        ],
+        worker_argv("scheduler,pool.local", name=f"test-{os.getpid()}@%h", threads=2),
         cwd=ROOT,
         env=env,
         stdout=open(tmp_path / "worker.log", "wb"),

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +29,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from scheduler import health
-from scheduler.celery_app import WORKER_FLAGS
+from scheduler.celery_app import worker_argv
 from scheduler.db.engine import Database
 from scheduler.db.migrate import upgrade
 from scheduler.db.models import Job
@@ -161,18 +160,7 @@ def test_the_broker_away_stores_submissions_fails_readyz_and_a_worker_schedules_
         "RELAX_SCHEDULER_TICK_SECONDS": "3600",  # no beat here: only submissions ask for a pass
         "RELAX_SCHEDULER_HEARTBEAT_SECONDS": "1",
     }
-    argv = [sys.executable, "-m", "celery", "-A", "scheduler.worker", "worker", "-Q", "scheduler,pool.local"]
-    argv += [
-        "-P",
-        "threads",
-        "-c",
-        "2",
-        "--loglevel",
-        "INFO",
-        "-n",
-        f"outage-{os.getpid()}@%h",
-        *WORKER_FLAGS,
-    ]
+    argv = worker_argv("scheduler,pool.local", name=f"outage-{os.getpid()}@%h", threads=2)
     log = tmp_path / "worker.log"
     worker = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
 
