@@ -89,7 +89,7 @@ async def submit_job(
 ) -> JobDetail:
     """Submit a job (the key's team, or `team` for an admin) to one of the team's queues at a priority
     class the team was granted. The spec is judged with reads only, then the job is written in a short
-    transaction (`JobService.judge`)."""
+    transaction (`JobSubmission.judge`)."""
     return await run_in_threadpool(
         _submit, request, body, reader, svc, principal, dispatcher, response, audit, idempotency_key
     )

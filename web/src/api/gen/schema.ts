@@ -284,7 +284,7 @@ export interface paths {
          * Submit Job
          * @description Submit a job (the key's team, or `team` for an admin) to one of the team's queues at a priority
          *     class the team was granted. The spec is judged with reads only, then the job is written in a short
-         *     transaction (`JobService.judge`).
+         *     transaction (`JobSubmission.judge`).
          */
         post: operations["submit_job_v1_jobs_post"];
         delete?: never;
