@@ -4,8 +4,7 @@ and losses (custom, REINFORCE++, the GRPO family, RLOO) and what fully async tra
 from __future__ import annotations
 
 from jobspec.demand import resource_roles
-from jobspec.rules.context import RuleContext, cli_flags, rule
-from jobspec.spec import FIELDS
+from jobspec.rules.context import RuleContext, cli_flags, defaults_to, flags_of, rule
 
 # =============================================================================================
 # PPO (before KL and offload rules, which read what it changes)
@@ -110,7 +109,7 @@ def critic_options_need_ppo(ctx: RuleContext) -> None:
             f"{cli_flags(*used)} train a critic, but --advantage-estimator {ctx.advantage_estimator} has none: "
             "Relax ignores them",
             "use --advantage-estimator ppo or remove them",
-            fields=(*(FIELDS[u].flag for u in used), "advantage-estimator"),
+            fields=(*flags_of(*used), "advantage-estimator"),
         )
 
 
@@ -186,15 +185,7 @@ def ref_update_interval_needs_ref_load(ctx: RuleContext) -> None:
         )
 
 
-@rule(
-    "rule.eps_clip_high_default",
-    "eps-clip-high",
-    "eps-clip",
-    summary="--eps-clip-high defaults to --eps-clip (derived).",
-)
-def eps_clip_high_default(ctx: RuleContext) -> None:
-    if ctx.eps_clip_high is None:
-        ctx.derive("eps_clip_high", ctx.eps_clip)
+eps_clip_high_default = defaults_to("rule.eps_clip_high_default", "eps-clip-high", "eps-clip")
 
 
 # =============================================================================================

@@ -3,7 +3,7 @@ epochs, dynamic batch sizes, the bshd layout), then prompt and context lengths."
 
 from __future__ import annotations
 
-from jobspec.rules.context import RuleContext, rule
+from jobspec.rules.context import RuleContext, defaults_to, rule
 
 # =============================================================================================
 # Batch sizes
@@ -176,15 +176,12 @@ def dynamic_batch_needs_max_tokens_per_gpu(ctx: RuleContext) -> None:
         )
 
 
-@rule(
+log_probs_max_tokens_per_gpu_default = defaults_to(
     "rule.log_probs_max_tokens_per_gpu_default",
     "log-probs-max-tokens-per-gpu",
     "max-tokens-per-gpu",
-    summary="--log-probs-max-tokens-per-gpu defaults to --max-tokens-per-gpu (derived).",
+    only_if_set=True,
 )
-def log_probs_max_tokens_per_gpu_default(ctx: RuleContext) -> None:
-    if ctx.log_probs_max_tokens_per_gpu is None and ctx.max_tokens_per_gpu is not None:
-        ctx.derive("log_probs_max_tokens_per_gpu", ctx.max_tokens_per_gpu)
 
 
 @rule(

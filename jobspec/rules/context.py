@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobspec.issues import SpecIssue
-from jobspec.spec import FIELDS
+from jobspec.spec import FIELDS, FIELDS_BY_FLAG
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,31 @@ class RuleContext:
     def non_default(self, name: str) -> bool:
         return self.values[name] != FIELDS[name].default
 
+    def non_defaults(self, *names: str) -> list[str]:
+        """Those of these fields whose value is not their default, in the order given."""
+        return [n for n in names if self.non_default(n)]
+
+    def warn_ignored(
+        self,
+        used: list[str],
+        needs: str,
+        *,
+        why: str | None = None,
+        hint: str | None = None,
+        rule_fields: bool = False,
+    ) -> None:
+        """Warn, when `used` (field names) is not empty, that those options are ignored without --`needs`.
+
+        why: what the message says of them (``only apply with --<needs>``); hint: ``add --<needs>``. The issue
+        names `needs` and then the used flags, or with `rule_fields` the rule's own flags.
+        """
+        if used:
+            self.warn(
+                f"{cli_flags(*used)} {why or f'only apply with --{needs}'}",
+                hint or f"add --{needs}",
+                fields=None if rule_fields else (needs, *flags_of(*used)),
+            )
+
     @property
     def is_sft(self) -> bool:
         return self.values["loss_type"] == "sft"
@@ -121,3 +146,23 @@ def rule(
 def cli_flags(*names: str) -> str:
     """The flags of these fields, for a message: ``--a, --b``."""
     return ", ".join(f"--{FIELDS[n].flag}" for n in names)
+
+
+def flags_of(*names: str) -> tuple[str, ...]:
+    """The flags of these fields, for an issue's `fields`: ``("a", "b")``."""
+    return tuple(FIELDS[n].flag for n in names)
+
+
+def defaults_to(code: str, target: str, source: str, *, only_if_set: bool = False) -> Rule:
+    """A rule that derives an unset `target` (a flag) from `source`'s value: ``--target defaults to --source``.
+
+    only_if_set: derive nothing while `source` is unset too (None).
+    """
+    target_name, source_name = FIELDS_BY_FLAG[target], FIELDS_BY_FLAG[source]
+
+    def derive_default(ctx: RuleContext) -> None:
+        value = ctx.values[source_name]
+        if ctx.values[target_name] is None and not (only_if_set and value is None):
+            ctx.derive(target_name, value)
+
+    return rule(code, target, source, summary=f"--{target} defaults to --{source} (derived).")(derive_default)

@@ -3,7 +3,7 @@ settings that default to the training ones."""
 
 from __future__ import annotations
 
-from jobspec.rules.context import RuleContext, rule
+from jobspec.rules.context import RuleContext, defaults_to, rule
 
 
 @rule(
@@ -183,45 +183,19 @@ def sft_predict_interval_without_debug_train_only(ctx: RuleContext) -> None:
         )
 
 
-@rule(
-    "rule.eval_function_path_default",
-    "eval-function-path",
-    "rollout-function-path",
-    summary="--eval-function-path defaults to --rollout-function-path (derived).",
+eval_function_path_default = defaults_to(
+    "rule.eval_function_path_default", "eval-function-path", "rollout-function-path"
 )
-def eval_function_path_default(ctx: RuleContext) -> None:
-    if ctx.eval_function_path is None:
-        ctx.derive("eval_function_path", ctx.rollout_function_path)
 
 
-@rule(
-    "rule.eval_input_key_default",
-    "eval-input-key",
-    "input-key",
-    summary="--eval-input-key defaults to --input-key (derived).",
+eval_input_key_default = defaults_to("rule.eval_input_key_default", "eval-input-key", "input-key")
+
+
+eval_max_context_len_default = defaults_to(
+    "rule.eval_max_context_len_default", "eval-max-context-len", "rollout-max-context-len", only_if_set=True
 )
-def eval_input_key_default(ctx: RuleContext) -> None:
-    if ctx.eval_input_key is None:
-        ctx.derive("eval_input_key", ctx.input_key)
 
 
-@rule(
-    "rule.eval_max_context_len_default",
-    "eval-max-context-len",
-    "rollout-max-context-len",
-    summary="--eval-max-context-len defaults to --rollout-max-context-len (derived).",
+eval_reward_key_default = defaults_to(
+    "rule.eval_reward_key_default", "eval-reward-key", "reward-key", only_if_set=True
 )
-def eval_max_context_len_default(ctx: RuleContext) -> None:
-    if ctx.eval_max_context_len is None and ctx.rollout_max_context_len is not None:
-        ctx.derive("eval_max_context_len", ctx.rollout_max_context_len)
-
-
-@rule(
-    "rule.eval_reward_key_default",
-    "eval-reward-key",
-    "reward-key",
-    summary="--eval-reward-key defaults to --reward-key (derived).",
-)
-def eval_reward_key_default(ctx: RuleContext) -> None:
-    if ctx.eval_reward_key is None and ctx.reward_key is not None:
-        ctx.derive("eval_reward_key", ctx.reward_key)

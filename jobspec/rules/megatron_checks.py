@@ -3,8 +3,7 @@ skips them with --debug-rollout-only; the torch backend refuses these parameters
 
 from __future__ import annotations
 
-from jobspec.rules.context import RuleContext, cli_flags, rule
-from jobspec.spec import FIELDS
+from jobspec.rules.context import RuleContext, cli_flags, flags_of, rule
 
 
 @rule(
@@ -103,7 +102,7 @@ def recompute_options(ctx: RuleContext) -> None:
             ctx.warn(
                 f"{cli_flags(*used)} have no effect without --recompute-granularity",
                 "add --recompute-granularity full",
-                fields=("recompute-granularity", *(FIELDS[n].flag for n in used)),
+                fields=("recompute-granularity", *flags_of(*used)),
             )
         return
     if granularity == "full":
@@ -114,7 +113,7 @@ def recompute_options(ctx: RuleContext) -> None:
             ctx.error(
                 f"--recompute-granularity full needs {cli_flags(*missing)}",
                 "e.g. --recompute-method uniform --recompute-num-layers 1",
-                fields=("recompute-granularity", *(FIELDS[n].flag for n in missing)),
+                fields=("recompute-granularity", *flags_of(*missing)),
             )
         return
     used = [n for n in ("recompute_method", "recompute_num_layers") if ctx.values[n] is not None]
@@ -123,7 +122,7 @@ def recompute_options(ctx: RuleContext) -> None:
         ctx.error(
             f"--recompute-granularity selective{why} takes no {cli_flags(*used)}",
             f"remove {cli_flags(*used)}, or use --recompute-granularity full",
-            fields=("recompute-granularity", *(FIELDS[n].flag for n in used)),
+            fields=("recompute-granularity", *flags_of(*used)),
         )
 
 
@@ -208,7 +207,7 @@ def megatron_uneven_pipeline_needs_pp(ctx: RuleContext) -> None:
         ctx.error(
             f"{cli_flags(*used)} shape the first/last pipeline stage, but --pipeline-model-parallel-size is 1",
             f"remove {cli_flags(*used)}, or raise --pipeline-model-parallel-size",
-            fields=(*(FIELDS[n].flag for n in used), "pipeline-model-parallel-size"),
+            fields=(*flags_of(*used), "pipeline-model-parallel-size"),
         )
 
 
@@ -298,14 +297,14 @@ def optimizer_overlap_compatibility(ctx: RuleContext) -> None:
         ctx.warn(
             f"{cli_flags(*used)} are marked unsupported for MoE models in the reference's compatibility table",
             "remove them if training stalls or diverges; --use-distributed-optimizer is fine",
-            fields=(*(FIELDS[n].flag for n in used), "num-experts", "expert-model-parallel-size"),
+            fields=(*flags_of(*used), "num-experts", "expert-model-parallel-size"),
         )
     if ctx.multimodal_keys and ctx.context_parallel_size > 1:
         ctx.warn(
             f"{cli_flags(*used)} are marked unsupported for vision-language models with --context-parallel-size "
             f"{ctx.context_parallel_size} > 1 in the reference's compatibility table",
             "remove them, or use CP = 1",
-            fields=(*(FIELDS[n].flag for n in used), "multimodal-keys", "context-parallel-size"),
+            fields=(*flags_of(*used), "multimodal-keys", "context-parallel-size"),
         )
 
 

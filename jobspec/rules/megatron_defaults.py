@@ -10,7 +10,7 @@ from typing import Any
 
 from jobspec.arguments import MEGATRON, RELAX_MAIN
 from jobspec.generated.arguments import RELAX_MEGATRON_DEFAULTS
-from jobspec.rules.context import RuleContext, cli_flags, rule
+from jobspec.rules.context import RuleContext, rule
 from jobspec.spec import FIELDS
 
 
@@ -169,21 +169,14 @@ def fp16_dynamic_loss_scale_valid(ctx: RuleContext) -> None:
 def loss_scale_options_need_dynamic_fp16(ctx: RuleContext) -> None:
     names = ("loss_scale", "initial_loss_scale", "min_loss_scale", "loss_scale_window", "hysteresis")
     if not ctx.fp16:
-        used = [n for n in names if ctx.non_default(n)]
-        if used:
-            ctx.warn(
-                f"{cli_flags(*used)} only apply with --fp16",
-                "remove them or add --fp16",
-                fields=("fp16", *(FIELDS[n].flag for n in used)),
-            )
+        ctx.warn_ignored(ctx.non_defaults(*names), "fp16", hint="remove them or add --fp16")
     elif ctx.loss_scale is not None:
-        used = [n for n in ("initial_loss_scale", "min_loss_scale") if ctx.non_default(n)]
-        if used:
-            ctx.warn(
-                f"{cli_flags(*used)} are not used with a static --loss-scale",
-                "remove them",
-                fields=("loss-scale", *(FIELDS[n].flag for n in used)),
-            )
+        ctx.warn_ignored(
+            ctx.non_defaults("initial_loss_scale", "min_loss_scale"),
+            "loss-scale",
+            why="are not used with a static --loss-scale",
+            hint="remove them",
+        )
 
 
 @rule(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jobspec.rules.context import RuleContext, cli_flags, rule
+from jobspec.rules.context import RuleContext, rule
 
 
 @rule(
@@ -78,14 +78,12 @@ def partial_rollout_and_rollout_routing_replay(ctx: RuleContext) -> None:
     summary="Partial-rollout options need --partial-rollout (warning).",
 )
 def partial_rollout_options(ctx: RuleContext) -> None:
-    used = [
-        n
-        for n in ("partial_rollout_max_aborted_count", "mask_offpolicy_in_partial_rollout")
-        if ctx.non_default(n)
-    ]
-    if used and not ctx.partial_rollout:
-        ctx.warn(
-            f"{cli_flags(*used)} only apply with --partial-rollout", "add --partial-rollout or remove them"
+    if not ctx.partial_rollout:
+        ctx.warn_ignored(
+            ctx.non_defaults("partial_rollout_max_aborted_count", "mask_offpolicy_in_partial_rollout"),
+            "partial-rollout",
+            hint="add --partial-rollout or remove them",
+            rule_fields=True,
         )
 
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from jobspec.rules.context import RuleContext, cli_flags, rule
-from jobspec.spec import FIELDS
+from jobspec.rules.context import RuleContext, rule
 
 
 @rule(
@@ -46,13 +45,8 @@ def sglang_profile_steps(ctx: RuleContext) -> None:
         "sglang_profile_with_stack",
         "sglang_profile_record_shapes",
     )
-    used = [n for n in names if ctx.non_default(n)]
-    if used and not ctx.sglang_profile:
-        ctx.warn(
-            f"{cli_flags(*used)} only apply with --sglang-profile",
-            "add --sglang-profile",
-            fields=("sglang-profile", *(FIELDS[n].flag for n in used)),
-        )
+    if not ctx.sglang_profile:
+        ctx.warn_ignored(ctx.non_defaults(*names), "sglang-profile")
 
 
 @rule(
@@ -77,13 +71,8 @@ def profile_step_range(ctx: RuleContext) -> None:
         "profile_with_memory",
         "profile_with_flops",
     )
-    used = [n for n in names if ctx.non_default(n)]
-    if used and not ctx.use_pytorch_profiler:
-        ctx.warn(
-            f"{cli_flags(*used)} only apply with --use-pytorch-profiler",
-            "add --use-pytorch-profiler",
-            fields=("use-pytorch-profiler", *(FIELDS[n].flag for n in used)),
-        )
+    if not ctx.use_pytorch_profiler:
+        ctx.warn_ignored(ctx.non_defaults(*names), "use-pytorch-profiler")
 
 
 @rule(
@@ -94,14 +83,8 @@ def profile_step_range(ctx: RuleContext) -> None:
     summary="Memory snapshot options need --record-memory-history (warning).",
 )
 def memory_snapshot_needs_history(ctx: RuleContext) -> None:
-    used = [
-        n
-        for n in ("memory_snapshot_num_steps", "memory_snapshot_dir", "memory_snapshot_path")
-        if ctx.non_default(n)
-    ]
-    if used and not ctx.record_memory_history:
-        ctx.warn(
-            f"{cli_flags(*used)} only apply with --record-memory-history",
-            "add --record-memory-history",
-            fields=("record-memory-history", *(FIELDS[n].flag for n in used)),
+    if not ctx.record_memory_history:
+        ctx.warn_ignored(
+            ctx.non_defaults("memory_snapshot_num_steps", "memory_snapshot_dir", "memory_snapshot_path"),
+            "record-memory-history",
         )

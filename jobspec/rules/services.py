@@ -51,15 +51,13 @@ def conversation_key_map_needs_no_label_key(ctx: RuleContext) -> None:
     summary="--prefetch-* options only apply with --use-streaming-dataset (warning).",
 )
 def prefetch_needs_streaming_dataset(ctx: RuleContext) -> None:
-    used = [
-        n
-        for n in ("prefetch_chunk_size", "prefetch_max_cached", "prefetch_num_workers")
-        if ctx.non_default(n)
-    ]
-    if used and not ctx.use_streaming_dataset:
-        ctx.warn(
-            f"{cli_flags(*used)} only apply with --use-streaming-dataset (multimodal data)",
-            "add --use-streaming-dataset or remove them",
+    if not ctx.use_streaming_dataset:
+        ctx.warn_ignored(
+            ctx.non_defaults("prefetch_chunk_size", "prefetch_max_cached", "prefetch_num_workers"),
+            "use-streaming-dataset",
+            why="only apply with --use-streaming-dataset (multimodal data)",
+            hint="add --use-streaming-dataset or remove them",
+            rule_fields=True,
         )
 
 
@@ -194,12 +192,11 @@ def slime_router_options(ctx: RuleContext) -> None:
         "slime_router_max_connections",
         "slime_router_health_check_failure_threshold",
     )
-    used = [n for n in names if ctx.non_default(n)]
-    if used and not ctx.use_slime_router:
-        ctx.warn(
-            f"{cli_flags(*used)} only apply with --use-slime-router",
-            "add --use-slime-router or remove them",
-            fields=("use-slime-router", *(FIELDS[n].flag for n in used)),
+    if not ctx.use_slime_router:
+        ctx.warn_ignored(
+            ctx.non_defaults(*names),
+            "use-slime-router",
+            hint="add --use-slime-router or remove them",
         )
     if ctx.non_default("slime_router_sticky_idle_secs") and not ctx.slime_router_sticky:
         ctx.warn(

@@ -3,7 +3,7 @@ prepacking and the options only SFT reads; also --max-staleness, MTP training an
 
 from __future__ import annotations
 
-from jobspec.rules.context import RuleContext, cli_flags, rule
+from jobspec.rules.context import RuleContext, rule
 from jobspec.spec import FIELDS
 
 
@@ -150,13 +150,12 @@ def sft_options_need_sft(ctx: RuleContext) -> None:
         "task_type",
         "custom_dataset_class_path",
     )
-    used = [n for n in names if ctx.non_default(n)]
-    if used:
-        ctx.warn(
-            f"{cli_flags(*used)} only apply with --loss-type sft",
-            "remove them or add --loss-type sft",
-            fields=("loss-type", *(FIELDS[n].flag for n in used)),
-        )
+    ctx.warn_ignored(
+        ctx.non_defaults(*names),
+        "loss-type",
+        why="only apply with --loss-type sft",
+        hint="remove them or add --loss-type sft",
+    )
 
 
 @rule(
