@@ -146,7 +146,13 @@ def ppo_clip_surrogate(
     params: SurrogateParams,
 ) -> SurrogateTerms:
     """PPO-clip with token ratios r_t = pi(y_t) / pi_old(y_t) (arXiv:1707.06347); [B, T] -> terms [B, T]."""
-    log_ratio = masked_log_ratio(log_probs, old_log_probs, loss_mask)
+    return _ppo_clip_terms(masked_log_ratio(log_probs, old_log_probs, loss_mask), advantages, params)
+
+
+def _ppo_clip_terms(
+    log_ratio: torch.Tensor, advantages: torch.Tensor, params: SurrogateParams
+) -> SurrogateTerms:
+    """`ppo_clip_from_log_ratio` with the surrogate's clip bounds; `ppo_kl` is -log_ratio. [B, T] -> terms."""
     loss, clipped = ppo_clip_from_log_ratio(
         log_ratio,
         advantages,
@@ -179,14 +185,7 @@ def gspo_surrogate(
     sample's tokens. [B, T] -> terms [B, T]; `ppo_kl` is the sequence's -mean log-ratio on each token.
     """
     seq_log_ratio = sequence_mean_log_ratio(log_probs, old_log_probs, loss_mask)[:, None].expand_as(log_probs)
-    loss, clipped = ppo_clip_from_log_ratio(
-        seq_log_ratio,
-        advantages,
-        eps_clip=params.eps_clip,
-        eps_clip_high=params.eps_clip_high,
-        eps_clip_c=params.eps_clip_c,
-    )
-    return SurrogateTerms(loss=loss, clipped=clipped, ppo_kl=-seq_log_ratio.detach())
+    return _ppo_clip_terms(seq_log_ratio, advantages, params)
 
 
 # SAPO's clipfrac proxy counts tokens whose gate has damped the gradient weight below this (Relax's
