@@ -65,6 +65,11 @@ def free_loopback_port(avoid: tuple[int, ...] = ()) -> tuple[str, int]:
             return "127.0.0.1", port
 
 
+def _ready_info(role: str, **facts: Any) -> dict[str, Any]:
+    """What a role actor's `ready()` answers: its role, the facts given, its pid and placement group."""
+    return {"role": role, **facts, "pid": os.getpid(), "placement_group": _placement_group_id()}
+
+
 @log_exceptions
 class TrainActor:
     """The `actor` role: owns a training backend (policy, optimizer, reference model when colocated).
@@ -113,14 +118,9 @@ class TrainActor:
         )
 
     def ready(self) -> dict[str, Any]:
-        return {
-            "role": "actor",
-            "rank": self.rank,
-            "pid": os.getpid(),
-            "device": str(Device.detect().kind),
-            "threads": torch.get_num_threads(),
-            "placement_group": _placement_group_id(),
-        }
+        return _ready_info(
+            "actor", rank=self.rank, device=str(Device.detect().kind), threads=torch.get_num_threads()
+        )
 
     def compute_log_probs(self, batch: RolloutBatch, old: bool = True, ref: bool = True) -> RolloutBatch:
         return self.backend.compute_log_probs(batch, old=old, ref=ref)
@@ -191,13 +191,7 @@ class RolloutEngineActor:
         )
 
     def ready(self) -> dict[str, Any]:
-        return {
-            "role": "rollout",
-            "pid": os.getpid(),
-            "engine_index": self.engine_index,
-            "threads": torch.get_num_threads(),
-            "placement_group": _placement_group_id(),
-        }
+        return _ready_info("rollout", engine_index=self.engine_index, threads=torch.get_num_threads())
 
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, budgets: list[int] | None = None
@@ -314,13 +308,7 @@ class CriticActor:
         )
 
     def ready(self) -> dict[str, Any]:
-        return {
-            "role": "critic",
-            "rank": self.rank,
-            "backend": self.backend_name,
-            "pid": os.getpid(),
-            "placement_group": _placement_group_id(),
-        }
+        return _ready_info("critic", rank=self.rank, backend=self.backend_name)
 
     def compute_values(self, batch: RolloutBatch) -> torch.Tensor:
         return self.backend.compute_values(batch)
@@ -356,7 +344,7 @@ class ForwardActor:
         log.info("%s model ready from %s (pid %d)", role, model_path, os.getpid())
 
     def ready(self) -> dict[str, Any]:
-        return {"role": self.role, "pid": os.getpid(), "placement_group": _placement_group_id()}
+        return _ready_info(self.role)
 
     def log_probs(self, batch: RolloutBatch) -> torch.Tensor:
         return self.model.log_probs(batch)
