@@ -29,7 +29,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -510,9 +510,15 @@ def _python_target(words: list[str], start: int = 1) -> _Target:
     return _Target("none", None, len(words))
 
 
-def _torchrun_target(words: list[str], start: int) -> _Target:
-    """The script (or module, with -m) that torchrun / python -m torch.distributed.run starts."""
-    i, module = start, False
+def _leading_options(
+    words: list[str], start: int, switches: Collection[str]
+) -> tuple[list[tuple[str, str | None]], int]:
+    """The options from words[start] up to the first word that is not one (or past a `--`), and the index of
+    the word after them: (name, value) pairs in order, value None for one of `switches` (which take none);
+    `--a=b` and `--a b` both give ("--a", "b"), and an option that ends the line without its value "".
+    """
+    options: list[tuple[str, str | None]] = []
+    i = start
     while i < len(words):
         w = words[i]
         if w == "--":
@@ -520,9 +526,23 @@ def _torchrun_target(words: list[str], start: int) -> _Target:
             break
         if not w.startswith("-"):
             break
-        if w in ("-m", "--module"):
-            module = True
-        i += 1 if (w in _TORCHRUN_SWITCHES or "=" in w) else 2
+        name, eq, value = w.partition("=")
+        if w in switches:
+            options.append((w, None))
+            i += 1
+        elif eq:
+            options.append((name, value))
+            i += 1
+        else:
+            options.append((w, words[i + 1] if i + 1 < len(words) else ""))
+            i += 2
+    return options, i
+
+
+def _torchrun_target(words: list[str], start: int) -> _Target:
+    """The script (or module, with -m) that torchrun / python -m torch.distributed.run starts."""
+    options, i = _leading_options(words, start, _TORCHRUN_SWITCHES)
+    module = any(name in ("-m", "--module") and value is None for name, value in options)
     if i >= len(words):
         return _Target("none", None, len(words))
     return _Target("module" if module else "script", words[i], i + 1)
@@ -601,26 +621,8 @@ class _RaySubmit:
 def _ray_submit(words: list[str]) -> _RaySubmit | None:
     if words[1:3] != ["job", "submit"]:
         return None
-    options: dict[str, str] = {}
-    i = 3
-    while i < len(words):
-        w = words[i]
-        if w == "--":
-            i += 1
-            break
-        if not w.startswith("-"):
-            break
-        if w == "--no-wait":
-            options[w] = ""
-            i += 1
-            continue
-        name, eq, value = w.partition("=")
-        if eq:
-            options[name] = value
-            i += 1
-        else:
-            options[name] = words[i + 1] if i + 1 < len(words) else ""
-            i += 2
+    given, i = _leading_options(words, 3, ("--no-wait",))
+    options = {name: "" if value is None else value for name, value in given}
     entry = words[i:]
     if len(entry) == 1 and " " in entry[0].strip():  # `-- "python3 train.py …"` as one word
         try:
