@@ -5,8 +5,8 @@ save, resume, step report, finish, close)."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import ray
 import torch
@@ -24,8 +24,10 @@ from runtime.weight_sync import WeightSync
 log = logging.getLogger("runtime.pipeline")
 
 
-class PipelineParts(TypedDict):
-    """`PipelineBase`'s fields, built once by `build_pipeline` and handed to the kind's builder."""
+@dataclass(kw_only=True)
+class PipelineParts:
+    """The parts both kinds of job share (`PipelineBase`'s fields), built once by `build_pipeline` and handed
+    to the kind's builder. `relay` is None where the roles have no log sink to relay from (`Roles.log_sink`)."""
 
     spec: RuntimeSpec
     reporter: Reporter
@@ -35,21 +37,17 @@ class PipelineParts(TypedDict):
     checkpoints: CheckpointManager
     weight_sync: WeightSync
     relay: LogRelay | None
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """These parts by field name, to construct a pipeline from: ``RLPipeline(**parts.as_kwargs(), ...)``."""
+        return {f.name: getattr(self, f.name) for f in fields(PipelineParts)}
 
 
 @dataclass(kw_only=True)
-class PipelineBase:
-    """The parts both kinds of job share, each set at construction. `relay` is None where the roles have no
-    log sink to relay from (`Roles.log_sink`)."""
+class PipelineBase(PipelineParts):
+    """The parts both kinds of job share, each set at construction, and the stages that work the same for
+    both."""
 
-    spec: RuntimeSpec
-    reporter: Reporter
-    tokenizer: Any
-    roles: Roles
-    total_rollouts: int
-    checkpoints: CheckpointManager
-    weight_sync: WeightSync
-    relay: LogRelay | None
     pending_pushes: list[ray.ObjectRef] = field(default_factory=list, init=False)
     _warned: set[str] = field(default_factory=set, init=False)
 

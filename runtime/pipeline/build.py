@@ -69,16 +69,16 @@ def build_pipeline(
     relay = LogRelay(roles.log_sink, reporter) if roles.log_sink is not None else None
     reporter.event(EventKind.MODEL_LOADED, f"{spec.hf_checkpoint} in {time.perf_counter() - started:.1f}s")
     checkpoints = CheckpointManager(spec, reporter, roles.train)
-    parts: PipelineParts = {
-        "spec": spec,
-        "reporter": reporter,
-        "tokenizer": tokenizer,
-        "roles": roles,
-        "total_rollouts": total,
-        "checkpoints": checkpoints,
-        "weight_sync": create_weight_sync(WeightSyncBackend.OBJECT_STORE),
-        "relay": relay,
-    }
+    parts = PipelineParts(
+        spec=spec,
+        reporter=reporter,
+        tokenizer=tokenizer,
+        roles=roles,
+        total_rollouts=total,
+        checkpoints=checkpoints,
+        weight_sync=create_weight_sync(WeightSyncBackend.OBJECT_STORE),
+        relay=relay,
+    )
     try:
         pipeline: Pipeline = (
             build_sft(parts, formatter, items, sft_eval_items)

@@ -241,7 +241,7 @@ class RLPipeline(PipelineBase):
 def build_rl(parts: PipelineParts, formatter: PromptFormatter, items: list[PromptItem]) -> RLPipeline:
     """The RL pipeline over the shared `parts` (`PipelineBase`'s fields): the reward model, hooks, and the
     rollout source (loaded, live, or live ahead of the trainer)."""
-    s = parts["spec"]
+    s = parts.spec
     postprocess = load_hook(s.rollout_data_postprocess_path, "rollout_data_postprocess_path")
     reward = RewardModel.from_spec(s) if s.generates or s.custom_reward_post_process_path else None
     try:
@@ -254,7 +254,7 @@ def build_rl(parts: PipelineParts, formatter: PromptFormatter, items: list[Promp
         else:
             generation, live = _live(parts, formatter, items, reward)
             source = (
-                AheadRollout(live, max_staleness=s.max_staleness, last_rollout_id=parts["total_rollouts"])
+                AheadRollout(live, max_staleness=s.max_staleness, last_rollout_id=parts.total_rollouts)
                 if s.fully_async
                 else live
             )
@@ -262,7 +262,9 @@ def build_rl(parts: PipelineParts, formatter: PromptFormatter, items: list[Promp
         if reward is not None:
             reward.close()
         raise
-    return RLPipeline(**parts, source=source, generation=generation, reward=reward, postprocess=postprocess)
+    return RLPipeline(
+        **parts.as_kwargs(), source=source, generation=generation, reward=reward, postprocess=postprocess
+    )
 
 
 def _live(
@@ -270,8 +272,8 @@ def _live(
 ) -> tuple[Generation, LiveRollout]:
     """The data source, the rollout context (engines, hooks, length limits, eval sets), the rollout and
     eval functions."""
-    s = parts["spec"]
-    tokenizer, engine = parts["tokenizer"], parts["roles"].rollout
+    s = parts.spec
+    tokenizer, engine = parts.tokenizer, parts.roles.rollout
     factory = load_hook(s.data_source_path, "data_source_path")
     assert factory is not None
     data = factory(

@@ -158,7 +158,7 @@ def build_sft(
 ) -> SFTPipeline:
     """The SFT pipeline over the shared `parts` (`PipelineBase`'s fields): the example builder (with its
     oversize policy), the training cursor, the held-out rows (`eval-size`, else `eval-prompt-data`)."""
-    s = parts["spec"]
+    s = parts.spec
     capacity = s.max_tokens_per_gpu * max(1, s.context_parallel_size) if s.max_tokens_per_gpu else None
     oversize = OversizePolicy(
         capacity=capacity,
@@ -174,7 +174,7 @@ def build_sft(
         for i in range(1, len(pairs), 2):
             eval_items += read_prompt_items(pairs[i], config)
     return SFTPipeline(
-        **parts,
+        **parts.as_kwargs(),
         builder=builder,
         cursor=PromptCursor(items, shuffle=s.rollout_shuffle, seed=s.rollout_seed),
         eval_items=eval_items,

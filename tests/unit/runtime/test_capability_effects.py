@@ -388,12 +388,12 @@ def wiring(values: dict[str, Any]) -> Any:
     """`pipeline.rl.build_rl` (an RL job's rollout side: data source, rollout source, hooks, length limits,
     eval sets) over fake shared parts with a one-prompt data set."""
     from runtime.data.prompts import PromptFormatter, PromptItem
-    from runtime.pipeline import dataset_config
+    from runtime.pipeline import PipelineParts, dataset_config
     from runtime.pipeline.rl import build_rl
 
     spec = _spec(values)
     (FOLDER / "eval.jsonl").write_text("".join(json.dumps(row) + "\n" for row in EVAL_ROWS))
-    parts = dict(
+    parts = PipelineParts(
         spec=spec,
         reporter=None,
         tokenizer=_WordTokenizer(),
@@ -404,7 +404,7 @@ def wiring(values: dict[str, Any]) -> Any:
         relay=None,
     )
     items = [PromptItem(0, "one prompt", "1", {}, {"input": "one prompt", "label": "1"})]
-    built = build_rl(parts, PromptFormatter(_WordTokenizer(), dataset_config(spec)), items)  # type: ignore[arg-type]
+    built = build_rl(parts, PromptFormatter(_WordTokenizer(), dataset_config(spec)), items)
     if built.reward is not None:
         built.reward.close()
     generation = built.generation
@@ -513,12 +513,12 @@ def sft_wiring(values: dict[str, Any]) -> Any:
     """`pipeline.sft.build_sft` (an SFT job's data: the example builder, its oversize policy, the prompt
     order, the eval rows) over fake shared parts."""
     from runtime.data.prompts import PromptFormatter, PromptItem
-    from runtime.pipeline import dataset_config
+    from runtime.pipeline import PipelineParts, dataset_config
     from runtime.pipeline.sft import build_sft
 
     spec = _spec(values)
     (FOLDER / "eval.jsonl").write_text("".join(json.dumps(row) + "\n" for row in EVAL_ROWS))
-    parts = dict(
+    parts = PipelineParts(
         spec=spec,
         reporter=None,
         tokenizer=_WordTokenizer(),
@@ -529,7 +529,7 @@ def sft_wiring(values: dict[str, Any]) -> Any:
         relay=None,
     )
     items = [PromptItem(i, f"prompt {i}", "1", {}, {"input": f"prompt {i}"}) for i in range(8)]
-    sft = build_sft(parts, PromptFormatter(_WordTokenizer(), dataset_config(spec)), items, [])  # type: ignore[arg-type]
+    sft = build_sft(parts, PromptFormatter(_WordTokenizer(), dataset_config(spec)), items, [])
     cursor = sft.cursor
     return (
         sft.builder.label_key,

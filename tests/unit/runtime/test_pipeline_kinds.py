@@ -14,7 +14,7 @@ import pytest
 from jobspec import SpecError
 from runtime.data.prompts import DatasetConfig, PromptFormatter, PromptItem
 from runtime.data.source import DataSourceInit, RolloutDataSource
-from runtime.pipeline import PipelineBase, RLPipeline, SFTPipeline
+from runtime.pipeline import PipelineBase, PipelineParts, RLPipeline, SFTPipeline
 from runtime.pipeline.plans import dataset_config
 from runtime.pipeline.rl import build_rl
 from runtime.spec import RuntimeSpec, load_spec, read_spec_file
@@ -160,18 +160,18 @@ def test_a_custom_data_source_runs_without_prompt_data_or_rm_type(tmp_path: Path
     assert spec.prompt_data is None and spec.rm_type is None and spec.generates
     # right for 1+1, wrong for 0+0
     engine = ScriptedEngine(lambda prompt: [ord(c) for c in "\\boxed{2}"] + [EOS])
-    parts = {
-        "spec": spec,
-        "reporter": None,
-        "tokenizer": CharTokenizer(),
-        "roles": SimpleNamespace(rollout=engine),
-        "total_rollouts": spec.total_rollouts(0),
-        "checkpoints": None,
-        "weight_sync": None,
-        "relay": None,
-    }
+    parts = PipelineParts(
+        spec=spec,
+        reporter=None,
+        tokenizer=CharTokenizer(),
+        roles=SimpleNamespace(rollout=engine),
+        total_rollouts=spec.total_rollouts(0),
+        checkpoints=None,
+        weight_sync=None,
+        relay=None,
+    )
     formatter = PromptFormatter(CharTokenizer(), dataset_config(spec))
-    pipeline = build_rl(parts, formatter, [])  # type: ignore[arg-type]
+    pipeline = build_rl(parts, formatter, [])
     try:
         assert pipeline.generation is not None and isinstance(pipeline.generation.data, GeneratedPrompts)
         output = pipeline.source.collect(0)
