@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from scheduler.policy import POLICIES, Decision, Gang, JobView, Node, PolicyConfig, Queue, Snapshot
 
@@ -112,6 +113,19 @@ class _SimJob:
     allocated_gpu_s: float = 0.0
     completion: float = 0.0
 
+    def rebuilt_view(self, **fields: Any) -> JobView:
+        """A fresh view of this job (no nomination) with its preemptions and attained service, and `fields`."""
+        v = self.view
+        return JobView(
+            v.id,
+            v.queue,
+            v.submit_time,
+            v.demand,
+            preemptions=self.preemptions,
+            service_gpu_s=self.service_gpu_s,
+            **fields,
+        )
+
 
 @dataclass
 class SimResult:
@@ -188,18 +202,12 @@ def simulate(
         j.queued_total += now - j.queued_since
         j.longest_wait = max(j.longest_wait, now - j.queued_since)
         queued -= 1
-        j.view = views[j.trace.id] = JobView(
-            j.view.id,
-            j.view.queue,
-            j.view.submit_time,
-            j.view.demand,
+        j.view = views[j.trace.id] = j.rebuilt_view(
             state="running",
             placement=placement,
             started_at=now,
             last_checkpoint_at=j.last_checkpoint,
             queued_at=j.view.queued_at,
-            preemptions=j.preemptions,
-            service_gpu_s=j.service_gpu_s,
         )
         end = j.work_start + j.remaining
         push(end, _FINISH, i, j.token)
@@ -228,16 +236,7 @@ def simulate(
         preemptions += 1
         j.queued_since = now
         queued += 1
-        j.view = views[j.trace.id] = JobView(
-            j.view.id,
-            j.view.queue,
-            j.view.submit_time,
-            j.view.demand,
-            last_checkpoint_at=j.last_checkpoint,
-            queued_at=now,
-            preemptions=j.preemptions,
-            service_gpu_s=j.service_gpu_s,
-        )
+        j.view = views[j.trace.id] = j.rebuilt_view(last_checkpoint_at=j.last_checkpoint, queued_at=now)
 
     beat_at = -1.0
     nominated: set[str] = set()
@@ -291,18 +290,12 @@ def simulate(
             continue  # a finish or checkpoint of a run that was preempted
         elif kind == _CHECKPOINT:
             j.last_checkpoint = now
-            j.view = views[j.trace.id] = JobView(
-                j.view.id,
-                j.view.queue,
-                j.view.submit_time,
-                j.view.demand,
+            j.view = views[j.trace.id] = j.rebuilt_view(
                 state="running",
                 placement=j.view.placement,
                 started_at=j.view.started_at,
                 last_checkpoint_at=now,
                 queued_at=j.view.queued_at,
-                preemptions=j.preemptions,
-                service_gpu_s=j.service_gpu_s,
             )
             nxt = now + CHECKPOINT_INTERVAL_S
             if nxt < j.work_start + j.remaining:
