@@ -214,7 +214,7 @@ def _watched(*where: Any) -> list[Any]:
     return [
         *where,
         JobEvent.kind == "transition",
-        JobEvent.to_status.in_([str(s) for s in _WATCHED]),
+        JobEvent.to_status.in_(_WATCHED),
     ]
 
 
@@ -242,9 +242,7 @@ def _preemption_like(to: Any, src: Any) -> Any:
     reason says whether it was one). Works on values and on columns."""
     if isinstance(to, str):
         return to == JobStatus.PREEMPTING or (to == JobStatus.QUEUED and src == JobStatus.ADMITTED)
-    return sa.or_(
-        to == str(JobStatus.PREEMPTING), sa.and_(to == str(JobStatus.QUEUED), src == str(JobStatus.ADMITTED))
-    )
+    return sa.or_(to == JobStatus.PREEMPTING, sa.and_(to == JobStatus.QUEUED, src == JobStatus.ADMITTED))
 
 
 def _count(into: dict[str, Tally], r: Any, n: int = 1) -> None:
@@ -291,7 +289,7 @@ class DatabaseCollector:
             pools = s.execute(sa.select(Pool.name, Pool.cordoned)).all()
             heard = s.execute(
                 sa.select(Job.pool, sa.func.max(Job.last_report_at))
-                .where(Job.status.in_([str(x) for x in (JobStatus.STARTING, JobStatus.RUNNING)]))
+                .where(Job.status.in_([JobStatus.STARTING, JobStatus.RUNNING]))
                 .group_by(Job.pool)
             ).all()
             counts = self.events.read(s, now)

@@ -187,7 +187,7 @@ def _load(session: Session, now: datetime) -> tuple[P.Snapshot, dict[str, _Row]]
     jobs = []
     rows: dict[str, _Row] = {}
     for j in active:
-        status = JobStatus(j.status)
+        status = j.status
         placed = placements.get(j.id)
         nominated = _json_text(j.nominated_nodes)
         rows[j.id] = _Row(status, j.pool, j.wait_reason, j.queue_position, nominated)

@@ -129,7 +129,7 @@ def _stop(ctx: WorkerContext, job_id: str) -> None:
     """Stop the job's Ray job (a cancel or a preemption), then reconcile its pool."""
     with ctx.db.session() as s:
         job = s.get(Job, job_id)
-        if job is None or job.ray_submission_id is None or JobStatus(job.status).is_terminal():
+        if job is None or job.ray_submission_id is None or job.status.is_terminal():
             return
         pool = s.get(Pool, job.pool)
         address, sub_id = pool.ray_address if pool else None, job.ray_submission_id
@@ -298,7 +298,7 @@ def reconcile_pool(ctx: WorkerContext, pool_name: str) -> None:
         jobs = [
             _Watched(
                 j.id,
-                JobStatus(j.status),
+                j.status,
                 j.ray_submission_id,
                 j.launched_at,
                 j.status_changed_at,
@@ -432,7 +432,7 @@ def _collect_run_end(ctx: WorkerContext, job_id: str, all_steps_done: bool) -> t
     with ctx.db.session() as s:
         reports = JobReports(s)
         job = s.get(Job, job_id)
-        if job is None or JobStatus(job.status) not in ON_CLUSTER:
+        if job is None or job.status not in ON_CLUSTER:
             return False, all_steps_done
         try:
             with s.begin_nested():

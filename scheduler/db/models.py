@@ -10,6 +10,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from scheduler.db.spec_column import SpecJSON
+from scheduler.domain.jobs import JobStatus
 
 
 class UtcDateTime(sa.types.TypeDecorator[datetime]):
@@ -43,6 +44,20 @@ BIGINT_MAX = 2**63 - 1
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def job_status_type(constraint: str) -> sa.Enum:
+    """A column of `JobStatus` values: stored as the member's value in a VARCHAR(20), held to the members by a CHECK
+    constraint named `constraint` (not PostgreSQL's native enum: docs/adr/0008), read back as the member."""
+    return sa.Enum(
+        JobStatus,
+        name=constraint,
+        native_enum=False,
+        create_constraint=True,
+        length=20,
+        values_callable=lambda members: [m.value for m in members],
+        validate_strings=True,
+    )
 
 
 class Base(DeclarativeBase):
@@ -174,7 +189,7 @@ class Job(Base):
     team_id: Mapped[str] = mapped_column(sa.ForeignKey("teams.id"))
     queue: Mapped[str] = mapped_column(sa.ForeignKey("queues.name"))
     pool: Mapped[str] = mapped_column(sa.ForeignKey("pools.name"))
-    status: Mapped[str] = mapped_column(sa.String(20))
+    status: Mapped[JobStatus] = mapped_column(job_status_type("ck_jobs_status"))
     status_reason: Mapped[str | None] = mapped_column(sa.Text)
     status_changed_at: Mapped[datetime] = mapped_column(default=utcnow)
     failure_reason: Mapped[str | None] = mapped_column(sa.String(20))
@@ -233,8 +248,8 @@ class JobEvent(Base):
     job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     time: Mapped[datetime] = mapped_column(default=utcnow)
     kind: Mapped[str] = mapped_column(sa.String(40))  # "transition" or a driver event kind
-    from_status: Mapped[str | None] = mapped_column(sa.String(20))
-    to_status: Mapped[str | None] = mapped_column(sa.String(20))
+    from_status: Mapped[JobStatus | None] = mapped_column(job_status_type("ck_job_events_from_status"))
+    to_status: Mapped[JobStatus | None] = mapped_column(job_status_type("ck_job_events_to_status"))
     reason: Mapped[str | None] = mapped_column(sa.Text)
 
 

@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 
 from scheduler.db.models import Job, JobEvent
 from scheduler.domain.errors import Unauthenticated
-from scheduler.domain.jobs import ON_CLUSTER, JobStatus
+from scheduler.domain.jobs import ON_CLUSTER
 
 JOB_TOKEN_PREFIX = "rjt_"
 BOOTSTRAP_PREFIX = "rjb_"
@@ -85,9 +85,7 @@ def job_credential_error() -> Unauthenticated:
 
 
 def _live(job: Job | None, attempt: int | None) -> bool:
-    return (
-        job is not None and attempt is not None and job.attempt == attempt and JobStatus(job.status) in LIVE
-    )
+    return job is not None and attempt is not None and job.attempt == attempt and job.status in LIVE
 
 
 def authorize_job_token(session: Session, signing_key: bytes, job_id: str, token: str | None) -> Job:

@@ -74,7 +74,7 @@ class JobLifecycle(JobServiceBase):
         job = self.session.get(Job, job_id)
         if job is None:
             raise NotFound(f"job {job_id} not found", code="job.not_found")
-        src = JobStatus(job.status)
+        src = job.status
         now = utcnow()
         values: dict[str, Any] = {
             "status": to,
@@ -126,7 +126,7 @@ class JobLifecycle(JobServiceBase):
         principal.require(Action.JOB_CANCEL)
         job = self.get(job_id, principal)
         for _ in range(3):  # retry when the scheduler or a worker moved the job meanwhile
-            status = JobStatus(job.status)
+            status = job.status
             if status.is_terminal():
                 raise Conflict(f"job {job_id} already ended ({status})", code="job.already_ended")
             if status == JobStatus.CANCELLING:
@@ -148,7 +148,7 @@ class JobLifecycle(JobServiceBase):
                 f"job {job_id} is not preemptible (priority class {job.priority_class})",
                 code="job.not_preemptible",
             )
-        status = JobStatus(job.status)
+        status = job.status
         if status == JobStatus.ADMITTED:
             ok = self.transition(job_id, JobStatus.QUEUED, expected_from=status, reason=reason)
             return JobStatus.QUEUED if ok else None

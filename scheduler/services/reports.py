@@ -198,7 +198,7 @@ class JobReports(JobServiceBase):
                 f"report for attempt {report.attempt} but the job is at attempt {job.attempt}",
                 code="job.stale_attempt",
             )
-        if JobStatus(job.status) not in ON_CLUSTER:
+        if job.status not in ON_CLUSTER:
             raise Conflict(
                 f"job {job.id} is {job.status}: reports are accepted only from its live attempt",
                 code="job.not_running",
@@ -305,7 +305,7 @@ class JobReports(JobServiceBase):
 
     @staticmethod
     def _stop_requested(job: Job) -> bool:
-        return JobStatus(job.status) in (JobStatus.CANCELLING, JobStatus.PREEMPTING)
+        return job.status in (JobStatus.CANCELLING, JobStatus.PREEMPTING)
 
     # The end of a run: nothing acknowledged is lost (docs/reliability.md) ----------------------
     def final_report_stored(self, job: Job) -> bool:

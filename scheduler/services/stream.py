@@ -35,7 +35,6 @@ from scheduler.db.models import (
     Prediction,
     Rollout,
 )
-from scheduler.domain.jobs import JobStatus
 
 #: The sources of a stream in the order a poll reads and sends them: (id letter, SSE event name, table).
 SOURCES: tuple[tuple[str, str, type[Any]], ...] = (
@@ -164,7 +163,7 @@ class JobStream:
         terminal status read here means every row is there). The cursor's status moves here; its row
         positions are the caller's to move as it sends each row."""
         token = status_token(job)
-        terminal = JobStatus(job.status).is_terminal()
+        terminal = job.status.is_terminal()
         status = None
         if token != self.cursor.status:
             self.cursor.status = token
