@@ -145,6 +145,22 @@ def _reset_peak(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
+def _random_batches(
+    shape: Shape, cfg: Cfg, device: torch.device, gen: torch.Generator
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+    """`cfg.accum` micro-batches of random (ids, targets) [micro_batch, seq] drawn from `gen`, and the
+    position ids [micro_batch, seq] they share."""
+    b, s = cfg.micro_batch, cfg.seq
+    batches = [
+        (
+            torch.randint(0, shape.vocab, (b, s), device=device, generator=gen),
+            torch.randint(0, shape.vocab, (b, s), device=device, generator=gen),
+        )
+        for _ in range(cfg.accum)
+    ]
+    return batches, torch.arange(s, device=device).unsqueeze(0).expand(b, s)
+
+
 def _peak_gib(device: torch.device) -> float | None:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
@@ -435,15 +451,7 @@ def run_ours(
     tp_group = parallel_state.get_tensor_model_parallel_group() if tp > 1 else None
     dp_rank = parallel_state.get_data_parallel_rank()
     gen = torch.Generator(device=device).manual_seed(cfg.seed + 7919 * dp_rank)  # same data on a TP group
-    b, s = cfg.micro_batch, cfg.seq
-    batches = [
-        (
-            torch.randint(0, shape.vocab, (b, s), device=device, generator=gen),
-            torch.randint(0, shape.vocab, (b, s), device=device, generator=gen),
-        )
-        for _ in range(cfg.accum)
-    ]
-    position_ids = torch.arange(s, device=device).unsqueeze(0).expand(b, s)
+    batches, position_ids = _random_batches(shape, cfg, device, gen)
 
     def step() -> float:
         model.zero_grad_buffer()
@@ -670,15 +678,7 @@ def run_hf(shape: Shape, cfg: Cfg, device: torch.device, log: Callable[[str], No
         return F.cross_entropy((h @ w.t()).float(), t, reduction="sum")
 
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
-    b, s = cfg.micro_batch, cfg.seq
-    batches = [
-        (
-            torch.randint(0, shape.vocab, (b, s), device=device, generator=gen),
-            torch.randint(0, shape.vocab, (b, s), device=device, generator=gen),
-        )
-        for _ in range(cfg.accum)
-    ]
-    position_ids = torch.arange(s, device=device).unsqueeze(0).expand(b, s)
+    batches, position_ids = _random_batches(shape, cfg, device, gen)
 
     def step() -> float:
         optimizer.zero_grad(set_to_none=True)
