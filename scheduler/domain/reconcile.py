@@ -60,6 +60,7 @@ STOP_RAY_JOB asks Ray to stop the job (the next pass sees it ended). Every move 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 
@@ -178,28 +179,25 @@ def decide(f: Facts) -> Move | Need:
     return _ended(f)
 
 
-def _silent(f: Facts) -> Need | float | None:
-    """The driver's silence (seconds) when it is silent and the API answers; None when not; or a Need."""
+def _lost_if_silent(f: Facts, lost: Callable[[float], Move]) -> Move | Need:
+    """`lost(seconds)` when the driver is silent and the API answers; NOTHING when not; or a Need."""
     if f.silence is UNKNOWN:
         return Need(Fact.SILENCE)
     if f.silence is None:
-        return None
+        return NOTHING
     if f.api_answers is UNKNOWN:
         return Need(Fact.API_ANSWERS)
-    return f.silence if f.api_answers else None
+    return lost(f.silence) if f.api_answers else NOTHING
 
 
 def _no_answer(f: Facts) -> Move | Need:
     """The pool's Ray does not answer: its drivers are judged by their reports."""
     if f.ours not in _DRIVEN:
         return NOTHING
-    silence = _silent(f)
-    if isinstance(silence, Need):
-        return silence
-    if silence is None:
-        return NOTHING
     why = f"the pool's Ray at {f.address} does not answer ({(f.ray_error or '')[:200]})"
-    return mark_lost(f"{why}, and the driver sent nothing for {silence:.0f}s")
+    return _lost_if_silent(
+        f, lambda silence: mark_lost(f"{why}, and the driver sent nothing for {silence:.0f}s")
+    )
 
 
 def _not_known(f: Facts) -> Move | Need:
@@ -244,13 +242,13 @@ def _still_on_ray(f: Facts) -> Move | Need:
     if f.ours == JobStatus.PREEMPTING:  # asked to checkpoint and exit; past the grace it is stopped
         return STOP_RAY_JOB if f.preempt_grace_passed else NOTHING
     if f.ours == JobStatus.RUNNING:  # Ray says it runs: does the driver still report?
-        silence = _silent(f)
-        if isinstance(silence, Need):
-            return silence
-        if silence is None:
-            return NOTHING
-        why = f"the driver sent nothing for {silence:.0f}s while Ray job {f.sub_id} was {f.ray}; stopped"
-        return mark_lost(why, stop_first=True)
+        return _lost_if_silent(
+            f,
+            lambda silence: mark_lost(
+                f"the driver sent nothing for {silence:.0f}s while Ray job {f.sub_id} was {f.ray}; stopped",
+                stop_first=True,
+            ),
+        )
     return NOTHING  # STARTING: the driver's first report moves it to RUNNING
 
 
