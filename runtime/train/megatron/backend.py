@@ -75,6 +75,9 @@ DEFAULT_CHUNK_TOKENS = 4096  # tokens per chunk of the loss head when `log-probs
 # them), unset / auto = when they fit (`MegatronTrainBackend._head_save_budget`; never on CPU)
 HEAD_SAVE_LOGITS_ENV = "RELAX_HEAD_SAVE_LOGITS"
 COMPILE_BACKEND_ENV = "RELAX_KERNELS_COMPILE_BACKEND"  # compile the layers with this backend anywhere (tests)
+# `RELAX_HEAD_ALL_POSITIONS=1`: the loss head over every fed position, not only those carrying loss (the
+# behaviour before `_Micro.loss_positions`; for measuring the difference)
+HEAD_ALL_POSITIONS_ENV = "RELAX_HEAD_ALL_POSITIONS"
 
 
 @dataclass
@@ -128,6 +131,13 @@ class _Micro:
         index = to_device(self.index, flat.device)
         picked = flat[index.clamp(min=0)]
         return torch.where(index >= 0, picked, torch.zeros_like(picked)).float()
+
+    def loss_positions(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The positions that carry loss: (their flat fed positions, `[b * s]` row-major as `index`, and their
+        flat places `[rows * width]` in the batch's rows), for the tokens `batch.loss_mask` marks (the first
+        column predicts nothing and is never one)."""
+        mask = (self.batch.loss_mask > 0) & (self.index >= 0)
+        return self.index[mask], mask.reshape(-1).nonzero().squeeze(1)
 
 
 def padded_micro(part: RolloutBatch, rows: int, width: int) -> _Micro:
@@ -985,11 +995,19 @@ class MegatronTrainBackend(MegatronModelRunner):
         self, micro: _Micro, gpt: Any, hidden: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token log-probs and entropies [rows, width] of the micro-batch's real rows (column 0 is 0, as
-        `runtime.algos.logprobs` aligns them), from the hidden states of every fed position (`_Micro.targets`
-        says what each predicts, `_Micro.unpack` maps them back onto the rows, padded or packed). Under context
-        parallelism `hidden` holds this CP rank's columns (`_Micro.columns`): each predicts the next token of
-        its whole sequence, and the per-token values are all-gathered over the CP group into sequence order
-        (the gradient back to each rank is its own columns'), so the loss sees whole sequences as without CP."""
+        `runtime.algos.logprobs` aligns them).
+
+        Without context parallelism only the tokens that carry loss (`loss_mask`, via `_Micro.loss_positions`)
+        go through the head and every other place is 0: each consumer masks by `loss_mask` (the losses,
+        `compute_log_probs`, `evaluate_nll`), and a GRPO row of 512 prompt + 512 response tokens computes the
+        151,936-wide logits for half its positions, as TRL does for the completion. A micro-batch with no loss
+        token goes through the head whole (the backward needs a graph).
+
+        Under context parallelism every fed position goes through the head (`_Micro.targets` says what each
+        predicts, `_Micro.unpack` maps them back onto the rows, padded or packed): `hidden` holds this CP
+        rank's columns (`_Micro.columns`), each predicting the next token of its whole sequence, and the
+        per-token values are all-gathered over the CP group into sequence order (the gradient back to each
+        rank is its own columns'), so the loss sees whole sequences as without CP."""
         from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 
         if self.layout.sequence_parallel:
@@ -997,23 +1015,46 @@ class MegatronTrainBackend(MegatronModelRunner):
             hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
         device = hidden.device
         cp = self.layout.cp
+        weight = gpt.shared_embedding_or_output_weight() if self.args.tied else gpt.output_layer.weight
+
+        def head(states: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            tokens = int(targets.numel())
+            log_probs, entropy = token_log_probs_and_entropy(
+                states,
+                weight,
+                targets,
+                vocab_size=self.args.vocab_size,
+                temperature=self.config.log_probs_temperature,
+                tp_group=self.tp_group if self.layout.tp > 1 else None,
+                chunk_tokens=self._chunk_tokens(),
+                with_entropy=True,
+                save_logits=torch.is_grad_enabled() and self.keeps_head_logits(tokens),
+            )
+            return log_probs, entropy  # type: ignore[return-value]
+
+        if cp == 1 and os.environ.get(HEAD_ALL_POSITIONS_ENV, "0") != "1":
+            # only the positions that carry loss go through the head (a GRPO row's prompt half carries none)
+            fed, places = micro.loss_positions()
+            if fed.numel() > 0:
+                s, b = int(hidden.shape[0]), int(hidden.shape[1])
+                fed = to_device(fed, device)
+                # `fed` counts row-major over [b, s]; hidden is [s, b]: its flat row is (j * b + i)
+                rows = (fed % s) * b + torch.div(fed, s, rounding_mode="floor")
+                states = hidden.reshape(s * b, -1).index_select(0, rows)
+                targets = to_device(micro.targets, device).reshape(-1).index_select(0, fed)
+                log_probs, entropy = head(states, targets)
+                shape = tuple(micro.index.shape)
+                places = to_device(places, device)
+
+                def spread(values: torch.Tensor) -> torch.Tensor:
+                    out = torch.zeros(shape[0] * shape[1], dtype=torch.float32, device=device)
+                    return out.index_put((places,), values.float()).view(shape)
+
+                return spread(log_probs), spread(entropy)
         targets = to_device(micro.targets, device).t()  # [s, b]: the token each position predicts (0: none)
         if cp > 1:
             targets = targets[to_device(micro.columns(cp, self.cp_rank), device)]
-        weight = gpt.shared_embedding_or_output_weight() if self.args.tied else gpt.output_layer.weight
-        tokens = int(hidden.shape[0]) * int(hidden.shape[1])
-        save_logits = torch.is_grad_enabled() and self.keeps_head_logits(tokens)
-        log_probs, entropy = token_log_probs_and_entropy(
-            hidden,
-            weight,
-            targets,
-            vocab_size=self.args.vocab_size,
-            temperature=self.config.log_probs_temperature,
-            tp_group=self.tp_group if self.layout.tp > 1 else None,
-            chunk_tokens=self._chunk_tokens(),
-            with_entropy=True,
-            save_logits=save_logits,
-        )
+        log_probs, entropy = head(hidden, targets)
         if cp > 1:
             order = to_device(cp_sequence_order(micro.sequences, cp), device)
 
@@ -1023,8 +1064,8 @@ class MegatronTrainBackend(MegatronModelRunner):
                 )
                 return gathered[order]  # [s, b] in sequence order
 
-            log_probs, entropy = whole(log_probs), whole(entropy)  # type: ignore[arg-type]
-        return micro.unpack(log_probs), micro.unpack(entropy)  # type: ignore[arg-type]
+            log_probs, entropy = whole(log_probs), whole(entropy)
+        return micro.unpack(log_probs), micro.unpack(entropy)
 
     def _train_loss(
         self, num_micro: int, micro: _Micro, gpt: Any, hidden: torch.Tensor
