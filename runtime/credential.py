@@ -8,7 +8,9 @@ import hmac
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import httpx
 
@@ -16,6 +18,7 @@ from runtime.redaction import register_secret
 
 BOOTSTRAP_ENV = "RELAX_JOB_BOOTSTRAP"
 log = logging.getLogger("runtime.bootstrap")  # the entrypoint's name: its lines are the exchange
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -59,25 +62,57 @@ def exchange(api_url: str, job_id: str, bootstrap: str, *, deadline_s: float = 1
             f"no bootstrap secret in ${BOOTSTRAP_ENV}: was this driver started by the platform?"
         )
     url = f"{api_url.rstrip('/')}/v1/internal/jobs/{job_id}/token"
-    delay, give_up = 0.5, time.monotonic() + deadline_s
-    while True:
+
+    def attempt() -> JobCredential:
         try:
             response = httpx.post(url, headers={"Authorization": f"Bearer {bootstrap}"}, timeout=10.0)
-            if response.is_success:
-                body = response.json()
-                register_secret(body["token"])
-                return JobCredential(job_id=job_id, attempt=int(body["attempt"]), token=str(body["token"]))
-            if response.status_code < 500:
-                code = _error_code(response)
-                raise CredentialError(
-                    f"the platform refused this driver's bootstrap secret (HTTP {response.status_code} {code})"
-                )
-            problem = f"HTTP {response.status_code}"
         except httpx.ConnectError as exc:  # never reached the platform: safe to try again
-            problem = f"cannot connect ({type(exc).__name__})"
-        if time.monotonic() > give_up:
-            raise CredentialError(f"POST {url} failed for {deadline_s:.0f}s: {problem}")
-        log.warning("token exchange failed (%s); retrying in %.1fs", problem, delay)
+            raise Retry(f"cannot connect ({type(exc).__name__})") from exc
+        if response.is_success:
+            body = response.json()
+            register_secret(body["token"])
+            return JobCredential(job_id=job_id, attempt=int(body["attempt"]), token=str(body["token"]))
+        if response.status_code < 500:
+            code = _error_code(response)
+            raise CredentialError(
+                f"the platform refused this driver's bootstrap secret (HTTP {response.status_code} {code})"
+            )
+        raise Retry(f"HTTP {response.status_code}")
+
+    return with_retries(
+        attempt,
+        deadline_s=deadline_s,
+        what="token exchange",
+        logger=log,
+        give_up=lambda problem: CredentialError(f"POST {url} failed for {deadline_s:.0f}s: {problem}"),
+    )
+
+
+class Retry(Exception):
+    """A failed attempt of `with_retries` worth another try; its text says what failed."""
+
+
+def with_retries(
+    attempt: Callable[[], T],
+    *,
+    deadline_s: float,
+    what: str,
+    logger: logging.Logger,
+    give_up: Callable[[str], Exception],
+) -> T:
+    """`attempt()` until it returns or raises anything but `Retry`, for a call to the platform's internal API.
+
+    Between tries it logs (to `logger`) that `what` failed and waits 0.5 s, doubling up to 10 s; a try that
+    fails once `deadline_s` has passed raises `give_up(problem)`."""
+    delay, deadline = 0.5, time.monotonic() + deadline_s
+    while True:
+        try:
+            return attempt()
+        except Retry as exc:
+            problem = str(exc)
+        if time.monotonic() > deadline:
+            raise give_up(problem)
+        logger.warning("%s failed (%s); retrying in %.1fs", what, problem, delay)
         time.sleep(delay)
         delay = min(delay * 2, 10.0)
 

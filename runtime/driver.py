@@ -7,7 +7,6 @@ import logging
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,14 @@ import httpx
 import ray
 
 from runtime.capabilities import unsupported_parameters
-from runtime.credential import CredentialError, JobCredential, exchange, take_bootstrap_secret
+from runtime.credential import (
+    CredentialError,
+    JobCredential,
+    Retry,
+    exchange,
+    take_bootstrap_secret,
+    with_retries,
+)
 from runtime.devices import Device
 from runtime.observability import Stage, StepTimer, configure_logging
 from runtime.pipeline import Pipeline, RLPipeline, SFTPipeline, build_pipeline, role_plan
@@ -129,22 +135,25 @@ def fetch_spec(api_url: str, job_id: str, token: str, *, deadline_s: float = 120
 def fetch_job(api_url: str, job_id: str, token: str, *, deadline_s: float = 120.0) -> dict[str, Any]:
     """GET `{job_id, name, attempt, spec, output_dir}`, retrying while the API is briefly unavailable."""
     url = f"{api_url.rstrip('/')}/v1/internal/jobs/{job_id}/spec"
-    delay, give_up = 0.5, time.monotonic() + deadline_s
-    while True:
+
+    def attempt() -> dict[str, Any]:
         try:
             response = httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=10.0)
-            if response.is_success:
-                return dict(response.json())
-            if response.status_code in (401, 403, 404):
-                raise RuntimeError(f"GET {url}: HTTP {response.status_code} {response.text[:200]}")
-            problem = f"HTTP {response.status_code}"
         except httpx.HTTPError as exc:
-            problem = str(exc)
-        if time.monotonic() > give_up:
-            raise RuntimeError(f"GET {url} failed for {deadline_s:.0f}s: {problem}")
-        log.warning("spec fetch failed (%s); retrying in %.1fs", problem, delay)
-        time.sleep(delay)
-        delay = min(delay * 2, 10.0)
+            raise Retry(str(exc)) from exc
+        if response.is_success:
+            return dict(response.json())
+        if response.status_code in (401, 403, 404):
+            raise RuntimeError(f"GET {url}: HTTP {response.status_code} {response.text[:200]}")
+        raise Retry(f"HTTP {response.status_code}")
+
+    return with_retries(
+        attempt,
+        deadline_s=deadline_s,
+        what="spec fetch",
+        logger=log,
+        give_up=lambda problem: RuntimeError(f"GET {url} failed for {deadline_s:.0f}s: {problem}"),
+    )
 
 
 def load_job_spec(raw: dict[str, Any], *, name: str | None, normalized: bool) -> RuntimeSpec:
