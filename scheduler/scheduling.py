@@ -22,6 +22,7 @@ from scheduler.db.models import (
     Allocation,
     Checkpoint,
     Job,
+    JobWait,
     Node,
     Pool,
     PriorityClass,
@@ -119,9 +120,10 @@ _JOB_COLUMNS = (
     Job.queued_at,
     Job.preemptions,
     Job.service_gpu_s,
-    sa.cast(Job.nominated_nodes, sa.Text).label("nominated_nodes"),  # mostly null: parsed when not
-    Job.wait_reason,
-    Job.queue_position,
+    # the queued jobs' `JobWait`s (an outer join: `_ACTIVE`)
+    sa.cast(JobWait.nominated_nodes, sa.Text).label("nominated_nodes"),  # mostly null: parsed when not
+    JobWait.wait_reason,
+    JobWait.queue_position,
 )
 
 
@@ -161,7 +163,11 @@ def _load(session: Session, now: datetime) -> tuple[P.Snapshot, dict[str, _Row]]
         for c in session.scalars(sa.select(PriorityClass))
     )
     active_statuses = list(_POLICY_STATE)
-    active = session.execute(sa.select(*_JOB_COLUMNS).where(Job.status.in_(active_statuses))).all()
+    active = session.execute(
+        sa.select(*_JOB_COLUMNS)
+        .select_from(sa.outerjoin(Job, JobWait, JobWait.job_id == Job.id))
+        .where(Job.status.in_(active_statuses))
+    ).all()
     ids = {j.id for j in active}
     placements: dict[str, list[P.Assignment]] = {}
     # allocations exist only for jobs holding slots, all of them active
@@ -228,7 +234,7 @@ def run_scheduling_pass(
 
     It reads the active jobs' scheduling columns only, and writes only what changed: the admitted and
     preempted jobs (through `JobLifecycle`), and the queued jobs whose wait reason, position or nominated nodes
-    differ from what they hold, in one batched UPDATE."""
+    differ from what they hold (their `JobWait` rows, in one statement on PostgreSQL)."""
     result = PassResult()
     t0, cpu0 = time.perf_counter(), time.thread_time()
     with db.session() as session:
@@ -276,12 +282,7 @@ def run_scheduling_pass(
             result.admitted.append(job_id)
             after_commit(session, lambda j=job_id, p=pool: dispatcher.launch(j, p))
         if result.admitted:
-            session.execute(
-                sa.update(Job)
-                .where(Job.id.in_(result.admitted))
-                .values(wait_reason=None, queue_position=None, nominated_nodes=None)
-                .execution_options(synchronize_session=False)
-            )
+            session.execute(sa.delete(JobWait).where(JobWait.job_id.in_(result.admitted)))
         changes = []
         # a pass re-issues every nomination it keeps; the rest lapse
         for job_id, row in rows.items():
@@ -306,15 +307,8 @@ def run_scheduling_pass(
                         "nominated_nodes": nominated,
                     }
                 )
-        if (
-            changes
-        ):  # ORM bulk UPDATE by primary key: one executemany; a job that left QUEUED meanwhile is kept
-            session.execute(
-                sa.update(Job)
-                .where(Job.status == JobStatus.QUEUED)
-                .execution_options(synchronize_session=None),  # no Job of these is loaded in the session
-                changes,
-            )
+        if changes:
+            _write_waits(session, changes)
     t_end = time.perf_counter()
     # One line a pass, for operators and bench/api_load.py: how long it took (and how much of it this thread
     # ran on a CPU: on a busy machine the rest is waiting for one), over how many jobs.
@@ -337,6 +331,46 @@ def run_scheduling_pass(
     if result.admitted or result.preempted:
         log.info("scheduling pass admitted %s preempted %s", result.admitted, result.preempted)
     return result
+
+
+# A queued job's `JobWait`, inserted or updated, unless the job left QUEUED meanwhile (cancelled by a request
+# while the pass ran): one statement for all of them on PostgreSQL (arrays unnested), one a job elsewhere.
+_UPSERT_WAITS_PG = sa.text(
+    "INSERT INTO job_waits (job_id, queue_position, wait_reason, nominated_nodes) "
+    "SELECT j.id, v.position, v.reason, CAST(v.nominated AS jsonb) "
+    "FROM unnest(CAST(:ids AS text[]), CAST(:positions AS integer[]), CAST(:reasons AS text[]), "
+    "CAST(:nominated AS text[])) AS v(id, position, reason, nominated) "
+    "JOIN jobs j ON j.id = v.id AND j.status = :queued "
+    "ON CONFLICT (job_id) DO UPDATE SET queue_position = excluded.queue_position, "
+    "wait_reason = excluded.wait_reason, nominated_nodes = excluded.nominated_nodes"
+)
+_UPSERT_WAIT = sa.text(
+    "INSERT INTO job_waits (job_id, queue_position, wait_reason, nominated_nodes) "
+    "SELECT id, :queue_position, :wait_reason, :nominated_nodes FROM jobs WHERE id = :id AND status = :queued "
+    "ON CONFLICT (job_id) DO UPDATE SET queue_position = excluded.queue_position, "
+    "wait_reason = excluded.wait_reason, nominated_nodes = excluded.nominated_nodes"
+).bindparams(sa.bindparam("nominated_nodes", type_=sa.JSON()))
+
+
+def _write_waits(session: Session, changes: list[dict[str, Any]]) -> None:
+    """Write the queued jobs' changed `JobWait`s (`id`, `queue_position`, `wait_reason`, `nominated_nodes`)."""
+    queued = JobStatus.QUEUED.value
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(
+            _UPSERT_WAITS_PG,
+            {
+                "ids": [c["id"] for c in changes],
+                "positions": [c["queue_position"] for c in changes],
+                "reasons": [c["wait_reason"] for c in changes],
+                "nominated": [
+                    None if c["nominated_nodes"] is None else json.dumps(c["nominated_nodes"])
+                    for c in changes
+                ],
+                "queued": queued,
+            },
+        )
+    else:
+        session.execute(_UPSERT_WAIT, [{**c, "queued": queued} for c in changes])
 
 
 def _describe(placement: P.Placement) -> str:

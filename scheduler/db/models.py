@@ -7,7 +7,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, column_property, mapped_column
 
 from scheduler.db.spec_column import SpecJSON
 from scheduler.domain.jobs import JobStatus
@@ -176,6 +176,33 @@ class PriorityClass(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class JobWait(Base):
+    """Why a queued job waits, as the last scheduling pass left it. A table of its own because a pass rewrites
+    it for most queued jobs (an admission moves every job behind it up one place): narrow rows that
+    PostgreSQL updates in place (heap-only tuples, room kept by the fill factor), where updating the wide job
+    rows (their indexes, their JSON) cost a pass over 2,000 queued jobs ~100 ms of CPU (docs/reliability.md).
+    The job's attributes of the same names read it (`Job.wait_reason`, ...)."""
+
+    __tablename__ = "job_waits"
+    __table_args__ = {"postgresql_with": {"fillfactor": 70}}
+
+    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    queue_position: Mapped[int | None]  # 1-based, among the pool's queued jobs
+    wait_reason: Mapped[str | None] = mapped_column(sa.Text)  # why the pass did not admit it
+    # Nodes ("pool/node") that preemptions are freeing for this queued job: no other job starts there
+    # first. Written by each pass (policy Decision.nominate), cleared when the job is admitted.
+    nominated_nodes: Mapped[list[Any] | None] = mapped_column(JsonType)
+
+
+def _wait_of(job_id: Any, column: str) -> sa.ScalarSelect[Any]:
+    """A job's `JobWait` value, as a correlated subquery (NULL without a row)."""
+    return (
+        sa.select(getattr(JobWait.__table__.c, column))
+        .where(JobWait.__table__.c.job_id == job_id)
+        .scalar_subquery()
+    )
+
+
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (
@@ -196,11 +223,10 @@ class Job(Base):
     priority_class: Mapped[str] = mapped_column(sa.ForeignKey("priority_classes.name"))
     priority: Mapped[int] = mapped_column(default=0)  # the class's value at submission
     preemptible: Mapped[bool] = mapped_column(default=True)
-    queue_position: Mapped[int | None]  # 1-based, among the pool's queued jobs, from the last pass
-    wait_reason: Mapped[str | None] = mapped_column(sa.Text)  # why the last pass did not admit it
-    # Nodes ("pool/node") that preemptions are freeing for this queued job: no other job starts there
-    # first. Written by each pass (policy Decision.nominate), cleared when the job is admitted.
-    nominated_nodes: Mapped[list[Any] | None] = mapped_column(JsonType)
+    # Read-only here: the last pass's `JobWait` of a queued job (its own table: each pass rewrites most of them).
+    queue_position: Mapped[int | None] = column_property(_wait_of(id, "queue_position"))
+    wait_reason: Mapped[str | None] = column_property(_wait_of(id, "wait_reason"))
+    nominated_nodes: Mapped[list[Any] | None] = column_property(_wait_of(id, "nominated_nodes"))
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
     # normalized Relax spec, paths resolved; stored as what differs from the defaults (scheduler/db/spec_column.py)
     spec: Mapped[dict[str, Any]] = mapped_column(SpecJSON)

@@ -14,6 +14,7 @@ from scheduler.db.models import (
     Checkpoint,
     Job,
     JobEvent,
+    JobWait,
     LogLine,
     Metric,
     Prediction,
@@ -40,7 +41,14 @@ _UNLISTED = frozenset(
         "launched_at",
     }
 )
-_LISTED_COLUMNS = tuple(c for c in Job.__table__.columns if c.key not in _UNLISTED)
+_LISTED_COLUMNS = (
+    *(c for c in Job.__table__.columns if c.key not in _UNLISTED),
+    JobWait.__table__.c.queue_position,  # a queued job's, from the last pass
+    JobWait.__table__.c.wait_reason,
+)
+_LISTED_FROM = sa.outerjoin(
+    Job.__table__, JobWait.__table__, JobWait.__table__.c.job_id == Job.__table__.c.id
+)
 
 
 _LIST_FILTERS: dict[str, Any] = {
@@ -58,7 +66,12 @@ def _list_statement(given: frozenset[str]) -> sa.Select[Any]:
     """The job list's statement for a set of filters (parameters named as in `_LIST_FILTERS`, and `limit`),
     built once per set: building one costs more than running it."""
     c = Job.__table__.c
-    q = sa.select(*_LISTED_COLUMNS).order_by(c.id.desc()).limit(sa.bindparam("limit", type_=sa.Integer))
+    q = (
+        sa.select(*_LISTED_COLUMNS)
+        .select_from(_LISTED_FROM)
+        .order_by(c.id.desc())
+        .limit(sa.bindparam("limit", type_=sa.Integer))
+    )
     for key, where in _LIST_FILTERS.items():
         if key in given:
             q = q.where(where(c))

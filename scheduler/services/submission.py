@@ -13,6 +13,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, make_transient_to_detached
+from sqlalchemy.orm.attributes import set_committed_value
 
 import jobspec
 from runtime.capabilities import RESTRICTION_HINTS, unsupported_parameters
@@ -200,8 +201,13 @@ def _inserted(
         session.execute(_INSERT_AUDIT, audit)
     job = Job(**values)
     make_transient_to_detached(job)
+    for name in _WAIT_ATTRIBUTES:  # a new job waits for no pass yet: nothing to read back
+        set_committed_value(job, name, None)
     session.add(job)
     return job
+
+
+_WAIT_ATTRIBUTES = ("queue_position", "wait_reason", "nominated_nodes")  # Job's reading of its JobWait
 
 
 @dataclass(frozen=True)

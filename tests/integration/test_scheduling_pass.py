@@ -13,9 +13,9 @@ import pytest
 import sqlalchemy as sa
 
 from scheduler.db.engine import Database
-from scheduler.db.models import Allocation, Job, JobEvent, Node
+from scheduler.db.models import Allocation, Job, JobEvent, JobWait, Node
 from scheduler.dispatch import CeleryDispatcher
-from scheduler.scheduling import run_scheduling_pass
+from scheduler.scheduling import _write_waits, run_scheduling_pass
 from scheduler.services.auth import Principal
 from scheduler.services.lifecycle import JobLifecycle
 from tests.factories import bootstrap, make_broker_app, make_job, two_team_gpu_pool
@@ -149,3 +149,55 @@ def test_lent_capacity_is_taken_back_by_preemption(cluster: Database, tmp_path: 
         assert nodes == victim_nodes
         assert all(s.get(Job, j).nominated_nodes is None for j in victims)
     _booked(cluster)
+
+
+def test_queued_jobs_move_up_when_the_head_is_admitted_and_their_waits_are_written_in_one_statement(
+    cluster: Database, tmp_path: Path
+) -> None:
+    """Each pass rewrites the wait of every queued job whose place or reason moved (`job_waits`, a narrow table
+    of its own): on PostgreSQL one statement for all of them; an admitted job's row goes; a job that left
+    QUEUED while the pass ran gets none."""
+    full = [make_job(cluster, queue="math", gpus_per_replica=8, name=f"full{i}") for i in range(4)]
+    r = run_scheduling_pass(cluster, _dispatcher(tmp_path))
+    assert set(r.admitted) == set(full)
+    queued = [make_job(cluster, queue="vision", gpus_per_replica=8, name=f"q{i}") for i in range(6)]
+    statements: list[str] = []
+
+    def count(conn, cursor, statement, parameters, context, executemany):  # type: ignore[no-untyped-def]
+        statements.append(statement)
+
+    sa.event.listen(cluster.engine, "before_cursor_execute", count)
+    try:
+        r = run_scheduling_pass(cluster, _dispatcher(tmp_path))
+    finally:
+        sa.event.remove(cluster.engine, "before_cursor_execute", count)
+    assert not r.admitted and set(r.waiting) == set(queued)
+    writes = [s for s in statements if "job_waits" in s and s.lstrip().upper().startswith("INSERT")]
+    assert len(writes) == 1, statements  # PostgreSQL: one statement; SQLite: one executemany
+    with cluster.session(read_only=True) as s:
+        places = {j: s.get(Job, j).queue_position for j in queued}
+    assert sorted(places.values()) == [1, 2, 3, 4, 5, 6], places
+    head = min(places, key=lambda j: places[j])
+    assert "5 jobs ahead" in r.waiting[max(places, key=lambda j: places[j])]
+
+    # a job that left QUEUED while a pass ran gets no wait row from it (the pass writes what it read)
+    with cluster.session() as s:
+        JobLifecycle(s).cancel(queued[-1], ADMIN)
+        s.execute(sa.delete(JobWait).where(JobWait.job_id == queued[-1]))
+        _write_waits(
+            s,
+            [{"id": queued[-1], "queue_position": 6, "wait_reason": "stale", "nominated_nodes": ["h200/n0"]}],
+        )
+    # the head's turn: a running job ends, the next pass admits the head and the others move up
+    with cluster.session() as s:
+        assert JobLifecycle(s).transition(full[0], "FAILED", expected_from="ADMITTED", reason="test: ended")
+        s.execute(sa.delete(Allocation).where(Allocation.job_id == full[0]))
+    r = run_scheduling_pass(cluster, _dispatcher(tmp_path))
+    assert r.admitted == [head], r
+    r = run_scheduling_pass(cluster, _dispatcher(tmp_path))  # the order of a pass counts what it admitted
+    with cluster.session(read_only=True) as s:
+        assert s.get(Job, head).queue_position is None and s.get(Job, head).wait_reason is None
+        left = {j: s.get(Job, j).queue_position for j in queued[:-1] if j != head}
+        rows = set(s.scalars(sa.select(JobWait.job_id)))
+    assert all(left[j] == places[j] - 1 for j in left), (places, left)  # each moved up one place
+    assert rows == set(left), rows
