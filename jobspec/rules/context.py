@@ -4,6 +4,9 @@ A rule has a stable code (``rule.<name>``), the flags it involves, a one-line su
 reads the field values and reports through the context: `ctx.error` / `ctx.warn` for problems, `ctx.derive`
 to fill a derived default (recorded in `NormalizedSpec.derived`). `@rule(...)` makes a `Rule` of the function
 below it; the rule runs only where `jobspec.rules` lists it.
+
+Shared pieces: `ctx.warn_ignored(ctx.non_defaults(...), "<flag>")` for options that only apply with a switch,
+and `defaults_to(code, "<flag>", "<source-flag>")` for a rule that is only ``--flag defaults to --source``.
 """
 
 from __future__ import annotations
