@@ -83,8 +83,12 @@ class StreamCursor:
 
 def status_token(job: Job) -> int:
     """A token of what a `status` message shows: it changes when the status, the progress or anything else
-    of the job row changes (`updated_at` moves with every write), and is the same in every API process."""
-    key = f"{job.status}|{job.progress_step}|{job.total_steps}|{job.updated_at.isoformat()}"
+    of the job row changes (`updated_at` moves with every write), or a queued job's place or reason (its
+    `JobWait`, written apart from the row), and is the same in every API process."""
+    key = (
+        f"{job.status}|{job.progress_step}|{job.total_steps}|{job.updated_at.isoformat()}"
+        f"|{job.queue_position}|{job.wait_reason}"
+    )
     return zlib.crc32(key.encode())
 
 

@@ -201,3 +201,34 @@ def test_queued_jobs_move_up_when_the_head_is_admitted_and_their_waits_are_writt
         rows = set(s.scalars(sa.select(JobWait.job_id)))
     assert all(left[j] == places[j] - 1 for j in left), (places, left)  # each moved up one place
     assert rows == set(left), rows
+
+
+def test_a_queued_jobs_stream_sends_its_new_place_when_a_pass_moves_it(cluster: Database) -> None:
+    """The wait is written apart from the job's row (`job_waits`): the stream's status token still sees it."""
+    from scheduler.services.stream import JobStream, StreamCursor
+
+    job_id = make_job(cluster, queue="math", gpus_per_replica=8, name="waits")
+    stream = JobStream(StreamCursor())
+
+    def poll() -> Job | None:
+        with cluster.session(read_only=True) as s:
+            return stream.poll(s, s.get(Job, job_id)).status
+
+    assert poll() is not None  # the first poll sends the status
+    assert poll() is None  # nothing changed
+    for place in (3, 2):
+        with cluster.session() as s:
+            _write_waits(
+                s,
+                [
+                    {
+                        "id": job_id,
+                        "queue_position": place,
+                        "wait_reason": f"{place - 1} jobs ahead",
+                        "nominated_nodes": None,
+                    }
+                ],
+            )
+        sent = poll()
+        assert sent is not None and sent.queue_position == place, place
+        assert poll() is None
