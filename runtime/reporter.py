@@ -13,13 +13,24 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, TextIO
 
 import httpx
 
 from runtime.redaction import redact
+from runtime.report_protocol import (  # Phase, EventKind, RolloutSplit: imported from here by the pipeline
+    REPORT_LISTS,
+    CheckpointItem,
+    EventItem,
+    EventKind,
+    LogItem,
+    MetricItem,
+    Phase,
+    PredictionItem,
+    RolloutItem,
+    RolloutSplit,
+)
 from runtime.spool import DiskSpool, MemoryQueue, spool_key
 from runtime.train.checkpoint import CheckpointRecord
 
@@ -30,7 +41,6 @@ if not _internal.handlers:
     _internal.addHandler(logging.StreamHandler(sys.stderr))
     _internal.setLevel(logging.WARNING)
 
-REPORT_LISTS = ("metrics", "logs", "checkpoints", "rollouts", "predictions", "events")
 MAX_ITEMS_PER_REPORT = 1000  # per list, keeps request bodies small after an outage
 MAX_PENDING_LOGS = 20_000  # beyond this the oldest log lines are dropped (metrics never are)
 MAX_PENDING_ITEMS = 200_000  # other items waiting for room in a full spool: past this, their producer waits
@@ -38,34 +48,13 @@ DEFAULT_SPOOL_MAX_BYTES = 256 * 1024 * 1024
 SPOOL_MAX_BYTES_ENV = "RELAX_REPORT_SPOOL_MAX_BYTES"
 
 
-class Phase(StrEnum):
-    RUNNING = "running"  # the roles are up; moves the job STARTING -> RUNNING
-
-
-class EventKind(StrEnum):
-    MODEL_LOADED = "model_loaded"  # the roles loaded hf-checkpoint (and, on resume, the checkpoint)
-    RESUMED = "resumed"  # training continues from a checkpoint under `load`
-    CHECKPOINT_SAVED = "checkpoint_saved"
-    CHECKPOINT_REMOVED = "checkpoint_removed"  # max-actor-ckpt-to-keep / rotate-ckpt let it go
-    HF_EXPORTED = "hf_exported"
-    PREDICTIONS_WRITTEN = "predictions_written"  # an SFT predictions file
-    STOP_REQUESTED = "stop_requested"  # the platform asked the driver to stop between steps
-    FINISHED = "finished"  # the loop ended normally
-    FAILED = "failed"  # the driver is exiting on an error
-    FINAL_REPORT = "final_report"  # in the driver's last report (Reporter.close): nothing follows it
-
-
-class RolloutSplit(StrEnum):
-    TRAIN = "train"
-    EVAL = "eval"
-
-
 @dataclass
 class _Pending:
-    lists: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {k: [] for k in REPORT_LISTS})
+    # a report's lists by name (REPORT_LISTS), each of its item type (runtime/report_protocol.py)
+    lists: dict[str, list[Any]] = field(default_factory=lambda: {k: [] for k in REPORT_LISTS})
     phase: str | None = None
     dropped_logs: int = 0
-    final: dict[str, Any] | None = None  # the end-of-run marker: goes out last, in the last report
+    final: EventItem | None = None  # the end-of-run marker: goes out last, in the last report
 
     def empty(self) -> bool:
         return self.phase is None and self.final is None and not any(self.lists.values())
@@ -181,7 +170,7 @@ class Reporter(ABC):
     def metrics(self, step: int, values: dict[str, float]) -> None:
         now = time.time()
         self._add(
-            "metrics", [{"step": step, "name": k, "value": float(v), "time": now} for k, v in values.items()]
+            "metrics", [MetricItem(step=step, name=k, value=float(v), time=now) for k, v in values.items()]
         )
         if values and self._durable_step is not None and step >= self._durable_step:
             self._durable_step = None
@@ -215,23 +204,30 @@ class Reporter(ABC):
         return True
 
     def log(self, level: str, message: str, *, source: str = "driver", when: float | None = None) -> None:
-        item = {"time": when or time.time(), "level": level, "source": source, "message": redact(message)}
+        item = LogItem(time=when or time.time(), level=level, source=source, message=redact(message))
         self._add("logs", [item])
 
     def checkpoint(self, record: CheckpointRecord) -> None:
-        self._add("checkpoints", [record.to_report()])
+        item = CheckpointItem(
+            step=record.step,
+            path=record.path,
+            size_bytes=record.size_bytes,
+            format=str(record.format),
+            time=record.time,
+        )
+        self._add("checkpoints", [item])
 
     def rollout(self, rollout_id: int, split: RolloutSplit, path: str, num_samples: int) -> None:
-        item = {"rollout_id": rollout_id, "split": str(split), "path": path, "num_samples": num_samples}
+        item = RolloutItem(rollout_id=rollout_id, split=str(split), path=path, num_samples=num_samples)
         self._add("rollouts", [item])
 
     def prediction(self, step: int, path: str, num_samples: int) -> None:
         """An SFT predictions file (`<save>/predict/predictions_step_<step>.jsonl`)."""
-        item = {"step": step, "path": path, "num_samples": num_samples, "time": time.time()}
+        item = PredictionItem(step=step, path=path, num_samples=num_samples, time=time.time())
         self._add("predictions", [item])
 
     def event(self, kind: EventKind, message: str = "") -> None:
-        self._add("events", [{"time": time.time(), "kind": str(kind), "message": redact(message)}])
+        self._add("events", [EventItem(time=time.time(), kind=str(kind), message=redact(message))])
 
     def set_phase(self, phase: Phase) -> None:
         with self._cond:
@@ -264,11 +260,9 @@ class Reporter(ABC):
         after the driver's Ray job has ended."""
         with self._cond:
             if final is not None and not self._closing:
-                self._pending.final = {
-                    "time": time.time(),
-                    "kind": str(EventKind.FINAL_REPORT),
-                    "message": redact(final),
-                }
+                self._pending.final = EventItem(
+                    time=time.time(), kind=str(EventKind.FINAL_REPORT), message=redact(final)
+                )
             self._closing = True
             self._cond.notify_all()
         done = self.flush(timeout)
@@ -308,7 +302,7 @@ class Reporter(ABC):
     def _drained(self) -> bool:
         return self._pending.empty() and not self._unwritten and len(self._queue) == 0
 
-    def _add(self, kind: str, items: list[dict[str, Any]]) -> None:
+    def _add(self, kind: str, items: list[Any]) -> None:
         with self._cond:
             if self._closing:
                 self.late_items += len(items)
@@ -349,13 +343,13 @@ class Reporter(ABC):
         waited = time.monotonic() - started
         self.blocked_seconds += waited
         self._pending.lists["logs"].append(
-            {
-                "time": time.time(),
-                "level": "WARNING",
-                "source": "reporter",
-                "message": f"the driver waited {waited:.1f}s for room in its report spool (full at "
+            LogItem(
+                time=time.time(),
+                level="WARNING",
+                source="reporter",
+                message=f"the driver waited {waited:.1f}s for room in its report spool (full at "
                 f"{self.spool_max_bytes / 2**20:.0f} MiB) while the platform took no reports",
-            }
+            )
         )
 
     def _take_batch(self, heartbeat_due: bool) -> dict[str, Any] | None:
@@ -365,12 +359,12 @@ class Reporter(ABC):
             return None
         if pending.dropped_logs:
             pending.lists["logs"].append(
-                {
-                    "time": time.time(),
-                    "level": "WARNING",
-                    "source": "reporter",
-                    "message": f"{pending.dropped_logs} log lines dropped while the API was unreachable",
-                }
+                LogItem(
+                    time=time.time(),
+                    level="WARNING",
+                    source="reporter",
+                    message=f"{pending.dropped_logs} log lines dropped while the API was unreachable",
+                )
             )
             pending.dropped_logs = 0
         payload: dict[str, Any] = {

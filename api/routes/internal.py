@@ -14,12 +14,12 @@ from pydantic import BaseModel
 from api.deps import BearerDep, JobReportsDep, SessionDep, SettingsDep
 from api.errors import envelope
 from api.schemas import ERROR_RESPONSES
-from api.schemas.jobs import ReportAck, ReportCreate
+from api.schemas.jobs import ReportAck
+from runtime.report_protocol import Report
 from scheduler.db.models import Job
 from scheduler.services.audit import AuditEntry
 from scheduler.services.audit import record as record_audit
 from scheduler.services.job_tokens import authorize_job_token, claim_job_token
-from scheduler.services.reports import Report
 
 router = APIRouter(prefix="/v1/internal/jobs", tags=["internal"], responses=ERROR_RESPONSES)
 
@@ -79,6 +79,6 @@ def driver_spec(job: TokenJob, svc: JobReportsDep) -> dict[str, Any]:
 
 
 @router.post("/{job_id}/report", response_model=ReportAck)
-def driver_report(job: TokenJob, body: ReportCreate, svc: JobReportsDep) -> ReportAck:
-    stop = svc.ingest_report(job, Report(**body.model_dump(exclude_none=True)))  # absent: the defaults
+def driver_report(job: TokenJob, body: Report, svc: JobReportsDep) -> ReportAck:
+    stop = svc.ingest_report(job, body)
     return ReportAck(stop_requested=stop)

@@ -12,7 +12,7 @@ from api.schemas import Labels
 from jobspec.bounds import MAX_ARGV_WORDS, MAX_PATH_LENGTH, MAX_SPEC_KEYS, MAX_WORD_LENGTH
 from jobspec.demand import ResourceDemand
 from jobspec.issues import SpecIssue
-from scheduler.db.models import BIGINT_MAX, INTEGER_MAX, INTEGER_MIN
+from scheduler.db.models import INTEGER_MAX
 from scheduler.domain.jobs import FailureReason, JobStatus
 
 # The wire types of the responses are the domain's own declarations (docs/adr/0008): a job's status and
@@ -332,76 +332,8 @@ class SpecValidation(BaseModel):
     pool: str | None = None
 
 
-#: An integer column's range (a step, an attempt, a count): scheduler/db/models.py.
-Integer = Annotated[int, Field(ge=INTEGER_MIN, le=INTEGER_MAX)]
-Count = Annotated[int, Field(ge=0, le=INTEGER_MAX)]
-#: Seconds since the epoch, up to the last second of year 9999 (what a datetime holds).
-Timestamp = Annotated[float, Field(ge=0, le=253402300799, allow_inf_nan=False)]
-
-
-class _ReportItem(BaseModel):
-    """An item of a driver's report (runtime/reporter.py sends them). Keys this version does not know are
-    ignored, so that a newer driver's reports are still taken."""
-
-    model_config = ConfigDict(extra="ignore")
-
-
-class MetricIn(_ReportItem):
-    step: Integer
-    name: str
-    value: float  # a loss may be NaN or infinite: the driver reports what it measured
-    time: Timestamp | None = None
-
-
-class LogIn(_ReportItem):
-    time: Timestamp | None = None
-    level: str = "INFO"
-    source: str | None = None
-    message: str = ""
-
-
-class CheckpointIn(_ReportItem):
-    step: Integer
-    path: str
-    size_bytes: Annotated[int, Field(ge=0, le=BIGINT_MAX)] = 0
-    format: Annotated[str, Field(max_length=20)] = "torch"
-    time: Timestamp | None = None
-
-
-class RolloutIn(_ReportItem):
-    rollout_id: Integer
-    split: Annotated[str, Field(max_length=10)] = "train"
-    path: str
-    num_samples: Count = 0
-    time: Timestamp | None = None
-
-
-class PredictionIn(_ReportItem):
-    step: Integer
-    path: str
-    num_samples: Count = 0
-    time: Timestamp | None = None
-
-
-class EventIn(_ReportItem):
-    time: Timestamp | None = None
-    kind: str = "driver"
-    message: str = ""
-
-
-class ReportCreate(BaseModel):
-    """One batch from a job's driver."""
-
-    attempt: Count
-    seq: Count
-    phase: str | None = None
-    progress: dict[str, Integer] | None = None
-    metrics: list[MetricIn] = Field(default_factory=list)
-    logs: list[LogIn] = Field(default_factory=list)
-    checkpoints: list[CheckpointIn] = Field(default_factory=list)
-    rollouts: list[RolloutIn] = Field(default_factory=list)
-    predictions: list[PredictionIn] = Field(default_factory=list)
-    events: list[EventIn] = Field(default_factory=list)
+# A driver's report (`POST /v1/internal/jobs/{id}/report`) is the report protocol's own declaration,
+# `runtime.report_protocol.Report` and its items: the driver builds it, the route takes it, the service stores it.
 
 
 class ReportAck(BaseModel):

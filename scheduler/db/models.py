@@ -9,6 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, column_property, mapped_column
 
+from runtime import report_protocol
 from scheduler.db.spec_column import SpecJSON
 from scheduler.domain.jobs import JobStatus
 
@@ -37,9 +38,13 @@ JsonType = sa.JSON().with_variant(JSONB(), "postgresql")
 
 #: What an integer column holds: `Mapped[int]` is PostgreSQL's INTEGER, the row ids are BIGINT (SQLite's
 #: INTEGER is 64-bit). A request's number beyond its column's range is refused before it is bound (the
-#: driver raises OverflowError or NumericValueOutOfRange, which would answer 500).
-INTEGER_MIN, INTEGER_MAX = -(2**31), 2**31 - 1
-BIGINT_MAX = 2**63 - 1
+#: driver raises OverflowError or NumericValueOutOfRange, which would answer 500). Declared with the report
+#: protocol, whose items these columns store (the runtime may not import the scheduler); re-exported here.
+INTEGER_MIN, INTEGER_MAX, BIGINT_MAX = (
+    report_protocol.INTEGER_MIN,
+    report_protocol.INTEGER_MAX,
+    report_protocol.BIGINT_MAX,
+)
 
 
 def utcnow() -> datetime:

@@ -5,8 +5,8 @@ API could not take them, and whether its final report is stored (docs/reliabilit
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from runtime.layout import (
     list_iterations,
 )
 from runtime.redaction import redact
+from runtime.report_protocol import EventKind, LogItem, Phase, Report
 from runtime.spool import read_spool, spool_dir, spool_key
 from scheduler.db.models import (
     Checkpoint,
@@ -44,7 +45,7 @@ from scheduler.services.lifecycle import JobLifecycle, JobServiceBase
 from scheduler.services.outputs import JobOutputs
 from scheduler.services.paths import real, team_storage
 
-FINAL_REPORT_EVENT = "final_report"  # runtime.reporter.EventKind.FINAL_REPORT: the driver's last report
+FINAL_REPORT_EVENT = EventKind.FINAL_REPORT.value  # the driver's last report
 AWAITING_FINAL_REPORT_EVENT = "awaiting_final_report"
 WAITING_FOR_FINAL_REPORT = "the driver's Ray job ended; waiting for the driver's final reports"
 
@@ -79,25 +80,6 @@ class SpoolCollection:
 class CheckpointReconciliation:
     registered: list[int]  # steps of complete checkpoints on disk registered now
     missing: list[str]  # paths of records removed: their folders are gone
-
-
-@dataclass(frozen=True)
-class Report:
-    """One batch from a driver (see runtime/reporter.py for the sending side)."""
-
-    attempt: int
-    seq: int
-    phase: str | None = None
-    progress: dict[str, int] | None = None
-    metrics: Sequence[dict[str, Any]] = ()
-    logs: Sequence[dict[str, Any]] = ()
-    checkpoints: Sequence[dict[str, Any]] = ()
-    rollouts: Sequence[dict[str, Any]] = ()
-    predictions: Sequence[dict[str, Any]] = ()
-    events: Sequence[dict[str, Any]] = ()
-
-
-_REPORT_FIELDS = frozenset(f.name for f in fields(Report))
 
 
 def _ts(value: float | None) -> datetime:
@@ -162,15 +144,15 @@ class JobReports(JobServiceBase):
         )
         return bool(count)
 
-    def add_logs(self, job: Job, lines: Iterable[dict[str, Any]], *, source: str) -> None:
-        """Log lines of the job's current attempt (each `{"message", "level"?, "time"?, "source"?}`), redacted."""
+    def add_logs(self, job: Job, lines: Iterable[LogItem], *, source: str) -> None:
+        """Log lines of the job's current attempt, redacted; `source` where a line names none."""
         rows = [
             {
                 "job_id": job.id,
                 "attempt": job.attempt,
                 "time": _ts(line.get("time")),
                 "level": str(line.get("level", "INFO"))[:10],
-                "source": str(line.get("source", source))[:40],
+                "source": str(source if line.get("source") is None else line.get("source"))[:40],
                 "message": redact(str(line.get("message", ""))),
             }
             for line in lines
@@ -180,7 +162,7 @@ class JobReports(JobServiceBase):
 
     def add_ray_log_tail(self, job: Job, lines: Iterable[str]) -> None:
         """The last lines of the driver's Ray job log, as the reconciler read them when the job ended or was lost."""
-        self.add_logs(job, ({"message": line, "level": "INFO"} for line in lines), source="ray")
+        self.add_logs(job, (LogItem(message=line, level="INFO") for line in lines), source="ray")
 
     # Driver reports ------------------------------------------------------------------------
     def ingest_report(self, job: Job, report: Report) -> bool:
@@ -192,7 +174,8 @@ class JobReports(JobServiceBase):
         applied and is acknowledged without effect; one further ahead never comes from the driver and
         is refused (422 `report.seq_gap`) without moving `report_seq`, so that no sender can make the
         platform skip the driver's later reports. `report_seq` moves by compare-and-set: two copies of
-        one report sent at once are applied once."""
+        one report sent at once are applied once. The report is validated (`Report`, over HTTP and from the
+        spool alike), so each of its items holds every key of its declaration."""
         if report.attempt != job.attempt:
             raise Conflict(
                 f"report for attempt {report.attempt} but the job is at attempt {job.attempt}",
@@ -245,10 +228,10 @@ class JobReports(JobServiceBase):
                     {
                         "job_id": job.id,
                         "attempt": attempt,
-                        "step": int(m["step"]),
-                        "name": str(m["name"])[:200],
-                        "value": float(m["value"]),
-                        "time": _ts(m.get("time")),
+                        "step": m["step"],
+                        "name": m["name"][:200],
+                        "value": m["value"],
+                        "time": _ts(m["time"]),
                     }
                     for m in report.metrics
                 ],
@@ -259,11 +242,11 @@ class JobReports(JobServiceBase):
                 Checkpoint(
                     job_id=job.id,
                     attempt=attempt,
-                    step=int(c["step"]),
-                    path=str(c["path"]),
-                    size_bytes=int(c.get("size_bytes", 0)),
-                    format=str(c.get("format", "torch")),
-                    time=_ts(c.get("time")),
+                    step=c["step"],
+                    path=c["path"],
+                    size_bytes=c["size_bytes"],
+                    format=c["format"],
+                    time=_ts(c["time"]),
                 )
             )
         for r in report.rollouts:
@@ -271,11 +254,11 @@ class JobReports(JobServiceBase):
                 Rollout(
                     job_id=job.id,
                     attempt=attempt,
-                    rollout_id=int(r["rollout_id"]),
-                    split=str(r.get("split", "train")),
-                    path=str(r["path"]),
-                    num_samples=int(r.get("num_samples", 0)),
-                    time=_ts(r.get("time")),
+                    rollout_id=r["rollout_id"],
+                    split=r["split"],
+                    path=r["path"],
+                    num_samples=r["num_samples"],
+                    time=_ts(r["time"]),
                 )
             )
         for p in report.predictions:
@@ -283,21 +266,21 @@ class JobReports(JobServiceBase):
                 Prediction(
                     job_id=job.id,
                     attempt=attempt,
-                    step=int(p["step"]),
-                    path=str(p["path"]),
-                    num_samples=int(p.get("num_samples", 0)),
-                    time=_ts(p.get("time")),
+                    step=p["step"],
+                    path=p["path"],
+                    num_samples=p["num_samples"],
+                    time=_ts(p["time"]),
                 )
             )
         for e in report.events:
-            kind, message = str(e.get("kind", "driver"))[:40], redact(str(e.get("message", "")))
+            kind, message = e["kind"][:40], redact(e["message"])
             if (
                 kind == FINAL_REPORT_EVENT
             ):  # the driver's last report: names its attempt (final_report_stored)
                 message = f"attempt {attempt}: {message} (report seq {report.seq})"
             self._lifecycle.record_event(job, kind, message, at=_ts(e.get("time")))
         self.session.flush()
-        if report.phase == "running" and job.status == JobStatus.STARTING:
+        if report.phase == Phase.RUNNING and job.status == JobStatus.STARTING:
             self._lifecycle.transition(
                 job.id, JobStatus.RUNNING, expected_from=JobStatus.STARTING, reason="driver is up"
             )
@@ -360,8 +343,9 @@ class JobReports(JobServiceBase):
 
         Only lines signed with the key derived from the attempt's token count: nobody but the driver holding
         that token can write one, so this path trusts exactly what `POST …/report` does. Reports go through
-        `ingest_report` in sequence order, each in a savepoint: one already stored is skipped, a gap or a
-        report that fails stops the collection (the earlier ones stay applied). The caller deletes a spool
+        `ingest_report` in sequence order, each checked as the API checks a report (`Report`) and applied in a
+        savepoint: one already stored is skipped, a gap, a report the API would refuse or one that fails stops
+        the collection (the earlier ones stay applied). The caller deletes a spool
         that is `complete` once its transaction has committed (`SpoolCollection.discard`)."""
         directory = spool_dir(job.output_dir, job.attempt)
         if not directory.is_dir():
@@ -380,10 +364,9 @@ class JobReports(JobServiceBase):
             if item.seq <= job.report_seq:
                 stored += 1
                 continue
-            fields = {k: v for k, v in item.payload.items() if k in _REPORT_FIELDS}
             try:
                 with self.session.begin_nested():
-                    self.ingest_report(job, Report(**fields))
+                    self.ingest_report(job, Report.model_validate(item.payload))
             except Exception as exc:  # noqa: BLE001 - a report the API would refuse: stop here, say why
                 self.session.refresh(job)
                 problem = redact(f"report seq {item.seq}: {type(exc).__name__}: {exc}")[:500]

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from runtime.report_protocol import Report
 from scheduler.db.engine import Database
 from scheduler.db.models import Allocation, Job, JobEvent, Metric
 from scheduler.dispatch import TASK_LAUNCH, CeleryDispatcher, pool_queue
@@ -15,7 +16,7 @@ from scheduler.domain.jobs import JobStatus
 from scheduler.scheduling import run_scheduling_pass
 from scheduler.services.auth import Principal
 from scheduler.services.lifecycle import JobLifecycle
-from scheduler.services.reports import JobReports, Report
+from scheduler.services.reports import JobReports
 from scheduler.services.submission import JobSubmission, Submission
 from tests.factories import bootstrap, drain_queue, grpo_spec, make_broker_app
 

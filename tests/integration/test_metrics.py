@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from runtime.report_protocol import Report
 from scheduler.db.engine import Database
 from scheduler.domain.jobs import FailureReason, JobStatus
 from scheduler.observability import METRICS_DIR_ENV, MULTIPROC_ENV
@@ -21,7 +22,7 @@ from scheduler.policy import PolicyConfig
 from scheduler.scheduling import run_scheduling_pass
 from scheduler.services.auth import Principal
 from scheduler.services.lifecycle import JobLifecycle
-from scheduler.services.reports import JobReports, Report
+from scheduler.services.reports import JobReports
 from tests.factories import make_job, two_team_gpu_pool
 
 ADMIN = Principal(key_id="key_test", role="admin", team_id=None)

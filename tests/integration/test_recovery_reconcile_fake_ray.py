@@ -21,6 +21,7 @@ import pytest
 import sqlalchemy as sa
 
 from runtime.launcher import RAY_FAILED, RAY_RUNNING, RAY_STOPPED, RayJobInfo
+from runtime.report_protocol import Report
 from scheduler import tasks
 from scheduler.db.engine import Database
 from scheduler.db.models import Allocation, Checkpoint, Job, JobEvent, utcnow
@@ -30,7 +31,7 @@ from scheduler.recovery import LOST_EVENT
 from scheduler.scheduling import run_scheduling_pass
 from scheduler.services.auth import Principal
 from scheduler.services.lifecycle import JobLifecycle
-from scheduler.services.reports import JobReports, Report
+from scheduler.services.reports import JobReports
 from scheduler.services.submission import JobSubmission, Submission
 from scheduler.settings import CelerySettings, DatabaseSettings, SchedulerSettings, Settings
 from tests.factories import bootstrap, drain_queue, grpo_spec, make_broker_app

@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from runtime.launcher import RAY_SUCCEEDED, RayJobInfo
+from runtime.report_protocol import Report
 from runtime.reporter import HttpReporter, Phase
 from runtime.spool import DiskSpool, spool_dir, spool_key
 from runtime.train.checkpoint import (
@@ -30,7 +31,7 @@ from scheduler.domain.jobs import JobStatus
 from scheduler.services.auth import Principal
 from scheduler.services.job_tokens import bootstrap_secret, job_token
 from scheduler.services.lifecycle import JobLifecycle
-from scheduler.services.reports import WAITING_FOR_FINAL_REPORT, JobReports, Report
+from scheduler.services.reports import WAITING_FOR_FINAL_REPORT, JobReports
 from scheduler.services.submission import JobSubmission, Submission
 from scheduler.settings import CelerySettings, DatabaseSettings, Settings
 from tests.factories import bootstrap, grpo_spec, make_broker_app
@@ -234,6 +235,30 @@ def test_the_reconciler_delivers_what_an_ended_driver_left_in_its_spool(world, t
     assert checkpoints == [399]  # registered once (by its report; the disk agreed)
     assert not folder.exists()  # delivered: the spool is gone
     assert "report(s) collected from the driver's spool" in _events(ctx, job_id, "spool_collected")[-1]
+
+
+def test_a_spooled_report_is_checked_as_the_api_checks_one(world) -> None:  # type: ignore[no-untyped-def]
+    """The spool's reports are `Report`s validated as the API validates a report sent to it: one the API would
+    refuse (a step beyond its 32-bit column; SQLite would have stored it) stops the collection there, nothing
+    of it or after it is stored, and the reason names the item."""
+    ctx, ray = world
+    job_id, _ = _running_job(ctx, ray)
+    job = _job(ctx, job_id)
+    spool = DiskSpool(
+        spool_dir(job.output_dir, 1), spool_key(job_token(ctx.settings.signing_key(), job_id, 1))
+    )
+    spool.append({"attempt": 1, "seq": 0, "metrics": [{"step": 2**31, "name": "train/loss", "value": 1.0}]})
+    spool.append({"attempt": 1, "seq": 1, "metrics": [{"step": 1, "name": "train/loss", "value": 1.0}]})
+    spool.close()
+    with ctx.db.session() as s:
+        found = _reports(s, ctx).collect_spool(s.get(Job, job_id), ctx.settings.signing_key())
+    assert (found.applied, found.stored, found.left) == (0, 0, 2)
+    assert (
+        found.problem is not None and "ValidationError" in found.problem and "metrics.0.step" in found.problem
+    )
+    assert _job(ctx, job_id).report_seq == -1
+    with ctx.db.session() as s:
+        assert s.scalars(sa.select(Metric).where(Metric.job_id == job_id)).all() == []
 
 
 def test_checkpoint_records_follow_the_disk_and_a_resume_finds_an_unregistered_one(world) -> None:  # type: ignore[no-untyped-def]

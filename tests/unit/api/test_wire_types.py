@@ -35,6 +35,13 @@ TYPED = {
     "capacity": "Capacity",
     "warnings": "SpecIssue",
     "errors": "SpecIssue",
+    # a driver's report: the report protocol's items (runtime/report_protocol.py)
+    "metrics": "MetricItem",
+    "logs": "LogItem",
+    "checkpoints": "CheckpointItem",
+    "rollouts": "RolloutItem",
+    "predictions": "PredictionItem",
+    "events": "EventItem",
 }
 #: The objects the API leaves free-form, each for a reason; a new one must be added here (or typed).
 FREE_FORM = {

@@ -894,8 +894,8 @@ export interface components {
             needs_gpus: number;
             pool: components["schemas"]["PoolFit"];
         };
-        /** CheckpointIn */
-        CheckpointIn: {
+        /** CheckpointItem */
+        CheckpointItem: {
             /**
              * Format
              * @default torch
@@ -976,8 +976,8 @@ export interface components {
         ErrorEnvelope: {
             error: components["schemas"]["ErrorBody"];
         };
-        /** EventIn */
-        EventIn: {
+        /** EventItem */
+        EventItem: {
             /**
              * Kind
              * @default driver
@@ -1341,8 +1341,8 @@ export interface components {
              */
             working_dir?: string | null;
         };
-        /** LogIn */
-        LogIn: {
+        /** LogItem */
+        LogItem: {
             /**
              * Level
              * @default INFO
@@ -1396,8 +1396,8 @@ export interface components {
              */
             next_after: number;
         };
-        /** MetricIn */
-        MetricIn: {
+        /** MetricItem */
+        MetricItem: {
             /** Name */
             name: string;
             /** Step */
@@ -1640,8 +1640,8 @@ export interface components {
             /** Data */
             data: components["schemas"]["PoolPublic"][];
         };
-        /** PredictionIn */
-        PredictionIn: {
+        /** PredictionItem */
+        PredictionItem: {
             /**
              * Num Samples
              * @default 0
@@ -1795,38 +1795,38 @@ export interface components {
             /** Data */
             data: components["schemas"]["QueuePublic"][];
         };
-        /** ReportAck */
-        ReportAck: {
-            /** Stop Requested */
-            stop_requested: boolean;
-        };
         /**
-         * ReportCreate
-         * @description One batch from a job's driver.
+         * Report
+         * @description One batch from a job's driver: numbered per attempt from 0, resent unchanged until acknowledged.
          */
-        ReportCreate: {
+        Report: {
             /** Attempt */
             attempt: number;
             /** Checkpoints */
-            checkpoints?: components["schemas"]["CheckpointIn"][];
+            checkpoints?: components["schemas"]["CheckpointItem"][];
             /** Events */
-            events?: components["schemas"]["EventIn"][];
+            events?: components["schemas"]["EventItem"][];
             /** Logs */
-            logs?: components["schemas"]["LogIn"][];
+            logs?: components["schemas"]["LogItem"][];
             /** Metrics */
-            metrics?: components["schemas"]["MetricIn"][];
+            metrics?: components["schemas"]["MetricItem"][];
             /** Phase */
             phase?: string | null;
             /** Predictions */
-            predictions?: components["schemas"]["PredictionIn"][];
+            predictions?: components["schemas"]["PredictionItem"][];
             /** Progress */
             progress?: {
                 [key: string]: number;
             } | null;
             /** Rollouts */
-            rollouts?: components["schemas"]["RolloutIn"][];
+            rollouts?: components["schemas"]["RolloutItem"][];
             /** Seq */
             seq: number;
+        };
+        /** ReportAck */
+        ReportAck: {
+            /** Stop Requested */
+            stop_requested: boolean;
         };
         /**
          * ResourceDemand
@@ -1866,8 +1866,8 @@ export interface components {
              */
             total_gpus: number;
         };
-        /** RolloutIn */
-        RolloutIn: {
+        /** RolloutItem */
+        RolloutItem: {
             /**
              * Num Samples
              * @default 0
@@ -3100,7 +3100,7 @@ export interface operations {
         };
         requestBody: {
             content: {
-                "application/json": components["schemas"]["ReportCreate"];
+                "application/json": components["schemas"]["Report"];
             };
         };
         responses: {
