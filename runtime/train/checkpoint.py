@@ -8,7 +8,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
@@ -42,9 +42,6 @@ class CheckpointRecord:
     size_bytes: int
     format: CheckpointFormat
     time: float
-
-    def to_report(self) -> dict:
-        return {**asdict(self), "format": str(self.format)}
 
 
 def write_latest_iteration(root: str | Path, iteration: int) -> None:
