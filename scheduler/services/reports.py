@@ -237,40 +237,14 @@ class JobReports(JobServiceBase):
                 ],
             )
         self.add_logs(job, report.logs, source="driver")
-        for c in report.checkpoints:
-            self.session.add(
-                Checkpoint(
-                    job_id=job.id,
-                    attempt=attempt,
-                    step=c["step"],
-                    path=c["path"],
-                    size_bytes=c["size_bytes"],
-                    format=c["format"],
-                    time=_ts(c["time"]),
-                )
-            )
-        for r in report.rollouts:
-            self.session.add(
-                Rollout(
-                    job_id=job.id,
-                    attempt=attempt,
-                    rollout_id=r["rollout_id"],
-                    split=r["split"],
-                    path=r["path"],
-                    num_samples=r["num_samples"],
-                    time=_ts(r["time"]),
-                )
-            )
-        for p in report.predictions:
-            self.session.add(
-                Prediction(
-                    job_id=job.id,
-                    attempt=attempt,
-                    step=p["step"],
-                    path=p["path"],
-                    num_samples=p["num_samples"],
-                    time=_ts(p["time"]),
-                )
+        # the files a report names, a row each: the item's own keys are the row's columns
+        for model, items in (
+            (Checkpoint, report.checkpoints),
+            (Rollout, report.rollouts),
+            (Prediction, report.predictions),
+        ):
+            self.session.add_all(
+                model(job_id=job.id, attempt=attempt, **{**item, "time": _ts(item["time"])}) for item in items
             )
         for e in report.events:
             kind, message = e["kind"][:40], redact(e["message"])
