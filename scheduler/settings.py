@@ -173,6 +173,34 @@ class RaySettings(BaseSettings):
     )
 
 
+class WebhookSettings(BaseSettings):
+    """Delivery of webhooks (docs/reference/webhooks.md)."""
+
+    model_config = SettingsConfigDict(env_prefix="RELAX_WEBHOOK_", extra="ignore")
+
+    retry_seconds: list[float] = Field(
+        [5.0, 30.0, 120.0, 600.0, 3600.0, 10800.0, 21600.0],
+        min_length=0,
+        max_length=20,
+        description="Waits between a webhook's attempts, in order (RELAX_WEBHOOK_RETRY_SECONDS, a JSON list): "
+        "a message is tried once, then once after each wait, then marked failed. Default: 5 s, 30 s, 2 min, "
+        "10 min, 1 h, 3 h, 6 h (8 attempts over ~10 h).",
+    )
+    timeout_seconds: float = Field(
+        5.0, gt=0, le=60, description="How long one attempt waits for the receiver's answer."
+    )
+    allow_private_addresses: bool = Field(
+        False,
+        description="Let webhooks reach loopback, private and link-local addresses "
+        "(RELAX_WEBHOOK_ALLOW_PRIVATE_ADDRESSES). Off by default: a URL is a team's input, and must not reach "
+        "the platform's own network (its database, a cloud's metadata service).",
+    )
+    max_endpoints_per_team: int = Field(20, ge=1, le=1000, description="Webhook endpoints a team may have.")
+    sweep_batch: int = Field(
+        200, ge=1, le=10000, description="Due deliveries the beat's tick sends tasks for, at most, each tick."
+    )
+
+
 class Settings(BaseSettings):
     """All platform settings. Build with get_settings(); never at import time."""
 
@@ -194,6 +222,7 @@ class Settings(BaseSettings):
     celery: CelerySettings = Field(default_factory=CelerySettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     ray: RaySettings = Field(default_factory=RaySettings)
+    webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
 
     @model_validator(mode="after")
     def _production_needs_real_services(self) -> Settings:

@@ -26,6 +26,7 @@ from scheduler import health, recovery
 from scheduler.db.engine import Database
 from scheduler.db.models import Job, Pool, utcnow
 from scheduler.dispatch import (
+    SCHEDULER_QUEUE,
     TASK_LAUNCH,
     TASK_PASS,
     TASK_RECONCILE,
@@ -40,6 +41,7 @@ from scheduler.logs import annotate, log_context
 from scheduler.memory import freeze_startup_objects
 from scheduler.observability import observe_ray
 from scheduler.scheduling import PassResult, run_scheduling_pass
+from scheduler.services import webhook_delivery, webhooks
 from scheduler.services.job_tokens import bootstrap_secret
 from scheduler.services.lifecycle import JobLifecycle
 from scheduler.services.reports import JobReports
@@ -91,6 +93,17 @@ def register_tasks(app: Celery, settings: Settings) -> WorkerContext:
             pools = set(s.scalars(sa.select(Job.pool).where(Job.status.in_(list(ON_CLUSTER)))))
         for pool in pools:
             ctx.dispatcher.reconcile(pool)
+        try:  # webhook messages due: a hand-off lost, a retry's time come, an attempt lost with its worker
+            webhook_delivery.sweep(ctx.db, ctx.settings.webhooks, send_webhook)
+        except Exception:  # noqa: BLE001 - the next tick sweeps again; the rest of the tick has run
+            log.exception("the sweep of due webhook deliveries failed")
+
+    def send_webhook(delivery_id: str) -> None:
+        app.send_task(webhook_delivery.TASK_DELIVER, args=[delivery_id], queue=SCHEDULER_QUEUE)
+
+    @app.task(name=webhook_delivery.TASK_DELIVER)
+    def deliver_webhook(delivery_id: str) -> None:
+        webhook_delivery.deliver(ctx.db, ctx.settings.webhooks, delivery_id)
 
     @app.task(name=TASK_LAUNCH)
     def launch(job_id: str) -> None:
@@ -116,7 +129,13 @@ def register_tasks(app: Celery, settings: Settings) -> WorkerContext:
             ctx.db, nodename, ctx.settings.scheduler.heartbeat_seconds
         ).start()
 
+    def start_sending_webhooks(sender: object = None, **_: object) -> None:
+        """In a worker process: status changes committed here hand their webhook deliveries to a task at once."""
+        if sender is not None and getattr(sender, "app", None) is app:
+            webhooks.set_sender(send_webhook)
+
     signals.worker_ready.connect(start_heartbeat, weak=False)
+    signals.worker_ready.connect(start_sending_webhooks, weak=False)
     signals.worker_ready.connect(lambda **_: freeze_startup_objects(), weak=False)
     return ctx
 

@@ -377,3 +377,52 @@ class SchedulerLock(Base):
     name: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
     holder: Mapped[str | None] = mapped_column(sa.String(100))
     acquired_at: Mapped[datetime | None]
+
+
+class WebhookEndpoint(Base):
+    """A URL of a team that receives its events, signed with the endpoint's secret (Standard Webhooks;
+    scheduler/domain/webhooks.py). The secret is kept as it is because signing needs it; the API shows it once."""
+
+    __tablename__ = "webhook_endpoints"
+
+    id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
+    team_id: Mapped[str] = mapped_column(sa.ForeignKey("teams.id", ondelete="CASCADE"), index=True)
+    url: Mapped[str] = mapped_column(sa.Text)
+    description: Mapped[str | None] = mapped_column(sa.String(200))
+    event_types: Mapped[list[Any] | None] = mapped_column(JsonType)  # None: every type
+    secret: Mapped[str] = mapped_column(sa.String(100))  # whsec_<base64>
+    disabled: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    created_by: Mapped[str | None] = mapped_column(sa.String(40))  # API key id
+
+
+class WebhookDelivery(Base):
+    """One message to one URL (an endpoint's, or a job's `--notify-urls`), its attempts and how it ended. The id
+    is the message's `webhook-id`, the same on every attempt. `next_attempt_at` is when it is due (pending), and
+    while an attempt is in flight, when that attempt counts as lost; `dispatched_at` when a task was last sent
+    for it (the sweep sends one again only after a while)."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        sa.Index("ix_webhook_deliveries_endpoint_id", "endpoint_id", "id"),
+        sa.Index("ix_webhook_deliveries_state_next", "state", "next_attempt_at"),
+    )
+
+    id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
+    endpoint_id: Mapped[str | None] = mapped_column(
+        sa.ForeignKey("webhook_endpoints.id", ondelete="CASCADE")
+    )  # None: one of a job's --notify-urls
+    team_id: Mapped[str] = mapped_column(sa.ForeignKey("teams.id", ondelete="CASCADE"))
+    job_id: Mapped[str | None] = mapped_column(sa.String(40), index=True)
+    url: Mapped[str] = mapped_column(sa.Text)  # where it goes (an endpoint's URL when it was made)
+    event_type: Mapped[str] = mapped_column(sa.String(40))
+    payload: Mapped[dict[str, Any]]
+    state: Mapped[str] = mapped_column(sa.String(10), default="pending")  # pending | delivered | failed
+    attempts: Mapped[int] = mapped_column(default=0)
+    next_attempt_at: Mapped[datetime | None]
+    dispatched_at: Mapped[datetime | None]
+    last_attempt_at: Mapped[datetime | None]
+    last_status_code: Mapped[int | None]
+    last_error: Mapped[str | None] = mapped_column(sa.Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]

@@ -16,6 +16,7 @@ from scheduler.db.models import Allocation, Job, JobEvent, utcnow
 from scheduler.domain.errors import Conflict, InvalidTransition, NotFound
 from scheduler.domain.jobs import ALLOWED_TRANSITIONS, ON_CLUSTER, FailureReason, JobStatus
 from scheduler.domain.roles import Action
+from scheduler.services import webhooks
 from scheduler.services.auth import Principal
 from scheduler.transactions import after_commit
 
@@ -117,6 +118,8 @@ class JobLifecycle(JobServiceBase):
         self.session.add(
             JobEvent(job_id=job.id, kind="transition", from_status=src, to_status=to, reason=reason)
         )
+        # the team's webhooks and the job's --notify-urls: rows in this transaction, sent once it commits
+        webhooks.record_job_transition(self.session, job, src)
         # one line a state change, once it is committed, naming the job and its team whatever the context
         extra = {"job_id": job_id, "team": job.team_id}
         after_commit(self.session, lambda: log.info("%s -> %s: %s", src, to, reason, extra=extra))

@@ -26,10 +26,11 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from scheduler.db.engine import Database
-from scheduler.db.models import Allocation, AuditEvent, Checkpoint, Job, Metric, utcnow
+from scheduler.db.models import Allocation, AuditEvent, Checkpoint, Job, Metric, WebhookDelivery, utcnow
 from scheduler.dispatch import CeleryDispatcher
+from scheduler.domain.ids import new_id
 from scheduler.domain.jobs import JobStatus
-from scheduler.services import platform
+from scheduler.services import platform, webhooks
 from scheduler.services.auth import Principal, create_api_key
 from scheduler.services.lifecycle import JobLifecycle
 from scheduler.services.reports import JobReports
@@ -57,6 +58,8 @@ class Side:
     done_job: str
     victim_key: str  # a key of the team that the matrix revokes
     grant_id: str | None = None
+    webhook_id: str | None = None
+    delivery_id: str | None = None
     secrets: set[str] = field(default_factory=set)  # every string that names one of its objects
 
 
@@ -174,8 +177,41 @@ def world(db_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
             assert r.status_code == 201, r.text
             side.grant_id = r.json()["id"]
             side.secrets |= {side.grant_id, str(granted)}
+            hook_url = f"https://hooks.example.com/{tag}-hook"
+            r = client.post(
+                "/v1/webhooks", json={"team": side.team, "url": hook_url}, headers=headers["admin"]
+            )
+            assert r.status_code == 201, r.text
+            side.webhook_id = r.json()["id"]
+            side.delivery_id = _delivered_message(db, side)
+            side.secrets |= {side.webhook_id, hook_url, side.delivery_id, r.json()["secret"]}
         yield w
     db.dispose()
+
+
+def _delivered_message(db: Database, side: Side) -> str:
+    """A delivered message of the side's webhook (one the matrix may retry)."""
+    msg_id = new_id("msg")
+    with db.session() as s:
+        job = s.get(Job, side.done_job)
+        payload = webhooks.job_payload(job, "job.cancelled", utcnow(), JobStatus.QUEUED)
+        s.add(
+            WebhookDelivery(
+                id=msg_id, endpoint_id=side.webhook_id, team_id=side.team_id, job_id=side.done_job,
+                url="https://hooks.example.com/", event_type="job.cancelled", payload=payload,
+                state="delivered", attempts=1, finished_at=utcnow(),
+            )
+        )  # fmt: skip
+    return msg_id
+
+
+def _fresh_webhook(w: World, side: Side) -> str:
+    """A webhook of the side made for one DELETE cell (each allowed DELETE removes one)."""
+    with w.db.session() as s:
+        return webhooks.create_endpoint(
+            s, ADMIN, url="https://hooks.example.com/x", event_types=None, description=None, team=side.team,
+            max_per_team=1000,
+        ).id  # fmt: skip
 
 
 # The expectation table ---------------------------------------------------------------------------
@@ -301,6 +337,20 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ),
     ("DELETE", "/v1/admin/path-grants/{grant_id}"): Rule(TEAM_PATH, ADMINS),
     ("GET", "/v1/storage"): Rule(GLOBAL, ALL),
+    # webhooks: the team's writers (a URL may carry the receiver's token)
+    ("GET", "/v1/webhooks"): Rule(GLOBAL, WRITERS),
+    ("POST", "/v1/webhooks"): Rule(
+        TEAM_BODY,
+        WRITERS,
+        frozenset({201}),
+        lambda w, t: {"team": w.sides[t].team, "url": "https://hooks.example.com/new"},
+    ),
+    ("GET", "/v1/webhooks/{webhook_id}"): Rule(TEAM_PATH, WRITERS),
+    ("DELETE", "/v1/webhooks/{webhook_id}"): Rule(TEAM_PATH, WRITERS),
+    ("GET", "/v1/webhooks/{webhook_id}/deliveries"): Rule(TEAM_PATH, WRITERS),
+    ("POST", "/v1/webhooks/{webhook_id}/deliveries/{delivery_id}/retry"): Rule(
+        TEAM_PATH, WRITERS, frozenset({202, 409})
+    ),
     # dashboard sign-in: a login code for one's own key; its exchange needs the code, not a key
     ("POST", "/v1/auth/login-codes"): Rule(GLOBAL, ALL, frozenset({201})),
     ("POST", "/v1/auth/sessions"): Rule(PUBLIC, ok=frozenset({401}), body=lambda w, t: {"code": "wrong"}),
@@ -344,6 +394,10 @@ def fill(w: World, method: str, template: str, rule: Rule, target: str) -> str:
         "key_id": side.victim_key,
         "team": side.team,
         "grant_id": side.grant_id,
+        "webhook_id": _fresh_webhook(w, side)
+        if method == "DELETE" and "{webhook_id}" in template
+        else side.webhook_id,
+        "delivery_id": side.delivery_id,
         "node": "node-0",
         "path": "out.txt",
         "name": side.queue if template.startswith("/v1/queues") else "local",

@@ -706,6 +706,92 @@ export interface paths {
         patch: operations["update_team_v1_teams__team__patch"];
         trace?: never;
     };
+    "/v1/webhooks": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Webhooks
+         * @description The team's endpoints (an admin: every team's), without their secrets.
+         */
+        get: operations["list_webhooks_v1_webhooks_get"];
+        put?: never;
+        /**
+         * Create Webhook
+         * @description A URL that receives the team's events, signed as Standard Webhooks specifies. The answer holds the
+         *     signing secret, once.
+         */
+        post: operations["create_webhook_v1_webhooks_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{webhook_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Get Webhook */
+        get: operations["get_webhook_v1_webhooks__webhook_id__get"];
+        put?: never;
+        post?: never;
+        /**
+         * Delete Webhook
+         * @description Remove an endpoint and its delivery log; what it had pending is not sent.
+         */
+        delete: operations["delete_webhook_v1_webhooks__webhook_id__delete"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{webhook_id}/deliveries": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Webhook Deliveries
+         * @description The endpoint's messages, newest first: each one's payload, attempts and how it ended.
+         */
+        get: operations["list_webhook_deliveries_v1_webhooks__webhook_id__deliveries_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/{webhook_id}/deliveries/{delivery_id}/retry": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Retry Webhook Delivery
+         * @description Send a delivered or failed message once more (the same webhook-id), within a tick of the scheduler.
+         */
+        post: operations["retry_webhook_delivery_v1_webhooks__webhook_id__deliveries__delivery_id__retry_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -2125,6 +2211,193 @@ export interface components {
             msg: string;
             /** Error Type */
             type: string;
+        };
+        /** WebhookCreate */
+        WebhookCreate: {
+            /** Description */
+            description?: string | null;
+            /**
+             * Event Types
+             * @description Event types it receives (e.g. job.succeeded, job.failed) or whole groups (job.*); leave it out for every type.
+             */
+            event_types?: string[] | null;
+            /**
+             * Team
+             * @description Admins: the team (name or id); default: yours.
+             */
+            team?: string | null;
+            /**
+             * Url
+             * @description An http:// or https:// URL that accepts POST; it receives JSON messages.
+             */
+            url: string;
+        };
+        /** WebhookCreated */
+        WebhookCreated: {
+            /**
+             * Created At
+             * Format: date-time
+             */
+            created_at: string;
+            /**
+             * Created By
+             * @description Id of the key that created it.
+             */
+            created_by: string | null;
+            /** Description */
+            description: string | null;
+            /** Disabled */
+            disabled: boolean;
+            /**
+             * Event Types
+             * @description null: every event type.
+             */
+            event_types: string[] | null;
+            /** Id */
+            id: string;
+            /**
+             * Secret
+             * @description The signing secret (whsec_…), shown once: verify each message's webhook-signature with it.
+             */
+            secret: string;
+            /** Team Id */
+            team_id: string;
+            /** Url */
+            url: string;
+        };
+        /** WebhookDeliveriesPage */
+        WebhookDeliveriesPage: {
+            /** Data */
+            data: components["schemas"]["WebhookDeliveryPublic"][];
+            /**
+             * Next Cursor
+             * @description Pass as `after` for the next page.
+             */
+            next_cursor?: string | null;
+        };
+        /** WebhookDeliveryPublic */
+        WebhookDeliveryPublic: {
+            /** Attempts */
+            attempts: number;
+            /**
+             * Created At
+             * Format: date-time
+             */
+            created_at: string;
+            /** Endpoint Id */
+            endpoint_id: string | null;
+            /** Event Type */
+            event_type: string;
+            /** Finished At */
+            finished_at: string | null;
+            /**
+             * Id
+             * @description The message's webhook-id, the same on every attempt.
+             */
+            id: string;
+            /** Job Id */
+            job_id: string | null;
+            /** Last Attempt At */
+            last_attempt_at: string | null;
+            /**
+             * Last Error
+             * @description Why the last attempt failed (no answer, a non-2xx status).
+             */
+            last_error: string | null;
+            /**
+             * Last Status Code
+             * @description The receiver's HTTP status at the last attempt.
+             */
+            last_status_code: number | null;
+            /**
+             * Next Attempt At
+             * @description When a pending delivery is tried next.
+             */
+            next_attempt_at: string | null;
+            /** @description The message's body, as sent. */
+            payload: components["schemas"]["WebhookMessage"];
+            /**
+             * State
+             * @enum {string}
+             */
+            state: "pending" | "delivered" | "failed";
+        };
+        /**
+         * WebhookJobData
+         * @description What a `job.*` message says of the job, as it was when its status changed.
+         */
+        WebhookJobData: {
+            failure_reason: components["schemas"]["FailureReason"] | null;
+            /** Id */
+            id: string;
+            /** Name */
+            name: string;
+            previous_status: components["schemas"]["JobStatus"] | null;
+            /** Queue */
+            queue: string;
+            /**
+             * Reason
+             * @description Why it changed, as the job's events say.
+             */
+            reason: string | null;
+            status: components["schemas"]["JobStatus"];
+            /**
+             * Team
+             * @description The team's id.
+             */
+            team: string;
+        };
+        /**
+         * WebhookMessage
+         * @description The JSON body of a message (Standard Webhooks' shape: type, timestamp, data). `eval.*` messages will carry
+         *     their own data.
+         */
+        WebhookMessage: {
+            data: components["schemas"]["WebhookJobData"];
+            /**
+             * Timestamp
+             * Format: date-time
+             * @description When the event happened.
+             */
+            timestamp: string;
+            /**
+             * Type
+             * @description The event type, e.g. job.succeeded.
+             */
+            type: string;
+        };
+        /** WebhookPublic */
+        WebhookPublic: {
+            /**
+             * Created At
+             * Format: date-time
+             */
+            created_at: string;
+            /**
+             * Created By
+             * @description Id of the key that created it.
+             */
+            created_by: string | null;
+            /** Description */
+            description: string | null;
+            /** Disabled */
+            disabled: boolean;
+            /**
+             * Event Types
+             * @description null: every event type.
+             */
+            event_types: string[] | null;
+            /** Id */
+            id: string;
+            /** Team Id */
+            team_id: string;
+            /** Url */
+            url: string;
+        };
+        /** WebhooksPage */
+        WebhooksPage: {
+            /** Data */
+            data: components["schemas"]["WebhookPublic"][];
         };
     };
     responses: never;
@@ -6219,6 +6492,591 @@ export interface operations {
             };
         };
     };
+    list_webhooks_v1_webhooks_get: {
+        parameters: {
+            query?: {
+                /** @description Admins: only this team's (name or id). */
+                team?: string | null;
+            };
+            header?: {
+                authorization?: string | null;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhooksPage"];
+                };
+            };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    create_webhook_v1_webhooks_post: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookCreate"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookCreated"];
+                };
+            };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    get_webhook_v1_webhooks__webhook_id__get: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                webhook_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookPublic"];
+                };
+            };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    delete_webhook_v1_webhooks__webhook_id__delete: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                webhook_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookPublic"];
+                };
+            };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    list_webhook_deliveries_v1_webhooks__webhook_id__deliveries_get: {
+        parameters: {
+            query?: {
+                state?: ("pending" | "delivered" | "failed") | null;
+                /** @description Id of the last delivery of the previous page. */
+                after?: string | null;
+                limit?: number;
+            };
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                webhook_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookDeliveriesPage"];
+                };
+            };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    retry_webhook_delivery_v1_webhooks__webhook_id__deliveries__delivery_id__retry_post: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                webhook_id: string;
+                delivery_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookDeliveryPublic"];
+                };
+            };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
 }
 type FlattenedDeepRequired<T> = {
     [K in keyof T]-?: FlattenedDeepRequired<T[K] extends unknown[] | undefined | null ? Extract<T[K], unknown[]>[number] : T[K]>;
@@ -6229,8 +7087,10 @@ type ReadonlyArray<T> = [
     unknown[]
 ] ? Readonly<Exclude<T, undefined>> : Readonly<Exclude<T, undefined>[]>;
 export const pathsV1JobsJob_idStreamGetParametersQueryKindsAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/jobs/{job_id}/stream"]["get"]["parameters"]["query"]["kinds"]> = ["event", "metric", "log", "checkpoint", "rollout", "prediction"];
+export const pathsV1WebhooksWebhook_idDeliveriesGetParametersQueryStateAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/webhooks/{webhook_id}/deliveries"]["get"]["parameters"]["query"]["state"]> = ["pending", "delivered", "failed"];
 export const failureReasonValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FailureReason"]> = ["setup", "user_code", "no_resource", "controller", "lost"];
 export const jobStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobStatus"]> = ["QUEUED", "ADMITTED", "STARTING", "RUNNING", "CANCELLING", "PREEMPTING", "SUCCEEDED", "FAILED", "CANCELLED"];
 export const launchScriptInLauncherAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["LaunchScriptIn"]["launcher"]> = ["python", "torchrun", "ray job submit"];
 export const pathGrantCreateModeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PathGrantCreate"]["mode"]> = ["ro", "rw"];
 export const specIssueSeverityValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["SpecIssue"]["severity"]> = ["error", "warning"];
+export const webhookDeliveryPublicStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["WebhookDeliveryPublic"]["state"]> = ["pending", "delivered", "failed"];
