@@ -174,6 +174,7 @@ RULES: tuple[Rule, ...] = (
     services.max_global_restart_needs_health_check,
     services.dump_details_sets_debug_paths,
     services.custom_config_applied_at_launch,
+    services.notify_urls_http,
     # Profiling
     profiling.sglang_profile_steps,
     profiling.profile_step_range,

@@ -3,6 +3,8 @@ GenRM, external engines, the slime router, restarts, debug dumps, the custom con
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from jobspec.rules.context import RuleContext, cli_flags, rule
 from jobspec.spec import FIELDS
 
@@ -261,3 +263,35 @@ def custom_config_applied_at_launch(ctx: RuleContext) -> None:
             "values are not validated here",
             "put the parameters in the spec itself to have them validated",
         )
+
+
+@rule(
+    "rule.notify_urls_http",
+    "notify-urls",
+    summary="--notify-urls takes http:// and https:// URLs: each gets a POST (a signed-webhook-shaped JSON message) "
+    "when the job ends.",
+    deviation="Relax hands --notify-urls to Apprise, which takes its own URL schemes (mailto://, slack://, tgram://"
+    "...). The platform sends the job's end through its webhook delivery (docs/reference/webhooks.md), which "
+    "POSTs to http(s) URLs only; any other scheme is refused at submission.",
+)
+def notify_urls_http(ctx: RuleContext) -> None:
+    if not isinstance(ctx.notify_urls, str):
+        return
+    for url in (u.strip() for u in ctx.notify_urls.split(",")):
+        if not url:
+            continue
+        try:
+            parts = urlsplit(url)
+            host = parts.hostname
+        except ValueError:
+            parts, host = None, None
+        scheme = parts.scheme if parts is not None else ""
+        if scheme not in ("http", "https") or not host:
+            shown = f"{scheme}://…" if scheme else repr(url[:40])
+            ctx.error(
+                f"--notify-urls has {shown}: the platform notifies only http:// and https:// URLs (Apprise "
+                "schemes are not supported)",
+                "give an http(s) URL that accepts a POST (a chat tool's incoming-webhook URL works), or register "
+                "a team webhook: relaxctl webhooks create URL (docs/reference/webhooks.md)",
+            )
+            return

@@ -7,7 +7,8 @@ at the same place; a retired code leaves both (and joins `RETIRED_RULES`).
 
 Added since, from the runtime pipeline's own checks (issue 13): `rule.debug_train_only_needs_rollout_data`
 (after the debug modes are settled), `rule.sft_predict_interval_without_debug_train_only` (beside the other
-`--sft-predict-interval` checks) and `rule.rm_type_unset` (with the reward rules).
+`--sft-predict-interval` checks) and `rule.rm_type_unset` (with the reward rules); from issue 15,
+`rule.notify_urls_http` (after the other service rules; it reads only --notify-urls).
 """
 
 from __future__ import annotations
@@ -130,6 +131,7 @@ RECORDED_ORDER = (
     "rule.max_global_restart_needs_health_check",
     "rule.dump_details_sets_debug_paths",
     "rule.custom_config_applied_at_launch",
+    "rule.notify_urls_http",
     "rule.sglang_profile_steps",
     "rule.profile_step_range",
     "rule.memory_snapshot_needs_history",

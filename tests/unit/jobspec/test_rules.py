@@ -883,6 +883,13 @@ CASES: list[tuple[str, dict, Any, dict]] = [
     ),
     ("rule.custom_config_applied_at_launch", {"custom-config-path": "/cfg.yaml"}, "warning", {}),
     (
+        "rule.notify_urls_http",
+        {"notify-urls": "https://ci.example.com/hook,mailto://me@example.com"},
+        "error",
+        {"notify-urls": "https://ci.example.com/hook, http://10.0.0.5:8080/done"},
+    ),
+    ("rule.notify_urls_http", {"notify-urls": "slack://tokenA/tokenB"}, "error", {}),
+    (
         "rule.sglang_profile_steps",
         {"sglang-profile": True, "sglang-profile-step-start": 5, "sglang-profile-step-end": 2},
         "error",
