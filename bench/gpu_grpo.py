@@ -83,6 +83,7 @@ class Workload:
     steps: int = 3
     lr: float = 1e-6
     seed: int = 1234
+    decode_attention: str | None = None  # fastgen's (None: its default)
 
     @property
     def rows(self) -> int:
@@ -208,6 +209,7 @@ def build_ours(work: Workload, folder: str) -> tuple[Any, Any]:
         max_batch_size=work.rows,
         eos_token_ids=(),  # exactly new_tokens each
         dtype=torch.bfloat16 if cuda else torch.float32,
+        decode_attention=work.decode_attention,
         _config={**hf_config, "eos_token_id": None},
         _tensors=dict(backend.iter_device_weights()),
     )
@@ -502,6 +504,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1, help="untimed steps (the first is reported apart)")
     p.add_argument("--steps", type=int, default=3, help="timed steps")
     p.add_argument("--lr", type=float, default=1e-6)
+    p.add_argument(
+        "--decode-attention", default=None, help="fastgen's decode attention for ours (default: fastgen's)"
+    )
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument(
         "--in-process",
@@ -527,6 +532,7 @@ def workload(args: argparse.Namespace) -> Workload:
         steps=args.steps,
         lr=args.lr,
         seed=args.seed,
+        decode_attention=args.decode_attention,
     )
 
 

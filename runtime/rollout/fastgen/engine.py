@@ -19,11 +19,14 @@ How it runs (see the package docstring for how to select it):
   positions, W the longest live length rounded up to `window_quantum` (`decode_attention`: "flex" =
   torch's compiled flex_attention, a split-KV decoding kernel, with a per-row length mask; "sdpa" =
   SDPA over that window with a length mask and the query heads of each KV head grouped into one query
-  block; "bmm" = the same with two matmuls and a softmax; "sdpa_full" = the whole cache, one window).
+  block; "bmm" = the same with two matmuls and a softmax; "sdpa_full" = the whole cache, one window;
+  "triton" = one Triton kernel per layer reading each row to its own length, shared prefix included:
+  `triton_attention.py`, so no window and one graph per batch bucket and sampler mode).
   On CUDA each (B, W, sampler mode) is captured once as a CUDA graph, lazily; on CPU the same function
   runs eagerly.
 - **Sampling** (`sampler.py`): on device, per-row temperature / top-k / top-p / seed / min_new_tokens
-  (inverse CDF in two levels: vocabulary blocks, then one block);
+  (inverse CDF in two levels: vocabulary blocks, then one block; on CUDA the plain mode's pass over the
+  vocabulary is one Triton kernel, `triton_sampler.py`);
   the log-prob of each token under softmax(logits / T) as `TorchRolloutEngine` reports it.
 """
 
@@ -41,6 +44,7 @@ from typing import Any
 import torch
 
 from runtime.devices import Device, DeviceKind
+from runtime.rollout.fastgen import triton_attention, triton_sampler
 from runtime.rollout.fastgen.model import (
     Decoder,
     FlatWeights,
@@ -51,7 +55,9 @@ from runtime.rollout.fastgen.model import (
 from runtime.rollout.fastgen.sampler import SamplerMode, SlotState, mix_seed, sample
 from runtime.rollout.params import FinishReason, GenerationResult, SamplingParams
 
-DEFAULT_DECODE_ATTENTION = "sdpa"  # the fastest measured on the H200 (flex: ~8x slower per layer call)
+# on CUDA: "triton" where triton is importable (the fastest measured, docs/benchmarks.md), else "sdpa"
+# (the fastest of the others on the H200; flex: ~8x slower per layer call)
+DEFAULT_DECODE_ATTENTION = "sdpa"
 
 
 def batch_buckets(limit: int) -> list[int]:
@@ -170,7 +176,8 @@ class FastGenEngine:
     concurrent `submit`/`step` callers (a server should use those alone).
 
     Knobs: `max_batch_size` (KV slots = largest decode batch), `max_seq_len` (fixed T; default: sized to
-    the work), `decode_attention` ("sdpa" | "flex" | "bmm" | "sdpa_full"; default "sdpa"), `prefix_attention`
+    the work), `decode_attention` ("sdpa" | "flex" | "bmm" | "sdpa_full" | "triton"; default "triton" on CUDA where
+    triton is importable, else "sdpa"), `prefix_attention`
     (decode reads a prompt shared by a group of samples once per group: default on), `window_quantum`, `max_prefill_tokens`, `cuda_graphs`, `compile` (torch.compile the decode
     layers' element-wise parts and the sampler; default on CUDA, eager if the compiler fails), `eos_token_ids` (override the checkpoint's; `()` never stops on EOS), `timing`
     (synchronise around prefills so that `stats.prefill_seconds` is exact).
@@ -225,9 +232,18 @@ class FastGenEngine:
         if compile is None:  # compiled by default on CUDA (eager fallback if the compiler fails)
             compile = cuda
         if decode_attention is None:
-            decode_attention = DEFAULT_DECODE_ATTENTION if cuda else "sdpa"
+            decode_attention = (
+                "triton"
+                if cuda and triton_attention.available(self.torch_device)
+                else DEFAULT_DECODE_ATTENTION
+            )
         self.decoder = Decoder(self.cfg, self.weights, decode_attention, compile=compile)
         self._sample = maybe_compile(sample, compile)  # decode steps only (prefill shapes vary)
+        # the plain mode's full-vocabulary pass as one Triton kernel (CUDA), the rest compiled
+        self._block_stats = (
+            triton_sampler.block_stats if triton_sampler.available(self.torch_device) else None
+        )
+        self._sample_stats = maybe_compile(triton_sampler.sample_from_block_stats, compile)
         if compile or decode_attention == "flex":  # one compilation per decode batch bucket, window, mode
             _raise_recompile_limit(256)
         if eos_token_ids is None:
@@ -764,7 +780,9 @@ class FastGenEngine:
         batch = _bucket(top, self.buckets)
         longest = max(self._host_len[:batch]) + 1
         shared = self._shared_prefix(batch) if self.prefix_attention else None
-        if shared is not None:
+        if self.decoder.decode_attention == "triton":  # reads each row to its own length: no window
+            window = self.seq_len
+        elif shared is not None:
             rest = math.ceil((longest - shared[1]) / self.window_quantum) * self.window_quantum
             window = min(self.seq_len - shared[1], rest)
         elif self.decoder.decode_attention == "sdpa_full":
@@ -815,7 +833,11 @@ class FastGenEngine:
     ) -> None:
         assert self.kv is not None
         logits = self.decoder.decode(self.kv, self.cur_tok[:batch], self.lengths[:batch], window, shared)
-        token, log_prob = self._sample(logits, self.state, mode, slice(0, batch))
+        if self._block_stats is not None and mode == SamplerMode():
+            stats = self._block_stats(logits, self.state.temperature[:batch])
+            token, log_prob = self._sample_stats(logits, *stats, self.state, slice(0, batch))
+        else:
+            token, log_prob = self._sample(logits, self.state, mode, slice(0, batch))
         self.out_tok[:batch].copy_(token)
         self.out_logp[:batch].copy_(log_prob)
         self.cur_tok[:batch].copy_(token)

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from runtime.rollout.fastgen import triton_attention
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -265,7 +267,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-DECODE_ATTENTION = ("flex", "sdpa", "bmm", "sdpa_full")
+DECODE_ATTENTION = ("flex", "sdpa", "bmm", "sdpa_full", "triton")
 
 
 def _flex_decode(
@@ -403,6 +405,8 @@ class Decoder:
     ) -> None:
         if decode_attention not in DECODE_ATTENTION:
             raise ValueError(f"decode_attention must be one of {DECODE_ATTENTION}, not {decode_attention!r}")
+        if decode_attention == "triton" and not triton_attention.available(weights.flat.device):
+            raise ValueError("decode_attention='triton' needs triton and a CUDA device")
         self.cfg = cfg
         pre = functools.partial(
             _decode_pre,
@@ -520,7 +524,8 @@ class Decoder:
         flex = self.decode_attention == "flex"
         span = kv.shape[4] if full else window
         bias: torch.Tensor | None = None
-        if not flex and shared is None:
+        triton = self.decode_attention == "triton"
+        if not flex and not triton and shared is None:
             valid = torch.arange(span, device=tokens.device)[None, :] <= lengths[:, None]  # [B, W]
             bias = torch.zeros(b, 1, 1, span, device=tokens.device, dtype=self.w.dtype)
             bias.masked_fill_(~valid[:, None, None, :], float("-inf"))
@@ -531,6 +536,13 @@ class Decoder:
             kv[layer][:, rows, :, lengths] = new_kv  # [B, 2, Hkv, D]: advanced indices first
             keys = kv[layer, 0, :b, :, :span]  # [B, Hkv, W, D], a strided view: no copy
             values = kv[layer, 1, :b, :, :span]
+            if triton:  # one kernel, to each row's own length, a shared prefix read per group
+                attn = triton_attention.decode_attention(
+                    q.view(b, hkv, group, d), kv[layer, 0], kv[layer, 1], lengths, scale=self.scale,
+                    prefix=0 if shared is None else shared[1], group=1 if shared is None else shared[0],
+                )  # fmt: skip
+                x = self._post(x, attn, p[pre + "o"], p[pre + "ln2"], p[pre + "gate_up"], p[pre + "down"])
+                continue
             if shared is not None:
                 qg = q.view(b, hkv, group, d)
                 attn = self._cascade(

@@ -168,6 +168,31 @@ def test_blocked_sampler_draws_the_full_inverse_cdf_token() -> None:
         assert torch.allclose(log_prob, expected, atol=1e-5)
 
 
+def test_sampling_from_block_stats_draws_what_the_sampler_draws() -> None:
+    """The plain mode from per-block (max, first argmax, sum exp) stats (`triton_sampler`, here with its
+    torch reference for the kernel): the same tokens as `sampler.sample` and the full-vocabulary inverse
+    CDF, greedy rows the first maximum, the same log-probs."""
+    from runtime.rollout.fastgen import sampler as fs
+    from runtime.rollout.fastgen import triton_sampler as ts
+
+    gen = torch.Generator().manual_seed(1)
+    b, v = 64, 1000  # 25 blocks of 40
+    logits = torch.randn(b, v, generator=gen) * 2
+    logits[:4, 7] = logits[:4, 900] = logits.max() + 1  # a tie across blocks: greedy takes the first
+    state = fs.SlotState.allocate(b, 8, torch.device("cpu"))
+    state.temperature[:] = torch.rand(b, generator=gen) + 0.3
+    state.temperature[:4] = 0
+    state.seed[:] = torch.randint(0, 2**31, (b,), generator=gen)
+    for step in range(5):
+        state.generated[:] = step
+        stats = ts.block_stats_reference(logits, state.temperature)
+        token, log_prob = ts.sample_from_block_stats(logits, *stats, state, slice(0, b))
+        want_token, want_log_prob = fs.sample(logits, state, fs.SamplerMode(), slice(0, b))
+        assert torch.equal(token, want_token) and (token[:4] == 7).all()
+        assert torch.allclose(log_prob, want_log_prob, atol=1e-5)
+    assert len(set(token.tolist())) > 30  # the draws spread
+
+
 def test_slots_freed_by_stop_tokens_are_reused_cleanly(
     tiny_model: Path, engine: FastGenEngine, prompts: list[list[int]]
 ) -> None:
@@ -454,3 +479,91 @@ def test_compile_falls_back_to_eager_when_the_compiler_fails(
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: broken)
     compiled = FastGenEngine(str(tiny_model), device=CPU, compile=True)
     assert same(compiled.generate(prompts, GREEDY), engine.generate(prompts, GREEDY))
+
+
+TRITON_CHECK = """
+import torch
+from runtime.devices import Device, DeviceKind
+from runtime.rollout.fastgen import FastGenEngine
+from runtime.rollout.params import SamplingParams
+
+torch.set_num_threads(1)
+cpu = Device(DeviceKind.CPU)
+gen = torch.Generator().manual_seed(0)
+prompts = [torch.randint(3, 300, (n,), generator=gen).tolist() for n in (5, 17, 9, 30, 3)]
+group = [prompts[3]] * 4 + [prompts[1]] * 4
+params = SamplingParams(temperature=1.0, max_new_tokens=10, seed=3)
+model = {model!r}
+import os
+os.environ["RELAX_FASTGEN_TRITON_SAMPLER"] = "0"  # the reference: torch's sampler
+ref = FastGenEngine(model, device=cpu, max_batch_size=8, window_quantum=16, decode_attention="sdpa")
+os.environ["RELAX_FASTGEN_TRITON_SAMPLER"] = "1"
+assert ref._block_stats is None
+for batch, work in ((8, group), (2, prompts)):
+    got = FastGenEngine(model, device=cpu, max_batch_size=batch, window_quantum=8, decode_attention="triton")
+    assert got._block_stats is not None
+    a, b = ref.generate(work, params), got.generate(work, params)
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]
+    worst = max(abs(p - q) for x, y in zip(a, b) for p, q in zip(x.log_probs, y.log_probs))
+    assert worst < 1e-5, worst
+    assert (got.stats.shared_steps > 0) == (work is group), got.stats.as_dict()
+
+# the kernel alone against plain attention: rows to their own lengths, a prefix read per group (in chunks
+# side by side, one of them partial) or, for a group of more than 128 query heads, per row
+import math
+from runtime.rollout.fastgen.triton_attention import decode_attention
+S, H, T, D, G = 32, 2, 300, 64, 7
+cache = torch.randn(2, S, H, T, D, generator=gen)
+q = torch.randn(S, H * G + 2 * H, D, generator=gen)[:, : H * G].view(S, H, G, D)  # strided, as decode's
+for prefix, n in ((0, 1), (128, 8), (190, 4), (150, 16), (100, 32)):
+    lengths = torch.randint(max(prefix, 1), T - 1, (S,), generator=gen)
+    got = decode_attention(q, cache[0], cache[1], lengths, scale=D**-0.5, prefix=prefix, group=n)
+    for b in range(S):
+        first = b // n * n if prefix else b
+        k = torch.cat([cache[0, first, :, :prefix], cache[0, b, :, prefix : int(lengths[b]) + 1]], dim=1)
+        v = torch.cat([cache[1, first, :, :prefix], cache[1, b, :, prefix : int(lengths[b]) + 1]], dim=1)
+        want = (torch.einsum("hgd,htd->hgt", q[b], k) * D**-0.5).softmax(-1) @ v
+        assert float((got[b] - want).abs().max()) < 1e-5, (prefix, n, b)
+
+# the sampler's kernel against its torch reference (151,936 ids: 128 blocks of 1,187)
+from runtime.rollout.fastgen import triton_sampler as ts
+logits = (torch.randn(6, 151936, generator=gen) * 3).to(torch.bfloat16)
+logits[0, 5] = logits[0, 150000] = 30.0  # a tie across blocks: the first
+temperature = torch.tensor([0.0, 1.0, 0.7, 1.3, 0.0, 2.0])
+got, want = ts.block_stats(logits, temperature), ts.block_stats_reference(logits, temperature)
+assert torch.equal(got[1], want[1]) and int(got[1][0, 0]) == 5 and int(got[1][0, -2]) == 150000
+assert torch.allclose(got[0], want[0]) and torch.allclose(got[2], want[2], rtol=1e-5)
+print("ok")
+"""
+
+
+def test_triton_decode_attention_matches_sdpa_under_the_interpreter(tiny_model: Path) -> None:
+    """`decode_attention="triton"` (the CUDA kernels, run by triton's CPU interpreter) against the default
+    path: shared-prefix groups (the prefix read once per group) and continuous batching of ragged requests
+    in two slots (with the sampler's kernel, against torch's sampler); then the attention kernels alone
+    against plain attention, and the sampler's against its torch reference. Skipped where triton is not
+    installed."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}  # read when the kernel is decorated: a fresh process
+    done = subprocess.run(
+        [sys.executable, "-c", TRITON_CHECK.format(model=str(tiny_model))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+def test_triton_decode_attention_is_refused_where_it_cannot_run(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="triton"):
+        FastGenEngine(str(tiny_model), device=CPU, decode_attention="triton")
