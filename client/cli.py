@@ -44,6 +44,7 @@ from client.launch_script import DEFAULT_TIMEOUT_S, LaunchScriptError, ResolvedS
 from client.sdk import ApiError, RelaxClient
 from client.watch import follow as follow_stream
 from client.watch import watch_job
+from client.webhooks import webhooks_app
 
 app = typer.Typer(
     help="Relax Platform: submit and watch LLM post-training jobs.",
@@ -62,6 +63,7 @@ app.add_typer(jobs_app, name="jobs")
 app.add_typer(spec_app, name="spec")
 app.add_typer(models_app, name="models")
 app.add_typer(admin_app, name="admin")
+app.add_typer(webhooks_app, name="webhooks")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -359,6 +359,34 @@ class RelaxClient:
     def remove_path_grant(self, grant_id: str) -> dict[str, Any]:
         return self._request("DELETE", f"/v1/admin/path-grants/{grant_id}")
 
+    # webhooks: the team's endpoints and their delivery log (docs/reference/webhooks.md) ----------
+    def webhooks(self, team: str | None = None) -> list[dict[str, Any]]:
+        return self._request("GET", "/v1/webhooks", params={"team": team} if team else None)["data"]
+
+    def create_webhook(
+        self,
+        url: str,
+        event_types: list[str] | None = None,
+        description: str | None = None,
+        team: str | None = None,
+    ) -> dict[str, Any]:
+        """A new endpoint; the answer's `secret` (whsec_…) is shown this once."""
+        body = {"url": url, "event_types": event_types, "description": description, "team": team}
+        return self._request("POST", "/v1/webhooks", json={k: v for k, v in body.items() if v is not None})
+
+    def delete_webhook(self, webhook_id: str) -> dict[str, Any]:
+        return self._request("DELETE", f"/v1/webhooks/{webhook_id}")
+
+    def webhook_deliveries(
+        self, webhook_id: str, state: str | None = None, after: str | None = None, limit: int = 50
+    ) -> dict[str, Any]:
+        """A page of the endpoint's deliveries, newest first: `data`, `next_cursor`."""
+        params = {k: v for k, v in (("state", state), ("after", after), ("limit", limit)) if v is not None}
+        return self._request("GET", f"/v1/webhooks/{webhook_id}/deliveries", params=params)
+
+    def retry_webhook_delivery(self, webhook_id: str, delivery_id: str) -> dict[str, Any]:
+        return self._request("POST", f"/v1/webhooks/{webhook_id}/deliveries/{delivery_id}/retry")
+
     def login_code(self) -> dict[str, Any]:
         """A one-time code (`code`, `expires_in` s) that signs a browser in to the dashboard as this key:
         `<url>/#code=<code>` (what `relaxctl dashboard` opens)."""

@@ -409,3 +409,42 @@ def test_a_real_worker_delivers_what_its_tick_finds(tmp_path: Path, receiver: Re
             worker.terminate()
             worker.wait(30)
     w.db.dispose()
+
+
+def test_relaxctl_webhooks(world: World, receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from client import cli, commands
+    from client.sdk import RelaxClient
+
+    w = world
+
+    def sdk(url, key):  # type: ignore[no-untyped-def]
+        c = RelaxClient("http://testserver", "unused")
+        c._http = w.client
+        c._http.headers.update(w.as_("alpha"))
+        c.close = lambda: None  # type: ignore[method-assign]
+        return c
+
+    monkeypatch.setattr(commands, "connect", sdk)
+    run = CliRunner().invoke
+    r = run(
+        cli.app, ["webhooks", "create", receiver.url, "--event", "job.cancelled", "--event", "job.failed"]
+    )
+    assert r.exit_code == 0, r.output
+    hook_id, secret = r.output.split()[0], r.output.split("secret: ")[1].split()[0]
+    assert hook_id.startswith("wh_") and secret.startswith("whsec_")
+    r = run(cli.app, ["webhooks", "create", "mailto://me@example.com"])
+    assert r.exit_code == 2 and "webhook.bad_url" in r.output and "hint" in r.output
+    r = run(cli.app, ["webhooks", "list", "--json"])
+    assert [h["id"] for h in json.loads(r.output)] == [hook_id]
+    _run_job(w, "alpha-q", [("QUEUED", "CANCELLED")])
+    _deliver_due(w)
+    r = run(cli.app, ["webhooks", "deliveries", hook_id, "--wide"])
+    assert r.exit_code == 0 and "job.cancelled" in r.output and "delivered" in r.output, r.output
+    (d,) = _deliveries(w)
+    r = run(cli.app, ["webhooks", "retry", hook_id, d.id])
+    assert r.exit_code == 0 and "attempt 2" in r.output, r.output
+    r = run(cli.app, ["webhooks", "delete", hook_id])
+    assert r.exit_code == 0 and hook_id in r.output
+    assert json.loads(run(cli.app, ["webhooks", "list", "--json"]).output) == []
