@@ -139,6 +139,25 @@ class _Micro:
         mask = (self.batch.loss_mask > 0) & (self.index >= 0)
         return self.index[mask], mask.reshape(-1).nonzero().squeeze(1)
 
+    def at_loss_positions(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-position values `[s, b, ...]` (sequence first, as megatron's outputs) -> (those of the positions
+        that carry loss `[n, ...]`, the tokens they predict `[n]`, their flat places in the rows `[n]`, for
+        `spread`); n may be 0."""
+        fed, places = self.loss_positions()
+        device = hidden.device
+        s, b = int(hidden.shape[0]), int(hidden.shape[1])
+        fed = to_device(fed, device)
+        rows = (fed % s) * b + torch.div(fed, s, rounding_mode="floor")  # `fed` is [b, s] row-major
+        states = hidden.reshape(s * b, *hidden.shape[2:]).index_select(0, rows)
+        targets = to_device(self.targets, device).reshape(-1).index_select(0, fed)
+        return states, targets, to_device(places, device)
+
+    def spread(self, values: torch.Tensor, places: torch.Tensor) -> torch.Tensor:
+        """Values of the loss positions `[n]` (`at_loss_positions`) -> `[rows, width]` fp32, 0 elsewhere."""
+        rows, width = (int(n) for n in self.index.shape)
+        out = torch.zeros(rows * width, dtype=torch.float32, device=values.device)
+        return out.index_put((places,), values.float()).view(rows, width)
+
 
 def padded_micro(part: RolloutBatch, rows: int, width: int) -> _Micro:
     """`part`'s rows right-padded to `[rows, width]` (`bshd`)."""
@@ -1034,23 +1053,10 @@ class MegatronTrainBackend(MegatronModelRunner):
 
         if cp == 1 and os.environ.get(HEAD_ALL_POSITIONS_ENV, "0") != "1":
             # only the positions that carry loss go through the head (a GRPO row's prompt half carries none)
-            fed, places = micro.loss_positions()
-            if fed.numel() > 0:
-                s, b = int(hidden.shape[0]), int(hidden.shape[1])
-                fed = to_device(fed, device)
-                # `fed` counts row-major over [b, s]; hidden is [s, b]: its flat row is (j * b + i)
-                rows = (fed % s) * b + torch.div(fed, s, rounding_mode="floor")
-                states = hidden.reshape(s * b, -1).index_select(0, rows)
-                targets = to_device(micro.targets, device).reshape(-1).index_select(0, fed)
+            states, targets, places = micro.at_loss_positions(hidden)
+            if places.numel() > 0:
                 log_probs, entropy = head(states, targets)
-                shape = tuple(micro.index.shape)
-                places = to_device(places, device)
-
-                def spread(values: torch.Tensor) -> torch.Tensor:
-                    out = torch.zeros(shape[0] * shape[1], dtype=torch.float32, device=device)
-                    return out.index_put((places,), values.float()).view(shape)
-
-                return spread(log_probs), spread(entropy)
+                return micro.spread(log_probs, places), micro.spread(entropy, places)
         targets = to_device(micro.targets, device).t()  # [s, b]: the token each position predicts (0: none)
         if cp > 1:
             targets = targets[to_device(micro.columns(cp, self.cp_rank), device)]

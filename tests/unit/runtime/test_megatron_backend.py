@@ -346,6 +346,27 @@ def test_packed_micro_batches_hold_the_rows_end_to_end() -> None:
     assert sorted(columns.tolist()) == list(range(40))  # the CP ranks hold the pack between them
 
 
+def test_the_loss_head_reads_only_the_positions_that_carry_loss() -> None:
+    """`_Micro.at_loss_positions` picks, from per-position values [s, b, h], exactly the positions whose
+    predicted token `loss_mask` marks (a prompt's positions carry none), with those tokens as targets; and
+    `spread` puts their results where `unpack` would, 0 elsewhere: packed (CP-padded sequences and a trailing
+    padding sequence) and padded alike."""
+    from runtime.train.megatron.backend import packed_micro, padded_micro
+
+    batch = _batch(3)
+    batch.loss_mask[1, -3] = 0  # a masked token inside a response
+    for micro in (packed_micro(batch, 4, 8, total=40), padded_micro(batch, 4, 13)):
+        code = (micro.tokens * 1000 + micro.targets).t().float()  # [s, b]: a function of (token, next)
+        hidden = torch.stack([code, -code], dim=-1)  # [s, b, 2]
+        states, targets, places = micro.at_loss_positions(hidden)
+        assert states.shape == (int(batch.loss_mask.sum()), 2) and torch.equal(states[:, 1], -states[:, 0])
+        assert torch.equal(states[:, 0].long() % 1000, targets)
+        got = micro.spread(states[:, 0], places)
+        want = micro.unpack(code) * (batch.loss_mask > 0)
+        assert got.shape == batch.tokens.shape and torch.equal(got, want)
+        assert torch.equal(got != 0, batch.loss_mask > 0)  # every loss token, and nothing else
+
+
 def test_balance_data_balances_the_data_parallel_shares() -> None:
     """`balance_data`: equal-size shares (as without it) whose token counts are even; the backend's
     data-parallel shares follow it (`dp2-balance-data` above: the same update as one rank)."""
