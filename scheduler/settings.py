@@ -196,6 +196,13 @@ class WebhookSettings(BaseSettings):
         "the platform's own network (its database, a cloud's metadata service).",
     )
     max_endpoints_per_team: int = Field(20, ge=1, le=1000, description="Webhook endpoints a team may have.")
+    threads: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="Threads of each worker process that make webhook attempts (apart from the worker's own, so that "
+        "slow receivers never hold up launches and reconciles).",
+    )
     sweep_batch: int = Field(
         200, ge=1, le=10000, description="Due deliveries the beat's tick sends tasks for, at most, each tick."
     )

@@ -67,6 +67,11 @@ class WorkerContext:
         return CeleryDispatcher(self.app)
 
     @cached_property
+    def webhook_pool(self) -> webhook_delivery.DeliveryPool:
+        """The threads that make this process's webhook attempts."""
+        return webhook_delivery.DeliveryPool(self.db, self.settings.webhooks)
+
+    @cached_property
     def passes(self) -> PassCoalescer:
         """The passes of this process: requests that come while one runs share the next."""
         return PassCoalescer(
@@ -103,7 +108,7 @@ def register_tasks(app: Celery, settings: Settings) -> WorkerContext:
 
     @app.task(name=webhook_delivery.TASK_DELIVER)
     def deliver_webhook(delivery_id: str) -> None:
-        webhook_delivery.deliver(ctx.db, ctx.settings.webhooks, delivery_id)
+        ctx.webhook_pool.submit(delivery_id)  # the attempt runs on the process's webhook threads
 
     @app.task(name=TASK_LAUNCH)
     def launch(job_id: str) -> None:

@@ -18,7 +18,9 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from urllib.parse import urlsplit, urlunsplit
@@ -84,7 +86,8 @@ def _pinned(url: str, *, allow_private: bool) -> tuple[str, str, str]:
                 )
     address = addresses[0]
     netloc = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
-    host_header = host if parts.port is None else f"{host}:{parts.port}"
+    shown = f"[{host}]" if ":" in host else host  # an IPv6 literal keeps its brackets in Host
+    host_header = shown if parts.port is None else f"{shown}:{parts.port}"
     return urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, "")), host_header, host
 
 
@@ -212,3 +215,34 @@ def sweep(db: Database, settings: WebhookSettings, send: Callable[[str], object]
     for delivery_id in ids:
         send(delivery_id)
     return ids
+
+
+class DeliveryPool:
+    """The threads of a worker process that make attempts, apart from the worker's own (`submit` returns at once):
+    a slow or silent receiver holds one of these for its timeout, never a thread that launches or reconciles
+    jobs, and the task that hands an attempt over leaves the scheduler's queue at once. At most `backlog`
+    attempts wait; beyond that one is left to the sweep, which sends it again once its lease ends."""
+
+    def __init__(self, db: Database, settings: WebhookSettings) -> None:
+        self.db, self.settings = db, settings
+        self._executor = ThreadPoolExecutor(settings.threads, thread_name_prefix="relax-webhook")
+        self._slots = threading.BoundedSemaphore(settings.threads * 8)
+
+    def submit(self, delivery_id: str) -> bool:
+        if not self._slots.acquire(blocking=False):
+            log.warning("webhook attempts are backed up: delivery %s waits for the sweep", delivery_id)
+            return False
+        try:
+            self._executor.submit(self._attempt, delivery_id)
+        except RuntimeError:  # the process is shutting down
+            self._slots.release()
+            return False
+        return True
+
+    def _attempt(self, delivery_id: str) -> None:
+        try:
+            deliver(self.db, self.settings, delivery_id)
+        except Exception:  # noqa: BLE001 - its row falls due again when its lease ends
+            log.exception("webhook delivery %s: the attempt failed", delivery_id)
+        finally:
+            self._slots.release()

@@ -28,7 +28,7 @@ from scheduler.domain.jobs import FailureReason, JobStatus
 from scheduler.services import platform
 from scheduler.services.auth import Principal, create_api_key
 from scheduler.services.lifecycle import JobLifecycle
-from scheduler.services.webhook_delivery import deliver, sweep
+from scheduler.services.webhook_delivery import DeliveryPool, deliver, sweep
 from scheduler.settings import CelerySettings, DatabaseSettings, Settings, WebhookSettings
 from tests.factories import bootstrap, make_broker_app, make_job
 
@@ -50,6 +50,7 @@ class Receiver:
 
     codes: list[int] = field(default_factory=lambda: [204])
     location: str | None = None
+    gate: threading.Event | None = None  # when set up, it answers only once the gate opens
     got: list[Received] = field(default_factory=list)
     url: str = ""
 
@@ -68,6 +69,8 @@ def receiver() -> Iterator[Receiver]:
                 Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body, time.monotonic())
             )
             code = rec.answer()
+            if rec.gate is not None:
+                rec.gate.wait(10)
             self.send_response(code)
             if rec.location:
                 self.send_header("location", rec.location)
@@ -132,6 +135,23 @@ def make_world(
 @pytest.fixture
 def world(db_url: str, tmp_path: Path) -> Iterator[World]:
     w = make_world(db_url, tmp_path)
+    with w.client:
+        yield w
+    w.db.dispose()
+
+
+def _sqlite(tmp_path: Path) -> str:
+    from scheduler.db.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'relax.db'}"
+    upgrade(url)
+    return url
+
+
+@pytest.fixture
+def sqlite_world(tmp_path: Path) -> Iterator[World]:
+    """For what does not depend on the database (the HTTP side, the CLI): SQLite only, to keep the suite fast."""
+    w = make_world(_sqlite(tmp_path), tmp_path)
     with w.client:
         yield w
     w.db.dispose()
@@ -240,7 +260,8 @@ def test_a_failing_receiver_is_retried_on_the_schedule_then_failed(world: World,
     times = [g.at for g in receiver.got]
     assert len(times) == 3 and len({g.headers["webhook-id"] for g in receiver.got}) == 1
     waits = [b - a for a, b in zip(times, times[1:], strict=False)]
-    assert 0.2 <= waits[0] < 1.0 and 0.4 <= waits[1] < 1.2, waits  # the schedule: 0.2 s, then 0.4 s
+    # the schedule: 0.2 s, then 0.4 s (upper bounds generous: a loaded machine polls late)
+    assert 0.2 <= waits[0] < 3 and 0.4 <= waits[1] < 3, waits
 
     # a manual retry sends it once more (same id), and this time it lands
     receiver.codes = [200]
@@ -254,8 +275,36 @@ def test_a_failing_receiver_is_retried_on_the_schedule_then_failed(world: World,
     assert receiver.got[-1].headers["webhook-id"] == d.id
 
 
-def test_redirects_are_not_followed(world: World, receiver: Receiver) -> None:
-    w = world
+def test_a_slow_receiver_holds_only_the_delivery_threads(sqlite_world: World, receiver: Receiver) -> None:
+    """The worker's task hands the attempt to the process's webhook threads and returns at once; attempts beyond
+    the backlog are left to the sweep."""
+    w = sqlite_world
+    receiver.gate = threading.Event()  # the receiver holds every request until the test opens it
+    w.client.post("/v1/webhooks", json={"url": receiver.url}, headers=w.as_("alpha"))
+    _run_job(w, "alpha-q", [("QUEUED", "ADMITTED"), ("ADMITTED", "QUEUED")])
+    first, second = (d.id for d in _deliveries(w))
+    pool = DeliveryPool(w.db, w.settings.webhooks.model_copy(update={"threads": 1}))
+    pool._slots = threading.BoundedSemaphore(1)  # a backlog of one, to see the bound
+    assert pool.submit(first) is True
+    assert pool.submit(second) is False  # full: the sweep sends it again later
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not receiver.got:
+        time.sleep(0.01)
+    # the request is at the receiver, unanswered: submit returned without waiting for it
+    assert len(receiver.got) == 1 and [d.state for d in _deliveries(w)] == ["pending", "pending"]
+    receiver.gate.set()
+    while time.monotonic() < deadline and _deliveries(w)[0].state != "delivered":
+        time.sleep(0.02)
+    assert [d.state for d in _deliveries(w)] == ["delivered", "pending"]
+    while time.monotonic() < deadline and not pool.submit(second):  # its slot is freed as the attempt ends
+        time.sleep(0.02)
+    while time.monotonic() < deadline and _deliveries(w)[1].state != "delivered":
+        time.sleep(0.02)
+    assert [d.state for d in _deliveries(w)] == ["delivered", "delivered"]
+
+
+def test_redirects_are_not_followed(sqlite_world: World, receiver: Receiver) -> None:
+    w = sqlite_world
     receiver.codes, receiver.location = [302], "http://169.254.169.254/latest/meta-data"
     w.client.post("/v1/webhooks", json={"url": receiver.url}, headers=w.as_("alpha"))
     _run_job(w, "alpha-q", [("QUEUED", "CANCELLED")])
@@ -317,10 +366,8 @@ def test_bad_input_is_refused_naming_the_field(world: World) -> None:
     assert len(w.client.get("/v1/webhooks", headers=w.as_("alpha")).json()["data"]) == 3
 
 
-def test_private_addresses_are_refused_unless_allowed(
-    db_url: str, tmp_path: Path, receiver: Receiver
-) -> None:
-    w = make_world(db_url, tmp_path, allow_private=False)
+def test_private_addresses_are_refused_unless_allowed(tmp_path: Path, receiver: Receiver) -> None:
+    w = make_world(_sqlite(tmp_path), tmp_path, allow_private=False)
     with w.client:
         w.client.post("/v1/webhooks", json={"url": receiver.url}, headers=w.as_("alpha"))
         _run_job(w, "alpha-q", [("QUEUED", "CANCELLED")])
@@ -368,10 +415,7 @@ def test_notify_urls_get_the_jobs_end(world: World, receiver: Receiver) -> None:
 def test_a_real_worker_delivers_what_its_tick_finds(tmp_path: Path, receiver: Receiver) -> None:
     """The worker process: its tick sweeps what the API's transaction left (the API process hands nothing to a
     worker itself) and its task POSTs it. On SQLite only: the rest runs on both databases."""
-    from scheduler.db.migrate import upgrade
-
-    db_url = f"sqlite:///{tmp_path / 'relax.db'}"
-    upgrade(db_url)
+    db_url = _sqlite(tmp_path)
     w = make_world(db_url, tmp_path)
     with w.client:
         hook = w.client.post("/v1/webhooks", json={"url": receiver.url}, headers=w.as_("alpha")).json()
@@ -411,13 +455,13 @@ def test_a_real_worker_delivers_what_its_tick_finds(tmp_path: Path, receiver: Re
     w.db.dispose()
 
 
-def test_relaxctl_webhooks(world: World, receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_relaxctl_webhooks(sqlite_world: World, receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
     from client import cli, commands
     from client.sdk import RelaxClient
 
-    w = world
+    w = sqlite_world
 
     def sdk(url, key):  # type: ignore[no-untyped-def]
         c = RelaxClient("http://testserver", "unused")
