@@ -234,15 +234,16 @@ class FastGenEngine:
         if decode_attention is None:
             decode_attention = (
                 "triton"
-                if cuda and triton_attention.available(self.torch_device)
+                if cuda
+                and triton_attention.available(self.torch_device)
+                and triton_attention.supports(self.cfg.head_dim)
                 else DEFAULT_DECODE_ATTENTION
             )
         self.decoder = Decoder(self.cfg, self.weights, decode_attention, compile=compile)
         self._sample = maybe_compile(sample, compile)  # decode steps only (prefill shapes vary)
         # the plain mode's full-vocabulary pass as one Triton kernel (CUDA), the rest compiled
-        self._block_stats = (
-            triton_sampler.block_stats if triton_sampler.available(self.torch_device) else None
-        )
+        stats = triton_sampler.available(self.torch_device) and triton_sampler.supports(self.cfg.vocab_size)
+        self._block_stats = triton_sampler.block_stats if stats else None
         self._sample_stats = maybe_compile(triton_sampler.sample_from_block_stats, compile)
         if compile or decode_attention == "flex":  # one compilation per decode batch bucket, window, mode
             _raise_recompile_limit(256)

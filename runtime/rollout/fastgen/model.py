@@ -407,6 +407,10 @@ class Decoder:
             raise ValueError(f"decode_attention must be one of {DECODE_ATTENTION}, not {decode_attention!r}")
         if decode_attention == "triton" and not triton_attention.available(weights.flat.device):
             raise ValueError("decode_attention='triton' needs triton and a CUDA device")
+        if decode_attention == "triton" and not triton_attention.supports(cfg.head_dim):
+            raise ValueError(
+                f"decode_attention='triton' needs a power-of-two head dim >= 16, not {cfg.head_dim}"
+            )
         self.cfg = cfg
         pre = functools.partial(
             _decode_pre,

@@ -45,6 +45,11 @@ def available(device: torch.device) -> bool:
     return triton is not None and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
 
 
+def supports(head_dim: int) -> bool:
+    """The kernels hold a head as one power-of-two block of at least 16 (64 and 128 in Qwen2 / Llama)."""
+    return head_dim >= 16 and head_dim & (head_dim - 1) == 0
+
+
 if triton is not None:
 
     @triton.jit
@@ -174,7 +179,7 @@ def decode_attention(
     b, hkv, g, d = qg.shape
     if keys.stride() != values.stride() or keys.stride(-1) != 1 or qg.stride(-1) != 1:
         raise ValueError("decode_attention needs keys and values of one layout with unit stride over D")
-    if d & (d - 1) or d < 16:
+    if not supports(d):
         raise ValueError(f"decode_attention needs a power-of-two head dim >= 16, not {d}")
     out = torch.empty_like(qg)
     rows = torch.arange(b, device=qg.device)

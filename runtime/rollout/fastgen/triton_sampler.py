@@ -40,6 +40,11 @@ def available(device: torch.device) -> bool:
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def supports(vocab: int) -> bool:
+    """A vocabulary block is one program's load: up to 8,192 ids (151,936 = 128 blocks of 1,187)."""
+    return vocab // vocab_blocks(vocab) <= 8192
+
+
 if triton is not None:
 
     @triton.jit

@@ -564,6 +564,14 @@ def test_triton_decode_attention_matches_sdpa_under_the_interpreter(tiny_model: 
 def test_triton_decode_attention_is_refused_where_it_cannot_run(
     tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from runtime.rollout.fastgen import triton_attention, triton_sampler
+
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="triton"):
         FastGenEngine(str(tiny_model), device=CPU, decode_attention="triton")
+    # what the kernels take (the engine's CUDA default falls back to sdpa / torch's sampler otherwise)
+    assert (
+        triton_attention.supports(64) and triton_attention.supports(128) and not triton_attention.supports(80)
+    )
+    assert triton_sampler.supports(151936) and triton_sampler.supports(128256)
+    assert not triton_sampler.supports(151937)  # a prime: one block of the whole vocabulary
