@@ -77,7 +77,7 @@ if triton is not None:
         """One (group of rows, KV head, prefix chunk): every query head of the group's rows as one block of
         queries against positions [chunk * CHUNK, min(prefix, (chunk + 1) * CHUNK)) of the group's first
         slot; the partial softmax state (max, sum, unnormalised output) goes to Part*[chunk, row, head]."""
-        grp = tl.program_id(0)
+        grp = tl.program_id(0).to(tl.int64)  # offsets past 2**31 elements in large caches
         h = tl.program_id(1)
         chunk = tl.program_id(2)
         r = tl.arange(0, NG_PAD)
@@ -116,7 +116,7 @@ if triton is not None:
         """One (row, KV head): the prefix's partial states from `_prefix_kernel` merged (`chunks` of them),
         or positions below `src_prefix` read from slot Src[row]; then the row's own positions
         own_start..lengths[row]; the output normalised."""
-        b = tl.program_id(0)
+        b = tl.program_id(0).to(tl.int64)  # offsets past 2**31 elements in large caches
         h = tl.program_id(1)
         length = tl.load(Lengths + b)  # positions 0..length are visible (the new token sits at `length`)
         g = tl.arange(0, G_PAD)

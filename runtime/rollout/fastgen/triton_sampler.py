@@ -53,7 +53,7 @@ if triton is not None:
         stride_row, blocks, width,
         W_PAD: tl.constexpr,
     ):  # fmt: skip
-        row = tl.program_id(0)
+        row = tl.program_id(0).to(tl.int64)
         block = tl.program_id(1)
         temperature = tl.load(Temperature + row)
         scale = tl.where(temperature <= 0, 1.0, temperature)
