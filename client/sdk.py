@@ -374,6 +374,10 @@ class RelaxClient:
         body = {"url": url, "event_types": event_types, "description": description, "team": team}
         return self._request("POST", "/v1/webhooks", json={k: v for k, v in body.items() if v is not None})
 
+    def update_webhook(self, webhook_id: str, **changes: Any) -> dict[str, Any]:
+        """Change `url`, `event_types`, `description` or `disabled` (only those given)."""
+        return self._request("PATCH", f"/v1/webhooks/{webhook_id}", json=changes)
+
     def delete_webhook(self, webhook_id: str) -> dict[str, Any]:
         return self._request("DELETE", f"/v1/webhooks/{webhook_id}")
 

@@ -67,6 +67,22 @@ def webhooks_delete(c: RelaxClient, webhook_id: str) -> None:
     cmd.out.print(f"deleted {w['id']} ({w['url']})")
 
 
+@webhooks_app.command("disable")
+@api_call()
+def webhooks_disable(c: RelaxClient, webhook_id: str) -> None:
+    """Stop sending to an endpoint (what it has pending fails); `enable` resumes."""
+    w = c.update_webhook(webhook_id, disabled=True)
+    cmd.out.print(f"disabled {w['id']} ({w['url']})")
+
+
+@webhooks_app.command("enable")
+@api_call()
+def webhooks_enable(c: RelaxClient, webhook_id: str) -> None:
+    """Send to a disabled endpoint again (events from now on)."""
+    w = c.update_webhook(webhook_id, disabled=False)
+    cmd.out.print(f"enabled {w['id']} ({w['url']})")
+
+
 @webhooks_app.command("deliveries")
 @api_call("json", "wide")
 def webhooks_deliveries(

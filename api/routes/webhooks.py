@@ -15,6 +15,7 @@ from api.schemas.webhooks import (
     WebhookDeliveryPublic,
     WebhookPublic,
     WebhooksPage,
+    WebhookUpdate,
 )
 from scheduler.services import webhooks
 
@@ -55,6 +56,20 @@ def list_webhooks(
 @router.get("/{webhook_id}", response_model=WebhookPublic)
 def get_webhook(webhook_id: str, session: SessionDep, principal: PrincipalDep) -> WebhookPublic:
     return WebhookPublic.model_validate(webhooks.get_endpoint(session, principal, webhook_id))
+
+
+@router.patch("/{webhook_id}", response_model=WebhookPublic)
+def update_webhook(
+    webhook_id: str, body: WebhookUpdate, session: SessionDep, principal: PrincipalDep, audit: AuditDep
+) -> WebhookPublic:
+    """Change the URL, the event types, the description, or disable (enable) the endpoint."""
+    changes = body.model_dump(exclude_unset=True)
+    if "url" in changes and changes["url"] is None:
+        del changes["url"]
+    audit.note(fields=sorted(changes), disabled=changes.get("disabled"))
+    endpoint = webhooks.update_endpoint(session, principal, webhook_id, changes=changes)
+    audit.note(team=endpoint.team_id)
+    return WebhookPublic.model_validate(endpoint)
 
 
 @router.delete("/{webhook_id}", response_model=WebhookPublic)

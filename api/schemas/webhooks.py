@@ -26,6 +26,20 @@ class WebhookCreate(BaseModel):
     team: str | None = Field(None, description="Admins: the team (name or id); default: yours.")
 
 
+class WebhookUpdate(BaseModel):
+    """What to change; the fields left out stay as they are."""
+
+    model_config = ConfigDict(extra="forbid")
+    url: str | None = Field(None, max_length=2000, description="A new http:// or https:// URL.")
+    event_types: list[str] | None = Field(
+        None, max_length=50, description="The new filter; null: every event type."
+    )
+    description: str | None = Field(None, max_length=200)
+    disabled: bool | None = Field(
+        None, description="true: no new deliveries, and pending ones fail at their next attempt."
+    )
+
+
 class WebhookPublic(BaseModel):
     model_config = ConfigDict(from_attributes=True)
     id: str

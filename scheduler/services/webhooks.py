@@ -90,16 +90,7 @@ def create_endpoint(
     principal.require(MANAGE)
     target = team_for(session, principal, team)
     check_url(url)
-    if event_types is not None:
-        unknown = wh.unknown_event_types(event_types)
-        if unknown:
-            raise _invalid(
-                f"unknown event types {unknown}",
-                "event_types",
-                f"use types of {sorted(wh.EVENT_TYPES)}, a group as 'job.*', or leave it out for every type",
-                code="webhook.unknown_event_type",
-            )
-        event_types = sorted(set(event_types))
+    event_types = _checked_event_types(event_types)
     count = session.scalar(
         sa.select(sa.func.count()).select_from(WebhookEndpoint).where(WebhookEndpoint.team_id == target.id)
     )
@@ -119,7 +110,7 @@ def create_endpoint(
         team_id=target.id,
         url=url,
         description=description,
-        event_types=event_types or None,
+        event_types=event_types,
         secret=wh.new_secret(),
         disabled=False,
         created_by=principal.key_id,
@@ -147,6 +138,44 @@ def get_endpoint(session: Session, principal: Principal, endpoint_id: str) -> We
     if endpoint is None or not principal.can_see_team(endpoint.team_id):
         raise NotFound(f"webhook {endpoint_id} not found", code="webhook.not_found")
     return endpoint
+
+
+def update_endpoint(
+    session: Session,
+    principal: Principal,
+    endpoint_id: str,
+    *,
+    changes: dict[str, Any],
+) -> WebhookEndpoint:
+    """Change an endpoint's URL, event types, description or disabled flag (`changes` holds those given). A
+    disabled endpoint gets no new deliveries, and what it has pending fails at its next attempt."""
+    endpoint = get_endpoint(session, principal, endpoint_id)
+    if "url" in changes:
+        check_url(changes["url"])
+        endpoint.url = changes["url"]
+    if "event_types" in changes:
+        endpoint.event_types = _checked_event_types(changes["event_types"])
+    if "description" in changes:
+        endpoint.description = changes["description"]
+    if changes.get("disabled") is not None:
+        endpoint.disabled = bool(changes["disabled"])
+    session.flush()
+    session.info.pop(_CACHE, None)
+    return endpoint
+
+
+def _checked_event_types(event_types: list[str] | None) -> list[str] | None:
+    if event_types is None:
+        return None
+    unknown = wh.unknown_event_types(event_types)
+    if unknown:
+        raise _invalid(
+            f"unknown event types {unknown}",
+            "event_types",
+            f"use types of {sorted(wh.EVENT_TYPES)}, a group as 'job.*', or leave it out for every type",
+            code="webhook.unknown_event_type",
+        )
+    return sorted(set(event_types)) or None
 
 
 def delete_endpoint(session: Session, principal: Principal, endpoint_id: str) -> WebhookEndpoint:

@@ -347,6 +347,7 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ),
     ("GET", "/v1/webhooks/{webhook_id}"): Rule(TEAM_PATH, WRITERS),
     ("DELETE", "/v1/webhooks/{webhook_id}"): Rule(TEAM_PATH, WRITERS),
+    ("PATCH", "/v1/webhooks/{webhook_id}"): Rule(TEAM_PATH, WRITERS, body=lambda w, t: {"disabled": False}),
     ("GET", "/v1/webhooks/{webhook_id}/deliveries"): Rule(TEAM_PATH, WRITERS),
     ("POST", "/v1/webhooks/{webhook_id}/deliveries/{delivery_id}/retry"): Rule(
         TEAM_PATH, WRITERS, frozenset({202, 409})

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -21,14 +22,14 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from scheduler.celery_app import worker_argv
 from scheduler.db.engine import Database
-from scheduler.db.models import Job, WebhookDelivery
+from scheduler.db.models import Job, WebhookDelivery, utcnow
 from scheduler.dispatch import TASK_TICK, CeleryDispatcher
 from scheduler.domain import webhooks as wh
 from scheduler.domain.jobs import FailureReason, JobStatus
 from scheduler.services import platform
 from scheduler.services.auth import Principal, create_api_key
 from scheduler.services.lifecycle import JobLifecycle
-from scheduler.services.webhook_delivery import DeliveryPool, deliver, sweep
+from scheduler.services.webhook_delivery import DeliveryPool, deliver, lease_seconds, sweep
 from scheduler.settings import CelerySettings, DatabaseSettings, Settings, WebhookSettings
 from tests.factories import bootstrap, make_broker_app, make_job
 
@@ -303,6 +304,30 @@ def test_a_slow_receiver_holds_only_the_delivery_threads(sqlite_world: World, re
     assert [d.state for d in _deliveries(w)] == ["delivered", "delivered"]
 
 
+def test_an_attempt_lost_with_its_worker_is_sent_again_after_its_lease(
+    sqlite_world: World, receiver: Receiver
+) -> None:
+    """A worker that died mid-attempt leaves its row claimed (attempt counted, due at the lease's end): the sweep
+    leaves it alone until then, and sends it again after."""
+    w = sqlite_world
+    w.client.post("/v1/webhooks", json={"url": receiver.url}, headers=w.as_("alpha"))
+    _run_job(w, "alpha-q", [("QUEUED", "CANCELLED")])
+    (d,) = _deliveries(w)
+    lease = timedelta(seconds=lease_seconds(w.settings.webhooks))
+    claimed_at = utcnow() - timedelta(seconds=5)
+    with w.db.session() as s:  # what deliver()'s claim wrote before its worker was SIGKILLed
+        row = s.get(WebhookDelivery, d.id)
+        row.attempts, row.last_attempt_at, row.next_attempt_at = 1, claimed_at, claimed_at + lease
+        row.dispatched_at = claimed_at
+    assert _deliver_due(w) == [] and receiver.got == []  # still in its lease
+    with w.db.session() as s:  # the lease has run out
+        row = s.get(WebhookDelivery, d.id)
+        row.next_attempt_at, row.dispatched_at = claimed_at - timedelta(seconds=1), claimed_at - lease
+    assert _deliver_due(w) == [d.id]
+    (d,) = _deliveries(w)
+    assert (d.state, d.attempts) == ("delivered", 2) and len(receiver.got) == 1
+
+
 def test_redirects_are_not_followed(sqlite_world: World, receiver: Receiver) -> None:
     w = sqlite_world
     receiver.codes, receiver.location = [302], "http://169.254.169.254/latest/meta-data"
@@ -342,6 +367,28 @@ def test_teams_see_only_their_own(world: World, receiver: Receiver) -> None:
     assert w.client.delete(f"/v1/webhooks/{mine['id']}", headers=w.as_("alpha")).status_code == 200
     assert w.client.get(f"/v1/webhooks/{mine['id']}", headers=w.as_("alpha")).status_code == 404
     assert len(_deliveries(w)) == 1
+
+
+def test_a_disabled_endpoint_gets_nothing_new_and_its_pending_fail(world: World, receiver: Receiver) -> None:
+    w = world
+    hook = w.client.post("/v1/webhooks", json={"url": receiver.url}, headers=w.as_("alpha")).json()
+    _run_job(w, "alpha-q", [("QUEUED", "ADMITTED")])  # one pending
+    r = w.client.patch(f"/v1/webhooks/{hook['id']}", json={"disabled": True}, headers=w.as_("alpha"))
+    assert r.status_code == 200 and r.json()["disabled"] is True and r.json()["url"] == receiver.url
+    _run_job(w, "alpha-q", [("QUEUED", "CANCELLED")])  # none made
+    _deliver_due(w)
+    (d,) = _deliveries(w)
+    assert (d.state, d.last_error) == ("failed", "the endpoint is disabled") and receiver.got == []
+    r = w.client.patch(
+        f"/v1/webhooks/{hook['id']}",
+        json={"disabled": False, "event_types": ["job.cancelled"]},
+        headers=w.as_("alpha"),
+    )
+    assert r.json()["event_types"] == ["job.cancelled"] and r.json()["disabled"] is False
+    _run_job(w, "alpha-q", [("QUEUED", "ADMITTED"), ("ADMITTED", "CANCELLED")])
+    assert [d.event_type for d in _deliveries(w)] == ["job.admitted", "job.cancelled"]
+    r = w.client.patch(f"/v1/webhooks/{hook['id']}", json={"url": "gopher://x"}, headers=w.as_("alpha"))
+    assert r.status_code == 422 and r.json()["error"]["details"]["issues"][0]["field"] == "url"
 
 
 def test_bad_input_is_refused_naming_the_field(world: World) -> None:
@@ -489,6 +536,14 @@ def test_relaxctl_webhooks(sqlite_world: World, receiver: Receiver, monkeypatch:
     (d,) = _deliveries(w)
     r = run(cli.app, ["webhooks", "retry", hook_id, d.id])
     assert r.exit_code == 0 and "attempt 2" in r.output, r.output
+    r = run(cli.app, ["webhooks", "disable", hook_id])
+    assert r.exit_code == 0 and "disabled" in r.output
+    assert json.loads(run(cli.app, ["webhooks", "list", "--json"]).output)[0]["disabled"] is True
+    r = run(cli.app, ["webhooks", "enable", hook_id])
+    assert (
+        r.exit_code == 0
+        and json.loads(run(cli.app, ["webhooks", "list", "--json"]).output)[0]["disabled"] is False
+    )
     r = run(cli.app, ["webhooks", "delete", hook_id])
     assert r.exit_code == 0 and hook_id in r.output
     assert json.loads(run(cli.app, ["webhooks", "list", "--json"]).output) == []

@@ -749,7 +749,11 @@ export interface paths {
         delete: operations["delete_webhook_v1_webhooks__webhook_id__delete"];
         options?: never;
         head?: never;
-        patch?: never;
+        /**
+         * Update Webhook
+         * @description Change the URL, the event types, the description, or disable (enable) the endpoint.
+         */
+        patch: operations["update_webhook_v1_webhooks__webhook_id__patch"];
         trace?: never;
     };
     "/v1/webhooks/{webhook_id}/deliveries": {
@@ -2393,6 +2397,29 @@ export interface components {
             team_id: string;
             /** Url */
             url: string;
+        };
+        /**
+         * WebhookUpdate
+         * @description What to change; the fields left out stay as they are.
+         */
+        WebhookUpdate: {
+            /** Description */
+            description?: string | null;
+            /**
+             * Disabled
+             * @description true: no new deliveries, and pending ones fail at their next attempt.
+             */
+            disabled?: boolean | null;
+            /**
+             * Event Types
+             * @description The new filter; null: every event type.
+             */
+            event_types?: string[] | null;
+            /**
+             * Url
+             * @description A new http:// or https:// URL.
+             */
+            url?: string | null;
         };
         /** WebhooksPage */
         WebhooksPage: {
@@ -6795,6 +6822,106 @@ export interface operations {
             cookie?: never;
         };
         requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookPublic"];
+                };
+            };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    update_webhook_v1_webhooks__webhook_id__patch: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                webhook_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookUpdate"];
+            };
+        };
         responses: {
             /** @description Successful Response */
             200: {
