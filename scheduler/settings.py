@@ -203,6 +203,12 @@ class WebhookSettings(BaseSettings):
         description="Threads of each worker process that make webhook attempts (apart from the worker's own, so that "
         "slow receivers never hold up launches and reconciles).",
     )
+    retention_days: float = Field(
+        30.0,
+        gt=0,
+        description="How long the delivery log keeps a delivered or failed message (RELAX_WEBHOOK_RETENTION_DAYS); "
+        "the beat's tick removes older ones.",
+    )
     sweep_batch: int = Field(
         200, ge=1, le=10000, description="Due deliveries the beat's tick sends tasks for, at most, each tick."
     )

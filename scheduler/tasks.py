@@ -100,6 +100,7 @@ def register_tasks(app: Celery, settings: Settings) -> WorkerContext:
             ctx.dispatcher.reconcile(pool)
         try:  # webhook messages due: a hand-off lost, a retry's time come, an attempt lost with its worker
             webhook_delivery.sweep(ctx.db, ctx.settings.webhooks, send_webhook)
+            webhook_delivery.prune(ctx.db, ctx.settings.webhooks)
         except Exception:  # noqa: BLE001 - the next tick sweeps again; the rest of the tick has run
             log.exception("the sweep of due webhook deliveries failed")
 

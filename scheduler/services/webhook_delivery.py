@@ -217,6 +217,23 @@ def sweep(db: Database, settings: WebhookSettings, send: Callable[[str], object]
     return ids
 
 
+def prune(db: Database, settings: WebhookSettings, *, batch: int = 1000) -> int:
+    """Remove up to `batch` delivered or failed messages that ended more than `retention_days` ago. Returns how
+    many."""
+    cutoff = utcnow() - timedelta(days=settings.retention_days)
+    with db.session() as s:
+        ids = list(
+            s.scalars(
+                sa.select(WebhookDelivery.id)
+                .where(WebhookDelivery.state != PENDING, WebhookDelivery.finished_at < cutoff)
+                .limit(batch)
+            )
+        )
+        if ids:
+            s.execute(sa.delete(WebhookDelivery).where(WebhookDelivery.id.in_(ids)))
+    return len(ids)
+
+
 class DeliveryPool:
     """The threads of a worker process that make attempts, apart from the worker's own (`submit` returns at once):
     a slow or silent receiver holds one of these for its timeout, never a thread that launches or reconciles
