@@ -745,7 +745,9 @@ def loss_head(values: dict[str, Any]) -> Any:
         tp_group=None,
     )
     micro = backend.padded_micro(
-        SimpleNamespace(batch_size=1, tokens=torch.zeros((1, 4), dtype=torch.long)),  # type: ignore[arg-type]
+        SimpleNamespace(
+            batch_size=1, tokens=torch.zeros((1, 4), dtype=torch.long), loss_mask=torch.ones((1, 4))
+        ),  # type: ignore[arg-type]
         1,
         4,
     )
