@@ -55,10 +55,9 @@ from runtime.rollout.sglang.protocol import (
     RequestSampling,
 )
 from runtime.rollout.sglang.serving import (
-    DEFAULT_WEIGHT_VERSION,
     EngineUnavailable,
     MemoryTag,
-    ServingEngine,
+    ServingBase,
     check_weight_version,
     detokenize,
 )
@@ -92,7 +91,7 @@ class _Job:
     engine_rid: int | None = None  # set once the engine has it
 
 
-class FastGenServing:
+class FastGenServing(ServingBase):
     """Requests in, `GenerationOutput`s out over `FastGenEngine`; see the module docstring."""
 
     engine_name = ENGINE_NAME
@@ -118,29 +117,14 @@ class FastGenServing:
             engine.max_cache_bytes = int(free * cache_memory_fraction)
         # stop ids per request: the checkpoint's EOS ids plus the request's own
         engine.stop_width = max(engine.stop_width, len(eos_token_ids) + 8)
-        self.tokenizer = tokenizer
-        self.model_path = model_path
+        super().__init__(tokenizer, model_path=model_path, eos_token_ids=eos_token_ids)
         self.max_batch_size = engine.max_batch_size
         self.vocab_size = engine.cfg.vocab_size
-        self.eos_token_ids = eos_token_ids
         self._hf_config = dict(hf_config or {})
-        self.weight_version = DEFAULT_WEIGHT_VERSION
-        self._cond = threading.Condition()
-        self._pending: list[_Job] = []
-        self._jobs: dict[str, _Job] = {}  # queued or running, by rid
         self._running: dict[int, _Job] = {}  # in the engine, by engine rid
         self._stepping = False  # the worker is inside the engine (admitting or stepping)
         self._exclusive_wanted = 0  # exclusive operations waiting: hold new requests back
         self._exclusive_held = False
-        self._closing = False
-        self._released: set[MemoryTag] = set()
-        self._counts = {
-            "requests": 0,
-            "generated_tokens": 0,
-            "cache_flushes": 0,
-            "weight_updates": 0,
-            "memory_releases": 0,
-        }
         self._thread = threading.Thread(target=self._serve, name="relax-fastgen", daemon=True)
 
     @classmethod
@@ -186,17 +170,6 @@ class FastGenServing:
             "compactions": engine.compactions,
         }
 
-    # -- lifecycle ------------------------------------------------------------------------------------------
-    def start(self) -> None:
-        self._thread.start()
-
-    def close(self) -> None:
-        with self._cond:
-            self._closing = True
-            self._cond.notify_all()
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
-
     # -- generation -----------------------------------------------------------------------------------------
     def submit(self, requests: list[GenerationRequest]) -> list[concurrent.futures.Future[GenerationOutput]]:
         """Queue the requests (joining the running ones at the next engine step); each future resolves to
@@ -208,17 +181,7 @@ class FastGenServing:
             jobs.append(
                 _Job(request, concurrent.futures.Future(), None if seed is None else mix_seed(seed, index))
             )
-        with self._cond:
-            if self._closing:
-                raise EngineUnavailable("the engine is shutting down")
-            for job in jobs:
-                if job.request.rid in self._jobs:
-                    raise ProtocolError(f"request id {job.request.rid!r} is already running")
-            for job in jobs:
-                self._jobs[job.request.rid] = job
-            self._pending.extend(jobs)
-            self._cond.notify_all()
-        return [job.future for job in jobs]
+        return self._enqueue(jobs)
 
     def _validate(self, sampling: RequestSampling) -> None:
         if sampling.min_p > 0:
@@ -231,22 +194,10 @@ class FastGenServing:
                 f"{len(stop_ids)} stop token ids (EOS included); the fastgen engine allows {self.engine.stop_width}"
             )
 
-    def abort(
-        self, rid: str = "", *, abort_all: bool = False, message: str = "Aborted by /abort_request"
-    ) -> int:
-        """Abort queued and running requests: by exact rid, by the rid the caller gave before n > 1
-        expanded it, or all. Running ones end after the engine's current step with their partial output."""
-        with self._cond:
-            targets = [
-                job
-                for job in self._jobs.values()
-                if abort_all or (rid and rid in (job.request.rid, job.request.logical_rid))
-            ]
-            for job in targets:
-                job.aborted = job.aborted or message
-                if job.engine_rid is not None:
-                    self.engine.abort(job.engine_rid)  # thread-safe: applied at the next step
-        return len(targets)
+    def _aborted(self, job: _Job) -> None:
+        """A running request ends after the engine's current step with its partial output."""
+        if job.engine_rid is not None:
+            self.engine.abort(job.engine_rid)  # thread-safe: applied at the next step
 
     def load(self) -> dict[str, int]:
         with self._cond:
@@ -309,10 +260,7 @@ class FastGenServing:
 
     def _admit(self, job: _Job) -> GenerationOutput | None:
         """Hand the request to the engine (None), or its output when it needs no decoding."""
-        if self._released:
-            raise EngineUnavailable(
-                f"memory is released ({', '.join(sorted(self._released))}); call /resume_memory_occupation first"
-            )
+        self._require_memory()
         request = job.request
         if job.aborted is not None:
             return self._output(job, GenerationResult([], [], FinishReason.ABORT))
@@ -325,12 +273,6 @@ class FastGenServing:
             job.engine_rid = rid
             self._running[rid] = job
         return None
-
-    def _stop_ids(self, sampling: RequestSampling) -> tuple[int, ...]:
-        # SGLang's ignore_eos skips every token-based stop (EOS and stop_token_ids alike).
-        return (
-            () if sampling.ignore_eos else tuple(dict.fromkeys(self.eos_token_ids + sampling.stop_token_ids))
-        )
 
     def _params(self, sampling: RequestSampling) -> SamplingParams:
         """SGLang's normalised sampling -> fastgen's. Greedy at T = 1 is fastgen's temperature 0 (argmax,
@@ -506,20 +448,11 @@ class FastGenServing:
         """A copy of one weight by its HF name (tests, debugging)."""
         return self.engine.weights.target(name).detach().to("cpu", copy=True)
 
-    def _finish_update(self, weight_version: str | None) -> None:
-        if weight_version is not None:
-            self.weight_version = weight_version
-        self._counts["weight_updates"] += 1
-
-    def _require_resident(self, action: str) -> None:
-        if MemoryTag.WEIGHTS in self._released:
-            raise ProtocolError(f"{action}: weights are released; call /resume_memory_occupation first")
-
     # -- memory ---------------------------------------------------------------------------------------------
     def release_memory(self, tags: list[str] | None) -> None:
         """Weights to (pinned) host memory, KV cache and CUDA graphs freed; generation is refused until
         resumed. `kv_cache` alone frees the cache and graphs only. No tags: all."""
-        wanted = ServingEngine._tags(tags)
+        wanted = self._tags(tags)
         with self._exclusive():
             if MemoryTag.WEIGHTS in wanted and not self.engine.offloaded:
                 self.engine.offload()  # the cache and graphs go with it
@@ -529,7 +462,7 @@ class FastGenServing:
             self._released |= wanted
 
     def resume_memory(self, tags: list[str] | None) -> None:
-        wanted = ServingEngine._tags(tags)
+        wanted = self._tags(tags)
         with self._exclusive():
             if MemoryTag.WEIGHTS in wanted and self.engine.offloaded:
                 self.engine.onload()
@@ -541,18 +474,8 @@ class FastGenServing:
         offloaded = self.engine.offloaded
         return {
             "device": str(self.engine.torch_device),
-            "weights": "released" if MemoryTag.WEIGHTS in self._released else "resident",
-            "kv_cache": "released" if MemoryTag.KV_CACHE in self._released else "resident",
+            **self._released_state(),
             "weight_bytes_resident": 0 if offloaded else size,
             "weight_bytes_offloaded": size if offloaded else 0,
             "kv_cache_bytes": self.engine.cache_bytes(),  # ours: the static cache fastgen allocated
         }
-
-    def flush_cache(self) -> bool:
-        """No prefix cache is kept between requests; like SGLang, refuse while requests are queued or
-        running."""
-        with self._cond:
-            if self._jobs:
-                return False
-            self._counts["cache_flushes"] += 1
-            return True

@@ -96,67 +96,50 @@ def detokenize(
     return text
 
 
-class ServingEngine:
-    """Requests in, `GenerationOutput`s out; see the module docstring. The interface `server.py` calls
-    (`FastGenServing` in fastgen_serving.py offers the same)."""
+class ServingBase:
+    """What both serving engines (`ServingEngine` here, `FastGenServing` in fastgen_serving.py) keep alike:
+    the table of queued and running requests (submit's queueing, abort, flush_cache), SGLang's stop ids,
+    the weight-version bookkeeping and the memory tags. Subclasses run the requests; they set the
+    engine-specific fields before or after calling this `__init__`."""
 
-    engine_name = ENGINE_NAME
+    engine_name: str
+    _thread: threading.Thread  # the subclass's worker, running `_serve`
 
     def __init__(
-        self,
-        engine: TorchRolloutEngine,
-        tokenizer: PreTrainedTokenizerBase | None,
-        *,
-        model_path: str,
-        max_batch_size: int = 256,
+        self, tokenizer: PreTrainedTokenizerBase | None, *, model_path: str, eos_token_ids: tuple[int, ...]
     ) -> None:
-        self.engine = engine
-        self.model = engine.model
         self.tokenizer = tokenizer
         self.model_path = model_path
-        self.max_batch_size = max_batch_size
-        self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
-        self.eos_token_ids: tuple[int, ...] = engine.eos_token_ids
-        # HF fills every generation field a call leaves unset from the model's generation config; with
-        # EOS ids there, `ignore_eos` could never turn them off. Every call passes its stop ids instead.
-        self.model.generation_config.eos_token_id = None
+        self.eos_token_ids = eos_token_ids
         self.weight_version = DEFAULT_WEIGHT_VERSION
-        self._lock = threading.Lock()  # one of: a generation batch, a weight load, a memory move
         self._cond = threading.Condition()
-        self._pending: list[_Job] = []
-        self._jobs: dict[str, _Job] = {}  # queued or running, by rid
-        self._running = 0
+        self._pending: list[Any] = []  # the subclass's jobs: each has `.request`, `.future` and `.aborted`
+        self._jobs: dict[str, Any] = {}  # queued or running, by rid
         self._closing = False
         self._released: set[MemoryTag] = set()
-        self._weights_backup: dict[str, torch.Tensor] | None = None
-        self.stats = {
+        self._counts = {
             "requests": 0,
             "generated_tokens": 0,
             "cache_flushes": 0,
             "weight_updates": 0,
             "memory_releases": 0,  # release_memory_occupation calls that released weights
         }
-        self._thread = threading.Thread(target=self._serve, name="relax-engine", daemon=True)
-
-    @property
-    def hf_config(self) -> dict[str, Any]:
-        """The checkpoint's config (for /get_model_info)."""
-        return self.model.config.to_dict()
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
 
     def close(self) -> None:
+        """Queued requests fail with EngineUnavailable; the worker ends after its current batch or step."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-        self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
 
     # -- generation -----------------------------------------------------------------------------------------
-    def submit(self, requests: list[GenerationRequest]) -> list[concurrent.futures.Future[GenerationOutput]]:
-        """Queue the requests; each future resolves to its output (or EngineUnavailable)."""
-        jobs = [_Job(r, concurrent.futures.Future()) for r in requests]
+    def _enqueue(self, jobs: list[Any]) -> list[concurrent.futures.Future[GenerationOutput]]:
+        """Queue the jobs for the worker; a rid already queued or running refuses them all."""
         with self._cond:
             if self._closing:
                 raise EngineUnavailable("the engine is shutting down")
@@ -173,7 +156,8 @@ class ServingEngine:
         self, rid: str = "", *, abort_all: bool = False, message: str = "Aborted by /abort_request"
     ) -> int:
         """Mark queued and running requests aborted: by exact rid, by the rid the caller gave before n > 1
-        expanded it, or all. Running rows stop after their current token and keep what they generated."""
+        expanded it, or all. Running ones stop at their engine's next check (`_aborted`) and keep what
+        they generated."""
         with self._cond:
             targets = [
                 job
@@ -182,7 +166,102 @@ class ServingEngine:
             ]
             for job in targets:
                 job.aborted = job.aborted or message
+                self._aborted(job)
         return len(targets)
+
+    def _aborted(self, job: Any) -> None:
+        """(under the condition) `job` was just marked aborted; the engine may need telling."""
+
+    def _require_memory(self) -> None:
+        if self._released:
+            raise EngineUnavailable(
+                f"memory is released ({', '.join(sorted(self._released))}); call /resume_memory_occupation first"
+            )
+
+    def _stop_ids(self, sampling: RequestSampling) -> tuple[int, ...]:
+        # SGLang's ignore_eos skips every token-based stop (EOS and stop_token_ids alike).
+        return (
+            () if sampling.ignore_eos else tuple(dict.fromkeys(self.eos_token_ids + sampling.stop_token_ids))
+        )
+
+    # -- weights --------------------------------------------------------------------------------------------
+    def _finish_update(self, weight_version: str | None) -> None:
+        if weight_version is not None:
+            self.weight_version = weight_version
+        self._counts["weight_updates"] += 1
+
+    def _require_resident(self, action: str) -> None:
+        if MemoryTag.WEIGHTS in self._released:
+            raise ProtocolError(f"{action}: weights are released; call /resume_memory_occupation first")
+
+    # -- memory ---------------------------------------------------------------------------------------------
+    @staticmethod
+    def _tags(tags: list[str] | None) -> set[MemoryTag]:
+        if not tags:
+            return set(MemoryTag)
+        try:
+            return {MemoryTag(t) for t in tags}
+        except ValueError:
+            raise ProtocolError(
+                f"unknown memory tags {tags}; valid: {[t.value for t in MemoryTag]}"
+            ) from None
+
+    def _released_state(self) -> dict[str, str]:
+        """memory_state's `weights` and `kv_cache`: released or resident."""
+        return {tag.value: "released" if tag in self._released else "resident" for tag in MemoryTag}
+
+    def flush_cache(self) -> bool:
+        """No prefix cache is kept between requests; like SGLang, refuse while requests are queued or
+        running."""
+        with self._cond:
+            if self._jobs:
+                return False
+            self._counts["cache_flushes"] += 1
+            return True
+
+
+class ServingEngine(ServingBase):
+    """Requests in, `GenerationOutput`s out; see the module docstring. The interface `server.py` calls
+    (`FastGenServing` in fastgen_serving.py offers the same)."""
+
+    engine_name = ENGINE_NAME
+
+    def __init__(
+        self,
+        engine: TorchRolloutEngine,
+        tokenizer: PreTrainedTokenizerBase | None,
+        *,
+        model_path: str,
+        max_batch_size: int = 256,
+    ) -> None:
+        super().__init__(tokenizer, model_path=model_path, eos_token_ids=engine.eos_token_ids)
+        self.engine = engine
+        self.model = engine.model
+        self.max_batch_size = max_batch_size
+        self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
+        # HF fills every generation field a call leaves unset from the model's generation config; with
+        # EOS ids there, `ignore_eos` could never turn them off. Every call passes its stop ids instead.
+        self.model.generation_config.eos_token_id = None
+        self._lock = threading.Lock()  # one of: a generation batch, a weight load, a memory move
+        self._running = 0
+        self._weights_backup: dict[str, torch.Tensor] | None = None
+        self._thread = threading.Thread(target=self._serve, name="relax-engine", daemon=True)
+
+    @property
+    def hf_config(self) -> dict[str, Any]:
+        """The checkpoint's config (for /get_model_info)."""
+        return self.model.config.to_dict()
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return self._counts
+
+    # -- generation -----------------------------------------------------------------------------------------
+    def submit(self, requests: list[GenerationRequest]) -> list[concurrent.futures.Future[GenerationOutput]]:
+        """Queue the requests; each future resolves to its output (or EngineUnavailable)."""
+        return self._enqueue([_Job(r, concurrent.futures.Future()) for r in requests])
+
+    # abort: ServingBase's; running rows read `aborted` between decode steps (`_RowStops`)
 
     def load(self) -> dict[str, int]:
         """Requests waiting (queued, or in a later group of the current round) and running."""
@@ -230,10 +309,7 @@ class ServingEngine:
 
     @torch.no_grad()
     def _generate_group(self, group: list[_Job]) -> list[GenerationOutput]:
-        if self._released:
-            raise EngineUnavailable(
-                f"memory is released ({', '.join(sorted(self._released))}); call /resume_memory_occupation first"
-            )
+        self._require_memory()
         sampling = group[0].request.sampling  # batch-level fields are equal across the group
         outputs: dict[int, GenerationOutput] = {}
         runnable = []
@@ -257,8 +333,8 @@ class ServingEngine:
                 self._add_prompt_logprobs(outputs[index], job.request)
         for out in outputs.values():
             out.weight_version = self.weight_version  # under the engine lock: the weights it ran with
-        self.stats["requests"] += len(group)
-        self.stats["generated_tokens"] += sum(len(o.output_ids) for o in outputs.values())
+        self._counts["requests"] += len(group)
+        self._counts["generated_tokens"] += sum(len(o.output_ids) for o in outputs.values())
         return [outputs[i] for i in range(len(group))]
 
     def _empty_output(self, job: _Job, finish: Finish) -> GenerationOutput:
@@ -270,12 +346,6 @@ class ServingEngine:
             finish=finish,
             text=None if self.tokenizer is None else "",
             output_top_logprobs=[] if job.request.top_logprobs_num > 0 else None,
-        )
-
-    def _stop_ids(self, sampling: RequestSampling) -> tuple[int, ...]:
-        # SGLang's ignore_eos skips every token-based stop (EOS and stop_token_ids alike).
-        return (
-            () if sampling.ignore_eos else tuple(dict.fromkeys(self.eos_token_ids + sampling.stop_token_ids))
         )
 
     def _generate_chunk(self, jobs: list[_Job], sampling: RequestSampling) -> list[GenerationOutput]:
@@ -415,15 +485,6 @@ class ServingEngine:
         """A copy of one weight by its HF name (tests, debugging)."""
         return self.model.state_dict()[name].detach().to("cpu", copy=True)
 
-    def _finish_update(self, weight_version: str | None) -> None:
-        if weight_version is not None:
-            self.weight_version = weight_version
-        self.stats["weight_updates"] += 1
-
-    def _require_resident(self, action: str) -> None:
-        if MemoryTag.WEIGHTS in self._released:
-            raise ProtocolError(f"{action}: weights are released; call /resume_memory_occupation first")
-
     # -- memory ---------------------------------------------------------------------------------------------
     def release_memory(self, tags: list[str] | None) -> None:
         """Weights go to a CPU backup (a new storage, also on CPU) and the parameters become empty, so the
@@ -437,7 +498,7 @@ class ServingEngine:
                     param.data = torch.empty(0, dtype=param.dtype, device=param.device)
                 self._weights_backup = backup
                 self.engine.device.empty_cache()
-                self.stats["memory_releases"] += 1
+                self._counts["memory_releases"] += 1
             self._released |= wanted
 
     def resume_memory(self, tags: list[str] | None) -> None:
@@ -450,36 +511,16 @@ class ServingEngine:
                 self._weights_backup = None
             self._released -= wanted
 
-    @staticmethod
-    def _tags(tags: list[str] | None) -> set[MemoryTag]:
-        if not tags:
-            return set(MemoryTag)
-        try:
-            return {MemoryTag(t) for t in tags}
-        except ValueError:
-            raise ProtocolError(
-                f"unknown memory tags {tags}; valid: {[t.value for t in MemoryTag]}"
-            ) from None
-
     def memory_state(self) -> dict[str, Any]:
         params = list(self.model.parameters())
         return {
             "device": str(self.engine.device.torch_device),
-            "weights": "released" if MemoryTag.WEIGHTS in self._released else "resident",
-            "kv_cache": "released" if MemoryTag.KV_CACHE in self._released else "resident",
+            **self._released_state(),
             "weight_bytes_resident": sum(p.numel() * p.element_size() for p in params),
             "weight_bytes_offloaded": sum(
                 t.numel() * t.element_size() for t in (self._weights_backup or {}).values()
             ),
         }
-
-    def flush_cache(self) -> bool:
-        """There is no prefix cache to drop; like SGLang, refuse while requests are queued or running."""
-        with self._cond:
-            if self._jobs:
-                return False
-            self.stats["cache_flushes"] += 1
-            return True
 
 
 def _resolve_finish(
