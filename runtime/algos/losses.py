@@ -40,7 +40,6 @@ from runtime.algos.surrogates import (  # noqa: F401
     POLICY_SURROGATES,
     PolicySurrogate,
     SurrogateParams,
-    compute_ppo_policy_loss,
     masked_log_ratio,
     surrogate_for_estimator,
 )

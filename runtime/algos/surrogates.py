@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Protocol
 
 import torch
+from torch import Tensor
 
 from runtime.registry import Registry, UnknownNameError
 
@@ -115,35 +116,9 @@ def ppo_clip_from_log_ratio(
     return loss, clip_mask
 
 
-def compute_ppo_policy_loss(
-    log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    advantages: torch.Tensor,
-    *,
-    eps_clip: float,
-    eps_clip_high: float,
-    eps_clip_c: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO clipped surrogate per token, r = exp(log_probs - old_log_probs); see `ppo_clip_from_log_ratio`.
-
-    All inputs [B, T]. Returns (loss [B, T], clipped [B, T] as 0/1 float).
-    """
-    return ppo_clip_from_log_ratio(
-        log_probs - old_log_probs,
-        advantages,
-        eps_clip=eps_clip,
-        eps_clip_high=eps_clip_high,
-        eps_clip_c=eps_clip_c,
-    )
-
-
 @POLICY_SURROGATES.register(PolicySurrogate.PPO_CLIP)
 def ppo_clip_surrogate(
-    log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    advantages: torch.Tensor,
-    loss_mask: torch.Tensor,
-    params: SurrogateParams,
+    log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, params: SurrogateParams
 ) -> SurrogateTerms:
     """PPO-clip with token ratios r_t = pi(y_t) / pi_old(y_t) (arXiv:1707.06347); [B, T] -> terms [B, T]."""
     return _ppo_clip_terms(masked_log_ratio(log_probs, old_log_probs, loss_mask), advantages, params)
@@ -173,11 +148,7 @@ def sequence_mean_log_ratio(
 
 @POLICY_SURROGATES.register(PolicySurrogate.GSPO)
 def gspo_surrogate(
-    log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    advantages: torch.Tensor,
-    loss_mask: torch.Tensor,
-    params: SurrogateParams,
+    log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, params: SurrogateParams
 ) -> SurrogateTerms:
     """GSPO (Zheng et al. 2025, arXiv:2507.18071): PPO-clip on the sequence ratio s = exp(mean_t log r_t).
 
@@ -195,11 +166,7 @@ SAPO_DAMPED_WEIGHT = 0.9
 
 @POLICY_SURROGATES.register(PolicySurrogate.SAPO)
 def sapo_surrogate(
-    log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    advantages: torch.Tensor,
-    loss_mask: torch.Tensor,
-    params: SurrogateParams,
+    log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, params: SurrogateParams
 ) -> SurrogateTerms:
     """SAPO (Gao et al. 2025, arXiv:2511.20347): loss = -f(r) A with the soft gate f(r) = (4/tau) sigmoid(tau (r - 1)).
 
@@ -224,11 +191,7 @@ def sapo_surrogate(
 
 @POLICY_SURROGATES.register(PolicySurrogate.CISPO)
 def cispo_surrogate(
-    log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    advantages: torch.Tensor,
-    loss_mask: torch.Tensor,
-    params: SurrogateParams,
+    log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, params: SurrogateParams
 ) -> SurrogateTerms:
     """CISPO (MiniMax-M1, arXiv:2506.13585): loss = -sg(w) sg(A) log pi with w the clipped IS weight.
 
@@ -249,11 +212,7 @@ def cispo_surrogate(
 
 @POLICY_SURROGATES.register(PolicySurrogate.REINFORCE)
 def reinforce_surrogate(
-    log_probs: torch.Tensor,
-    old_log_probs: torch.Tensor,
-    advantages: torch.Tensor,
-    loss_mask: torch.Tensor,
-    params: SurrogateParams,
+    log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, loss_mask: Tensor, params: SurrogateParams
 ) -> SurrogateTerms:
     """REINFORCE, -sg(A) log pi per token (Williams 1992; RLOO, Ahmadian et al. 2024, arXiv:2402.14740).
 

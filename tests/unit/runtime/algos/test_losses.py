@@ -14,7 +14,6 @@ from runtime.algos.losses import (
     LOSS_TYPES,
     LossConfig,
     LossInputs,
-    compute_ppo_policy_loss,
     resolve_loss_fn,
 )
 from runtime.algos.off_policy import icepop_tis, opsm_keep_mask, select_old_log_probs, vanilla_tis
@@ -24,6 +23,7 @@ from runtime.algos.surrogates import (
     SURROGATE_OF_ESTIMATOR,
     PolicySurrogate,
     SurrogateParams,
+    ppo_clip_from_log_ratio,
     surrogate_for_estimator,
 )
 from runtime.algos.value import compute_value_loss
@@ -152,7 +152,7 @@ def test_ppo_loss_matches_naive_reference_without_masks() -> None:
     gen = torch.Generator().manual_seed(1)
     lp, old = torch.randn(4, 5, generator=gen) * 0.3, torch.randn(4, 5, generator=gen) * 0.3
     adv = torch.randn(4, 5, generator=gen)
-    loss, clipped = compute_ppo_policy_loss(lp, old, adv, eps_clip=0.2, eps_clip_high=0.28, eps_clip_c=3.0)
+    loss, clipped = ppo_clip_from_log_ratio(lp - old, adv, eps_clip=0.2, eps_clip_high=0.28, eps_clip_c=3.0)
     rows = [
         naive_row_surrogate("ppo_clip", lp[b].tolist(), old[b].tolist(), adv[b].tolist(), [1] * 5, PARAMS)
         for b in range(4)
@@ -160,7 +160,7 @@ def test_ppo_loss_matches_naive_reference_without_masks() -> None:
     assert_close(loss, torch.tensor([[c[0] for c in row] for row in rows]), atol=1e-6, rtol=1e-5)
     assert_close(clipped, torch.tensor([[c[1] for c in row] for row in rows]))
     with pytest.raises(ValueError, match="must be > 1"):
-        compute_ppo_policy_loss(lp, old, adv, eps_clip=0.2, eps_clip_high=0.2, eps_clip_c=0.9)
+        ppo_clip_from_log_ratio(lp - old, adv, eps_clip=0.2, eps_clip_high=0.2, eps_clip_c=0.9)
 
 
 def _grad(kind: PolicySurrogate, x: dict, params: SurrogateParams = PARAMS) -> torch.Tensor:
