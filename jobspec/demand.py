@@ -14,6 +14,7 @@ engines on ``--rollout-num-gpus`` GPUs, a critic of ``--critic-num-nodes`` x ``-
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -23,7 +24,9 @@ from jobspec.bounds import MAX_DEMAND_GPUS
 __all__ = [
     "GpuGroup",
     "ResourceDemand",
+    "RoleBundles",
     "compute_demand",
+    "role_layout",
     "KNOWN_ROLES",
     "LEGACY_ACTOR_GPUS",
     "actor_gpus",
@@ -328,3 +331,62 @@ def compute_demand(spec: Any) -> ResourceDemand:
         summary=summary,
         legacy_layout=legacy is not None,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Layout: where each role's replicas sit, read once for the scheduler and the driver alike
+
+#: Colocated roles that train on GPUs of their own within their host's (Relax's colocated PPO: the rollout
+#: engines span the actor's GPUs, then the critic's). Every other colocated role (reference, actor_fwd,
+#: teacher, genrm, or rollout engines riding on the actor) lies on the host's GPUs from the first one.
+_OWN_GPUS_IN_HOST = ("actor", "critic")
+
+
+class RoleBundles(BaseModel):
+    """Where one GPU role's replicas sit: GPUs `first` .. `first + gpus - 1` of `host`'s GPUs (in replica
+    order, `gpus_per_replica` each). `host` is the role itself unless it is colocated: then the role whose
+    GPUs it shares. The scheduler places each host's GPUs on nodes; the driver reserves one placement-group
+    bundle per host GPU and puts each role's replicas on its range of them."""
+
+    model_config = ConfigDict(frozen=True)
+
+    role: str
+    host: str
+    first: int = Field(ge=0)
+    replicas: int = Field(ge=0)
+    gpus_per_replica: int = Field(ge=0)
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.gpus_per_replica
+
+    @property
+    def shared(self) -> bool:
+        return self.host != self.role
+
+    @property
+    def bundles(self) -> range:
+        """Indices of its GPUs among its host's."""
+        return range(self.first, self.first + self.gpus)
+
+
+def role_layout(demand: ResourceDemand | Iterable[GpuGroup]) -> dict[str, RoleBundles]:
+    """The one reading of a job's layout: every GPU role of the demand with its host and its range of the
+    host's GPUs. Colocated PPO (host `rollout`): the actor takes the first GPUs, the critic the next ones,
+    the engines span both. (A range that runs past its host's GPUs cannot be placed: the scheduler finds no
+    placement for it, and the driver refuses it.)"""
+    groups = demand.groups if isinstance(demand, ResourceDemand) else list(demand)
+    cursor: dict[str, int] = {}
+    out: dict[str, RoleBundles] = {}
+    for g in groups:
+        if not g.gpus:
+            continue
+        host = g.shares_with or g.role
+        first = 0
+        if g.shares_with is not None and g.role in _OWN_GPUS_IN_HOST and host not in _OWN_GPUS_IN_HOST:
+            first = cursor.get(host, 0)
+            cursor[host] = first + g.gpus
+        out[g.role] = RoleBundles(
+            role=g.role, host=host, first=first, replicas=g.replicas, gpus_per_replica=g.gpus_per_replica
+        )
+    return out

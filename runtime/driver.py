@@ -196,6 +196,7 @@ def init_ray(address: str | None, spec: RuntimeSpec) -> bool:
         with_critic=spec.has_critic,
         train_world=plan.train_world,
         critic_world=plan.critic.world if plan.critic is not None else None,
+        demand=plan.demand,
     )
     ray.init(
         address="local",

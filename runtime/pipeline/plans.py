@@ -19,7 +19,7 @@ from runtime.algos.opd import OPDConfig
 from runtime.data.prompts import DatasetConfig
 from runtime.devices import Device
 from runtime.roles.groups import CriticPlan, RolePlan, engine_kind_from_env
-from runtime.roles.placement import Role, critic_world_size, train_world_size
+from runtime.roles.placement import Role, critic_world_size, spec_demand, train_world_size
 from runtime.rollout.sglang.passthrough import server_argv
 from runtime.spec import RuntimeSpec
 from runtime.train.base import is_multi_rank
@@ -250,6 +250,8 @@ def role_plan(spec: RuntimeSpec, total: int, device: Device | None = None) -> Ro
         train_world=trainer_world(spec, device),
         values=spec.values() if is_multi_rank(spec.train_backend) else {},
         warm_page_cache=_warmed_folders(spec, initial),
+        # without `resource` the runtime runs DEFAULT_RESOURCE, not Relax's legacy 8-GPU actor
+        demand=spec_demand(spec.values()) if spec.resource else None,
     )
 
 

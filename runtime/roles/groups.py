@@ -8,7 +8,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.actor import ActorHandle
@@ -33,6 +33,9 @@ from runtime.train.checkpoint import CheckpointRecord
 from runtime.train.critic import CriticConfig
 from runtime.train.torch_backend import TrainConfig
 from runtime.types import RolloutBatch, split_evenly
+
+if TYPE_CHECKING:
+    from jobspec.demand import ResourceDemand
 
 log = logging.getLogger(__name__)
 
@@ -336,6 +339,9 @@ class RolePlan:
     critic: CriticPlan | None = None
     # `--warm-hf-checkpoint-page-cache`: the folders every role's process reads into the page cache first
     warm_page_cache: tuple[str, ...] = ()
+    # the job spec's resource demand (`jobspec.demand`), which lays out the colocated roles as the scheduler
+    # placed them; None: computed from `resource` alone (`placement.resource_demand`)
+    demand: ResourceDemand | None = None
 
 
 def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | None = None) -> Roles:
@@ -350,6 +356,7 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
         with_critic=plan.critic is not None,
         train_world=plan.train_world,
         critic_world=plan.critic.world if plan.critic is not None else None,
+        demand=plan.demand,
     )
     pgs = reserve(topology)
     if os.environ.get(BACKEND_ENV, "").strip():  # which model code the engine servers run: they inherit it

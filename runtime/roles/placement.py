@@ -1,6 +1,10 @@
 """Turns `resource` / `colocate` into Ray placement: one placement group per role, or one shared group
 for colocated roles, and what each role's actors ask for.
 
+The colocated group is laid out as the job spec's demand reads `resource` (`jobspec.demand.role_layout`,
+the reading the scheduler places): one bundle per GPU of the host role (the actor's, or in colocated PPO
+the rollout engines', which span the actor's GPUs and then the critic's), each role on its range of them.
+
 `resource` reads as in Relax: `{"role": [replicas, gpus]}` where `gpus` is the role's total device count
 (one device = a GPU, or one CPU on CPU pools). The torch backend trains on one device, so `actor` is one
 device; a multi-rank backend (megatron) runs one trainer actor per rank over the actor's devices
@@ -18,13 +22,16 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from runtime.devices import Device, DeviceKind
+
+if TYPE_CHECKING:
+    from jobspec.demand import ResourceDemand
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +126,7 @@ def plan_topology(
     with_critic: bool = False,
     train_world: int | None = None,
     critic_world: int | None = None,
+    demand: ResourceDemand | None = None,
 ) -> Topology:
     """Slots for the trainer, the engines, the forward-only roles named in `separate_roles` (those the
     job needs and `resource` lists) and PPO's critic.
@@ -131,9 +139,12 @@ def plan_topology(
     trains on one device; for a multi-rank critic its number of ranks (`critic_world_size`), laid out over
     the critic's devices as the trainer's ranks are over the actor's.
 
-    Colocated (`colocate` without hybrid): trainer and engines share one placement group, as many bundles
-    as the actor has devices, each role taking half a slot. Otherwise each role has a placement group of
-    its own. The critic always has its own: it trains while the policy trains, never taking turns.
+    Colocated (`colocate` without hybrid): the roles share one placement group laid out as `demand` (the job
+    spec's, `jobspec.demand.compute_demand`; computed from `resource` here when not given) reads it: one
+    bundle per GPU of the host, the trainer's ranks over the actor's range, the critic's over its own (in
+    colocated PPO, after the actor's), one engine per GPU of the rollout's range; roles sharing a bundle
+    take half of it each (they take turns). Otherwise each role has a placement group of its own, the
+    critic too (it trains while the policy trains).
     """
     resource = resource or DEFAULT_RESOURCE
     unknown = sorted(set(resource) - SUPPORTED_ROLES)
@@ -154,6 +165,10 @@ def plan_topology(
             raise UnsupportedTopology(
                 f"resource.actor={[replicas, actor_devices]}: the trainer needs a device"
             )
+    if colocate and with_train and with_rollout:
+        if demand is None:
+            demand = resource_demand(resource, colocate=True, with_critic=with_critic)
+        return _colocated(demand, device, train_world, critic_world, with_critic)
     groups: dict[str, int] = {}
     slots: dict[Role, tuple[Slot, ...]] = {}
     if with_critic:
@@ -166,12 +181,6 @@ def plan_topology(
         bundles = max(devices, 1) if critic_world is not None else 1
         groups[str(Role.CRITIC)] = bundles
         slots[Role.CRITIC] = _rank_slots(str(Role.CRITIC), bundles, critic_world or 1, 1.0)
-    if colocate and with_train and with_rollout:
-        # Relax: colocated engines span the actor's devices, whatever resource.rollout says
-        bundles = actor_devices if train_world is not None else 1
-        slots[Role.ACTOR] = _rank_slots(COLOCATED_GROUP, bundles, train_world or 1, COLOCATED_SHARE)
-        slots[Role.ROLLOUT] = tuple(Slot(COLOCATED_GROUP, i, COLOCATED_SHARE) for i in range(bundles))
-        return Topology(device, True, {COLOCATED_GROUP: bundles, **groups}, slots)
     if with_train:
         bundles = actor_devices if train_world is not None else 1
         groups[str(Role.ACTOR)] = bundles
@@ -193,11 +202,89 @@ def plan_topology(
     return Topology(device, False, groups, slots)
 
 
-def _rank_slots(group: str, bundles: int, ranks: int, share: float) -> tuple[Slot, ...]:
-    """Ranks 0..ranks-1 over `bundles` bundles, contiguously (ranks of one bundle are neighbours, as
-    tensor-parallel peers should be), each taking an equal part of its bundle's `share`."""
+def _colocated(
+    demand: ResourceDemand,
+    device: Device,
+    train_world: int | None,
+    critic_world: int | None,
+    with_critic: bool,
+) -> Topology:
+    """The colocated placement group as the demand lays it out (`jobspec.demand.role_layout`)."""
+    from jobspec.demand import role_layout
+
+    layout = role_layout(demand)
+    actor = layout.get(str(Role.ACTOR))
+    rollout = layout.get(str(Role.ROLLOUT))
+    if actor is None or rollout is None or rollout.host != actor.host:
+        raise UnsupportedTopology(
+            f"colocate: the demand shares no GPUs between actor and rollout ({demand.summary})"
+        )
+    host = next(g for g in demand.groups if g.role == actor.host)
+    bundles = host.gpus
+    placed = {str(Role.ACTOR): actor, str(Role.ROLLOUT): rollout}
+    critic = layout.get(str(Role.CRITIC)) if with_critic else None
+    if critic is not None and critic.shared:
+        placed[str(Role.CRITIC)] = critic
+    for role, where in placed.items():
+        if where.first + where.gpus > bundles:
+            raise UnsupportedTopology(
+                f"resource.{role}: {where.gpus} device(s) from device {where.first} do not fit in the "
+                f"{bundles} device(s) of {host.role}, which it shares"
+            )
+    if train_world is None and actor.gpus != 1:
+        raise UnsupportedTopology(
+            f"resource.actor={[1, actor.gpus]}: the torch train backend trains on one device; use [1, 1]"
+        )
+    slots: dict[Role, tuple[Slot, ...]] = {
+        Role.ACTOR: _rank_slots(COLOCATED_GROUP, actor.gpus, train_world or 1, COLOCATED_SHARE, actor.first),
+        Role.ROLLOUT: tuple(Slot(COLOCATED_GROUP, i, COLOCATED_SHARE) for i in rollout.bundles),
+    }
+    groups = {COLOCATED_GROUP: bundles}
+    if str(Role.CRITIC) in placed:
+        assert critic is not None
+        if critic_world is None and critic.gpus != 1:
+            raise UnsupportedTopology(
+                f"resource.critic={[1, critic.gpus]}: the torch backend's critic trains on one device; use [1, 1]"
+            )
+        slots[Role.CRITIC] = _rank_slots(
+            COLOCATED_GROUP, critic.gpus, critic_world or 1, COLOCATED_SHARE, critic.first
+        )
+    elif with_critic:  # a critic of its own (the demand gives it GPUs the rollout does not span)
+        devices = critic.gpus if critic is not None else 1
+        bundles_c = max(devices, 1) if critic_world is not None else 1
+        groups[str(Role.CRITIC)] = bundles_c
+        slots[Role.CRITIC] = _rank_slots(str(Role.CRITIC), bundles_c, critic_world or 1, 1.0)
+    return Topology(device, True, groups, slots)
+
+
+def resource_demand(resource: dict[str, Any] | None, *, colocate: bool, with_critic: bool) -> ResourceDemand:
+    """The job spec's demand of `resource` (`jobspec.demand.compute_demand`, every other parameter at its
+    default): for a caller that has only the `resource` mapping, not the job's whole spec."""
+    from jobspec.demand import compute_demand
+    from jobspec.spec import FIELDS
+
+    values = {name: getattr(f, "default", None) for name, f in FIELDS.items()}
+    values.update(resource=resource or DEFAULT_RESOURCE, colocate=colocate)
+    if with_critic:
+        values["advantage_estimator"] = "ppo"
+    return compute_demand(values)
+
+
+def spec_demand(values: dict[str, Any]) -> ResourceDemand:
+    """The job's demand, as the platform computed it at submission (`jobspec.demand.compute_demand` over the
+    normalized spec's values; a parameter the mapping lacks at its default)."""
+    from jobspec.demand import compute_demand
+    from jobspec.spec import FIELDS
+
+    defaults = {name: getattr(f, "default", None) for name, f in FIELDS.items()}
+    return compute_demand({**defaults, **{k: v for k, v in values.items() if k in defaults}})
+
+
+def _rank_slots(group: str, bundles: int, ranks: int, share: float, first: int = 0) -> tuple[Slot, ...]:
+    """Ranks 0..ranks-1 over `bundles` bundles from bundle `first` on, contiguously (ranks of one bundle are
+    neighbours, as tensor-parallel peers should be), each taking an equal part of its bundle's `share`."""
     per_bundle = ranks // bundles
-    return tuple(Slot(group, rank // per_bundle, share / per_bundle) for rank in range(ranks))
+    return tuple(Slot(group, first + rank // per_bundle, share / per_bundle) for rank in range(ranks))
 
 
 def train_world_size(resource: dict[str, Any] | None, model_parallel: int, device: Device) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from jobspec.demand import GpuGroup, role_layout
 from scheduler.policy.types import Assignment, Gang, JobView, Node, Placement
 
 
@@ -220,35 +221,35 @@ def _place_replica(cap: PoolCapacity, gang: Gang, selector: frozenset[str]) -> l
 
 
 def _lay_on_host(gang: Gang, assignments: list[Assignment]) -> list[Assignment] | None:
-    """Colocated replicas go onto the host role's GPUs, each within one host assignment if one_node."""
-    room = [[a.node, a.gpus] for a in assignments if a.role == gang.colocate_with and not a.shared]
-    if not room:
-        return None
+    """Colocated replicas go onto the host role's GPUs, the host's GPU `colocate_at` on (the host's GPUs in
+    its replicas' order), each replica on one node if one_node."""
+    host_gpus = [
+        a.node for a in assignments if a.role == gang.colocate_with and not a.shared for _ in range(a.gpus)
+    ]
     out: list[Assignment] = []
     for replica in range(gang.count):
-        left = gang.gpus
-        for slot in room:
-            if slot[1] >= left or (not gang.one_node and slot[1] > 0):
-                use = min(slot[1], left)
-                slot[1] -= use
-                left -= use
-                out.append(Assignment(gang.role, replica, slot[0], use, shared=True))
-                if left == 0:
-                    break
-        if left:
+        start = gang.colocate_at + replica * gang.gpus
+        nodes = host_gpus[start : start + gang.gpus]
+        if len(nodes) < gang.gpus or (gang.one_node and len(set(nodes)) > 1):
             return None
+        for node in dict.fromkeys(nodes):
+            out.append(Assignment(gang.role, replica, node, nodes.count(node), shared=True))
     return out
 
 
 def gangs_of(demand: dict) -> tuple[Gang, ...]:
-    """The job spec's resource demand (`jobspec.demand.ResourceDemand` as JSON) as the policy's gangs."""
+    """The job spec's resource demand (`jobspec.demand.ResourceDemand` as JSON) as the policy's gangs, laid
+    out as `jobspec.demand.role_layout` reads it (the driver reads it the same way)."""
+    groups = [GpuGroup.model_validate({"one_node": True, **g}) for g in demand.get("groups", [])]
+    layout = role_layout(groups)
     return tuple(
         Gang(
-            role=str(g["role"]),
-            gpus=int(g["gpus_per_replica"]),
-            count=int(g["replicas"]),
-            one_node=bool(g.get("one_node", True)),
-            colocate_with=g.get("shares_with"),
+            role=g.role,
+            gpus=g.gpus_per_replica,
+            count=g.replicas,
+            one_node=g.one_node,
+            colocate_with=g.shares_with,
+            colocate_at=layout[g.role].first if g.role in layout and g.shares_with else 0,
         )
-        for g in demand.get("groups", [])
+        for g in groups
     )

@@ -58,7 +58,9 @@ class Gang:
     A job bigger than one node is written as replicas of a whole node each (32 GPUs on 8-GPU nodes:
     `Gang("actor", gpus=8, count=4)`); with `one_node=False` a replica may be split over nodes.
     `colocate_with`: the role whose GPUs this role shares (Relax `--colocate`); such a gang
-    consumes no GPUs of its own, its replicas are laid onto the host role's placement.
+    consumes no GPUs of its own, its replicas are laid onto the host role's placement, from the host's
+    GPU `colocate_at` on (in the host's replica order; `jobspec.demand.role_layout`: colocated PPO's
+    critic starts after the actor's GPUs).
     """
 
     role: str
@@ -66,12 +68,15 @@ class Gang:
     count: int = 1
     one_node: bool = True
     colocate_with: str | None = None
+    colocate_at: int = 0
     # Demands are dict keys in every pass (identical demands share one placement attempt): hash once.
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(
-            self, "_hash", hash((self.role, self.gpus, self.count, self.one_node, self.colocate_with))
+            self,
+            "_hash",
+            hash((self.role, self.gpus, self.count, self.one_node, self.colocate_with, self.colocate_at)),
         )
 
     def __hash__(self) -> int:

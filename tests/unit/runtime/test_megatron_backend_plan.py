@@ -178,10 +178,12 @@ def test_a_critic_on_several_devices_runs_one_rank_per_device() -> None:
     topology = plan_topology(
         ppo, colocate=True, with_rollout=True, device=GPU, with_critic=True, train_world=4, critic_world=4
     )
-    assert topology.groups == {COLOCATED_GROUP: 4, "critic": 4}
+    # Relax's colocated PPO (jobspec.demand.role_layout): engines over the actor's 4 devices, then the critic's
+    assert topology.groups == {COLOCATED_GROUP: 8}
     assert [(s.group, s.bundle_index, s.share) for s in topology.role_slots(Role.CRITIC)] == [
-        ("critic", i, 1.0) for i in range(4)
+        (COLOCATED_GROUP, 4 + i, 0.5) for i in range(4)
     ]
+    assert [s.bundle_index for s in topology.role_slots(Role.ROLLOUT)] == list(range(8))
     on_cpu = plan_topology(
         {**ppo, "critic": [1, 2]},
         colocate=True,
@@ -192,10 +194,10 @@ def test_a_critic_on_several_devices_runs_one_rank_per_device() -> None:
         critic_world=4,
     )
     assert [(s.bundle_index, s.share) for s in on_cpu.role_slots(Role.CRITIC)] == [
-        (0, 0.5),
-        (0, 0.5),
-        (1, 0.5),
-        (1, 0.5),
+        (4, 0.25),
+        (4, 0.25),
+        (5, 0.25),
+        (5, 0.25),
     ]
 
 
@@ -332,7 +334,7 @@ def test_relax_ppo_script_is_refused_only_for_what_the_platform_does_not_run() -
         train_world=8,
         critic_world=8,
     )
-    assert topology.groups == {COLOCATED_GROUP: 8, "critic": 8}
+    assert topology.groups == {COLOCATED_GROUP: 16}
     assert compute_demand(res.spec).total_gpus == topology.num_bundles == 16
 
 

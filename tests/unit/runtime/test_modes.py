@@ -65,8 +65,8 @@ def test_placement_groups_per_role() -> None:
     assert rollout_only.groups == {"rollout": 1} and not rollout_only.train_slots
     with pytest.raises(UnsupportedTopology, match="genrm"):
         plan_topology({"actor": [1, 1], "genrm": [1, 1]}, colocate=False, with_rollout=True, device=CPU)
-    # PPO: trainer and engine share the colocated slot, the critic has a slot of its own, `advantages`
-    # (Relax's CPU-only role) none
+    # PPO (Relax's colocated layout, as jobspec.demand reads it): the engines span the actor's slot and the
+    # critic's, each of which shares its slot with one engine; `advantages` (Relax's CPU-only role) none
     ppo = plan_topology(
         {"actor": [1, 1], "critic": [1, 1], "rollout": [1, 2], "advantages": [1, 0]},
         colocate=True,
@@ -74,8 +74,10 @@ def test_placement_groups_per_role() -> None:
         device=CPU,
         with_critic=True,
     )
-    assert ppo.groups == {COLOCATED_GROUP: 1, "critic": 1} and ppo.colocate
-    assert [s.group for s in ppo.role_slots(Role.CRITIC)] == ["critic"]
+    assert ppo.groups == {COLOCATED_GROUP: 2} and ppo.colocate
+    assert [(s.bundle_index, s.share) for s in ppo.role_slots(Role.ACTOR)] == [(0, 0.5)]
+    assert [(s.bundle_index, s.share) for s in ppo.role_slots(Role.CRITIC)] == [(1, 0.5)]
+    assert [s.bundle_index for s in ppo.role_slots(Role.ROLLOUT)] == [0, 1]
     with pytest.raises(UnsupportedTopology, match="critic"):
         plan_topology(
             {"actor": [1, 1], "critic": [1, 2]},
