@@ -30,7 +30,7 @@ from runtime.train.checkpoint import (
 )
 from runtime.train.schedule import LRSchedule
 from runtime.train.torch_backend import (
-    clip_and_step,
+    OptimizerStepper,
     micro_batch_weight,
     micro_batches,
     position_ids_for,
@@ -84,7 +84,7 @@ class ValueModel(torch.nn.Module):
         return torch.nn.functional.pad(per_prefix[:, :-1], (1, 0))
 
 
-class TorchCriticBackend:
+class TorchCriticBackend(OptimizerStepper):
     """The `critic` role's model and optimizer. Weights start from `model_path` (the policy's initial
     checkpoint) with a fresh value head, unless `load_checkpoint` restores a saved critic."""
 
@@ -160,16 +160,6 @@ class TorchCriticBackend:
         summary = {name: sum(v) / len(v) for name, v in history.items()}
         summary["lr"] = self.optimizer.param_groups[0]["lr"]
         return summary
-
-    def _clip_and_step(self) -> float:
-        grad_norm = clip_and_step(
-            self.model,
-            self.optimizer,
-            self.config.clip_grad,
-            self.config.lr_schedule.lr_at(self.optimizer_steps),
-        )
-        self.optimizer_steps += 1
-        return grad_norm
 
     # -- checkpoints: `<root>/iter_NNNNNNN/{model/, value_head.pt, optimizer.pt, critic_state.json}` ----------
     def save_checkpoint(self, root: str, iteration: int) -> CheckpointRecord:

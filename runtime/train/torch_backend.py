@@ -8,6 +8,7 @@ import logging
 import math
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,8 +105,30 @@ def position_ids_for(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
+class OptimizerStepper:
+    """`_clip_and_step` for a one-process torch trainer (the policy's `TorchTrainBackend`, the critic's
+    `TorchCriticBackend`): it has `model`, `optimizer`, `optimizer_steps` and a config with `clip_grad`
+    and `lr_schedule`."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    optimizer_steps: int
+    config: Any
+
+    def _clip_and_step(self) -> float:
+        """`clip_and_step` at the schedule's lr for this step; counts the step. Returns the grad norm."""
+        grad_norm = clip_and_step(
+            self.model,
+            self.optimizer,
+            self.config.clip_grad,
+            self.config.lr_schedule.lr_at(self.optimizer_steps),
+        )
+        self.optimizer_steps += 1
+        return grad_norm
+
+
 @TRAIN_BACKENDS.register(TrainBackendName.TORCH)
-class TorchTrainBackend:
+class TorchTrainBackend(OptimizerStepper):
     """Owns the policy (and, for a KL loss, a frozen reference copy; for on-policy distillation, a frozen
     teacher) and its AdamW optimizer.
 
@@ -218,18 +241,11 @@ class TorchTrainBackend:
                     micro, global_batch, per_token_loss=self.config.loss.per_token_loss
                 )
                 logits = self._forward(self.model, micro)
-                device = logits.device
                 temperature = self.config.log_probs_temperature
-                inputs = LossInputs(
-                    log_probs=token_log_probs(logits, micro.tokens.to(device), temperature),
-                    entropy=token_entropy(logits if live_entropy else logits.detach(), temperature),
-                    loss_mask=micro.loss_mask.to(device),
-                    old_log_probs=to_device(micro.old_log_probs, device),
-                    ref_log_probs=to_device(micro.ref_log_probs, device),
-                    advantages=to_device(micro.advantages, device),
-                    rollout_log_probs=to_device(micro.rollout_log_probs, device),
-                    returns=to_device(micro.returns, device),
-                    teacher_log_probs=to_device(micro.teacher_log_probs, device),
+                inputs = policy_loss_inputs(
+                    micro,
+                    token_log_probs(logits, micro.tokens.to(logits.device), temperature),
+                    token_entropy(logits if live_entropy else logits.detach(), temperature),
                 )
                 loss, metrics = loss_fn(inputs, self.config.loss)
                 (loss * weight).backward()
@@ -247,16 +263,6 @@ class TorchTrainBackend:
 
     def _micro_batches(self, batch: RolloutBatch) -> list[RolloutBatch]:
         return micro_batches(batch, self.config.micro_batch_size, self.config.max_tokens_per_micro_batch)
-
-    def _clip_and_step(self) -> float:
-        grad_norm = clip_and_step(
-            self.model,
-            self.optimizer,
-            self.config.clip_grad,
-            self.config.lr_schedule.lr_at(self.optimizer_steps),
-        )
-        self.optimizer_steps += 1
-        return grad_norm
 
     @torch.no_grad()
     def evaluate_nll(self, batch: RolloutBatch) -> tuple[float, int]:
@@ -437,6 +443,33 @@ def select_policy_parameters(model: torch.nn.Module, config: TrainConfig) -> tup
 
 def to_device(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
     return tensor.to(device) if tensor is not None else None
+
+
+def policy_loss_inputs(
+    batch: RolloutBatch,
+    log_probs: torch.Tensor,
+    entropy: torch.Tensor,
+    *,
+    move: Callable[[torch.Tensor, torch.device], torch.Tensor] = torch.Tensor.to,
+) -> LossInputs:
+    """The policy loss's inputs for one micro-batch: the trainer's `log_probs` and `entropy` [B, T] and the
+    batch's mask and rollout-side tensors moved to their device by `move` (megatron's queues the copy)."""
+    device = log_probs.device
+
+    def put(tensor: torch.Tensor | None) -> torch.Tensor | None:
+        return None if tensor is None else move(tensor, device)
+
+    return LossInputs(
+        log_probs=log_probs,
+        entropy=entropy,
+        loss_mask=move(batch.loss_mask, device),
+        old_log_probs=put(batch.old_log_probs),
+        ref_log_probs=put(batch.ref_log_probs),
+        advantages=put(batch.advantages),
+        rollout_log_probs=put(batch.rollout_log_probs),
+        returns=put(batch.returns),
+        teacher_log_probs=put(batch.teacher_log_probs),
+    )
 
 
 LOG_PROB_ROWS = 256  # rows per forward-only pass without `log-probs-max-tokens-per-gpu`

@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.algos.freezing import select_trainable_parameters
-from runtime.algos.losses import LossInputs, resolve_loss_fn
+from runtime.algos.losses import resolve_loss_fn
 from runtime.devices import Device
 from runtime.train import checkpoint as relax_checkpoint
 from runtime.train.base import TRAIN_BACKENDS, TrainBackendName, TrainContext
@@ -65,7 +65,7 @@ from runtime.train.megatron.parallel import (
     init_process_group,
     initialize_parallel,
 )
-from runtime.train.torch_backend import TrainConfig, micro_batch_weight, micro_batches
+from runtime.train.torch_backend import TrainConfig, micro_batch_weight, micro_batches, policy_loss_inputs
 from runtime.types import RolloutBatch, split_evenly
 
 log = logging.getLogger(__name__)
@@ -1080,19 +1080,7 @@ class MegatronTrainBackend(MegatronModelRunner):
         log_probs, entropy = self._token_stats(micro, gpt, hidden)
         if self.config.loss.entropy_coef == 0:
             entropy = entropy.detach()
-        device = log_probs.device
-        part = micro.batch
-        inputs = LossInputs(
-            log_probs=log_probs,
-            entropy=entropy,
-            loss_mask=to_device(part.loss_mask, device),
-            old_log_probs=_to(part.old_log_probs, device),
-            ref_log_probs=_to(part.ref_log_probs, device),
-            advantages=_to(part.advantages, device),
-            rollout_log_probs=_to(part.rollout_log_probs, device),
-            returns=_to(part.returns, device),
-            teacher_log_probs=_to(part.teacher_log_probs, device),
-        )
+        inputs = policy_loss_inputs(micro.batch, log_probs, entropy, move=to_device)
         loss, metrics = loss_fn(inputs, self.config.loss)
         # (value, weight) pairs, read after the whole step (`_reduce_metrics`): a float() here would make the
         # host wait for the device after every micro-batch instead of queueing the next one
