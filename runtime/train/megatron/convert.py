@@ -99,6 +99,11 @@ def _fuse_qkv(q: Tensor, k: Tensor, v: Tensor, args: ModelArgs) -> Tensor:
     return torch.cat([qg, kg, vg], dim=1).reshape(-1, *rest)
 
 
+def _qkv_kinds(args: ModelArgs) -> tuple[str, ...]:
+    """The tensors `linear_qkv` fuses: the weight, and the bias with `add_qkv_bias`."""
+    return ("weight", "bias") if args.add_qkv_bias else ("weight",)
+
+
 def _split_qkv(qkv: Tensor, args: ModelArgs) -> tuple[Tensor, Tensor, Tensor]:
     groups, d = args.num_query_groups, args.kv_channels
     per_group = args.num_attention_heads // groups
@@ -150,21 +155,9 @@ def hf_to_megatron(
         hf, mg = f"model.layers.{layer}.", f"decoder.layers.{local}."
         out[mg + "input_layernorm.weight"] = hf_state[hf + "input_layernorm.weight"]
         attn = hf + "self_attn."
-        qkv = _fuse_qkv(
-            hf_state[attn + "q_proj.weight"],
-            hf_state[attn + "k_proj.weight"],
-            hf_state[attn + "v_proj.weight"],
-            args,
-        )
-        out[mg + "self_attention.linear_qkv.weight"] = _shard(qkv, tp, tp_rank)
-        if args.add_qkv_bias:
-            bias = _fuse_qkv(
-                hf_state[attn + "q_proj.bias"],
-                hf_state[attn + "k_proj.bias"],
-                hf_state[attn + "v_proj.bias"],
-                args,
-            )
-            out[mg + "self_attention.linear_qkv.bias"] = _shard(bias, tp, tp_rank)
+        for kind in _qkv_kinds(args):
+            qkv = _fuse_qkv(*(hf_state[f"{attn}{p}_proj.{kind}"] for p in "qkv"), args)
+            out[f"{mg}self_attention.linear_qkv.{kind}"] = _shard(qkv, tp, tp_rank)
         if args.qk_layernorm:
             out[mg + "self_attention.q_layernorm.weight"] = hf_state[attn + "q_norm.weight"]
             out[mg + "self_attention.k_layernorm.weight"] = hf_state[attn + "k_norm.weight"]
@@ -277,11 +270,9 @@ def chunk_to_hf(
         hf, mg = f"model.layers.{layer}.", f"decoder.layers.{local}."
         out[hf + "input_layernorm.weight"] = first[mg + "input_layernorm.weight"]
         attn = hf + "self_attn."
-        q, k, v = _split_qkv(cat(mg + "self_attention.linear_qkv.weight"), args)
-        out.update({attn + "q_proj.weight": q, attn + "k_proj.weight": k, attn + "v_proj.weight": v})
-        if args.add_qkv_bias:
-            q, k, v = _split_qkv(cat(mg + "self_attention.linear_qkv.bias"), args)
-            out.update({attn + "q_proj.bias": q, attn + "k_proj.bias": k, attn + "v_proj.bias": v})
+        for kind in _qkv_kinds(args):
+            q, k, v = _split_qkv(cat(f"{mg}self_attention.linear_qkv.{kind}"), args)
+            out.update({f"{attn}q_proj.{kind}": q, f"{attn}k_proj.{kind}": k, f"{attn}v_proj.{kind}": v})
         if args.qk_layernorm:
             out[attn + "q_norm.weight"] = first[mg + "self_attention.q_layernorm.weight"]
             out[attn + "k_norm.weight"] = first[mg + "self_attention.k_layernorm.weight"]
