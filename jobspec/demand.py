@@ -14,7 +14,7 @@ engines on ``--rollout-num-gpus`` GPUs, a critic of ``--critic-num-nodes`` x ``-
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -27,6 +27,8 @@ __all__ = [
     "RoleBundles",
     "compute_demand",
     "role_layout",
+    "PLACEMENT_KEY",
+    "gpu_nodes",
     "KNOWN_ROLES",
     "LEGACY_ACTOR_GPUS",
     "actor_gpus",
@@ -389,4 +391,25 @@ def role_layout(demand: ResourceDemand | Iterable[GpuGroup]) -> dict[str, RoleBu
         out[g.role] = RoleBundles(
             role=g.role, host=host, first=first, replicas=g.replicas, gpus_per_replica=g.gpus_per_replica
         )
+    return out
+
+
+#: Key of the driver's spec under which the platform hands the driver its job's allocations (what the scheduling
+#: pass wrote: role, replica, node, its Ray node id, GPUs, shared), in the order the pass placed them.
+PLACEMENT_KEY = "platform_placement"
+
+
+def gpu_nodes(allocations: Iterable[Mapping[str, Any]]) -> dict[str, list[str | None]]:
+    """role -> the Ray node id of each of its own GPUs, in the order `role_layout` counts a host's GPUs (replica
+    by replica, a split replica's parts in the pass's order); None where the node has no Ray id. Shared
+    allocations hold no GPUs of their own: a colocated role's GPUs are its host's (`RoleBundles.bundles`)."""
+    out: dict[str, list[str | None]] = {}
+    ordered = sorted(
+        enumerate(allocations),
+        key=lambda item: (str(item[1]["role"]), int(item[1].get("replica", 0)), item[0]),
+    )
+    for _, a in ordered:
+        if a.get("shared"):
+            continue
+        out.setdefault(str(a["role"]), []).extend([a.get("ray_node_id") or None] * int(a["gpus"]))
     return out

@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from jobspec.demand import PLACEMENT_KEY, gpu_nodes
 from runtime.access import owner_of
 from runtime.algos.advantages import AdvantageConfig
 from runtime.algos.losses import LossConfig
@@ -252,6 +253,7 @@ def role_plan(spec: RuntimeSpec, total: int, device: Device | None = None) -> Ro
         warm_page_cache=_warmed_folders(spec, initial),
         # without `resource` the runtime runs DEFAULT_RESOURCE, not Relax's legacy 8-GPU actor
         demand=spec_demand(spec.values()) if spec.resource else None,
+        gpu_nodes=gpu_nodes(spec.extra.get(PLACEMENT_KEY) or ()),
     )
 
 

@@ -342,6 +342,9 @@ class RolePlan:
     # the job spec's resource demand (`jobspec.demand`), which lays out the colocated roles as the scheduler
     # placed them; None: computed from `resource` alone (`placement.resource_demand`)
     demand: ResourceDemand | None = None
+    # role -> the Ray node id of each of its GPUs, as the scheduling pass allocated them (`jobspec.demand.
+    # gpu_nodes`): each placement-group bundle is pinned there; empty: Ray places them (standalone runs)
+    gpu_nodes: dict[str, list[str | None]] = field(default_factory=dict)
 
 
 def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | None = None) -> Roles:
@@ -358,7 +361,7 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
         critic_world=plan.critic.world if plan.critic is not None else None,
         demand=plan.demand,
     )
-    pgs = reserve(topology)
+    pgs = reserve(topology, nodes=plan.gpu_nodes)
     if os.environ.get(BACKEND_ENV, "").strip():  # which model code the engine servers run: they inherit it
         env_vars = {**(env_vars or {}), BACKEND_ENV: backend_from_env().value}
     if plan.warm_page_cache:

@@ -51,6 +51,7 @@ DEFAULT_RESOURCE = {"actor": [1, 1], "rollout": [1, 1]}
 # tells Ray that both fit. On CPU a slot is one CPU.
 COLOCATED_SHARE = 0.5
 COLOCATED_GROUP = "colocated"  # the placement group colocated roles share
+NODE_ID_LABEL = "ray.io/node-id"  # the label every Ray node carries with its own id (Ray >= 2.49)
 
 
 class UnsupportedTopology(ValueError):
@@ -80,6 +81,9 @@ class Topology:
     colocate: bool
     groups: dict[str, int]  # placement group name -> number of bundles (one device each)
     slots: dict[Role, tuple[Slot, ...]] = field(default_factory=dict)
+    # placement group name -> the demand's role whose GPUs its bundles are (the colocated group's host); a
+    # group not named here is its own role's
+    hosts: dict[str, str] = field(default_factory=dict)
 
     @property
     def num_bundles(self) -> int:
@@ -88,6 +92,16 @@ class Topology:
     def bundles(self, group: str) -> list[dict[str, float]]:
         unit = {"GPU": 1.0, "CPU": 1.0} if self.device.kind is DeviceKind.CUDA else {"CPU": 1.0}
         return [dict(unit) for _ in range(self.groups[group])]
+
+    def bundle_selectors(self, group: str, nodes: dict[str, list[str | None]]) -> list[dict[str, str]] | None:
+        """Ray's per-bundle label selectors pinning each bundle of `group` to the Ray node the scheduling pass
+        allocated its GPU on (`nodes`: `jobspec.demand.gpu_nodes` of the job's allocations); None when the
+        pass named no Ray node for any of them (a standalone run, nodes known by hostname only)."""
+        ids = nodes.get(self.hosts.get(group, group)) or []
+        selectors = [
+            {NODE_ID_LABEL: ids[i]} if i < len(ids) and ids[i] else {} for i in range(self.groups[group])
+        ]
+        return selectors if any(selectors) else None
 
     def role_slots(self, role: Role) -> tuple[Slot, ...]:
         return self.slots.get(role, ())
@@ -254,7 +268,7 @@ def _colocated(
         bundles_c = max(devices, 1) if critic_world is not None else 1
         groups[str(Role.CRITIC)] = bundles_c
         slots[Role.CRITIC] = _rank_slots(str(Role.CRITIC), bundles_c, critic_world or 1, 1.0)
-    return Topology(device, True, groups, slots)
+    return Topology(device, True, groups, slots, hosts={COLOCATED_GROUP: host.role})
 
 
 def resource_demand(resource: dict[str, Any] | None, *, colocate: bool, with_critic: bool) -> ResourceDemand:
@@ -321,19 +335,26 @@ def _world_size(role: Role, devices: int, model_parallel: int, device: Device) -
     return world
 
 
-def reserve(topology: Topology, *, timeout_s: float = 120.0) -> dict[str, PlacementGroup]:
+def reserve(
+    topology: Topology, *, nodes: dict[str, list[str | None]] | None = None, timeout_s: float = 120.0
+) -> dict[str, PlacementGroup]:
     """Create one placement group per group of the topology and wait until Ray has reserved them all
-    (fails clearly instead of hanging)."""
+    (fails clearly instead of hanging). `nodes` (`jobspec.demand.gpu_nodes` of the job's allocations): each
+    bundle on the Ray node the scheduling pass chose for its GPU."""
     pgs: dict[str, PlacementGroup] = {}
     try:
         for name in topology.groups:
-            pgs[name] = placement_group(topology.bundles(name), strategy="PACK", name="")
+            selectors = topology.bundle_selectors(name, nodes or {})
+            pgs[name] = placement_group(
+                topology.bundles(name), strategy="PACK", name="", bundle_label_selector=selectors
+            )
         ray.get([pg.ready() for pg in pgs.values()], timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
         release(pgs)
         available = ray.available_resources()
+        where = f" on the nodes the scheduler chose ({nodes})" if nodes else ""
         raise RuntimeError(
-            f"could not reserve {dict(topology.groups)} within {timeout_s:.0f}s; cluster has {available}"
+            f"could not reserve {dict(topology.groups)}{where} within {timeout_s:.0f}s; cluster has {available}"
         ) from None
     except BaseException:
         release(pgs)

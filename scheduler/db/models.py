@@ -154,6 +154,9 @@ class Node(Base):
     cordoned: Mapped[bool] = mapped_column(default=False)
     alive: Mapped[bool] = mapped_column(default=True)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    # The Ray node this is (Ray's hex node id, its `ray.io/node-id` label): the driver pins the bundles of the
+    # GPUs allocated here to it. None for a node registered by hostname only (its bundles go where Ray puts them).
+    ray_node_id: Mapped[str | None] = mapped_column(sa.String(64), default=None)
 
 
 class Queue(Base):

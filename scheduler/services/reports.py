@@ -14,6 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from jobspec.demand import PLACEMENT_KEY
 from runtime.access import PATHS_KEY
 from runtime.layout import (
     directory_size,
@@ -26,11 +27,13 @@ from runtime.redaction import redact
 from runtime.report_protocol import EventKind, LogItem, Phase, Report
 from runtime.spool import read_spool, spool_dir, spool_key
 from scheduler.db.models import (
+    Allocation,
     Checkpoint,
     Job,
     JobEvent,
     LogLine,
     Metric,
+    Node,
     Pool,
     Prediction,
     Rollout,
@@ -109,7 +112,29 @@ class JobReports(JobServiceBase):
             spec["load"] = save
         if self.home is not None:  # what the driver may open, checked again there (runtime/access.py)
             spec[PATHS_KEY] = self._driver_paths(job)
+        spec[PLACEMENT_KEY] = self.driver_placement(job)
         return spec
+
+    def driver_placement(self, job: Job) -> list[dict[str, Any]]:
+        """The job's allocations as the pass wrote them, each with its node's Ray node id: the driver pins each
+        role's placement-group bundles there (`jobspec.demand.gpu_nodes`, runtime/roles/placement.py)."""
+        rows = self.session.execute(
+            sa.select(Allocation, Node.ray_node_id)
+            .outerjoin(Node, sa.and_(Node.pool == Allocation.pool, Node.name == Allocation.node))
+            .where(Allocation.job_id == job.id)
+            .order_by(Allocation.id)
+        )
+        return [
+            {
+                "role": a.role,
+                "replica": a.replica,
+                "node": a.node,
+                "ray_node_id": ray_node_id,
+                "gpus": a.gpus,
+                "shared": a.shared,
+            }
+            for a, ray_node_id in rows
+        ]
 
     def _driver_paths(self, job: Job) -> dict[str, Any]:
         """The roots the job's driver may open: its team's area and grants in its pool as they are now, its

@@ -232,3 +232,29 @@ def test_a_queued_jobs_stream_sends_its_new_place_when_a_pass_moves_it(cluster: 
         sent = poll()
         assert sent is not None and sent.queue_position == place, place
         assert poll() is None
+
+
+def test_the_driver_gets_the_pass_allocations_on_their_ray_nodes(cluster: Database, tmp_path: Path) -> None:
+    """The allocation is the placement: the spec the driver fetches carries what the pass wrote, each GPU on its
+    node's Ray node id (`jobspec.demand.gpu_nodes`), which the driver pins its bundles to."""
+    from jobspec.demand import PLACEMENT_KEY, gpu_nodes
+    from scheduler.services.reports import JobReports
+
+    with cluster.session() as s:
+        for node in s.scalars(sa.select(Node)):
+            node.ray_node_id = f"ray-{node.name}"
+    job_id = make_job(cluster, queue="math", gpus_per_replica=8, replicas=2, name="big")
+    assert job_id in run_scheduling_pass(cluster, _dispatcher(tmp_path)).admitted
+    with cluster.session() as s:
+        job = s.get(Job, job_id)
+        assert job is not None
+        spec = JobReports(s).driver_spec(job)
+        own = s.scalars(
+            sa.select(Allocation)
+            .where(Allocation.job_id == job_id, sa.not_(Allocation.shared))
+            .order_by(Allocation.replica)
+        ).all()
+    nodes = gpu_nodes(spec[PLACEMENT_KEY])
+    # the actor's 16 GPUs replica by replica on the nodes the pass chose; the colocated rollout holds none of its own
+    assert nodes == {"actor": [f"ray-{a.node}" for a in own for _ in range(a.gpus)]}
+    assert {p["role"] for p in spec[PLACEMENT_KEY] if p["shared"]} == {"rollout"}
