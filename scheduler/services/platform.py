@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -16,6 +17,8 @@ from scheduler.domain.jobs import HOLDING_SLOTS, JobStatus
 from scheduler.domain.roles import Action
 from scheduler.secret_files import create_secret_file, read_secret_file
 from scheduler.services.auth import Principal, create_api_key, ensure_api_key, team_by_name_or_id
+
+RowT = TypeVar("RowT", Pool, Node, Queue, PriorityClass, Team)
 
 
 @dataclass(frozen=True)
@@ -223,10 +226,7 @@ def create_team(session: Session, principal: Principal, name: str) -> Team:
     principal.require(Action.PLATFORM_ADMIN)
     if session.scalar(sa.select(Team).where(Team.name == name)) is not None:
         raise Conflict(f"team {name!r} already exists", code="team.exists")
-    team = Team(id=new_id("team"), name=name)
-    session.add(team)
-    session.flush()
-    return team
+    return _add(session, Team(id=new_id("team"), name=name))
 
 
 # Teams and what they may use --------------------------------------------------------------------
@@ -330,6 +330,30 @@ def _field_issue(field: str, message: str, hint: str) -> dict:
     return {"code": "request.invalid", "field": field, "message": message, "hint": hint}
 
 
+def _refuse_existing(
+    session: Session, model: type[Pool | Queue | PriorityClass], name: str, what: str
+) -> None:
+    """Conflict (`<what>.exists`) when a `model` row named `name` exists: an admin create never replaces."""
+    if session.get(model, name) is not None:
+        raise Conflict(f"{what} {name!r} already exists", code=f"{what.replace(' ', '_')}.exists")
+
+
+def _add(session: Session, row: RowT) -> RowT:
+    """The new `row`, added and flushed (its defaults and constraints applied now)."""
+    session.add(row)
+    session.flush()
+    return row
+
+
+def _apply_changes(session: Session, row: RowT, changes: dict, fields: tuple[str, ...]) -> RowT:
+    """`row` with those of `fields` present in `changes` (a PATCH body: absent means unchanged) set, flushed."""
+    for key in fields:
+        if key in changes:
+            setattr(row, key, changes[key])
+    session.flush()
+    return row
+
+
 def create_pool(
     session: Session,
     principal: Principal,
@@ -341,11 +365,8 @@ def create_pool(
     nodes: list[dict],
 ) -> Pool:
     principal.require(Action.PLATFORM_ADMIN)
-    if session.get(Pool, name) is not None:
-        raise Conflict(f"pool {name!r} already exists", code="pool.exists")
-    pool = Pool(name=name, accelerator=accelerator, ray_address=ray_address, python=python)
-    session.add(pool)
-    session.flush()
+    _refuse_existing(session, Pool, name, "pool")
+    pool = _add(session, Pool(name=name, accelerator=accelerator, ray_address=ray_address, python=python))
     for n in nodes:
         upsert_node(session, principal, name, n["name"], gpus=n["gpus"], labels=n.get("labels") or {})
     return pool
@@ -354,12 +375,9 @@ def create_pool(
 def update_pool(session: Session, principal: Principal, name: str, changes: dict) -> Pool:
     """Apply the fields present in `changes` (ray_address, python, accelerator, cordoned)."""
     principal.require(Action.PLATFORM_ADMIN)
-    pool = get_pool(session, name)
-    for key in ("ray_address", "python", "accelerator", "cordoned"):
-        if key in changes:
-            setattr(pool, key, changes[key])
-    session.flush()
-    return pool
+    return _apply_changes(
+        session, get_pool(session, name), changes, ("ray_address", "python", "accelerator", "cordoned")
+    )
 
 
 def get_node(session: Session, pool: str, name: str) -> Node:
@@ -391,12 +409,9 @@ def upsert_node(
 def update_node(session: Session, principal: Principal, pool: str, name: str, changes: dict) -> Node:
     """Apply the fields present in `changes` (gpus, labels, cordoned, alive)."""
     principal.require(Action.PLATFORM_ADMIN)
-    node = get_node(session, pool, name)
-    for key in ("gpus", "labels", "cordoned", "alive"):
-        if key in changes:
-            setattr(node, key, changes[key])
-    session.flush()
-    return node
+    return _apply_changes(
+        session, get_node(session, pool, name), changes, ("gpus", "labels", "cordoned", "alive")
+    )
 
 
 def create_queue(
@@ -412,22 +427,21 @@ def create_queue(
     weight: float,
 ) -> Queue:
     principal.require(Action.PLATFORM_ADMIN)
-    if session.get(Queue, name) is not None:
-        raise Conflict(f"queue {name!r} already exists", code="queue.exists")
+    _refuse_existing(session, Queue, name, "queue")
     get_pool(session, pool)
     team_row = team_by_name_or_id(session, team)
-    queue = Queue(
-        name=name,
-        pool=pool,
-        team_id=team_row.id,
-        nominal_gpus=nominal_gpus,
-        borrowing_limit=borrowing_limit,
-        lending_limit=lending_limit,
-        weight=weight,
+    return _add(
+        session,
+        Queue(
+            name=name,
+            pool=pool,
+            team_id=team_row.id,
+            nominal_gpus=nominal_gpus,
+            borrowing_limit=borrowing_limit,
+            lending_limit=lending_limit,
+            weight=weight,
+        ),
     )
-    session.add(queue)
-    session.flush()
-    return queue
 
 
 def update_queue(session: Session, principal: Principal, name: str, changes: dict) -> Queue:
@@ -435,11 +449,9 @@ def update_queue(session: Session, principal: Principal, name: str, changes: dic
     queue = session.get(Queue, name)
     if queue is None:
         raise NotFound(f"queue {name!r} not found", code="queue.not_found")
-    for key in ("nominal_gpus", "borrowing_limit", "lending_limit", "weight"):
-        if key in changes:
-            setattr(queue, key, changes[key])
-    session.flush()
-    return queue
+    return _apply_changes(
+        session, queue, changes, ("nominal_gpus", "borrowing_limit", "lending_limit", "weight")
+    )
 
 
 def list_priority_classes(session: Session, principal: Principal) -> list[PriorityClass]:
@@ -457,9 +469,7 @@ def create_priority_class(
     description: str | None,
 ) -> PriorityClass:
     principal.require(Action.PLATFORM_ADMIN)
-    if session.get(PriorityClass, name) is not None:
-        raise Conflict(f"priority class {name!r} already exists", code="priority_class.exists")
-    pc = PriorityClass(name=name, value=value, preemptible=preemptible, description=description)
-    session.add(pc)
-    session.flush()
-    return pc
+    _refuse_existing(session, PriorityClass, name, "priority class")
+    return _add(
+        session, PriorityClass(name=name, value=value, preemptible=preemptible, description=description)
+    )

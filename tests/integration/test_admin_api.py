@@ -47,7 +47,19 @@ def _team_pool_queue(client: TestClient) -> None:
 def test_admin_objects_and_their_errors(admin) -> None:  # type: ignore[no-untyped-def]
     client, *_ = admin
     _team_pool_queue(client)
-    assert client.post("/v1/pools", json={"name": "h200", "accelerator": "h200"}).status_code == 409
+    again = {
+        "/v1/pools": {"name": "h200", "accelerator": "h200"},
+        "/v1/teams": {"name": "math"},
+        "/v1/queues": {"name": "math-h200", "pool": "h200", "team": "math", "nominal_gpus": 1},
+        "/v1/priority-classes": {"name": "high", "value": 1, "preemptible": True},
+    }
+    codes = {path: client.post(path, json=body) for path, body in again.items()}
+    assert {p: (r.status_code, r.json()["error"]["code"]) for p, r in codes.items()} == {
+        "/v1/pools": (409, "pool.exists"),
+        "/v1/teams": (409, "team.exists"),
+        "/v1/queues": (409, "queue.exists"),
+        "/v1/priority-classes": (409, "priority_class.exists"),
+    }
     bad = client.post("/v1/queues", json={"name": "q2", "pool": "h200", "team": "math", "nominal_gpus": -1})
     assert bad.status_code == 422 and bad.json()["error"]["details"]["issues"][0]["field"] == "nominal_gpus"
     assert (
