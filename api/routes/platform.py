@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Query
+from sqlalchemy.orm import Session
 
 from api.deps import AuditDep, DispatcherDep, JobLifecycleDep, PrincipalDep, SessionDep
 from api.schemas import ERROR_RESPONSES
@@ -38,10 +39,11 @@ from api.schemas.platform import (
     TeamUpdate,
 )
 from scheduler.db.models import BIGINT_MAX, utcnow
+from scheduler.dispatch import Dispatcher
 from scheduler.domain.errors import InvalidRequest
 from scheduler.domain.jobs import JobStatus
 from scheduler.services import audit, platform
-from scheduler.services.auth import issue_api_key, list_api_keys, revoke_api_key
+from scheduler.services.auth import Principal, issue_api_key, list_api_keys, revoke_api_key
 from scheduler.services.nodes import drain_node, mark_node_down
 from scheduler.transactions import after_commit
 
@@ -155,6 +157,12 @@ def _iso(value: datetime | None) -> str | None:
 
 
 # Admin: pools, nodes, queues, priority classes ----------------------------------------------------
+def _pool_changed(session: Session, principal: Principal, dispatcher: Dispatcher, name: str) -> PoolPublic:
+    """After an admin change to pool `name`: a scheduling pass once committed, and the pool as it is now."""
+    after_commit(session, dispatcher.request_pass)
+    return PoolPublic(**platform.pool_view(session, principal, name))
+
+
 @router.post("/pools", status_code=201, response_model=PoolPublic)
 def create_pool(
     body: PoolCreate, session: SessionDep, principal: PrincipalDep, dispatcher: DispatcherDep, audit: AuditDep
@@ -169,8 +177,7 @@ def create_pool(
         python=body.python,
         nodes=[n.model_dump() for n in body.nodes],
     )
-    after_commit(session, dispatcher.request_pass)
-    return PoolPublic(**platform.pool_view(session, principal, body.name))
+    return _pool_changed(session, principal, dispatcher, body.name)
 
 
 @router.patch("/pools/{name}", response_model=PoolPublic)
@@ -178,8 +185,7 @@ def update_pool(
     name: str, body: PoolUpdate, session: SessionDep, principal: PrincipalDep, dispatcher: DispatcherDep
 ) -> PoolPublic:
     platform.update_pool(session, principal, name, body.model_dump(exclude_unset=True))
-    after_commit(session, dispatcher.request_pass)
-    return PoolPublic(**platform.pool_view(session, principal, name))
+    return _pool_changed(session, principal, dispatcher, name)
 
 
 @router.put("/pools/{name}/nodes/{node}", response_model=PoolPublic)
@@ -208,8 +214,7 @@ def put_node(
             },
         )
     platform.upsert_node(session, principal, name, node, gpus=body.gpus, labels=body.labels)
-    after_commit(session, dispatcher.request_pass)
-    return PoolPublic(**platform.pool_view(session, principal, name))
+    return _pool_changed(session, principal, dispatcher, name)
 
 
 @router.patch("/pools/{name}/nodes/{node}", response_model=DrainResult)
