@@ -152,6 +152,8 @@ def critic_plan(
         warmup_steps=spec.critic_lr_warmup_iters,
     )
     multi_rank = is_multi_rank(spec.train_backend)
+    # the policy's OptimizerConfig fields, but the critic's learning rate
+    shared = {f.name: getattr(policy, f.name) for f in dataclasses.fields(CriticConfig)}
     return CriticPlan(
         model_path=initial_weights,
         backend=spec.train_backend,
@@ -162,20 +164,7 @@ def critic_plan(
             if multi_rank
             else None
         ),
-        config=CriticConfig(
-            lr_schedule=schedule,
-            loss=policy.loss,
-            weight_decay=policy.weight_decay,
-            adam_beta1=policy.adam_beta1,
-            adam_beta2=policy.adam_beta2,
-            adam_eps=policy.adam_eps,
-            clip_grad=policy.clip_grad,
-            seed=policy.seed,
-            global_batch_size=policy.global_batch_size,
-            micro_batch_size=policy.micro_batch_size,
-            max_tokens_per_micro_batch=policy.max_tokens_per_micro_batch,
-            owner=policy.owner,
-        ),
+        config=CriticConfig(**{**shared, "lr_schedule": schedule}),
     )
 
 

@@ -10,14 +10,13 @@ import json
 import logging
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import AutoModel, PreTrainedModel
 
-from runtime.access import LOCAL_OWNER
-from runtime.algos.losses import LossConfig, LossInputs, LossType, resolve_loss_fn
+from runtime.algos.losses import LossInputs, LossType, resolve_loss_fn
 from runtime.devices import Device
 from runtime.train.checkpoint import (
     CheckpointFormat,
@@ -28,8 +27,8 @@ from runtime.train.checkpoint import (
     record,
     write_latest_iteration,
 )
-from runtime.train.schedule import LRSchedule
 from runtime.train.torch_backend import (
+    OptimizerConfig,
     OptimizerStepper,
     micro_batch_weight,
     micro_batches,
@@ -46,22 +45,9 @@ CRITIC_SUBDIR = "critic"  # `<save>/critic/` when `critic-save` is not set
 
 
 @dataclass(frozen=True)
-class CriticConfig:
+class CriticConfig(OptimizerConfig):
     """The spec fields the critic reads: `critic-lr` (default lr) with `critic-lr-warmup-iters`, the
     actor's batching and optimizer settings, and `value-clip` (in `loss`)."""
-
-    lr_schedule: LRSchedule = field(default_factory=lambda: LRSchedule(lr=1e-6))
-    loss: LossConfig = field(default_factory=LossConfig)
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    clip_grad: float = 1.0
-    seed: int = 1234
-    global_batch_size: int | None = None
-    micro_batch_size: int = 1
-    max_tokens_per_micro_batch: int | None = None
-    owner: str = LOCAL_OWNER  # who its checkpoint folders belong to (runtime.access.owner_of)
 
 
 class ValueModel(torch.nn.Module):

@@ -48,12 +48,13 @@ CHECKPOINT_LAYOUT = "relax-torch/1"
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """The spec fields the torch backend reads."""
+class OptimizerConfig:
+    """The spec fields both the policy's trainer and the critic read: the loss parameters, the optimizer and
+    its schedule, the batching, who owns the checkpoints. `TrainConfig` adds the policy's own; the critic's
+    `CriticConfig` (runtime/train/critic.py) is this."""
 
-    loss_type: str = "policy_loss"
-    loss: LossConfig = field(default_factory=LossConfig)
     lr_schedule: LRSchedule = field(default_factory=lambda: LRSchedule(lr=1e-6))
+    loss: LossConfig = field(default_factory=LossConfig)
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
@@ -63,6 +64,15 @@ class TrainConfig:
     global_batch_size: int | None = None  # samples per optimizer step; None = the whole rollout in one step
     micro_batch_size: int = 1
     max_tokens_per_micro_batch: int | None = None  # `max-tokens-per-gpu` under `use-dynamic-batch-size`
+    # who the checkpoint and export folders belong to (runtime.access.owner_of): only its own are replaced
+    owner: str = LOCAL_OWNER
+
+
+@dataclass(frozen=True)
+class TrainConfig(OptimizerConfig):
+    """The spec fields the torch backend reads: `OptimizerConfig`'s and the policy's own."""
+
+    loss_type: str = "policy_loss"
     # `log-probs-max-tokens-per-gpu`: forward-only passes (old/ref log-probs, eval NLL) in micro-batches of
     # at most this many tokens; None: chunks of `LOG_PROB_ROWS` rows
     log_probs_max_tokens: int | None = None
@@ -80,8 +90,6 @@ class TrainConfig:
     # `only-train-params-name-list` / `freeze-params-name-list`: regexes over the HF parameter names
     only_train_params: tuple[str, ...] = ()
     freeze_params: tuple[str, ...] = ()
-    # who the checkpoint and export folders belong to (runtime.access.owner_of): only its own are replaced
-    owner: str = LOCAL_OWNER
 
 
 @dataclass
