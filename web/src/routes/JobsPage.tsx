@@ -9,6 +9,7 @@ import { useNow } from "../components/common/useNow";
 import { JobsTable } from "../components/jobs/JobsTable";
 import { formatRelative } from "../lib/format";
 import { buildHash, navigate, type Route } from "../lib/router";
+import { SearchField } from "../components/common/SearchField";
 
 const PAGE_SIZE = 50;
 
@@ -78,14 +79,8 @@ export function JobsPage({ route }: { route: Route }) {
 
       <div className="panel" style={{ marginBottom: 14 }}>
         <form className="toolbar" onSubmit={onSearch} style={{ marginBottom: 8 }} role="search" aria-label="Filter jobs">
-          <label className="field">
-            Name (exact)
-            <input type="search" value={nameInput} onChange={(e) => setNameInput(e.target.value)} placeholder="grpo-arith" />
-          </label>
-          <label className="field">
-            Queue
-            <input type="search" value={queueInput} onChange={(e) => setQueueInput(e.target.value)} placeholder="default" />
-          </label>
+          <SearchField label="Name (exact)" value={nameInput} onChange={setNameInput} placeholder="grpo-arith" />
+          <SearchField label="Queue" value={queueInput} onChange={setQueueInput} placeholder="default" />
           <button type="submit">Apply</button>
           {status.length || name || queue ? (
             <button type="button" className="link" onClick={() => go({ status: [], name: "", queue: "" })}>

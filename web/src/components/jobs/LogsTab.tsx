@@ -7,6 +7,7 @@ import type { LogLine } from "../../api/types";
 import { formatClock } from "../../lib/format";
 import { ErrorPanel } from "../common/ErrorPanel";
 import { Loading } from "../common/Loading";
+import { SearchField } from "../common/SearchField";
 
 const SHOWN = 5_000;
 const LEVELS = ["ALL", "DEBUG", "INFO", "WARNING", "ERROR"] as const;
@@ -50,10 +51,7 @@ export function LogsTab({ jobId, running }: { jobId: string; running: boolean })
   return (
     <div>
       <div className="toolbar">
-        <label className="field">
-          Filter
-          <input type="search" value={filter} onChange={(e) => setFilter(e.target.value)} placeholder="text in message or source" />
-        </label>
+        <SearchField label="Filter" value={filter} onChange={setFilter} placeholder="text in message or source" />
         <label className="field">
           Level at least
           <select value={level} onChange={(e) => setLevel(e.target.value as (typeof LEVELS)[number])}>

@@ -5,6 +5,7 @@ import { jobMetricsQuery } from "../../api/jobs";
 import { groupMetricNames } from "../../lib/metrics";
 import { ErrorPanel } from "../common/ErrorPanel";
 import { Loading } from "../common/Loading";
+import { SearchField } from "../common/SearchField";
 import { MetricChart } from "./MetricChart";
 
 const SMOOTHING = [
@@ -30,10 +31,7 @@ export function MetricsTab({ jobId, running }: { jobId: string; running: boolean
   return (
     <div>
       <div className="toolbar">
-        <label className="field">
-          Filter metrics
-          <input type="search" value={filter} onChange={(e) => setFilter(e.target.value)} placeholder="e.g. reward, loss, eval/" />
-        </label>
+        <SearchField label="Filter metrics" value={filter} onChange={setFilter} placeholder="e.g. reward, loss, eval/" />
         <label className="field">
           Smoothing (EMA)
           <select value={smoothing} onChange={(e) => setSmoothing(Number(e.target.value))}>

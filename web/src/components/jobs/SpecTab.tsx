@@ -5,6 +5,7 @@ import { usePoolAccelerators } from "../../api/platform";
 import type { JobDetail, SpecIssue } from "../../api/types";
 import { IssueList } from "../common/ErrorPanel";
 import { JsonBlock } from "../common/JsonBlock";
+import { SearchField } from "../common/SearchField";
 import { DemandView } from "./DemandView";
 
 type Show = "set" | "nonempty" | "all";
@@ -49,10 +50,7 @@ export function SpecTab({ job }: { job: JobDetail }) {
           </span>
         </div>
         <div className="toolbar">
-          <label className="field">
-            Find parameter
-            <input type="search" value={filter} onChange={(e) => setFilter(e.target.value)} placeholder="e.g. rollout-batch-size" />
-          </label>
+          <SearchField label="Find parameter" value={filter} onChange={setFilter} placeholder="e.g. rollout-batch-size" />
           <label className="field">
             Show
             <select value={show} onChange={(e) => setShow(e.target.value as Show)}>
