@@ -411,9 +411,7 @@ class FastGenServing(ServingBase):
                 self.engine.load_weights(weights, self.engine.weight_version + 1)
             except (KeyError, ValueError) as exc:
                 raise ProtocolError(str(exc).strip("'\"")) from None
-            self.model_path = model_path
-            self._finish_update(weight_version)
-        return f"Succeeded to update model weights from {model_path}."
+            return self._finish_disk_update(model_path, weight_version)
 
     def update_weights_from_tensors(
         self, named_tensors: Mapping[str, torch.Tensor], *, weight_version: str | None = None

@@ -190,6 +190,12 @@ class ServingBase:
             self.weight_version = weight_version
         self._counts["weight_updates"] += 1
 
+    def _finish_disk_update(self, model_path: str, weight_version: str | None) -> str:
+        """`_finish_update` of update_weights_from_disk, which also moves `model_path`; SGLang's reply."""
+        self.model_path = model_path
+        self._finish_update(weight_version)
+        return f"Succeeded to update model weights from {model_path}."
+
     def _require_resident(self, action: str) -> None:
         if MemoryTag.WEIGHTS in self._released:
             raise ProtocolError(f"{action}: weights are released; call /resume_memory_occupation first")
@@ -451,9 +457,7 @@ class ServingEngine(ServingBase):
             self._require_resident("update_weights_from_disk")
             check_weight_version(self.weight_version, weight_version)
             self.engine.load_weights(weights, self.engine.weight_version + 1)
-            self.model_path = model_path
-            self._finish_update(weight_version)
-        return f"Succeeded to update model weights from {model_path}."
+            return self._finish_disk_update(model_path, weight_version)
 
     def update_weights_from_tensors(
         self, named_tensors: Mapping[str, torch.Tensor], *, weight_version: str | None = None
