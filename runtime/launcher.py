@@ -45,6 +45,19 @@ class RayJobInfo:
         object.__setattr__(self, "status", RayJobStatus(self.status))
 
 
+@dataclass(frozen=True)
+class RayNode:
+    """One node of a pool's Ray cluster as Ray lists it: its id (also its `ray.io/node-id` label), name and IP,
+    whether Ray holds it alive, what it advertises (`GPU`, `CPU`, custom resources) and its labels."""
+
+    node_id: str
+    name: str
+    ip: str
+    alive: bool
+    resources: dict[str, float]
+    labels: dict[str, str]
+
+
 def driver_entrypoint(python: str, job_id: str, api_url: str) -> str:
     """The shell command of a job's driver on the cluster. No credential on it: the driver exchanges the
     bootstrap secret of its environment for its token first thing (runtime/bootstrap.py)."""
@@ -123,6 +136,24 @@ class RayJobLauncher:
             if "does not exist" in str(err) or "404" in str(err):
                 return False
             raise
+
+    def nodes(self) -> list[RayNode]:
+        """Every node Ray knows, alive or dead: Ray's state API (`GET /api/v0/nodes`) through this client, so
+        with its address and its token."""
+        response = self._client._do_request("GET", "/api/v0/nodes?limit=10000&detail=1")
+        if response.status_code != 200:
+            raise RuntimeError(f"GET /api/v0/nodes: HTTP {response.status_code} {response.text[:200]}")
+        return [
+            RayNode(
+                node_id=str(row["node_id"]),
+                name=str(row.get("node_name") or row.get("node_ip") or row["node_id"]),
+                ip=str(row.get("node_ip") or ""),
+                alive=row.get("state") == "ALIVE",
+                resources={k: float(v) for k, v in (row.get("resources_total") or {}).items()},
+                labels={k: str(v) for k, v in (row.get("labels") or {}).items()},
+            )
+            for row in response.json()["data"]["result"]["result"]
+        ]
 
     def logs_tail(self, sub_id: str, lines: int = 200) -> list[str]:
         try:

@@ -44,6 +44,7 @@ from scheduler.scheduling import PassResult, run_scheduling_pass
 from scheduler.services import webhook_delivery, webhooks
 from scheduler.services.job_tokens import bootstrap_secret
 from scheduler.services.lifecycle import JobLifecycle
+from scheduler.services.platform import NodeSync, sync_ray_nodes
 from scheduler.services.reports import JobReports
 from scheduler.settings import Settings
 
@@ -96,7 +97,9 @@ def register_tasks(app: Celery, settings: Settings) -> WorkerContext:
         relaunch_stalled(ctx)
         with ctx.db.session() as s:
             pools = set(s.scalars(sa.select(Job.pool).where(Job.status.in_(list(ON_CLUSTER)))))
-        for pool in pools:
+            # every pool on a Ray cluster: its nodes follow Ray's node list (`sync_pool_nodes`)
+            pools |= set(s.scalars(sa.select(Pool.name).where(Pool.ray_address.is_not(None))))
+        for pool in sorted(pools):
             ctx.dispatcher.reconcile(pool)
         try:  # webhook messages due: a hand-off lost, a retry's time come, an attempt lost with its worker
             webhook_delivery.sweep(ctx.db, ctx.settings.webhooks, send_webhook)
@@ -124,6 +127,7 @@ def register_tasks(app: Celery, settings: Settings) -> WorkerContext:
     @app.task(name=TASK_RECONCILE)
     def reconcile(pool: str) -> None:
         with log_context():
+            sync_pool_nodes(ctx, pool)
             reconcile_pool(ctx, pool)
 
     def start_heartbeat(sender: object = None, **_: object) -> None:
@@ -297,6 +301,34 @@ def _launch_failed(ctx: WorkerContext, job_id: str, address: str | None, err: Ex
             reason="cancelled before the driver started",
         )
     ctx.dispatcher.request_pass()
+
+
+def sync_pool_nodes(ctx: WorkerContext, pool_name: str) -> NodeSync | None:
+    """The pool's nodes in step with its Ray cluster's node list (`platform.sync_ray_nodes`): a node Ray lost is
+    marked down and a pass asked for, which requeues its jobs to resume from their latest checkpoint. None when
+    the pool has no Ray address or its Ray does not answer (its nodes are left as they are: the reconciler
+    judges the drivers by their reports)."""
+    with ctx.db.session(read_only=True) as s:
+        pool = s.get(Pool, pool_name)
+        address = pool.ray_address if pool is not None else None
+    if not address:
+        return None
+    try:
+        ray_nodes = launcher_for(address, ctx.settings.ray_token(pool_name)).nodes()
+    except Exception as err:  # noqa: BLE001 - Ray down or restarting: next tick
+        log.warning("pool %s: Ray's node list at %s is not available: %s", pool_name, address, err)
+        return None
+    with ctx.db.session() as s:
+        change = sync_ray_nodes(s, pool_name, ray_nodes)
+    if change.down:
+        log.warning(
+            "pool %s: Ray lost node(s) %s: marked down, their jobs requeued", pool_name, list(change.down)
+        )
+    if change.added or change.up:
+        log.info("pool %s: node(s) added %s, back up %s", pool_name, list(change.added), list(change.up))
+    if change.down or change.added or change.up:
+        ctx.dispatcher.request_pass()
+    return change
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,10 @@ the admin operations (each checks the caller's role: scheduler/domain/roles.py).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -473,3 +474,77 @@ def create_priority_class(
     return _add(
         session, PriorityClass(name=name, value=value, preemptible=preemptible, description=description)
     )
+
+
+class RayNodeView(Protocol):
+    """A node as the pool's Ray lists it (`runtime.launcher.RayNode`)."""
+
+    node_id: str
+    name: str
+    ip: str
+    alive: bool
+    resources: dict[str, float]
+
+
+@dataclass(frozen=True)
+class NodeSync:
+    """What one sync with Ray's node list changed: node names added, marked down, and back up."""
+
+    added: tuple[str, ...] = ()
+    down: tuple[str, ...] = ()
+    up: tuple[str, ...] = ()
+
+
+def sync_ray_nodes(session: Session, pool_name: str, ray_nodes: Sequence[RayNodeView]) -> NodeSync:
+    """Bring a pool's nodes in step with its Ray cluster's node list. Each Ray node is the pool's node with its
+    Ray id; failing that, the one named as Ray names it (or by its IP); failing that, in a pool of one node
+    Ray does not list, with one alive Ray node no other matches (the embedded pool: its node is named after
+    the host, Ray's by its IP; or its Ray restarted), that node. A node Ray lists as dead, or no longer
+    lists, is marked down (the pass requeues its jobs); a node Ray holds alive is up, with as many GPUs as it
+    advertises (a CPU pool keeps its slots). A Ray node the pool lacks is added, named as Ray names it. Nodes
+    registered by hostname that Ray does not list are left as they are. Flushes, never commits."""
+    pool = session.get(Pool, pool_name)
+    if pool is None:
+        raise NotFound(f"pool {pool_name!r} not found", code="pool.not_found")
+    nodes = list(session.scalars(sa.select(Node).where(Node.pool == pool_name)))
+    by_id = {n.ray_node_id: n for n in nodes if n.ray_node_id}
+    unbound = {n.name: n for n in nodes if not n.ray_node_id}
+    strangers = [
+        r
+        for r in ray_nodes
+        if r.alive and r.node_id not in by_id and r.name not in unbound and r.ip not in unbound
+    ]
+    listed = {r.node_id for r in ray_nodes}
+    if len(nodes) == 1 and len(strangers) == 1 and nodes[0].ray_node_id not in listed:
+        # a pool of one node (the embedded pool, named after the host; Ray names its node by IP), or its
+        # Ray restarted with a new node id: that node is this one (its lost jobs are the reconciler's)
+        by_id[strangers[0].node_id] = nodes[0]
+        unbound.pop(nodes[0].name, None)
+    added: list[str] = []
+    down: list[str] = []
+    up: list[str] = []
+    seen: set[str] = set()
+    for r in ray_nodes:
+        node = by_id.get(r.node_id) or unbound.get(r.name) or unbound.get(r.ip)
+        if node is None:
+            if not r.alive:
+                continue  # a node Ray lost before the pool knew it
+            name = r.name if session.get(Node, (pool_name, r.name)) is None else r.node_id
+            node = Node(pool=pool_name, name=name, gpus=0, labels={}, alive=True)
+            session.add(node)
+            added.append(name)
+        node.ray_node_id = r.node_id
+        seen.add(node.name)
+        if r.alive and pool.accelerator != "cpu":
+            node.gpus = int(r.resources.get("GPU", 0))
+        if node.alive and not r.alive:
+            down.append(node.name)
+        elif r.alive and not node.alive and node.name not in added:
+            up.append(node.name)
+        node.alive = r.alive
+    for node in nodes:
+        if node.ray_node_id and node.name not in seen and node.alive:
+            node.alive = False  # Ray no longer lists it at all
+            down.append(node.name)
+    session.flush()
+    return NodeSync(tuple(added), tuple(down), tuple(up))

@@ -31,20 +31,27 @@ SPEC: dict[str, Any] = {
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[dict[str, str]]:
-    """Two Ray nodes of 2 slots each (the head and one more), on this machine; node name -> Ray node id."""
+def ray_cluster() -> Iterator[Any]:
+    """Two Ray nodes of 2 slots each (the head, with its dashboard, and one more), on this machine."""
     import ray
     from ray.cluster_utils import Cluster
 
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
-    worker = c.add_node(num_cpus=2)
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": True})
+    c.add_node(num_cpus=2)
     ray.init(address=c.address, logging_level="WARNING")
     c.wait_for_nodes()
     try:
-        yield {"w0": c.head_node.node_id, "w1": worker.node_id}
+        yield c
     finally:
         ray.shutdown()
         c.shutdown()
+
+
+@pytest.fixture
+def cluster(ray_cluster: Any) -> dict[str, str]:
+    """Node name -> Ray node id: w0 the head, w1 the other."""
+    (worker,) = ray_cluster.worker_nodes
+    return {"w0": ray_cluster.head_node.node_id, "w1": worker.node_id}
 
 
 def _allocations(demand: dict, cap: PoolCapacity, ray_ids: dict[str, str]) -> list[dict[str, Any]]:
@@ -112,3 +119,25 @@ def test_each_gang_lands_where_the_pass_put_it_and_jobs_never_share_a_slot(clust
     finally:
         for pgs in reserved:
             release(pgs)
+
+
+def test_the_pools_nodes_are_rays_and_a_lost_node_is_seen_dead(
+    ray_cluster: Any, cluster: dict[str, str]
+) -> None:
+    """What `tasks.sync_pool_nodes` reads (`RayJobLauncher.nodes`, Ray's state API over the Jobs API client):
+    each node's id, what it advertises, alive; a node Ray loses is listed dead within seconds."""
+    import time
+
+    from runtime.launcher import RayJobLauncher
+
+    launcher = RayJobLauncher(f"http://{ray_cluster.head_node.address_info['webui_url']}")
+    listed = {n.node_id: n for n in launcher.nodes()}
+    assert set(listed) == set(cluster.values()) and all(n.alive for n in listed.values())
+    assert all(n.resources["CPU"] == 2 and n.labels["ray.io/node-id"] == i for i, n in listed.items())
+    (worker,) = ray_cluster.worker_nodes
+    ray_cluster.remove_node(worker)
+    deadline = time.monotonic() + 30
+    while {n.node_id: n.alive for n in launcher.nodes()}.get(cluster["w1"], False):
+        assert time.monotonic() < deadline, "Ray still lists the removed node alive after 30 s"
+        time.sleep(0.5)
+    assert {n.node_id: n.alive for n in launcher.nodes()}[cluster["w0"]]
