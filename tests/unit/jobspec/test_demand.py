@@ -254,3 +254,35 @@ def test_an_absurd_demand_is_refused_not_computed() -> None:
     with pytest.raises(SpecError) as err:
         normalize(argv=[*argv, "--resource", '{"actor": [100000, 100000], "rollout": [1, 8]}'])
     assert [i.code for i in err.value.errors] == ["demand.too_large"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "layout"),
+    [
+        # colocated GRPO with a KL term: engines and the reference model lie on the actor's GPUs from the first
+        (
+            {"colocate": True, "use_kl_loss": True, "resource": {"actor": [1, 4], "rollout": [1, 4]}},
+            {"actor": ("actor", 0, 4), "rollout": ("actor", 0, 4), "reference": ("actor", 0, 4)},
+        ),
+        # Relax's colocated PPO: the engines host; the actor takes their first GPUs, the critic the next ones
+        (
+            {
+                "colocate": True,
+                "advantage_estimator": "ppo",
+                "resource": {"actor": [1, 2], "critic": [1, 2], "rollout": [1, 4], "advantages": [1, 0]},
+            },
+            {"actor": ("rollout", 0, 2), "critic": ("rollout", 2, 2), "rollout": ("rollout", 0, 4)},
+        ),
+        # decoupled: every role on GPUs of its own
+        (
+            {"resource": {"actor": [1, 2], "rollout": [1, 2]}},
+            {"actor": ("actor", 0, 2), "rollout": ("rollout", 0, 2)},
+        ),
+    ],
+)
+def test_role_layout_is_the_one_reading_of_where_each_role_sits(spec: dict[str, Any], layout: dict) -> None:
+    """`role_layout`: what the scheduler places (gangs_of) and the driver reserves (runtime.roles.placement)."""
+    from jobspec.demand import role_layout
+
+    got = role_layout(demand(**spec))
+    assert {role: (r.host, r.first, r.gpus) for role, r in got.items()} == layout
