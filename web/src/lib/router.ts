@@ -44,23 +44,31 @@ export function buildHash(path: readonly string[], query: Record<string, QueryVa
 }
 
 /**
+ * The parameter `name` taken out of the fragment: `#<name>=<value>` (then the jobs list) or
+ * `#/jobs/<id>?<name>=<value>` (then that page). Returns the value (null when absent or blank) and the
+ * fragment to show once it is removed.
+ */
+function takeFromHash(hash: string, name: string): { value: string | null; rest: string } {
+  const raw = hash.replace(/^#/, "");
+  if (raw.startsWith(`${name}=`)) {
+    return { value: new URLSearchParams(raw).get(name)?.trim() || null, rest: "#/jobs" };
+  }
+  const route = parseHash(hash);
+  const value = route.query.get(name)?.trim() || null;
+  if (!value) return { value: null, rest: hash };
+  route.query.delete(name);
+  const qs = route.query.toString();
+  return { value, rest: `#/${route.path.map(encodeURIComponent).join("/")}${qs ? `?${qs}` : ""}` };
+}
+
+/**
  * An API key handed over in the fragment, so that a CLI can open the dashboard signed in:
  * `#key=<key>` (then the jobs list) or `#/jobs/<id>?key=<key>` (then that page). Returns the key
  * and the fragment to show once it is removed.
  */
 export function takeKeyFromHash(hash: string): { key: string | null; rest: string } {
-  const raw = hash.replace(/^#/, "");
-  if (raw.startsWith("key=")) {
-    const params = new URLSearchParams(raw);
-    const key = params.get("key")?.trim() || null;
-    return { key, rest: "#/jobs" };
-  }
-  const route = parseHash(hash);
-  const key = route.query.get("key")?.trim() || null;
-  if (!key) return { key: null, rest: hash };
-  route.query.delete("key");
-  const qs = route.query.toString();
-  return { key, rest: `#/${route.path.map(encodeURIComponent).join("/")}${qs ? `?${qs}` : ""}` };
+  const { value, rest } = takeFromHash(hash, "key");
+  return { key: value, rest };
 }
 
 /**
@@ -69,17 +77,8 @@ export function takeKeyFromHash(hash: string): { key: string | null; rest: strin
  * once it is removed.
  */
 export function takeLoginCodeFromHash(hash: string): { code: string | null; rest: string } {
-  const raw = hash.replace(/^#/, "");
-  if (raw.startsWith("code=")) {
-    const code = new URLSearchParams(raw).get("code")?.trim() || null;
-    return { code, rest: "#/jobs" };
-  }
-  const route = parseHash(hash);
-  const code = route.query.get("code")?.trim() || null;
-  if (!code) return { code: null, rest: hash };
-  route.query.delete("code");
-  const qs = route.query.toString();
-  return { code, rest: `#/${route.path.map(encodeURIComponent).join("/")}${qs ? `?${qs}` : ""}` };
+  const { value, rest } = takeFromHash(hash, "code");
+  return { code: value, rest };
 }
 
 function subscribe(onChange: () => void): () => void {
