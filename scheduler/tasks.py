@@ -326,6 +326,12 @@ def sync_pool_nodes(ctx: WorkerContext, pool_name: str) -> NodeSync | None:
         )
     if change.added or change.up:
         log.info("pool %s: node(s) added %s, back up %s", pool_name, list(change.added), list(change.up))
+    if change.skipped:
+        log.warning(
+            "pool %s: Ray node(s) %s not added: the pool has nodes registered by names Ray does not use",
+            pool_name,
+            list(change.skipped),
+        )
     if change.down or change.added or change.up:
         ctx.dispatcher.request_pass()
     return change

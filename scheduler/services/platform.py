@@ -493,6 +493,9 @@ class NodeSync:
     added: tuple[str, ...] = ()
     down: tuple[str, ...] = ()
     up: tuple[str, ...] = ()
+    # Ray nodes not added because the pool has nodes registered by a name Ray does not use (name them as Ray
+    # does, its node name or IP, to bind them)
+    skipped: tuple[str, ...] = ()
 
 
 def sync_ray_nodes(session: Session, pool_name: str, ray_nodes: Sequence[RayNodeView]) -> NodeSync:
@@ -501,8 +504,9 @@ def sync_ray_nodes(session: Session, pool_name: str, ray_nodes: Sequence[RayNode
     Ray does not list, with one alive Ray node no other matches (the embedded pool: its node is named after
     the host, Ray's by its IP; or its Ray restarted), that node. A node Ray lists as dead, or no longer
     lists, is marked down (the pass requeues its jobs); a node Ray holds alive is up, with as many GPUs as it
-    advertises (a CPU pool keeps its slots). A Ray node the pool lacks is added, named as Ray names it. Nodes
-    registered by hostname that Ray does not list are left as they are. Flushes, never commits."""
+    advertises (a CPU pool keeps its slots). A Ray node the pool lacks is added, named as Ray names it, unless
+    the pool has nodes registered by a name Ray does not use (it may be one of them: `NodeSync.skipped`); those
+    nodes are left as they are. Flushes, never commits."""
     pool = session.get(Pool, pool_name)
     if pool is None:
         raise NotFound(f"pool {pool_name!r} not found", code="pool.not_found")
@@ -520,7 +524,10 @@ def sync_ray_nodes(session: Session, pool_name: str, ray_nodes: Sequence[RayNode
         # Ray restarted with a new node id: that node is this one (its lost jobs are the reconciler's)
         by_id[strangers[0].node_id] = nodes[0]
         unbound.pop(nodes[0].name, None)
+    named = {r.name for r in ray_nodes} | {r.ip for r in ray_nodes}
+    unmatched_hostnames = [n for n in unbound.values() if n.name not in named and n not in by_id.values()]
     added: list[str] = []
+    skipped: list[str] = []
     down: list[str] = []
     up: list[str] = []
     seen: set[str] = set()
@@ -529,6 +536,11 @@ def sync_ray_nodes(session: Session, pool_name: str, ray_nodes: Sequence[RayNode
         if node is None:
             if not r.alive:
                 continue  # a node Ray lost before the pool knew it
+            if unmatched_hostnames:
+                # the pool has nodes an admin registered by a name Ray does not use: this Ray node may be one of
+                # them, and adding it would count its GPUs twice
+                skipped.append(r.name)
+                continue
             name = r.name if session.get(Node, (pool_name, r.name)) is None else r.node_id
             node = Node(pool=pool_name, name=name, gpus=0, labels={}, alive=True)
             session.add(node)
@@ -547,4 +559,4 @@ def sync_ray_nodes(session: Session, pool_name: str, ray_nodes: Sequence[RayNode
             node.alive = False  # Ray no longer lists it at all
             down.append(node.name)
     session.flush()
-    return NodeSync(tuple(added), tuple(down), tuple(up))
+    return NodeSync(tuple(added), tuple(down), tuple(up), tuple(skipped))

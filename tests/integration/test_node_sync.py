@@ -122,3 +122,15 @@ def test_a_ray_that_does_not_answer_leaves_the_nodes_as_they_are(world, monkeypa
     monkeypatch.setattr(tasks, "launcher_for", refuse)
     assert tasks.sync_pool_nodes(ctx, "local") is None
     assert _nodes(ctx.db) == {"node-0": (None, 2, True)}
+
+
+def test_ray_nodes_are_not_added_beside_nodes_registered_by_other_names(world) -> None:  # type: ignore[no-untyped-def]
+    """A pool whose nodes an admin registered by hostname, on a Ray that names its nodes by IP: the Ray nodes
+    may be those, so none is added (their GPUs would count twice); a node named as Ray names it binds."""
+    ctx, ray = world
+    with ctx.db.session() as s:
+        s.add(Node(pool="local", name="10.0.0.3", gpus=2, labels={}))
+    ray.listed = [_node(HEAD, "10.0.0.1"), _node("cc" * 28, "10.0.0.3")]
+    change = tasks.sync_pool_nodes(ctx, "local")
+    assert change is not None and change.skipped == ("10.0.0.1",) and not change.added
+    assert _nodes(ctx.db) == {"node-0": (None, 2, True), "10.0.0.3": ("cc" * 28, 2, True)}
