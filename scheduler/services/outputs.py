@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
@@ -23,6 +23,8 @@ from scheduler.db.models import (
 from scheduler.domain.roles import Action
 from scheduler.services.auth import Principal, team_for
 from scheduler.services.lifecycle import JobServiceBase
+
+RowT = TypeVar("RowT", Checkpoint, Rollout, Prediction, Allocation)
 
 # The columns a job list reads: what a listing shows of a job, not its spec, request and demand (tens of kB of
 # JSON each) nor the scheduler's own bookkeeping.
@@ -141,29 +143,17 @@ class JobOutputs(JobServiceBase):
         return list(self.session.scalars(q.order_by(LogLine.id).limit(limit)))
 
     def checkpoints(self, job: Job) -> list[Checkpoint]:
-        return list(
-            self.session.scalars(
-                sa.select(Checkpoint)
-                .where(Checkpoint.job_id == job.id)
-                .order_by(Checkpoint.step, Checkpoint.id)
-            )
-        )
+        return self._rows_of(job, Checkpoint, Checkpoint.step, Checkpoint.id)
 
     def rollouts(self, job: Job) -> list[Rollout]:
-        return list(
-            self.session.scalars(
-                sa.select(Rollout).where(Rollout.job_id == job.id).order_by(Rollout.rollout_id, Rollout.id)
-            )
-        )
+        return self._rows_of(job, Rollout, Rollout.rollout_id, Rollout.id)
 
     def predictions(self, job: Job) -> list[Prediction]:
-        return list(
-            self.session.scalars(
-                sa.select(Prediction)
-                .where(Prediction.job_id == job.id)
-                .order_by(Prediction.step, Prediction.id)
-            )
-        )
+        return self._rows_of(job, Prediction, Prediction.step, Prediction.id)
 
     def allocations(self, job: Job) -> list[Allocation]:
-        return list(self.session.scalars(sa.select(Allocation).where(Allocation.job_id == job.id)))
+        return self._rows_of(job, Allocation)
+
+    def _rows_of(self, job: Job, model: type[RowT], *order: Any) -> list[RowT]:
+        """Every `model` row of `job`, in `order` (none: the database's)."""
+        return list(self.session.scalars(sa.select(model).where(model.job_id == job.id).order_by(*order)))
