@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
+
 from scheduler.policy.types import Decision, JobView, Placement, Snapshot
+
+T = TypeVar("T")
+
+
+def _known(
+    decided: Iterable[tuple[str, T]], jobs: dict[str, JobView], verb: str, out: list[str]
+) -> Iterator[tuple[str, JobView, T]]:
+    """(job id, its job, what the decision says of it) for each job `decided` names that the snapshot has;
+    one it lacks is a violation ("<verb> <id> is not in the snapshot"), noted in `out` in its turn."""
+    for job_id, said in decided:
+        job = jobs.get(job_id)
+        if job is None:
+            out.append(f"{verb} {job_id} is not in the snapshot")
+            continue
+        yield job_id, job, said
 
 
 def check(snapshot: Snapshot, decision: Decision) -> list[str]:
@@ -35,11 +53,7 @@ def check(snapshot: Snapshot, decision: Decision) -> list[str]:
 
     used_before = dict(used)
     admitted: set[str] = set()
-    for job_id, placement in decision.admit:
-        job = jobs.get(job_id)
-        if job is None:
-            out.append(f"admitted {job_id} is not in the snapshot")
-            continue
+    for job_id, job, placement in _known(decision.admit, jobs, "admitted", out):
         if job_id in admitted:
             out.append(f"{job_id} admitted twice")
         admitted.add(job_id)
@@ -93,11 +107,7 @@ def check(snapshot: Snapshot, decision: Decision) -> list[str]:
             if borrowed > lendable:
                 out.append(f"pool {q.pool} borrows {borrowed} GPUs but its queues lend only {lendable}")
 
-    for job_id, _reason in decision.preempt:
-        job = jobs.get(job_id)
-        if job is None:
-            out.append(f"preempted {job_id} is not in the snapshot")
-            continue
+    for job_id, job, _reason in _known(decision.preempt, jobs, "preempted", out):
         if job_id in admitted:
             out.append(f"{job_id} both admitted and preempted")
         if job.state != "running":
