@@ -391,6 +391,17 @@ class RelaxClient:
     def retry_webhook_delivery(self, webhook_id: str, delivery_id: str) -> dict[str, Any]:
         return self._request("POST", f"/v1/webhooks/{webhook_id}/deliveries/{delivery_id}/retry")
 
+    def job_notifications(self, job_id: str) -> dict[str, Any]:
+        """A job's --notify-urls that get its status changes (`urls`) and the job's signing `secret`."""
+        return self._request("GET", f"/v1/webhooks/jobs/{job_id}")
+
+    def job_notification_deliveries(
+        self, job_id: str, state: str | None = None, after: str | None = None, limit: int = 50
+    ) -> dict[str, Any]:
+        """A page of the messages to the job's --notify-urls, newest first: `data`, `next_cursor`."""
+        params = {k: v for k, v in (("state", state), ("after", after), ("limit", limit)) if v is not None}
+        return self._request("GET", f"/v1/webhooks/jobs/{job_id}/deliveries", params=params)
+
     def login_code(self) -> dict[str, Any]:
         """A one-time code (`code`, `expires_in` s) that signs a browser in to the dashboard as this key:
         `<url>/#code=<code>` (what `relaxctl dashboard` opens)."""

@@ -83,20 +83,11 @@ def webhooks_enable(c: RelaxClient, webhook_id: str) -> None:
     cmd.out.print(f"enabled {w['id']} ({w['url']})")
 
 
-@webhooks_app.command("deliveries")
-@api_call("json", "wide")
-def webhooks_deliveries(
-    c: RelaxClient,
-    webhook_id: str,
-    state: Annotated[str | None, typer.Option(help="pending, delivered or failed.")] = None,
-    limit: Annotated[int, typer.Option(min=1, max=500, help="How many, newest first.")] = 50,
-) -> Table:
-    """The endpoint's messages, newest first: attempts, last answer, next try."""
-    data = c.webhook_deliveries(webhook_id, state=state, limit=limit)["data"]
+def _deliveries_table(data: list[dict], *, urls: bool = False) -> Table:  # type: ignore[type-arg]
     cols = [
         Col("id"),
         Col("event"),
-        Col("job"),
+        Col("url", drop=3, wrap=True) if urls else Col("job"),
         Col("state"),
         Col("attempts"),
         Col("last answer", drop=2, wrap=True),
@@ -109,7 +100,7 @@ def webhooks_deliveries(
             [
                 d["id"],
                 d["event_type"],
-                d["job_id"] or "",
+                d["url"] if urls else (d["job_id"] or ""),
                 d["state"],
                 str(d["attempts"]),
                 str(d["last_status_code"] or d["last_error"] or ""),
@@ -120,6 +111,43 @@ def webhooks_deliveries(
         ]
 
     return Table(data, cols, rows)
+
+
+@webhooks_app.command("deliveries")
+@api_call("json", "wide")
+def webhooks_deliveries(
+    c: RelaxClient,
+    webhook_id: str,
+    state: Annotated[str | None, typer.Option(help="pending, delivered or failed.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500, help="How many, newest first.")] = 50,
+) -> Table:
+    """The endpoint's messages, newest first: attempts, last answer, next try."""
+    return _deliveries_table(c.webhook_deliveries(webhook_id, state=state, limit=limit)["data"])
+
+
+@webhooks_app.command("job")
+@api_call()
+def webhooks_job(c: RelaxClient, job_id: str) -> None:
+    """A job's --notify-urls that get its status changes, and the job's secret that signs them."""
+    n = c.job_notifications(job_id)
+    for url in n["urls"]:
+        cmd.out.print(url)
+    if not n["urls"]:
+        cmd.out.print(f"job {n['job_id']} has no --notify-urls")
+    cmd.out.print(f"secret: {n['secret']}  (verify each message's webhook-signature with it)")
+
+
+@webhooks_app.command("job-deliveries")
+@api_call("json", "wide")
+def webhooks_job_deliveries(
+    c: RelaxClient,
+    job_id: str,
+    state: Annotated[str | None, typer.Option(help="pending, delivered or failed.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500, help="How many, newest first.")] = 50,
+) -> Table:
+    """The messages to a job's --notify-urls, newest first: URL, attempts, last answer, next try."""
+    data = c.job_notification_deliveries(job_id, state=state, limit=limit)["data"]
+    return _deliveries_table(data, urls=True)
 
 
 @webhooks_app.command("retry")

@@ -70,7 +70,9 @@ class WorkerContext:
     @cached_property
     def webhook_pool(self) -> webhook_delivery.DeliveryPool:
         """The threads that make this process's webhook attempts."""
-        return webhook_delivery.DeliveryPool(self.db, self.settings.webhooks)
+        return webhook_delivery.DeliveryPool(
+            self.db, self.settings.webhooks, signing_key=self.settings.signing_key()
+        )
 
     @cached_property
     def passes(self) -> PassCoalescer:

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query
 from api.deps import AuditDep, PrincipalDep, SessionDep, SettingsDep
 from api.schemas import ERROR_RESPONSES
 from api.schemas.webhooks import (
+    JobNotifications,
     WebhookCreate,
     WebhookCreated,
     WebhookDeliveriesPage,
@@ -51,6 +52,39 @@ def list_webhooks(
     """The team's endpoints (an admin: every team's), without their secrets."""
     rows = webhooks.list_endpoints(session, principal, team=team)
     return WebhooksPage(data=[WebhookPublic.model_validate(r) for r in rows])
+
+
+# A job's --notify-urls (declared before /{webhook_id}/... so that `jobs` is never read as an endpoint's id)
+@router.get("/jobs/{job_id}", response_model=JobNotifications)
+def get_job_notifications(
+    job_id: str, session: SessionDep, principal: PrincipalDep, settings: SettingsDep
+) -> JobNotifications:
+    """The URLs of a job's --notify-urls that get its status changes, and the job's secret that signs them."""
+    job, urls, secret = webhooks.job_notifications(
+        session, principal, job_id, signing_key=settings.signing_key()
+    )
+    return JobNotifications(job_id=job.id, urls=urls, secret=secret)
+
+
+@router.get("/jobs/{job_id}/deliveries", response_model=WebhookDeliveriesPage)
+def list_job_notification_deliveries(
+    job_id: str,
+    session: SessionDep,
+    principal: PrincipalDep,
+    state: Literal["pending", "delivered", "failed"] | None = None,
+    after: Annotated[
+        str | None, Query(max_length=40, description="Id of the last delivery of the previous page.")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> WebhookDeliveriesPage:
+    """The messages to the job's --notify-urls, newest first: each one's URL, payload, attempts and how it
+    ended."""
+    rows, cursor = webhooks.list_job_deliveries(
+        session, principal, job_id, state=state, after=after, limit=limit
+    )
+    return WebhookDeliveriesPage(
+        data=[WebhookDeliveryPublic.model_validate(r) for r in rows], next_cursor=cursor
+    )
 
 
 @router.get("/{webhook_id}", response_model=WebhookPublic)

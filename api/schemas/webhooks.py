@@ -87,8 +87,9 @@ class WebhookMessage(BaseModel):
 class WebhookDeliveryPublic(BaseModel):
     model_config = ConfigDict(from_attributes=True)
     id: str = Field(description="The message's webhook-id, the same on every attempt.")
-    endpoint_id: str | None
+    endpoint_id: str | None = Field(description="null: a message to one of its job's --notify-urls.")
     job_id: str | None
+    url: str = Field(description="Where it is sent (an endpoint's URL when the message was made).")
     event_type: str
     payload: WebhookMessage = Field(description="The message's body, as sent.")
     state: Literal["pending", "delivered", "failed"]
@@ -104,3 +105,15 @@ class WebhookDeliveryPublic(BaseModel):
 class WebhookDeliveriesPage(BaseModel):
     data: list[WebhookDeliveryPublic]
     next_cursor: str | None = Field(None, description="Pass as `after` for the next page.")
+
+
+class JobNotifications(BaseModel):
+    """A job's `--notify-urls`: every status change of the job is POSTed to each, signed with the job's own
+    secret."""
+
+    job_id: str
+    urls: list[str] = Field(description="The http(s) URLs of --notify-urls that get messages (at most 10).")
+    secret: str = Field(
+        description="The job's signing secret (whsec_…), derived from the platform's key: verify each message's "
+        "webhook-signature with it, as for an endpoint's."
+    )

@@ -265,21 +265,30 @@ def custom_config_applied_at_launch(ctx: RuleContext) -> None:
         )
 
 
+MAX_NOTIFY_URLS = 10  # scheduler/services/webhooks.py sends to at most these
+
+
 @rule(
     "rule.notify_urls_http",
     "notify-urls",
-    summary="--notify-urls takes http:// and https:// URLs: each gets a POST (a signed-webhook-shaped JSON message) "
-    "when the job ends.",
+    summary="--notify-urls takes at most 10 http:// and https:// URLs (no user:password@): each gets a POST of "
+    "every status change of the job, signed as Standard Webhooks specifies with the job's own secret.",
     deviation="Relax hands --notify-urls to Apprise, which takes its own URL schemes (mailto://, slack://, tgram://"
-    "...). The platform sends the job's end through its webhook delivery (docs/reference/webhooks.md), which "
-    "POSTs to http(s) URLs only; any other scheme is refused at submission.",
+    "...) and notifies when the job ends. The platform sends the job's status changes (job.queued ... "
+    "job.succeeded/failed/cancelled) through its webhook delivery (docs/reference/webhooks.md), which POSTs to "
+    "http(s) URLs only; any other scheme is refused at submission.",
 )
 def notify_urls_http(ctx: RuleContext) -> None:
     if not isinstance(ctx.notify_urls, str):
         return
-    for url in (u.strip() for u in ctx.notify_urls.split(",")):
-        if not url:
-            continue
+    urls = [u.strip() for u in ctx.notify_urls.split(",") if u.strip()]
+    if len(urls) > MAX_NOTIFY_URLS:
+        ctx.error(
+            f"--notify-urls has {len(urls)} URLs; the platform notifies at most {MAX_NOTIFY_URLS}",
+            "keep at most 10, or register a team webhook that fans out: relaxctl webhooks create URL",
+        )
+        return
+    for url in urls:
         try:
             parts = urlsplit(url)
             host = parts.hostname
@@ -293,5 +302,12 @@ def notify_urls_http(ctx: RuleContext) -> None:
                 "schemes are not supported)",
                 "give an http(s) URL that accepts a POST (a chat tool's incoming-webhook URL works), or register "
                 "a team webhook: relaxctl webhooks create URL (docs/reference/webhooks.md)",
+            )
+            return
+        if parts is not None and (parts.username is not None or parts.password is not None):
+            ctx.error(
+                f"--notify-urls has a URL of {host} with user:password@ in it, which the platform does not send",
+                "put a token in the path or query instead (the message is signed: GET /v1/webhooks/jobs/{id} "
+                "shows the job's secret)",
             )
             return

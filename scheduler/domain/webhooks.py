@@ -27,8 +27,10 @@ EVENT_GROUPS: dict[str, tuple[str, ...]] = {
     "job": tuple(f"job.{status.value.lower()}" for status in JobStatus),
 }
 EVENT_TYPES: frozenset[str] = frozenset(t for types in EVENT_GROUPS.values() for t in types)
-#: The statuses after which a job changes no more: what `--notify-urls` is told about.
+#: The statuses after which a job changes no more.
 TERMINAL_EVENT_TYPES = frozenset(f"job.{s.value.lower()}" for s in JobStatus if s.is_terminal())
+#: What a job's own secret (its `--notify-urls` messages) is derived for, with the platform's signing key.
+JOB_SECRET_PURPOSE = "webhook-notify"
 
 
 def job_event_type(status: JobStatus | str) -> str:
@@ -50,6 +52,14 @@ def matches(patterns: list[str] | None, event_type: str) -> bool:
 
 def new_secret() -> str:
     return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(SECRET_BYTES)).decode()
+
+
+def job_secret(signing_key: bytes, job_id: str) -> str:
+    """The secret that signs the messages of one job's `--notify-urls`: derived from the platform's signing key
+    and the job's id (HMAC-SHA256), so it is stored nowhere, differs from job to job, and is the same on every
+    attempt; a new platform key (RELAX_SECRET_KEY) gives every job a new one."""
+    digest = hmac.new(signing_key, f"{JOB_SECRET_PURPOSE}:{job_id}".encode(), hashlib.sha256).digest()
+    return SECRET_PREFIX + base64.b64encode(digest).decode()
 
 
 def secret_key(secret: str) -> bytes:

@@ -121,9 +121,12 @@ def post(
     return code, f"answered {code}"
 
 
-def deliver(db: Database, settings: WebhookSettings, delivery_id: str) -> Outcome | None:
+def deliver(
+    db: Database, settings: WebhookSettings, delivery_id: str, *, signing_key: bytes
+) -> Outcome | None:
     """One attempt of a delivery that is due; None when it is not (delivered, failed, not due yet, or another
-    task took this attempt)."""
+    task took this attempt). An endpoint's message is signed with the endpoint's secret, a `--notify-urls`
+    message with its job's (derived from the platform's `signing_key`)."""
     now = utcnow()
     with db.session() as s:
         d = s.get(WebhookDelivery, delivery_id)
@@ -153,12 +156,14 @@ def deliver(db: Database, settings: WebhookSettings, delivery_id: str) -> Outcom
         if claimed.rowcount != 1:
             return None
         url = endpoint.url if endpoint is not None else d.url
-        secret = endpoint.secret if endpoint is not None else None
+        if endpoint is not None:
+            secret = endpoint.secret
+        else:
+            secret = wh.job_secret(signing_key, d.job_id or "")
         body = body_of(d.payload)
     timestamp = int(now.timestamp())
     headers = {"webhook-id": delivery_id, "webhook-timestamp": str(timestamp)}
-    if secret is not None:
-        headers["webhook-signature"] = wh.sign(secret, delivery_id, timestamp, body)
+    headers["webhook-signature"] = wh.sign(secret, delivery_id, timestamp, body)
     code, error = post(url, body, headers, settings)
     return _record(db, settings, delivery_id, attempt, code, error)
 
@@ -240,8 +245,8 @@ class DeliveryPool:
     jobs, and the task that hands an attempt over leaves the scheduler's queue at once. At most `backlog`
     attempts wait; beyond that one is left to the sweep, which sends it again once its lease ends."""
 
-    def __init__(self, db: Database, settings: WebhookSettings) -> None:
-        self.db, self.settings = db, settings
+    def __init__(self, db: Database, settings: WebhookSettings, *, signing_key: bytes) -> None:
+        self.db, self.settings, self.signing_key = db, settings, signing_key
         self._executor = ThreadPoolExecutor(settings.threads, thread_name_prefix="relax-webhook")
         self._slots = threading.BoundedSemaphore(settings.threads * 8)
 
@@ -258,7 +263,7 @@ class DeliveryPool:
 
     def _attempt(self, delivery_id: str) -> None:
         try:
-            deliver(self.db, self.settings, delivery_id)
+            deliver(self.db, self.settings, delivery_id, signing_key=self.signing_key)
         except Exception:  # noqa: BLE001 - its row falls due again when its lease ends
             log.exception("webhook delivery %s: the attempt failed", delivery_id)
         finally:

@@ -1,6 +1,7 @@
 """A team's webhook endpoints and their delivery log (`/v1/webhooks`), and the messages a job's status change
-makes: one delivery row per endpoint of the job's team that wants the event, and one per `--notify-urls` URL when
-the job ends, written in the transaction that changes the status (so none is lost) and sent once it commits
+makes: one delivery row per endpoint of the job's team that wants the event, and one per `--notify-urls` URL of
+the job (an ad-hoc endpoint of that job alone, signed with the job's own secret, `wh.job_secret`), written in the
+transaction that changes the status (so none is lost) and sent once it commits
 (scheduler/services/webhook_delivery.py; the beat's tick sends whatever is still due).
 
 Who may: the writers of a team (admin, team admin, member) manage and read its endpoints: an endpoint's URL may
@@ -261,6 +262,49 @@ def notify_urls(spec: dict[str, Any] | None) -> list[str]:
     return [u.strip() for u in raw.split(",") if u.strip()]
 
 
+def _notified_job(session: Session, principal: Principal, job_id: str) -> Job:
+    principal.require(MANAGE)
+    job = session.get(Job, job_id)
+    if job is None or not principal.can_see_team(job.team_id):
+        raise NotFound(f"job {job_id} not found", code="job.not_found")
+    return job
+
+
+def job_notifications(
+    session: Session, principal: Principal, job_id: str, *, signing_key: bytes
+) -> tuple[Job, list[str], str]:
+    """(the job, its `--notify-urls` that get messages, the secret that signs them) for the writers of its
+    team: the secret is the job's own (`wh.job_secret`), the same whenever it is read."""
+    job = _notified_job(session, principal, job_id)
+    urls = [url for url in notify_urls(job.spec)[:MAX_NOTIFY_URLS] if wh.url_problem(url) is None]
+    return job, urls, wh.job_secret(signing_key, job.id)
+
+
+def list_job_deliveries(
+    session: Session,
+    principal: Principal,
+    job_id: str,
+    *,
+    state: str | None = None,
+    after: str | None = None,
+    limit: int = 50,
+) -> tuple[list[WebhookDelivery], str | None]:
+    """The messages to a job's `--notify-urls`, newest first; `after` is the last id of the previous page."""
+    job = _notified_job(session, principal, job_id)
+    q = (
+        sa.select(WebhookDelivery)
+        .where(WebhookDelivery.job_id == job.id, WebhookDelivery.endpoint_id.is_(None))
+        .order_by(WebhookDelivery.id.desc())
+        .limit(limit + 1)
+    )
+    if state is not None:
+        q = q.where(WebhookDelivery.state == state)
+    if after is not None:
+        q = q.where(WebhookDelivery.id < after)
+    rows = list(session.scalars(q))
+    return rows[:limit], rows[limit - 1].id if len(rows) > limit else None
+
+
 def job_payload(job: Job, event_type: str, at: datetime, previous: JobStatus | None) -> dict[str, Any]:
     return {
         "type": event_type,
@@ -288,10 +332,7 @@ def record_job_transition(session: Session, job: Job, previous: JobStatus | None
         for endpoint_id, url, patterns in _enabled_endpoints(session, job.team_id)
         if wh.matches(patterns, event_type)
     ]
-    if status.is_terminal():
-        targets += [
-            (None, url) for url in notify_urls(job.spec)[:MAX_NOTIFY_URLS] if wh.url_problem(url) is None
-        ]
+    targets += [(None, url) for url in notify_urls(job.spec)[:MAX_NOTIFY_URLS] if wh.url_problem(url) is None]
     if not targets:
         return []
     now = utcnow()

@@ -28,6 +28,7 @@ from api.app import create_app
 from scheduler.db.engine import Database
 from scheduler.db.models import Allocation, AuditEvent, Checkpoint, Job, Metric, WebhookDelivery, utcnow
 from scheduler.dispatch import CeleryDispatcher
+from scheduler.domain import webhooks as wh
 from scheduler.domain.ids import new_id
 from scheduler.domain.jobs import JobStatus
 from scheduler.services import platform, webhooks
@@ -185,6 +186,9 @@ def world(db_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
             side.webhook_id = r.json()["id"]
             side.delivery_id = _delivered_message(db, side)
             side.secrets |= {side.webhook_id, hook_url, side.delivery_id, r.json()["secret"]}
+            side.secrets |= {
+                wh.job_secret(settings.signing_key(), job) for job in (side.done_job, side.live_job)
+            }  # the secrets of its jobs' --notify-urls
         yield w
     db.dispose()
 
@@ -349,6 +353,9 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ("DELETE", "/v1/webhooks/{webhook_id}"): Rule(TEAM_PATH, WRITERS),
     ("PATCH", "/v1/webhooks/{webhook_id}"): Rule(TEAM_PATH, WRITERS, body=lambda w, t: {"disabled": False}),
     ("GET", "/v1/webhooks/{webhook_id}/deliveries"): Rule(TEAM_PATH, WRITERS),
+    # a job's --notify-urls: its secret and its delivery log, for the writers of its team
+    ("GET", "/v1/webhooks/jobs/{job_id}"): Rule(TEAM_PATH, WRITERS),
+    ("GET", "/v1/webhooks/jobs/{job_id}/deliveries"): Rule(TEAM_PATH, WRITERS),
     ("POST", "/v1/webhooks/{webhook_id}/deliveries/{delivery_id}/retry"): Rule(
         TEAM_PATH, WRITERS, frozenset({202, 409})
     ),

@@ -27,11 +27,11 @@ from scheduler.dispatch import TASK_TICK, CeleryDispatcher
 from scheduler.domain import webhooks as wh
 from scheduler.domain.jobs import FailureReason, JobStatus
 from scheduler.services import platform
-from scheduler.services.auth import Principal, create_api_key
+from scheduler.services.auth import Principal, create_api_key, team_for
 from scheduler.services.lifecycle import JobLifecycle
 from scheduler.services.webhook_delivery import DeliveryPool, deliver, lease_seconds, prune, sweep
 from scheduler.settings import CelerySettings, DatabaseSettings, Settings, WebhookSettings
-from tests.factories import bootstrap, make_broker_app, make_job
+from tests.factories import bootstrap, grpo_spec, make_broker_app, make_job, seed_area
 
 ADMIN = Principal(key_id="key_test", role="admin", team_id=None)
 ROOT = Path(__file__).resolve().parents[2]
@@ -159,9 +159,17 @@ def sqlite_world(tmp_path: Path) -> Iterator[World]:
 
 
 def _run_job(
-    w: World, queue: str, steps: list[tuple[str, str]], *, failure: FailureReason | None = None
+    w: World,
+    queue: str,
+    steps: list[tuple[str, str]],
+    *,
+    failure: FailureReason | None = None,
+    spec: dict | None = None,
 ) -> str:
     job_id = make_job(w.db, queue=queue, name=f"{queue}-job", artifact_root=w.settings.artifacts)
+    if spec is not None:
+        with w.db.session() as s:
+            s.get(Job, job_id).spec = spec
     with w.db.session() as s:
         svc = JobLifecycle(s)
         for src, dst in steps:
@@ -174,7 +182,8 @@ def _run_job(
 
 def _deliver_due(w: World) -> list[str]:
     """What the beat's tick and the task do, in this process: hand every due delivery to one attempt."""
-    return sweep(w.db, w.settings.webhooks, lambda d: deliver(w.db, w.settings.webhooks, d))
+    key = w.settings.signing_key()
+    return sweep(w.db, w.settings.webhooks, lambda d: deliver(w.db, w.settings.webhooks, d, signing_key=key))
 
 
 def _deliveries(w: World) -> list[WebhookDelivery]:
@@ -289,7 +298,9 @@ def test_a_slow_receiver_holds_only_the_delivery_threads(sqlite_world: World, re
     w.client.post("/v1/webhooks", json={"url": receiver.url}, headers=w.as_("alpha"))
     _run_job(w, "alpha-q", [("QUEUED", "ADMITTED"), ("ADMITTED", "QUEUED")])
     first, second = (d.id for d in _deliveries(w))
-    pool = DeliveryPool(w.db, w.settings.webhooks.model_copy(update={"threads": 1}))
+    pool = DeliveryPool(
+        w.db, w.settings.webhooks.model_copy(update={"threads": 1}), signing_key=w.settings.signing_key()
+    )
     pool._slots = threading.BoundedSemaphore(1)  # a backlog of one, to see the bound
     assert pool.submit(first) is True
     assert pool.submit(second) is False  # full: the sweep sends it again later
@@ -431,37 +442,88 @@ def test_private_addresses_are_refused_unless_allowed(tmp_path: Path, receiver: 
     w.db.dispose()
 
 
-def test_notify_urls_get_the_jobs_end(world: World, receiver: Receiver) -> None:
+def test_notify_urls_get_every_status_change_signed_with_the_jobs_secret(
+    world: World, receiver: Receiver
+) -> None:
+    """A job's --notify-urls (notify_urls): each http(s) URL is an endpoint of that job alone: every status change
+    of the job, through the same delivery, signed with the job's own secret (GET /v1/webhooks/jobs/{id}, for the
+    writers of its team), in the job's delivery log. A URL the delivery may not reach is not sent to."""
     w = world
-    job_id = make_job(w.db, queue="alpha-q", name="notified", artifact_root=w.settings.artifacts)
-    with w.db.session() as s:
-        s.get(Job, job_id).spec = {
-            "notify_urls": f"{receiver.url}?a=1, ftp://nope.example.com/x ,{receiver.url}?b=2"
-        }
-    with w.db.session() as s:
-        svc = JobLifecycle(s)
-        assert svc.transition(job_id, JobStatus.ADMITTED, expected_from=JobStatus.QUEUED, reason="r")
-        assert svc.transition(job_id, JobStatus.STARTING, expected_from=JobStatus.ADMITTED, reason="r")
-    assert _deliveries(w) == []  # not an end
-    with w.db.session() as s:
-        JobLifecycle(s).transition(
-            job_id,
-            JobStatus.FAILED,
-            expected_from=JobStatus.STARTING,
-            reason="boom",
-            failure=FailureReason.SETUP,
-        )
-    rows = _deliveries(w)
-    assert sorted(d.url.rsplit("?", 1)[1] for d in rows) == ["a=1", "b=2"]  # the ftp URL is not sent to
-    assert {(d.endpoint_id, d.event_type) for d in rows} == {(None, "job.failed")}
+    spec = {"notify_urls": f"{receiver.url}?a=1, ftp://nope.example.com/x ,{receiver.url}?b=2"}
+    job_id = _run_job(
+        w, "alpha-q", [("QUEUED", "ADMITTED"), ("ADMITTED", "STARTING"), ("STARTING", "FAILED")],
+        failure=FailureReason.SETUP, spec=spec,
+    )  # fmt: skip
+    other = _run_job(w, "alpha-q", [("QUEUED", "CANCELLED")], spec={"notify_urls": f"{receiver.url}?c=3"})
+    rows = [d for d in _deliveries(w) if d.job_id == job_id]
+    assert {d.endpoint_id for d in rows} == {None}
+    assert sorted((d.event_type, d.url.rsplit("?", 1)[1]) for d in rows) == sorted(
+        (t, q) for t in ("job.admitted", "job.starting", "job.failed") for q in ("a=1", "b=2")
+    )  # the ftp URL gets nothing
     _deliver_due(w)
-    assert sorted(g.path for g in receiver.got) == ["/hook?a=1", "/hook?b=2"]
+    assert len(receiver.got) == 7
+
+    notify = w.client.get(f"/v1/webhooks/jobs/{job_id}", headers=w.as_("alpha"))
+    assert notify.status_code == 200, notify.text
+    secret = notify.json()["secret"]
+    assert notify.json()["urls"] == [f"{receiver.url}?a=1", f"{receiver.url}?b=2"]
+    other_secret = w.client.get(f"/v1/webhooks/jobs/{other}", headers=w.as_("alpha")).json()["secret"]
+    assert secret.startswith("whsec_") and other_secret != secret  # one secret a job
     for got in receiver.got:
-        assert (
-            "webhook-id" in got.headers and "webhook-signature" not in got.headers
-        )  # no secret to sign with
-        assert json.loads(got.body)["data"]["failure_reason"] == "setup"
-    assert {d.state for d in _deliveries(w)} == {"delivered"}
+        ts = int(got.headers["webhook-timestamp"])
+        mine = secret if got.path != "/hook?c=3" else other_secret
+        assert wh.verify(mine, got.headers["webhook-id"], ts, got.body, got.headers["webhook-signature"])
+        assert not wh.verify(
+            other_secret if mine == secret else secret,
+            got.headers["webhook-id"], ts, got.body, got.headers["webhook-signature"],
+        )  # fmt: skip
+    ends = [json.loads(g.body) for g in receiver.got if json.loads(g.body)["type"] == "job.failed"]
+    assert len(ends) == 2 and {e["data"]["failure_reason"] for e in ends} == {"setup"}
+
+    log = w.client.get(f"/v1/webhooks/jobs/{job_id}/deliveries?limit=4", headers=w.as_("alpha")).json()
+    assert [d["event_type"] for d in log["data"]] == [
+        "job.failed",
+        "job.failed",
+        "job.starting",
+        "job.starting",
+    ]
+    assert {d["state"] for d in log["data"]} == {"delivered"} and log["data"][0]["url"].startswith(
+        receiver.url
+    )
+    rest = w.client.get(
+        f"/v1/webhooks/jobs/{job_id}/deliveries", params={"after": log["next_cursor"]}, headers=w.as_("alpha")
+    ).json()
+    assert [d["event_type"] for d in rest["data"]] == ["job.admitted"] * 2 and rest["next_cursor"] is None
+    # another team's job is missing to alpha; neither its secret nor its log is shown
+    omega_job = _run_job(w, "omega-q", [], spec={"notify_urls": receiver.url})
+    for path in (f"/v1/webhooks/jobs/{omega_job}", f"/v1/webhooks/jobs/{omega_job}/deliveries"):
+        assert w.client.get(path, headers=w.as_("alpha")).status_code == 404
+
+
+def test_submission_sends_job_queued(sqlite_world: World, receiver: Receiver) -> None:
+    """A submitted job's first status, QUEUED, goes to the team's endpoints and to its --notify-urls, with no
+    previous status."""
+    w = sqlite_world
+    w.client.post(
+        "/v1/webhooks", json={"url": receiver.url, "event_types": ["job.queued"]}, headers=w.as_("alpha")
+    )
+    with w.db.session() as s:
+        seed_area(w.settings.artifacts, team_for(s, ADMIN, "alpha").id)
+    r = w.client.post(
+        "/v1/jobs",
+        json={"name": "q", "queue": "alpha-q", "spec": grpo_spec(**{"notify-urls": receiver.url + "?job"})},
+        headers=w.as_("alpha"),
+    )
+    assert r.status_code == 201, r.text
+    rows = _deliveries(w)
+    assert sorted((d.event_type, d.endpoint_id is None) for d in rows) == [
+        ("job.queued", False),
+        ("job.queued", True),
+    ]
+    _deliver_due(w)
+    bodies = [json.loads(g.body) for g in receiver.got]
+    assert len(bodies) == 2 and {b["data"]["id"] for b in bodies} == {r.json()["id"]}
+    assert all(b["data"]["status"] == "QUEUED" and b["data"]["previous_status"] is None for b in bodies)
 
 
 def test_a_real_worker_delivers_what_its_tick_finds(tmp_path: Path, receiver: Receiver) -> None:
@@ -471,7 +533,9 @@ def test_a_real_worker_delivers_what_its_tick_finds(tmp_path: Path, receiver: Re
     w = make_world(db_url, tmp_path)
     with w.client:
         hook = w.client.post("/v1/webhooks", json={"url": receiver.url}, headers=w.as_("alpha")).json()
-        _run_job(w, "alpha-q", [("QUEUED", "CANCELLED")])
+        job_id = _run_job(
+            w, "alpha-q", [("QUEUED", "CANCELLED")], spec={"notify_urls": receiver.url + "?job"}
+        )
         env = os.environ | {
             "RELAX_HOME": str(tmp_path),
             "RELAX_DATABASE_URL": db_url,
@@ -486,21 +550,25 @@ def test_a_real_worker_delivers_what_its_tick_finds(tmp_path: Path, receiver: Re
         try:
             make_broker_app(w.settings.broker_url, tmp_path).send_task(TASK_TICK, queue="scheduler")
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and not receiver.got:
+            while time.monotonic() < deadline and len(receiver.got) < 2:
                 time.sleep(0.05)
-            assert receiver.got, (tmp_path / "worker.log").read_text()[-3000:]
-            got = receiver.got[0]
-            ts = int(got.headers["webhook-timestamp"])
+            assert len(receiver.got) == 2, (tmp_path / "worker.log").read_text()[-3000:]
             with w.db.session(read_only=True) as s:
                 secret = s.scalar(
                     sa.text("SELECT secret FROM webhook_endpoints WHERE id = :i"), {"i": hook["id"]}
                 )
-            assert wh.verify(
-                secret, got.headers["webhook-id"], ts, got.body, got.headers["webhook-signature"]
-            )
-            while time.monotonic() < deadline and _deliveries(w)[0].state != "delivered":
+            # the endpoint's message with its secret; the --notify-urls one with the job's (the worker derives it
+            # from the platform's key in RELAX_HOME, as the API does)
+            job_secret = w.client.get(f"/v1/webhooks/jobs/{job_id}", headers=w.as_("alpha")).json()["secret"]
+            for got in receiver.got:
+                ts = int(got.headers["webhook-timestamp"])
+                key = job_secret if got.path.endswith("?job") else secret
+                assert wh.verify(
+                    key, got.headers["webhook-id"], ts, got.body, got.headers["webhook-signature"]
+                )
+            while time.monotonic() < deadline and {d.state for d in _deliveries(w)} != {"delivered"}:
                 time.sleep(0.05)
-            assert _deliveries(w)[0].state == "delivered"
+            assert {d.state for d in _deliveries(w)} == {"delivered"}
         finally:
             worker.terminate()
             worker.wait(30)
@@ -534,11 +602,17 @@ def test_relaxctl_webhooks(sqlite_world: World, receiver: Receiver, monkeypatch:
     assert r.exit_code == 2 and "webhook.bad_url" in r.output and "hint" in r.output
     r = run(cli.app, ["webhooks", "list", "--json"])
     assert [h["id"] for h in json.loads(r.output)] == [hook_id]
-    _run_job(w, "alpha-q", [("QUEUED", "CANCELLED")])
+    job_id = _run_job(w, "alpha-q", [("QUEUED", "CANCELLED")], spec={"notify_urls": receiver.url + "?job"})
     _deliver_due(w)
     r = run(cli.app, ["webhooks", "deliveries", hook_id, "--wide"])
     assert r.exit_code == 0 and "job.cancelled" in r.output and "delivered" in r.output, r.output
-    (d,) = _deliveries(w)
+    r = run(cli.app, ["webhooks", "job", job_id])
+    assert r.exit_code == 0 and receiver.url + "?job" in r.output and "secret: whsec_" in r.output, r.output
+    r = run(cli.app, ["webhooks", "job-deliveries", job_id, "--json"])
+    assert [(d["event_type"], d["url"], d["state"]) for d in json.loads(r.output)] == [
+        ("job.cancelled", receiver.url + "?job", "delivered")
+    ]
+    (d,) = [d for d in _deliveries(w) if d.endpoint_id == hook_id]
     r = run(cli.app, ["webhooks", "retry", hook_id, d.id])
     assert r.exit_code == 0 and "attempt 2" in r.output, r.output
     r = run(cli.app, ["webhooks", "disable", hook_id])

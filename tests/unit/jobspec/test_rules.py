@@ -889,6 +889,13 @@ CASES: list[tuple[str, dict, Any, dict]] = [
         {"notify-urls": "https://ci.example.com/hook, http://10.0.0.5:8080/done"},
     ),
     ("rule.notify_urls_http", {"notify-urls": "slack://tokenA/tokenB"}, "error", {}),
+    ("rule.notify_urls_http", {"notify-urls": "https://u:p@ci.example.com/hook"}, "error", {}),
+    (
+        "rule.notify_urls_http",
+        {"notify-urls": ",".join(f"https://ci.example.com/{i}" for i in range(11))},
+        "error",
+        {"notify-urls": ",".join(f"https://ci.example.com/{i}" for i in range(10))},
+    ),
     (
         "rule.sglang_profile_steps",
         {"sglang-profile": True, "sglang-profile-step-start": 5, "sglang-profile-step-end": 2},

@@ -731,6 +731,47 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/webhooks/jobs/{job_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get Job Notifications
+         * @description The URLs of a job's --notify-urls that get its status changes, and the job's secret that signs them.
+         */
+        get: operations["get_job_notifications_v1_webhooks_jobs__job_id__get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/webhooks/jobs/{job_id}/deliveries": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Job Notification Deliveries
+         * @description The messages to the job's --notify-urls, newest first: each one's URL, payload, attempts and how it
+         *     ended.
+         */
+        get: operations["list_job_notification_deliveries_v1_webhooks_jobs__job_id__deliveries_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/webhooks/{webhook_id}": {
         parameters: {
             query?: never;
@@ -1267,6 +1308,25 @@ export interface components {
             series: {
                 [key: string]: components["schemas"]["MetricPoint"][];
             };
+        };
+        /**
+         * JobNotifications
+         * @description A job's `--notify-urls`: every status change of the job is POSTed to each, signed with the job's own
+         *     secret.
+         */
+        JobNotifications: {
+            /** Job Id */
+            job_id: string;
+            /**
+             * Secret
+             * @description The job's signing secret (whsec_…), derived from the platform's key: verify each message's webhook-signature with it, as for an endpoint's.
+             */
+            secret: string;
+            /**
+             * Urls
+             * @description The http(s) URLs of --notify-urls that get messages (at most 10).
+             */
+            urls: string[];
         };
         /** JobPublic */
         JobPublic: {
@@ -2288,7 +2348,10 @@ export interface components {
              * Format: date-time
              */
             created_at: string;
-            /** Endpoint Id */
+            /**
+             * Endpoint Id
+             * @description null: a message to one of its job's --notify-urls.
+             */
             endpoint_id: string | null;
             /** Event Type */
             event_type: string;
@@ -2325,6 +2388,11 @@ export interface components {
              * @enum {string}
              */
             state: "pending" | "delivered" | "failed";
+            /**
+             * Url
+             * @description Where it is sent (an endpoint's URL when the message was made).
+             */
+            url: string;
         };
         /**
          * WebhookJobData
@@ -6714,6 +6782,203 @@ export interface operations {
             };
         };
     };
+    get_job_notifications_v1_webhooks_jobs__job_id__get: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                job_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["JobNotifications"];
+                };
+            };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    list_job_notification_deliveries_v1_webhooks_jobs__job_id__deliveries_get: {
+        parameters: {
+            query?: {
+                state?: ("pending" | "delivered" | "failed") | null;
+                /** @description Id of the last delivery of the previous page. */
+                after?: string | null;
+                limit?: number;
+            };
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                job_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookDeliveriesPage"];
+                };
+            };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
     get_webhook_v1_webhooks__webhook_id__get: {
         parameters: {
             query?: never;
@@ -7214,6 +7479,7 @@ type ReadonlyArray<T> = [
     unknown[]
 ] ? Readonly<Exclude<T, undefined>> : Readonly<Exclude<T, undefined>[]>;
 export const pathsV1JobsJob_idStreamGetParametersQueryKindsAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/jobs/{job_id}/stream"]["get"]["parameters"]["query"]["kinds"]> = ["event", "metric", "log", "checkpoint", "rollout", "prediction"];
+export const pathsV1WebhooksJobsJob_idDeliveriesGetParametersQueryStateAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/webhooks/jobs/{job_id}/deliveries"]["get"]["parameters"]["query"]["state"]> = ["pending", "delivered", "failed"];
 export const pathsV1WebhooksWebhook_idDeliveriesGetParametersQueryStateAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/webhooks/{webhook_id}/deliveries"]["get"]["parameters"]["query"]["state"]> = ["pending", "delivered", "failed"];
 export const failureReasonValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FailureReason"]> = ["setup", "user_code", "no_resource", "controller", "lost"];
 export const jobStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobStatus"]> = ["QUEUED", "ADMITTED", "STARTING", "RUNNING", "CANCELLING", "PREEMPTING", "SUCCEEDED", "FAILED", "CANCELLED"];
