@@ -8,6 +8,7 @@ submission (`spec.unsupported_by_backend`) and again by the driver."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -75,6 +76,25 @@ COMMON_PARAMETERS: frozenset[str] = RuntimeSpec.field_names() | {
     # from the job's latest checkpoint, at most --max-global-restart times with --use-fault-tolerance
     "use_fault_tolerance",
     "max_global_restart",
+    # the platform's webhooks (scheduler/services/webhooks.py): every status change of the job is POSTed to
+    # each http(s) URL, signed with the job's own secret (docs/reference/webhooks.md)
+    "notify_urls",
+    # experiment trackers (runtime/trackers.py): every metric point the driver reports also goes to
+    # TensorBoard event files in the job's folder and, with --use-wandb, to W&B
+    "use_tensorboard",
+    "tb_project_name",
+    "tb_experiment_name",
+    "use_wandb",  # restricted below: where the wandb package is installed
+    "wandb_project",
+    "wandb_team",
+    "wandb_entity",
+    "wandb_group",
+    "wandb_exp_name",
+    "wandb_run_id",
+    "wandb_random_suffix",
+    "wandb_dir",
+    "wandb_save_dir",
+    "wandb_mode",
 }
 
 # The torch backend reads nothing beyond the common parameters. (`distributed-timeout-minutes` is not
@@ -294,6 +314,12 @@ def _rm_type_ok(value: Any, values: Mapping[str, Any]) -> bool:
     return base in RM_TYPES or (base not in UNSUPPORTED_RM_TYPES and bool(values.get("rm_type_fallback")))
 
 
+def _wandb_installed() -> bool:
+    """W&B logging needs the `wandb` package (the optional extra relax-platform[wandb]); the platform's
+    processes and its clusters share one install, and the driver checks again where it runs."""
+    return importlib.util.find_spec("wandb") is not None
+
+
 # Relax rm-types with no implementation here (runtime.rewards.UNSUPPORTED_RM_TYPES says why)
 UNSUPPORTED_RM_TYPES = frozenset({"ifbench", "dapo-genrm"})
 
@@ -374,6 +400,7 @@ RESTRICTIONS: dict[str, Callable[[Any, Mapping[str, Any]], bool]] = {
     # servers, top-k log-probs) is not implemented, nor the top-k estimators (forward_kl, jsd)
     "opd_type": _one_of("megatron"),
     "opd_kl_type": _one_of("reverse_kl", "low_var_kl"),
+    "use_wandb": lambda value, _values: not value or _wandb_installed(),
 }
 
 
@@ -381,6 +408,9 @@ RESTRICTIONS: dict[str, Callable[[Any, Mapping[str, Any]], bool]] = {
 RESTRICTION_HINTS: dict[str, str] = {
     "moe_token_dispatcher_type": "megatron's flex dispatcher needs DeepEP or HybridEP, which the platform's hosts "
     "do not have: use --moe-token-dispatcher-type alltoall (the same routing, NCCL all-to-all)",
+    "use_wandb": "the wandb package is not installed on this platform (the optional extra "
+    "relax-platform[wandb]): remove --use-wandb, or ask the platform's admin to install it; every metric is "
+    "in the API and, unless --no-use-tensorboard, in the job's TensorBoard event files",
     # SGLang server flags the platform sets itself (`sglang_problems` names them `sglang_<flag>`), by flag
     # and alias
     **{
@@ -537,6 +567,7 @@ RESTRICTION_DOCS: dict[str, str | dict[str, str]] = {
     "SGLang teacher server)",
     "opd_kl_type": "reverse_kl, low_var_kl (the estimators on the student's sampled tokens; forward_kl and jsd "
     "need top-k distributions)",
+    "use_wandb": "where the wandb package is installed (the optional extra relax-platform[wandb])",
 }
 
 

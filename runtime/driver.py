@@ -30,6 +30,7 @@ from runtime.reporter import EventKind, HttpReporter, LocalReporter, Reporter
 from runtime.roles.placement import plan_topology
 from runtime.spec import RuntimeSpec, load_spec_with_warnings, parameter_defaults, read_spec_file
 from runtime.spool import spool_dir
+from runtime.trackers import Trackers, open_trackers
 
 log = logging.getLogger("runtime.driver")
 DRAIN_ENV = "RELAX_REPORT_DRAIN_SECONDS"
@@ -245,6 +246,7 @@ def main(argv: list[str] | None = None, *, credential: JobCredential | None = No
         )
         reporter: Reporter = LocalReporter(report_dir)
         job = name or args.spec_file.stem
+        output_dir: str | Path | None = Path(report_dir).parent  # where the trackers write
     else:
         if credential is None:  # started as `python -m runtime.driver`, not through runtime.bootstrap
             try:
@@ -254,9 +256,12 @@ def main(argv: list[str] | None = None, *, credential: JobCredential | None = No
                 return 1
         reporter = HttpReporter(args.api_url, args.job_id, credential.token, attempt=credential.attempt)
         job = args.job_id
+        output_dir = None
+    run_name = job
     configure_logging(reporter, job=job)
     signal.signal(signal.SIGTERM, lambda *_: reporter.request_stop())
     pipeline: Pipeline | None = None
+    trackers: Trackers | None = None
     owns_ray = False
     code = 0
     try:
@@ -265,6 +270,7 @@ def main(argv: list[str] | None = None, *, credential: JobCredential | None = No
             fetched = fetch_job(args.api_url, args.job_id, credential.token)
             attach_spool(reporter, fetched, credential.attempt)
             raw = dict(fetched["spec"])
+            output_dir, run_name = fetched.get("output_dir"), fetched.get("name") or job
         spec = load_job_spec(raw, name=name, normalized=not standalone)
         check_capabilities(spec)
         log.info(
@@ -279,6 +285,13 @@ def main(argv: list[str] | None = None, *, credential: JobCredential | None = No
         owns_ray = init_ray(args.ray_address or os.environ.get("RAY_ADDRESS"), spec)
         pipeline = build_pipeline(spec, reporter)
         start = pipeline.resume()
+        trackers = open_trackers(
+            spec.values(),
+            output_dir=output_dir,
+            run_name=run_name,
+            start_step=start,
+        )
+        reporter.add_sink(trackers)
         if isinstance(pipeline, SFTPipeline):
             run_sft(pipeline, start)
         else:
@@ -290,6 +303,8 @@ def main(argv: list[str] | None = None, *, credential: JobCredential | None = No
     finally:
         if pipeline is not None:
             pipeline.close()
+        if trackers is not None:
+            trackers.close()
         # The last report carries the end marker: the platform marks the job SUCCEEDED only once it is
         # stored (scheduler/tasks.py::reconcile_pool), whether it arrives now or from the spool later.
         outcome = "failed" if code else ("stopped" if reporter.stop_requested else "finished")

@@ -12,9 +12,10 @@ import sys
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 import httpx
 
@@ -61,6 +62,12 @@ class _Pending:
 
     def count(self) -> int:
         return sum(len(items) for kind, items in self.lists.items() if kind != "logs")
+
+
+class MetricSink(Protocol):
+    """Where else metric points go (runtime/trackers.py); it must not raise."""
+
+    def scalars(self, step: int, values: Mapping[str, float]) -> None: ...
 
 
 class ReportRefused(RuntimeError):
@@ -136,6 +143,7 @@ class Reporter(ABC):
         self._persist_requests = 0  # persist(): cuts asked for ...
         self._persisted = 0  # ... and how many of them are written (the cut that served them is in the queue)
         self._durable_step: int | None = None  # durable_through(): persist at the metrics of this step
+        self._sinks: list[MetricSink] = []  # add_sink(): experiment trackers (runtime/trackers.py)
         self._cutter = threading.Thread(
             target=self._cut_loop, name=f"{type(self).__name__}-cutter", daemon=True
         )
@@ -167,11 +175,17 @@ class Reporter(ABC):
         """Mark a stop as requested from this side (e.g. on SIGTERM)."""
         self._stop.set()
 
+    def add_sink(self, sink: MetricSink) -> None:
+        """Also hand every metric point to `sink` (an experiment tracker), after it is queued for the platform."""
+        self._sinks.append(sink)
+
     def metrics(self, step: int, values: dict[str, float]) -> None:
         now = time.time()
         self._add(
             "metrics", [MetricItem(step=step, name=k, value=float(v), time=now) for k, v in values.items()]
         )
+        for sink in self._sinks:
+            sink.scalars(step, values)
         if values and self._durable_step is not None and step >= self._durable_step:
             self._durable_step = None
             self.persist()

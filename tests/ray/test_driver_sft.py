@@ -335,3 +335,13 @@ def test_the_api_dies_and_returns_and_every_report_of_the_driver_arrives_once(
     assert checkpoints == [29, 59]
     assert final
     assert not spool.exists()  # all acknowledged
+    # --use-tensorboard (on by default): the job's event files, under its output folder (its artifacts), hold
+    # exactly the points the API stored, as TensorBoard reads them back (float32)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with live_api.db.session() as s:
+        tb_dir = Path(output_dir) / "tensorboard" / s.get(Job, job_id).name
+    acc = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    written = {(e.step, tag): e.value for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag)}
+    assert written == pytest.approx({(step, name): value for step, name, value in stored}, rel=1e-6)

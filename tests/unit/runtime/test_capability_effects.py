@@ -809,6 +809,14 @@ def server_args(values: dict[str, Any]) -> Any:
     return plan(values).engine_args
 
 
+def trackers(values: dict[str, Any]) -> Any:
+    """What the experiment trackers write where (`runtime.trackers.tracker_plan`: TensorBoard's folder, W&B's
+    `init` arguments), with no environment and a fixed run-name suffix."""
+    from runtime.trackers import tracker_plan
+
+    return tracker_plan(values, output_dir=FOLDER / "job", run_name="job", env={}, suffix="abc123")
+
+
 # -- the evidence of each honoured parameter -------------------------------------------------------------------
 PPO = {"advantage_estimator": "ppo"}
 SFT = {"loss_type": "sft", "use_kl_loss": False, "eval_prompt_data": None, "rollout_global_dataset": False}
@@ -818,7 +826,32 @@ OPD = {"use_opd": True, "opd_type": "megatron", "opd_teacher_load": str(FOLDER /
 OPD_LOSS = {**OPD, "opd_kl_coef": 0.0, "opd_loss_coef": 1.0}
 
 
+WANDB = {"use_wandb": True}
+
 EFFECTS: dict[str, Evidence | dict[str, Evidence]] = {
+    # -- the platform's webhooks and the experiment trackers --
+    "notify_urls": ExistingTest(
+        "tests/integration/test_webhooks.py::test_notify_urls_get_every_status_change_signed_with_the_jobs_secret"
+    ),
+    "use_tensorboard": Probe(trackers),
+    "tb_project_name": Probe(trackers),
+    "tb_experiment_name": Probe(trackers),
+    "use_wandb": Probe(trackers),  # honoured only where wandb is installed (else refused: RESTRICTIONS)
+    **{
+        name: Probe(trackers, base=WANDB)
+        for name in (
+            "wandb_project",
+            "wandb_team",
+            "wandb_entity",
+            "wandb_group",
+            "wandb_exp_name",
+            "wandb_run_id",
+            "wandb_random_suffix",
+            "wandb_dir",
+            "wandb_save_dir",
+        )
+    },
+    "wandb_mode": Probe(trackers, base=WANDB, value="offline"),
     # -- trainer configuration (both backends build their trainer from TrainConfig) --
     "lr": Probe(train_config),
     "min_lr": Probe(train_config),
