@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import sqlalchemy as sa
 import torch
@@ -205,6 +206,7 @@ class Api:
     def __init__(self, settings: Settings, db: Database) -> None:
         self.settings, self.db = settings, db
         self.server: uvicorn.Server | None = None
+        self.admin_key = ""
         self.thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -236,8 +238,9 @@ def live_api(tmp_path: Path) -> Iterator[Api]:
     home.mkdir()
     upgrade(settings.database_url)
     db = Database(settings.database_url)
-    bootstrap(db, home)
+    admin_key = bootstrap(db, home)
     api = Api(settings, db)
+    api.admin_key = admin_key
     api.start()
     yield api
     if api.server is not None:
@@ -345,3 +348,10 @@ def test_the_api_dies_and_returns_and_every_report_of_the_driver_arrives_once(
     acc.Reload()
     written = {(e.step, tag): e.value for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag)}
     assert written == pytest.approx({(step, name): value for step, name, value in stored}, rel=1e-6)
+    # ... and the API serves them as the job's artifacts
+    (events,) = tb_dir.iterdir()
+    served = httpx.get(
+        f"{live_api.settings.public_url}/v1/jobs/{job_id}/artifacts/{events.relative_to(output_dir)}",
+        headers={"Authorization": f"Bearer {live_api.admin_key}"},
+    )
+    assert served.status_code == 200 and served.content == events.read_bytes()
