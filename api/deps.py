@@ -172,6 +172,12 @@ def get_principal(request: Request, token: BearerDep, session: SessionDep) -> Pr
     work (`SessionDep`, there the write lock) begins only when its route first uses it. Elsewhere in the
     request's own unit of work, whose first read it is (a transaction of its own would cost three more round
     trips to the database). Never cached: a key revoked or expired is refused by the next request."""
+    return principal_of(request, token, session)
+
+
+def principal_of(request: Request, token: str | None, session: Session) -> Principal:
+    """`get_principal`'s lookup, for a route that makes it in its own trip to the thread pool (a trip less:
+    `POST /v1/jobs`), marked `caller_in_route`."""
     db: Database = request.app.state.db
     if db.single_writer:
         with db.session(read_only=True) as read_session:
@@ -187,6 +193,29 @@ def get_principal(request: Request, token: BearerDep, session: SessionDep) -> Pr
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
+
+_CALLER_IN_ROUTE = "relax_caller_in_route"
+
+
+def caller_in_route(endpoint: Callable[..., object]) -> Callable[..., object]:
+    """Mark a route that looks its caller up itself (`principal_of`) instead of through `PrincipalDep`. A
+    request refused before such a route runs (its body or a header invalid: 422) is then answered as if the
+    dependency had run first: `refused_before_route` looks the caller up, so that a call without a valid key
+    is still a 401, and its audit row still names the key."""
+    setattr(endpoint, _CALLER_IN_ROUTE, True)
+    return endpoint
+
+
+def refused_before_route(request: Request) -> None:
+    """For a `caller_in_route` route's request refused before the route ran (in a worker thread): the caller's
+    key looked up and noted on the call's audit entry; `Unauthenticated` (401) raised where `PrincipalDep`
+    would have raised it. Nothing for other routes."""
+    if not getattr(request.scope.get("endpoint"), _CALLER_IN_ROUTE, False):
+        return
+    header = request.headers.get("authorization")
+    token = header[7:].strip() if header and header.lower().startswith("bearer ") else None
+    with request.app.state.db.session(read_only=True) as session:
+        principal_of(request, token, session)
 
 
 async def get_audit(request: Request) -> AuditEntry:
@@ -227,6 +256,30 @@ async def get_read_job_submission(session: ReadSessionDep, request: Request) -> 
 
 
 ReadJobSubmissionDep = Annotated[JobSubmission, Depends(get_read_job_submission)]
+
+
+def submission_services(request: Request, session: Session) -> tuple[JobSubmission, JobSubmission]:
+    """(the reader, the writer): what `ReadJobSubmissionDep` and `JobSubmissionDep` give, made in a route's own
+    trip to the thread pool instead (each dependency FastAPI resolves costs CPU on every request: the submit
+    route's answer rate is set by it). On SQLite the reader has a read-only unit of work of its own, ended by
+    `finish_units_of_work`; a route that fails before it must call `discard_read_unit_of_work`."""
+    state = request.app.state
+    read_session = session
+    if state.db.single_writer:
+        read_session = request.state.read_unit_of_work = state.db.new_session(read_only=True)
+    root, home = state.artifact_root, state.settings.home
+    return (
+        JobSubmission(read_session, artifact_root=root, home=home),
+        JobSubmission(session, artifact_root=root, home=home),
+    )
+
+
+def discard_read_unit_of_work(request: Request) -> None:
+    """Roll back and close a reader's unit of work made by `submission_services` (a failed route; in its thread)."""
+    read_session = getattr(request.state, "read_unit_of_work", None)
+    if read_session is not None and not getattr(request.state, "units_finished", False):
+        request.state.read_unit_of_work = None
+        _discard(read_session)
 
 
 async def get_job_lifecycle(session: SessionDep) -> JobLifecycle:

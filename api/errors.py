@@ -10,8 +10,10 @@ import sqlalchemy.exc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.deps import refused_before_route
 from runtime.redaction import redact, redact_value
 from scheduler.domain.errors import DomainError
 
@@ -43,6 +45,10 @@ async def _domain_error(request: Request, exc: DomainError) -> JSONResponse:
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    try:  # a route that looks its caller up itself: the caller first, as a dependency would have (api/deps.py)
+        await run_in_threadpool(refused_before_route, request)
+    except DomainError as refused:
+        return await _domain_error(request, refused)
     issues = [
         {
             "code": "request.invalid",

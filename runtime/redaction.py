@@ -46,6 +46,10 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.\-]*://[^:/\s@]*:)[^@\s/]+@"), rf"\1{MASK}@"),
 )
 
+# Every pattern above needs one of these in the text (compared lower-cased): a text without any of them is
+# left as it is without running the patterns (most log lines: an access log line, a job's event).
+_MARKERS = ("bearer", "rlx", "rjt", "rjb", "rjd", "rlc", "authorization", "relax_", "ray_", "://")
+
 _registered: set[str] = set()
 _lock = threading.Lock()
 MIN_REGISTERED_LEN = 8  # shorter values would mask ordinary words
@@ -65,8 +69,10 @@ def redact(text: str) -> str:
     """`text` with every secret replaced by `[redacted]`."""
     if not text:
         return text
-    for pattern, replacement in _PATTERNS:
-        text = pattern.sub(replacement, text)
+    lowered = text.lower()
+    if any(marker in lowered for marker in _MARKERS):
+        for pattern, replacement in _PATTERNS:
+            text = pattern.sub(replacement, text)
     if _registered:
         with _lock:
             values = sorted(_registered, key=len, reverse=True)

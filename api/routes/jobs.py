@@ -14,20 +14,23 @@ import anyio.to_thread
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, StreamingResponse
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from api.audit import entry_for_change, written_with_change
+from api.audit import audit_entry, entry_for_change, written_with_change
 from api.deps import (
-    AuditDep,
     BearerDep,
     DatabaseDep,
     DispatcherDep,
     JobLifecycleDep,
     JobOutputsDep,
-    JobSubmissionDep,
     PrincipalDep,
-    ReadJobSubmissionDep,
+    SessionDep,
+    caller_in_route,
+    discard_read_unit_of_work,
     finish_units_of_work,
+    principal_of,
+    submission_services,
 )
 from api.schemas import ERROR_RESPONSES
 from api.schemas.jobs import (
@@ -50,7 +53,6 @@ from api.schemas.jobs import (
 )
 from jobspec.bounds import MAX_PATH_LENGTH
 from scheduler.db.models import BIGINT_MAX, INTEGER_MAX, INTEGER_MIN
-from scheduler.dispatch import Dispatcher
 from scheduler.domain.errors import DomainError, NotFound
 from scheduler.domain.jobs import JobStatus
 from scheduler.services.audit import AuditEntry
@@ -74,38 +76,54 @@ def _detail(svc: JobOutputs, job, *, new: bool = False) -> JobDetail:  # type: i
 
 # The busiest routes (submit, list; the dry run in specs.py) are `async def` doing their work in one trip to
 # the thread pool: a plain `def` route costs a second trip, FastAPI validating its answer there. They end their
-# units of work in that trip too (`finish_units_of_work`): their dependencies would take one more.
+# units of work in that trip too (`finish_units_of_work`): their dependencies would take one more. The submit
+# route also looks its caller up and makes its services in that trip (`principal_of`, `submission_services`):
+# each dependency FastAPI resolves, and a sync one's own trip, cost CPU on every submission.
 @router.post("", status_code=201, response_model=JobDetail)
+@caller_in_route
 async def submit_job(
     request: Request,
     body: JobCreate,
-    reader: ReadJobSubmissionDep,
-    svc: JobSubmissionDep,
-    principal: PrincipalDep,
-    dispatcher: DispatcherDep,
+    token: BearerDep,
+    session: SessionDep,
     response: Response,
-    audit: AuditDep,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> JobDetail:
     """Submit a job (the key's team, or `team` for an admin) to one of the team's queues at a priority
     class the team was granted. The spec is judged with reads only, then the job is written in a short
     transaction (`JobSubmission.judge`)."""
-    return await run_in_threadpool(
-        _submit, request, body, reader, svc, principal, dispatcher, response, audit, idempotency_key
-    )
+    return await run_in_threadpool(_submit, request, body, token, session, response, idempotency_key)
 
 
 def _submit(
     request: Request,
     body: JobCreate,
-    reader: JobSubmission,
-    svc: JobSubmission,
-    principal: Principal,
-    dispatcher: Dispatcher,
+    token: str | None,
+    session: Session,
     response: Response,
-    audit: AuditEntry,
     idempotency_key: str | None,
 ) -> JobDetail:
+    try:
+        principal = principal_of(request, token, session)
+        reader, svc = submission_services(request, session)
+        detail = _submitted(request, body, principal, reader, svc, response, idempotency_key)
+    except BaseException:
+        discard_read_unit_of_work(request)
+        raise
+    finish_units_of_work(request, response.status_code)
+    return detail
+
+
+def _submitted(
+    request: Request,
+    body: JobCreate,
+    principal: Principal,
+    reader: JobSubmission,
+    svc: JobSubmission,
+    response: Response,
+    idempotency_key: str | None,
+) -> JobDetail:
+    audit = audit_entry(request) or AuditEntry(method=request.method, path=request.url.path)
     audit.note(name=body.name, team=body.team, queue=body.queue, priority_class=body.priority_class)
     sub = Submission(
         name=body.name,
@@ -125,15 +143,13 @@ def _submit(
     if created:
         if entry is not None:
             written_with_change(request)
-        after_commit(svc.session, dispatcher.request_pass)
+        after_commit(svc.session, request.app.state.dispatcher.request_pass)
     else:
         audit.note(
             target=job.id, name=job.name, queue=job.queue, priority_class=job.priority_class, created=False
         )
         response.status_code = 200
-    detail = _detail(JobOutputs(svc.session), job, new=created)
-    finish_units_of_work(request, response.status_code)
-    return detail
+    return _detail(JobOutputs(svc.session), job, new=created)
 
 
 @router.get("", response_model=JobsPage)

@@ -325,6 +325,28 @@ def test_an_expired_keys_refusal_names_the_key_in_the_audit_log(math) -> None:  
     assert (row["status_code"], row["role"], row["details"]["error"]) == (401, "member", "auth.key_expired")
 
 
+def test_a_submission_without_a_valid_key_is_refused_401_whatever_its_body(math) -> None:  # type: ignore[no-untyped-def]
+    """`POST /v1/jobs` looks its caller up in its own route (api/deps.py::caller_in_route): a body refused
+    before the route runs is still answered 401 for a missing, unknown or expired key, and 422 only for a
+    valid one; the expired key is named in the audit row."""
+    client, _, math_id, member = math
+    bad = {"nonsense": 1}
+    missing = client.post("/v1/jobs", json=bad, headers={"Authorization": ""})
+    assert missing.status_code == 401 and "missing API key" in missing.json()["error"]["message"]
+    assert client.post("/v1/jobs", json=bad, headers=_as("rlx_unknown")).status_code == 401
+    assert client.post("/v1/jobs", json=bad, headers=_as(member)).status_code == 422
+    with client.app.state.db.session() as s:
+        key = s.scalar(sa.select(ApiKey).where(ApiKey.team_id == math_id))
+        key.expires_at = utcnow() - timedelta(days=1)
+        key_id = key.id
+    expired = client.post("/v1/jobs", json=bad, headers=_as(member))
+    assert (expired.status_code, expired.json()["error"]["code"]) == (401, "auth.key_expired")
+    assert [(r["status_code"], r["details"]["error"]) for r in _audit(client, key=key_id)] == [
+        (401, "auth.key_expired"),
+        (422, "request.invalid"),
+    ]
+
+
 def test_the_audit_row_commits_with_the_change_or_not_at_all(math, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """When the row cannot be written with the change, the change is rolled back and the failure is
     recorded on its own."""
