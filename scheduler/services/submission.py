@@ -17,6 +17,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 import jobspec
 from runtime.capabilities import RESTRICTION_HINTS, unsupported_parameters
+from scheduler.db.jsontext import json_loads
 from scheduler.db.models import (
     AuditEvent,
     Job,
@@ -27,6 +28,7 @@ from scheduler.db.models import (
     PriorityClass,
     Queue,
     Team,
+    WebhookEndpoint,
 )
 from scheduler.domain.errors import (
     InvalidRequest,
@@ -40,6 +42,7 @@ from scheduler.domain.roles import Action
 from scheduler.logs import annotate
 from scheduler.policy.placement import PoolCapacity, gangs_of, place_demand
 from scheduler.policy.types import Node as PolicyNode
+from scheduler.services import webhooks
 from scheduler.services.audit import AuditEntry, row_values
 from scheduler.services.auth import Principal, team_for
 from scheduler.services.paths import TeamStorage, resolve_paths, team_storage
@@ -79,7 +82,15 @@ def _platform_statement() -> sa.CompoundSelect:
     queue = sa.select(kind("q"), Queue.name, Queue.pool, Queue.team_id, number, flag).where(
         Queue.name == sa.bindparam("queue")
     )
-    return sa.union_all(queue, classes, nodes, grants)
+    endpoints = sa.select(  # for the job's `job.queued` deliveries (the event types as JSON text)
+        kind("w"),
+        WebhookEndpoint.id,
+        WebhookEndpoint.url,
+        sa.cast(WebhookEndpoint.event_types, sa.Text),
+        number,
+        flag,
+    ).where(WebhookEndpoint.team_id == sa.bindparam("team_id"), WebhookEndpoint.disabled.is_(False))
+    return sa.union_all(queue, classes, nodes, grants, endpoints)
 
 
 _PLATFORM = _platform_statement()
@@ -121,6 +132,7 @@ class PlatformRead:
     classes: dict[str, ClassRow]  # by name, in the order read
     nodes: dict[str, list[tuple[str, int]]]  # by pool: (node, GPUs)
     grants: list[tuple[str | None, str, str]]  # (pool, path, mode), ordered by path
+    endpoints: webhooks.Endpoints  # the team's enabled webhook endpoints
 
     def grant_rows(self, pool: str | None) -> list[tuple[str, str]]:
         """The grants that apply in `pool` (its own and every-pool ones; all of them without a pool), as
@@ -369,6 +381,12 @@ class JobSubmission:
             audit=row_values(audit, audit_status) if audit is not None else None,
         )
         annotate(job_id=job_id)  # the request's later lines (its access line) name the new job
+        platform = (
+            self._platform if self._platform is not None and self._platform.team_id == team.id else None
+        )
+        webhooks.record_job_transition(
+            self.session, job, None, endpoints=platform.endpoints if platform is not None else None
+        )
         after_commit(
             self.session,
             lambda: log.info(
@@ -514,6 +532,7 @@ class JobSubmission:
             classes: dict[str, ClassRow] = {}
             nodes: dict[str, list[tuple[str, int]]] = {}
             grants: list[tuple[str | None, str, str]] = []
+            endpoints: webhooks.Endpoints = []
             params = {"team_id": team.id, "queue": queue_name}
             for kind, a, b, c, n, p in self.session.execute(_PLATFORM, params):
                 if kind == "q":
@@ -522,10 +541,12 @@ class JobSubmission:
                     classes[a] = ClassRow(a, int(n), bool(p))
                 elif kind == "n":
                     nodes.setdefault(a, []).append((b, int(n)))
+                elif kind == "w":
+                    endpoints.append((a, b, json_loads(c) if c is not None else None))
                 else:
                     grants.append((c, a, b))
             grants.sort(key=lambda g: g[1])
-            self._platform = PlatformRead(team.id, queue_name, queue, classes, nodes, grants)
+            self._platform = PlatformRead(team.id, queue_name, queue, classes, nodes, grants, endpoints)
             self._node_cache = nodes
         return self._platform
 
