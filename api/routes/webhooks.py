@@ -23,6 +23,14 @@ from scheduler.services import webhooks
 router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"], responses=ERROR_RESPONSES)
 
 
+# The query of a delivery log (an endpoint's, a job's --notify-urls')
+DeliveryState = Literal["pending", "delivered", "failed"] | None
+DeliveryCursor = Annotated[
+    str | None, Query(max_length=40, description="Id of the last delivery of the previous page.")
+]
+PageLimit = Annotated[int, Query(ge=1, le=500)]
+
+
 @router.post("", status_code=201, response_model=WebhookCreated)
 def create_webhook(
     body: WebhookCreate, session: SessionDep, principal: PrincipalDep, settings: SettingsDep, audit: AuditDep
@@ -71,11 +79,9 @@ def list_job_notification_deliveries(
     job_id: str,
     session: SessionDep,
     principal: PrincipalDep,
-    state: Literal["pending", "delivered", "failed"] | None = None,
-    after: Annotated[
-        str | None, Query(max_length=40, description="Id of the last delivery of the previous page.")
-    ] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    state: DeliveryState = None,
+    after: DeliveryCursor = None,
+    limit: PageLimit = 50,
 ) -> WebhookDeliveriesPage:
     """The messages to the job's --notify-urls, newest first: each one's URL, payload, attempts and how it
     ended."""
@@ -121,11 +127,9 @@ def list_webhook_deliveries(
     webhook_id: str,
     session: SessionDep,
     principal: PrincipalDep,
-    state: Literal["pending", "delivered", "failed"] | None = None,
-    after: Annotated[
-        str | None, Query(max_length=40, description="Id of the last delivery of the previous page.")
-    ] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    state: DeliveryState = None,
+    after: DeliveryCursor = None,
+    limit: PageLimit = 50,
 ) -> WebhookDeliveriesPage:
     """The endpoint's messages, newest first: each one's payload, attempts and how it ended."""
     rows, cursor = webhooks.list_deliveries(

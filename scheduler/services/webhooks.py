@@ -200,12 +200,16 @@ def list_deliveries(
 ) -> tuple[list[WebhookDelivery], str | None]:
     """An endpoint's deliveries, newest first; `after` is the last id of the previous page."""
     endpoint = get_endpoint(session, principal, endpoint_id)
-    q = (
-        sa.select(WebhookDelivery)
-        .where(WebhookDelivery.endpoint_id == endpoint.id)
-        .order_by(WebhookDelivery.id.desc())
-        .limit(limit + 1)
+    return _deliveries_page(
+        session, WebhookDelivery.endpoint_id == endpoint.id, state=state, after=after, limit=limit
     )
+
+
+def _deliveries_page(
+    session: Session, where: sa.ColumnElement[bool], *, state: str | None, after: str | None, limit: int
+) -> tuple[list[WebhookDelivery], str | None]:
+    """A page of the deliveries `where` picks (of `state`, if given), newest first, and the next page's cursor."""
+    q = sa.select(WebhookDelivery).where(where).order_by(WebhookDelivery.id.desc()).limit(limit + 1)
     if state is not None:
         q = q.where(WebhookDelivery.state == state)
     if after is not None:
@@ -294,18 +298,8 @@ def list_job_deliveries(
 ) -> tuple[list[WebhookDelivery], str | None]:
     """The messages to a job's `--notify-urls`, newest first; `after` is the last id of the previous page."""
     job = _notified_job(session, principal, job_id)
-    q = (
-        sa.select(WebhookDelivery)
-        .where(WebhookDelivery.job_id == job.id, WebhookDelivery.endpoint_id.is_(None))
-        .order_by(WebhookDelivery.id.desc())
-        .limit(limit + 1)
-    )
-    if state is not None:
-        q = q.where(WebhookDelivery.state == state)
-    if after is not None:
-        q = q.where(WebhookDelivery.id < after)
-    rows = list(session.scalars(q))
-    return rows[:limit], rows[limit - 1].id if len(rows) > limit else None
+    where = sa.and_(WebhookDelivery.job_id == job.id, WebhookDelivery.endpoint_id.is_(None))
+    return _deliveries_page(session, where, state=state, after=after, limit=limit)
 
 
 def job_payload(job: Job, event_type: str, at: datetime, previous: JobStatus | None) -> dict[str, Any]:
