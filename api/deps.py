@@ -158,10 +158,15 @@ async def get_read_session(request: Request, session: SessionDep) -> AsyncIterat
 ReadSessionDep = Annotated[Session, Depends(get_read_session, scope="function")]
 
 
-async def bearer(authorization: Annotated[str | None, Header()] = None) -> str | None:
+def bearer_token(authorization: str | None) -> str | None:
+    """The key of an `Authorization: Bearer <key>` value."""
     if authorization and authorization.lower().startswith("bearer "):
         return authorization[7:].strip()
     return None
+
+
+async def bearer(authorization: Annotated[str | None, Header()] = None) -> str | None:
+    return bearer_token(authorization)
 
 
 BearerDep = Annotated[str | None, Depends(bearer)]
@@ -212,10 +217,8 @@ def refused_before_route(request: Request) -> None:
     would have raised it. Nothing for other routes."""
     if not getattr(request.scope.get("endpoint"), _CALLER_IN_ROUTE, False):
         return
-    header = request.headers.get("authorization")
-    token = header[7:].strip() if header and header.lower().startswith("bearer ") else None
     with request.app.state.db.session(read_only=True) as session:
-        principal_of(request, token, session)
+        principal_of(request, bearer_token(request.headers.get("authorization")), session)
 
 
 async def get_audit(request: Request) -> AuditEntry:

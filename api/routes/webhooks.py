@@ -88,9 +88,7 @@ def list_job_notification_deliveries(
     rows, cursor = webhooks.list_job_deliveries(
         session, principal, job_id, state=state, after=after, limit=limit
     )
-    return WebhookDeliveriesPage(
-        data=[WebhookDeliveryPublic.model_validate(r) for r in rows], next_cursor=cursor
-    )
+    return _deliveries_page(rows, cursor)
 
 
 @router.get("/{webhook_id}", response_model=WebhookPublic)
@@ -135,9 +133,7 @@ def list_webhook_deliveries(
     rows, cursor = webhooks.list_deliveries(
         session, principal, webhook_id, state=state, after=after, limit=limit
     )
-    return WebhookDeliveriesPage(
-        data=[WebhookDeliveryPublic.model_validate(r) for r in rows], next_cursor=cursor
-    )
+    return _deliveries_page(rows, cursor)
 
 
 @router.post(
@@ -150,3 +146,9 @@ def retry_webhook_delivery(
     delivery = webhooks.retry_delivery(session, principal, webhook_id, delivery_id)
     audit.note(endpoint=webhook_id)
     return WebhookDeliveryPublic.model_validate(delivery)
+
+
+def _deliveries_page(rows: list, cursor: str | None) -> WebhookDeliveriesPage:  # type: ignore[type-arg]
+    return WebhookDeliveriesPage(
+        data=[WebhookDeliveryPublic.model_validate(r) for r in rows], next_cursor=cursor
+    )

@@ -381,12 +381,8 @@ class JobSubmission:
             audit=row_values(audit, audit_status) if audit is not None else None,
         )
         annotate(job_id=job_id)  # the request's later lines (its access line) name the new job
-        platform = (
-            self._platform if self._platform is not None and self._platform.team_id == team.id else None
-        )
-        webhooks.record_job_transition(
-            self.session, job, None, endpoints=platform.endpoints if platform is not None else None
-        )
+        # the team's endpoints came with the platform's small tables (read once per unit of work)
+        webhooks.record_job_transition(self.session, job, None, endpoints=self._read_platform(team).endpoints)
         after_commit(
             self.session,
             lambda: log.info(
