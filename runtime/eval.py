@@ -239,3 +239,21 @@ def write_predictions(save: str | Path, rollout_id: int, rows: list[dict[str, st
         for row in rows:
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
     return path
+
+
+# -- eval-only jobs ---------------------------------------------------------------------------------------------
+def eval_only(spec: RuntimeSpec) -> bool:
+    """Whether the job only evaluates: no trainer (`debug-rollout-only`), no rollout left to run
+    (`start-rollout-id` at `num-rollout`) and eval sets given. Relax's loop runs the rollouts
+    `range(start_rollout_id, num_rollout)` after one evaluation at `start_rollout_id`, so such a run evaluates
+    once and ends; the platform's evals (`POST /v1/evals`) submit exactly this, and the runtime then builds
+    `runtime.pipeline.evaluate.EvalPipeline`, which reads no training prompts and evaluates whatever
+    `eval-interval` says."""
+    return (
+        spec.debug_rollout_only
+        and not spec.is_sft
+        and spec.num_rollout is not None
+        and spec.start_rollout_id is not None
+        and spec.start_rollout_id >= spec.num_rollout
+        and bool(spec.eval_prompt_data or spec.eval_config)
+    )

@@ -21,7 +21,9 @@ from runtime.data.prompts import (
     split_eval_holdout,
 )
 from runtime.devices import Device
+from runtime.eval import eval_only
 from runtime.pipeline.base import PipelineParts
+from runtime.pipeline.evaluate import EvalPipeline, build_eval
 from runtime.pipeline.plans import dataset_config, role_plan
 from runtime.pipeline.rl import RLPipeline, build_rl
 from runtime.pipeline.sft import SFTPipeline, build_sft
@@ -35,7 +37,7 @@ from runtime.weight_sync import WeightSyncBackend, create_weight_sync
 transformers.utils.logging.disable_progress_bar()
 log = logging.getLogger("runtime.pipeline")
 
-Pipeline = RLPipeline | SFTPipeline
+Pipeline = RLPipeline | SFTPipeline  # an eval-only job's EvalPipeline is an RLPipeline with no step
 
 
 def build_pipeline(
@@ -45,17 +47,21 @@ def build_pipeline(
     device: Device | None = None,
     actor_env: dict[str, str] | None = None,
 ) -> Pipeline:
-    """Read the data, start the roles, build the job's pipeline, and report the job as running."""
+    """Read the data, start the roles, build the job's pipeline (RL, SFT, or eval-only:
+    `runtime.eval.eval_only`), and report the job as running."""
     check_paths(spec)  # a platform job opens only the paths the platform resolved (runtime.access)
     torch.manual_seed(spec.seed)
     device = device or Device.for_roles()
     tokenizer = AutoTokenizer.from_pretrained(spec.hf_checkpoint)
     formatter = PromptFormatter(tokenizer, dataset_config(spec))
-    items = read_prompt_items(spec.prompt_data, formatter.config) if spec.prompt_data else []
+    evaluating = eval_only(spec)  # no training prompt is read: only the eval sets
+    items = (
+        read_prompt_items(spec.prompt_data, formatter.config) if spec.prompt_data and not evaluating else []
+    )
     sft_eval_items: list[PromptItem] = []
     if spec.is_sft and spec.eval_size is not None:
         items, sft_eval_items = split_eval_holdout(items, spec.eval_size, spec.seed)
-    elif not spec.is_sft:
+    elif not spec.is_sft and not evaluating:
         items, dropped = drop_long_prompts(items, formatter, spec.rollout_max_prompt_len)
         if dropped:
             log.warning(
@@ -80,11 +86,13 @@ def build_pipeline(
         relay=relay,
     )
     try:
-        pipeline: Pipeline = (
-            build_sft(parts, formatter, items, sft_eval_items)
-            if spec.is_sft
-            else build_rl(parts, formatter, items)
-        )
+        pipeline: Pipeline | EvalPipeline
+        if evaluating:
+            pipeline = build_eval(parts, formatter)
+        elif spec.is_sft:
+            pipeline = build_sft(parts, formatter, items, sft_eval_items)
+        else:
+            pipeline = build_rl(parts, formatter, items)
     except BaseException:
         _abandon(checkpoints, relay, roles)
         raise
