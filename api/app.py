@@ -114,6 +114,8 @@ def create_app(
         version="0.1.0",
         description="Training-as-a-service for LLM post-training on the Relax pipeline.",
         lifespan=lifespan,
+        # off unless asked for: FastAPI looks for OpenTelemetry providers on every request otherwise
+        telemetry=None if settings.api.otel else {"tracing": False, "metrics": False, "logs": False},
     )
     app.state.settings = settings
     app.state.artifact_root = (

@@ -45,6 +45,13 @@ class ApiSettings(BaseSettings):
         "loop. Fewer than the database pool's 30 connections a process, so that they never run it dry; more "
         "threads than cores only add contention for Python's GIL (bench/api_load.py).",
     )
+    otel: bool = Field(
+        False,
+        description="FastAPI's native OpenTelemetry: traces, metrics and logs of each request through the "
+        "OpenTelemetry providers the process has (e.g. set up by `opentelemetry-instrument`) (RELAX_OTEL). Off "
+        "unless set, sparing every request the look for configured providers; the platform's own metrics are "
+        "at /metrics either way (docs/observability.md).",
+    )
     max_body_bytes: int = Field(
         1024 * 1024,
         ge=1024,

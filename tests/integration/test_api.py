@@ -598,3 +598,34 @@ def test_a_status_filter_naming_no_status_matches_nothing(api) -> None:  # type:
     db = client.app.state.db
     with pytest.raises(sa.exc.IntegrityError), db.session() as s:
         s.get(Job, job_id).status = "LOST"  # type: ignore[assignment]
+
+
+def test_a_jobs_answer_is_what_its_response_model_writes(api) -> None:  # type: ignore[no-untyped-def]
+    """POST and GET /v1/jobs write JobDetail's JSON themselves (api/routes/jobs.py `_detail`): the same JSON,
+    key for key, as FastAPI would write from the model, with its status code and content type; an idempotent
+    repeat answers 200 with the same job."""
+    from api.schemas.jobs import JobDetail
+    from scheduler.dispatch import CeleryDispatcher
+    from scheduler.scheduling import run_scheduling_pass
+
+    client, _, broker = api
+    r = client.post("/v1/jobs", json={"spec": grpo_spec()}, headers={"Idempotency-Key": "same"})
+    assert r.status_code == 201 and r.headers["content-type"] == "application/json"
+    created = r.json()
+    assert created == json.loads(JobDetail.model_validate(created).model_dump_json())
+    assert created["spec"]["n_samples_per_prompt"] == 4 and created["allocations"] == []
+    again = client.post("/v1/jobs", json={"spec": grpo_spec()}, headers={"Idempotency-Key": "same"})
+    assert again.status_code == 200 and again.json()["id"] == created["id"]
+    run_scheduling_pass(client.app.state.db, CeleryDispatcher(broker))
+    got = client.get(f"/v1/jobs/{created['id']}").json()
+    assert got == json.loads(JobDetail.model_validate(got).model_dump_json())
+    assert got["spec"] == created["spec"] and got["allocations"]
+
+
+def test_fastapis_opentelemetry_is_off_unless_asked_for(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from api.app import create_app
+    from scheduler.settings import Settings
+
+    assert not create_app(Settings())._native_telemetry.enabled()
+    monkeypatch.setenv("RELAX_OTEL", "1")
+    assert create_app(Settings())._telemetry["tracing"] is True
