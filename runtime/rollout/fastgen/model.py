@@ -523,12 +523,13 @@ class Decoder:
         group = cfg.num_heads // hkv
         assert self.cos is not None and self.sin is not None
         cos, sin = self.cos[lengths][:, None, :], self.sin[lengths][:, None, :]  # [B, 1, D]
-        rows = torch.arange(b, device=tokens.device)
+        triton = self.decode_attention == "triton"
+        fused = triton and bool(triton_attention.CONFIG["fused"])
+        rows = None if fused else torch.arange(b, device=tokens.device)  # the cache write's row indices
         full = self.decode_attention == "sdpa_full"
         flex = self.decode_attention == "flex"
         span = kv.shape[4] if full else window
         bias: torch.Tensor | None = None
-        triton = self.decode_attention == "triton"
         if not flex and not triton and shared is None:
             valid = torch.arange(span, device=tokens.device)[None, :] <= lengths[:, None]  # [B, W]
             bias = torch.zeros(b, 1, 1, span, device=tokens.device, dtype=self.w.dtype)
@@ -537,6 +538,15 @@ class Decoder:
         for layer in range(cfg.num_layers):
             pre = f"layers.{layer}."
             q, new_kv = self._pre(x, p[pre + "ln1"], p[pre + "qkv"], p.get(pre + "qkv_bias"), cos, sin)
+            if fused:  # the kernel writes new_kv into the cache itself
+                attn = triton_attention.decode_attention(
+                    q.view(b, hkv, group, d), kv[layer, 0], kv[layer, 1], lengths, scale=self.scale,
+                    prefix=0 if shared is None else shared[1], group=1 if shared is None else shared[0],
+                    new=new_kv,
+                )  # fmt: skip
+                x = self._post(x, attn, p[pre + "o"], p[pre + "ln2"], p[pre + "gate_up"], p[pre + "down"])
+                continue
+            assert rows is not None
             kv[layer][:, rows, :, lengths] = new_kv  # [B, 2, Hkv, D]: advanced indices first
             keys = kv[layer, 0, :b, :, :span]  # [B, Hkv, W, D], a strided view: no copy
             values = kv[layer, 1, :b, :, :span]

@@ -510,29 +510,49 @@ for batch, work in ((8, group), (2, prompts)):
 
 # the kernel alone against plain attention: rows to their own lengths, a prefix read per group (in chunks
 # side by side, one of them partial) or, for a group of more than 128 query heads, per row
+# the kernel measured before (fused 0) and the fused one with 1 or 2 KV heads per program, given the step's
+# new keys and values to write (`new`) or finding them in the cache; 3 KV heads: a half-empty program
 import math
+from runtime.rollout.fastgen import triton_attention
 from runtime.rollout.fastgen.triton_attention import decode_attention
-S, H, T, D, G = 32, 2, 300, 64, 7
-cache = torch.randn(2, S, H, T, D, generator=gen)
-q = torch.randn(S, H * G + 2 * H, D, generator=gen)[:, : H * G].view(S, H, G, D)  # strided, as decode's
-for prefix, n in ((0, 1), (128, 8), (190, 4), (150, 16), (100, 32)):
-    lengths = torch.randint(max(prefix, 1), T - 1, (S,), generator=gen)
-    got = decode_attention(q, cache[0], cache[1], lengths, scale=D**-0.5, prefix=prefix, group=n)
-    for b in range(S):
-        first = b // n * n if prefix else b
-        k = torch.cat([cache[0, first, :, :prefix], cache[0, b, :, prefix : int(lengths[b]) + 1]], dim=1)
-        v = torch.cat([cache[1, first, :, :prefix], cache[1, b, :, prefix : int(lengths[b]) + 1]], dim=1)
-        want = (torch.einsum("hgd,htd->hgt", q[b], k) * D**-0.5).softmax(-1) @ v
-        assert float((got[b] - want).abs().max()) < 1e-5, (prefix, n, b)
+S, T, D, G = 32, 300, 64, 7
+cases = [(0, 1), (128, 8), (190, 4), (150, 16), (100, 32)]
+for fused, heads, write, H in ((0, 1, False, 2), (1, 1, True, 2), (1, 2, True, 2), (1, 2, False, 2), (1, 2, True, 3)):
+    triton_attention.CONFIG.update(fused=fused, heads=heads)
+    cache = torch.randn(2, S, H, T, D, generator=gen)
+    q = torch.randn(S, H * G + 2 * H, D, generator=gen)[:, : H * G].view(S, H, G, D)  # strided, as decode's
+    for prefix, n in cases if H == 2 else cases[:2]:
+        lengths = torch.randint(max(prefix, 1), T - 1, (S,), generator=gen)
+        new = torch.randn(S, 2, H, D, generator=gen) if write else None
+        run = cache.clone()
+        got = decode_attention(q, run[0], run[1], lengths, scale=D**-0.5, prefix=prefix, group=n, new=new)
+        want_cache = cache.clone()
+        if write:
+            want_cache[:, torch.arange(S), :, lengths] = new
+        assert torch.equal(run, want_cache), (fused, heads, prefix, n)
+        for b in range(S):
+            first = b // n * n if prefix else b
+            c = want_cache
+            k = torch.cat([c[0, first, :, :prefix], c[0, b, :, prefix : int(lengths[b]) + 1]], dim=1)
+            v = torch.cat([c[1, first, :, :prefix], c[1, b, :, prefix : int(lengths[b]) + 1]], dim=1)
+            want = (torch.einsum("hgd,htd->hgt", q[b], k) * D**-0.5).softmax(-1) @ v
+            assert float((got[b] - want).abs().max()) < 1e-5, (fused, heads, H, prefix, n, b)
+triton_attention.CONFIG.update(fused=1, heads=1)
 
 # the sampler's kernel against its torch reference (151,936 ids: 128 blocks of 1,187)
 from runtime.rollout.fastgen import triton_sampler as ts
 logits = (torch.randn(6, 151936, generator=gen) * 3).to(torch.bfloat16)
 logits[0, 5] = logits[0, 150000] = 30.0  # a tie across blocks: the first
 temperature = torch.tensor([0.0, 1.0, 0.7, 1.3, 0.0, 2.0])
-got, want = ts.block_stats(logits, temperature), ts.block_stats_reference(logits, temperature)
-assert torch.equal(got[1], want[1]) and int(got[1][0, 0]) == 5 and int(got[1][0, -2]) == 150000
-assert torch.allclose(got[0], want[0]) and torch.allclose(got[2], want[2], rtol=1e-5)
+want = ts.block_stats_reference(logits, temperature)
+for per in (1, 8, 16):  # blocks per program (1: the kernel measured first)
+    ts.CONFIG["per"] = per
+    got = ts.block_stats(logits, temperature)
+    assert torch.equal(got[1], want[1]) and int(got[1][0, 0]) == 5 and int(got[1][0, -2]) == 150000, per
+    assert torch.allclose(got[0], want[0]) and torch.allclose(got[2], want[2], rtol=1e-5), per
+small = torch.randn(3, 1000, generator=gen)  # 25 blocks of 40: the second program of 16 holds 9
+got, want = ts.block_stats(small, temperature[:3]), ts.block_stats_reference(small, temperature[:3])
+assert got[0].shape == (3, 25) and torch.equal(got[1], want[1]) and torch.allclose(got[2], want[2], rtol=1e-5)
 print("ok")
 """
 
