@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.audit import install_audit
 from api.errors import install_error_handlers
 from api.limits import RequestLimits
-from api.routes import grants, health, internal, jobs, platform, sessions, specs, webhooks
+from api.routes import evals, grants, health, internal, jobs, platform, sessions, specs, webhooks
 from runtime.redaction import install_log_redaction
 from scheduler.celery_app import make_celery
 from scheduler.db.engine import Database
@@ -132,7 +132,7 @@ def create_app(
     app.add_middleware(RequestMetrics)  # outermost: the whole request's time
     install_error_handlers(app)
     install_audit(app)
-    for module in (health, jobs, specs, platform, grants, sessions, webhooks, internal):
+    for module in (health, jobs, specs, platform, grants, sessions, webhooks, evals, internal):
         app.include_router(module.router)
 
     if (WEB_DIST / "index.html").exists():

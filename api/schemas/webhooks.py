@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.schemas.evals import WebhookEvalData
 from scheduler.domain.jobs import FailureReason, JobStatus
 
 
@@ -76,12 +77,12 @@ class WebhookJobData(BaseModel):
 
 
 class WebhookMessage(BaseModel):
-    """The JSON body of a message (Standard Webhooks' shape: type, timestamp, data). `eval.*` messages will carry
-    their own data."""
+    """The JSON body of a message (Standard Webhooks' shape: type, timestamp, data): `job.*` messages carry the
+    job, `eval.completed` the eval and its verdict."""
 
-    type: str = Field(description="The event type, e.g. job.succeeded.")
+    type: str = Field(description="The event type, e.g. job.succeeded, eval.completed.")
     timestamp: datetime = Field(description="When the event happened.")
-    data: WebhookJobData
+    data: WebhookJobData | WebhookEvalData
 
 
 class WebhookDeliveryPublic(BaseModel):

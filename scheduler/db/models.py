@@ -429,3 +429,32 @@ class WebhookDelivery(Base):
     last_error: Mapped[str | None] = mapped_column(sa.Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
+
+
+class Eval(Base):
+    """A CI eval (`/v1/evals`): a model (a job's export or checkpoint, or a path the team may read), the eval sets
+    it runs on and thresholds on their metrics; it runs as an eval-only job (`job_id`) and ends passed, failed or
+    error once that job ends. `model_key` names the model for its history (`job:<id>[@step]` or the path as
+    given); `thresholds` and `metrics` hold the verdict of each threshold and the metrics it read."""
+
+    __tablename__ = "evals"
+    __table_args__ = (
+        sa.Index("ix_evals_team_id_id", "team_id", "id"),
+        sa.Index("ix_evals_team_model", "team_id", "model_key", "id"),
+    )
+
+    id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
+    team_id: Mapped[str] = mapped_column(sa.ForeignKey("teams.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(sa.String(100))
+    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    model: Mapped[dict[str, Any]]  # {job, checkpoint_step, path, hf_checkpoint}
+    model_key: Mapped[str] = mapped_column(sa.String(300))
+    datasets: Mapped[list[Any]]  # [{name, path}] or [{config}]
+    thresholds: Mapped[list[Any]]  # [{metric, op, value, actual, verdict}]
+    expected_metrics: Mapped[list[Any]]  # the metrics the eval produces (what a threshold may name)
+    metrics: Mapped[dict[str, Any] | None]
+    status: Mapped[str] = mapped_column(sa.String(10), default="running")  # running | passed | failed | error
+    reason: Mapped[str | None] = mapped_column(sa.Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+    created_by: Mapped[str | None] = mapped_column(sa.String(40))  # API key id

@@ -3,8 +3,8 @@ which URLs may receive them (no I/O here; delivery is scheduler/services/webhook
 
 A message is signed with the endpoint's secret `whsec_<base64 key>`: the `webhook-signature` header is `v1,` and
 the base64 of HMAC-SHA256(key, "<webhook-id>.<webhook-timestamp>.<body>"), where the timestamp is unix seconds and
-the body the exact bytes sent. Event types are `<group>.<event>`: `job.<status in lower case>` today; results of
-evals will come as `eval.<outcome>` under the same rules (a filter names types, or a whole group as `job.*`).
+the body the exact bytes sent. Event types are `<group>.<event>`: `job.<status in lower case>`, and
+`eval.completed` for an eval's result (a filter names types, or a whole group as `job.*`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,11 @@ SIGNATURE_VERSION = "v1"
 #: Every event type a webhook may ask for, by group. A job's status change is `job.<status>`.
 EVENT_GROUPS: dict[str, tuple[str, ...]] = {
     "job": tuple(f"job.{status.value.lower()}" for status in JobStatus),
+    # an eval's verdict (passed, failed or error): scheduler/services/eval_verdicts.py
+    "eval": ("eval.completed",),
 }
+#: An eval's result (`/v1/evals`), once its job has ended.
+EVAL_COMPLETED = "eval.completed"
 EVENT_TYPES: frozenset[str] = frozenset(t for types in EVENT_GROUPS.values() for t in types)
 #: The statuses after which a job changes no more.
 TERMINAL_EVENT_TYPES = frozenset(f"job.{s.value.lower()}" for s in JobStatus if s.is_terminal())

@@ -16,7 +16,7 @@ from scheduler.db.models import Allocation, Job, JobEvent, utcnow
 from scheduler.domain.errors import Conflict, InvalidTransition, NotFound
 from scheduler.domain.jobs import ALLOWED_TRANSITIONS, ON_CLUSTER, FailureReason, JobStatus
 from scheduler.domain.roles import Action
-from scheduler.services import webhooks
+from scheduler.services import eval_verdicts, webhooks
 from scheduler.services.auth import Principal
 from scheduler.transactions import after_commit
 
@@ -120,6 +120,8 @@ class JobLifecycle(JobServiceBase):
         )
         # the team's webhooks and the job's --notify-urls: rows in this transaction, sent once it commits
         webhooks.record_job_transition(self.session, job, src)
+        if to.is_terminal():  # an eval's job: the eval's verdict, in this transaction
+            eval_verdicts.job_ended(self.session, job)
         # one line a state change, once it is committed, naming the job and its team whatever the context
         extra = {"job_id": job_id, "team": job.team_id}
         after_commit(self.session, lambda: log.info("%s -> %s: %s", src, to, reason, extra=extra))

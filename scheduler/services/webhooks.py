@@ -360,6 +360,42 @@ def record_job_transition(
     return ids
 
 
+def record_eval_completed(session: Session, team_id: str, job_id: str, data: dict[str, Any]) -> list[str]:
+    """The `eval.completed` deliveries of an eval's result (`data`: what the message says of the eval), one per
+    enabled endpoint of its team that wants the type, added to the session (sent after it commits)."""
+    event_type = wh.EVAL_COMPLETED
+    targets = [
+        (endpoint_id, url)
+        for endpoint_id, url, patterns in _enabled_endpoints(session, team_id)
+        if wh.matches(patterns, event_type)
+    ]
+    if not targets:
+        return []
+    now = utcnow()
+    payload = {"type": event_type, "timestamp": now.isoformat().replace("+00:00", "Z"), "data": data}
+    ids = []
+    for endpoint_id, url in targets:
+        delivery_id = new_id("msg")
+        ids.append(delivery_id)
+        session.add(
+            WebhookDelivery(
+                id=delivery_id,
+                endpoint_id=endpoint_id,
+                team_id=team_id,
+                job_id=job_id,
+                url=url,
+                event_type=event_type,
+                payload=payload,
+                state=PENDING,
+                attempts=0,
+                next_attempt_at=now,
+                created_at=now,
+            )
+        )
+    after_commit(session, lambda: _kick(ids))
+    return ids
+
+
 @sa.event.listens_for(Session, "after_commit")
 @sa.event.listens_for(Session, "after_rollback")
 def _forget_endpoints(session: Session) -> None:

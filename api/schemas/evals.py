@@ -1,0 +1,143 @@
+"""CI evals (`/v1/evals`; docs/reference/evals.md): a model, eval sets with Relax's eval semantics, thresholds on
+their metrics; the verdict of each."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.schemas import Labels
+from jobspec.bounds import MAX_PATH_LENGTH
+from scheduler.db.models import INTEGER_MAX
+from scheduler.domain.jobs import JobStatus
+
+_Path = Annotated[str, Field(max_length=MAX_PATH_LENGTH)]
+EvalStatus = Literal["running", "passed", "failed", "error"]
+Operator = Literal[">=", ">", "<=", "<", "=="]
+
+
+class EvalModel(BaseModel):
+    """The model to evaluate: one of your team's jobs (its Hugging Face export, or the checkpoint of
+    `checkpoint_step`) or a path your team may read."""
+
+    model_config = ConfigDict(extra="forbid")
+    job: str | None = Field(
+        None,
+        max_length=100,
+        description="A job of your team, by id or name (by name: its newest SUCCEEDED job of that name).",
+    )
+    checkpoint_step: int | None = Field(
+        None,
+        ge=0,
+        le=INTEGER_MAX,
+        description="With `job`: the checkpoint of this step; without it: the job's newest export, else its "
+        "newest checkpoint.",
+    )
+    path: _Path | None = Field(
+        None,
+        description="A Hugging Face model folder your team may read: artifacts://models/tiny, job://<job>/hf, "
+        "an uploaded model (file://<id>), a granted path, or a hub id.",
+    )
+
+
+class ThresholdIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    metric: str = Field(max_length=200, description="A metric the eval produces, e.g. eval/gsm8k.")
+    op: Operator
+    value: float = Field(allow_inf_nan=False)
+
+
+class EvalCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = Field(None, max_length=100, description="Default: eval-<model>.")
+    team: str | None = Field(None, description="Admins: the team (name or id); default: yours.")
+    model: EvalModel
+    eval_prompt_data: list[_Path] | None = Field(
+        None,
+        min_length=2,
+        max_length=64,
+        description="Relax's --eval-prompt-data: name/path pairs, e.g. [gsm8k, artifacts://data/gsm8k.jsonl].",
+    )
+    eval_config: _Path | None = Field(
+        None, description="Relax's --eval-config: a YAML/JSON file of eval sets; overrides eval_prompt_data."
+    )
+    n_samples_per_eval_prompt: int = Field(
+        1, ge=1, le=1024, description="Samples per eval prompt (an eval-config entry may set its own)."
+    )
+    pass_at_k: bool | None = Field(
+        None,
+        description="Report eval/<name>-pass@k for k = 1, 2, 4, ... up to the samples per prompt (Relax's "
+        "--log-passrate); default: when more than one sample per prompt.",
+    )
+    thresholds: list[Annotated[str, Field(max_length=300)] | ThresholdIn] = Field(
+        min_length=1,
+        max_length=100,
+        description="Each `<metric> <op> <number>` (op >=, >, <=, <, ==), e.g. `eval/gsm8k >= 0.6`, or "
+        "{metric, op, value}. The eval passes when every one holds.",
+    )
+    spec: dict[str, Any] | None = Field(
+        None,
+        max_length=64,
+        description="More Relax parameters of the eval job: eval-*/rollout-* sampling, reward (rm-type, "
+        "custom-rm-path, reward-key), data keys (input-key, label-key), chat template, seed, resource.",
+    )
+    queue: str | None = None
+    priority_class: str | None = Field(
+        None, description="Default: the team's highest granted preemptible class (an eval is high priority)."
+    )
+    labels: Labels | None = None
+
+
+class ThresholdPublic(BaseModel):
+    metric: str
+    op: Operator
+    value: float
+    actual: float | None = Field(None, description="The metric's value, once the eval ended.")
+    verdict: Literal["pending", "pass", "fail", "missing"] = Field(
+        description="missing: the job ended without reporting the metric."
+    )
+
+
+class EvalPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+    id: str
+    name: str
+    team_id: str
+    job_id: str
+    job_status: JobStatus | None = None
+    status: EvalStatus = Field(description="running until its job ends; then passed, failed or error.")
+    reason: str | None
+    model: dict[str, Any] = Field(
+        description="{job, checkpoint_step, path, hf_checkpoint}: as asked, and resolved."
+    )
+    model_key: str = Field(description="Names the model in its history (GET /v1/evals?model=...).")
+    datasets: list[dict[str, Any]]
+    thresholds: list[ThresholdPublic]
+    metrics: dict[str, float | None] = Field(description="The job's eval/* metrics, once it ended.")
+    expected_metrics: list[str] = Field(description="The metrics the eval produces.")
+    created_at: datetime
+    finished_at: datetime | None
+    created_by: str | None
+
+
+class EvalsPage(BaseModel):
+    data: list[EvalPublic]
+    next_cursor: str | None = Field(None, description="Pass as `after` for the next page.")
+
+
+class WebhookEvalData(BaseModel):
+    """What an `eval.completed` message says of the eval."""
+
+    id: str
+    name: str
+    team: str = Field(description="The team's id.")
+    job_id: str
+    status: EvalStatus
+    reason: str | None
+    model: dict[str, Any]
+    model_key: str
+    thresholds: list[ThresholdPublic]
+    metrics: dict[str, float | None]
+    finished_at: datetime | None

@@ -1,0 +1,54 @@
+"""evals: CI evals of a model and their verdicts
+
+`evals` holds each eval a team ran (`POST /v1/evals`): the model (a job's export or checkpoint, or a path), the
+eval sets, the thresholds on their metrics with each one's verdict, the metrics read, the eval-only job that ran
+it and how it ended (running, passed, failed, error) (docs/reference/evals.md).
+
+Revision ID: 0011
+Revises: 0010
+Create Date: 2026-12-06
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects.postgresql import JSONB
+
+revision = "0011"
+down_revision = "0010"
+branch_labels = None
+depends_on = None
+
+_JSON = sa.JSON().with_variant(JSONB(), "postgresql")
+
+
+def upgrade() -> None:
+    op.create_table(
+        "evals",
+        sa.Column("id", sa.String(length=40), nullable=False),
+        sa.Column("team_id", sa.String(length=40), nullable=False),
+        sa.Column("name", sa.String(length=100), nullable=False),
+        sa.Column("job_id", sa.String(length=40), nullable=False),
+        sa.Column("model", _JSON, nullable=False),
+        sa.Column("model_key", sa.String(length=300), nullable=False),
+        sa.Column("datasets", _JSON, nullable=False),
+        sa.Column("thresholds", _JSON, nullable=False),
+        sa.Column("expected_metrics", _JSON, nullable=False),
+        sa.Column("metrics", _JSON, nullable=True),
+        sa.Column("status", sa.String(length=10), nullable=False),
+        sa.Column("reason", sa.Text(), nullable=True),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("created_by", sa.String(length=40), nullable=True),
+        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
+        sa.ForeignKeyConstraint(["team_id"], ["teams.id"], ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("id"),
+    )
+    op.create_index(op.f("ix_evals_job_id"), "evals", ["job_id"], unique=False)
+    op.create_index("ix_evals_team_id_id", "evals", ["team_id", "id"], unique=False)
+    op.create_index("ix_evals_team_model", "evals", ["team_id", "model_key", "id"], unique=False)
+
+
+def downgrade() -> None:
+    op.drop_table("evals")  # its indexes go with it
