@@ -38,6 +38,9 @@ _REPLACEMENT = rb"\1\\ufffd"
 _NON_FINITE = re.compile(rb"(?<![A-Za-z0-9_])-?(NaN|Infinity)(?![A-Za-z0-9_])")
 # Routes whose NULs are replaced, not refused: what job drivers send (`/v1/internal/jobs/{id}/report`).
 _REPORT = re.compile(r"^/v1/internal/jobs/[^/]+/report$")
+# Routes that take a file's bytes (multipart/form-data): streamed to the route, never held here, within
+# `max_upload_body_bytes` (api/routes/files.py writes them to disk as they come).
+_UPLOAD = re.compile(r"^/v1/(files|uploads/[^/]+/parts)$")
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
@@ -66,6 +69,9 @@ class RequestLimits:
             return
         if scope["method"] not in _BODY_METHODS:
             await self.app(scope, receive, send)
+            return
+        if _UPLOAD.match(scope["path"]) and _is_multipart(scope):
+            await self._stream_upload(scope, receive, send)
             return
         report = bool(_REPORT.match(scope["path"]))
         limit = self.settings.max_report_body_bytes if report else self.settings.max_body_bytes
@@ -108,6 +114,33 @@ class RequestLimits:
                     return
                 body = _NUL_ESCAPE.sub(_REPLACEMENT, body.replace(b"\x00", b""))
         await self.app(scope, _replay(body, receive), send)
+
+    async def _stream_upload(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """An upload's body, passed on as it arrives: 413 up front when its Content-Length is over the limit;
+        a body that passes the limit unannounced ends as a disconnect (the route keeps nothing of it)."""
+        limit = self.settings.max_upload_body_bytes
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            response = envelope(
+                Request(scope),
+                413,
+                "request.too_large",
+                f"the upload's body is larger than {limit} bytes",
+                {"limit": limit, "hint": "send a large file in parts: POST /v1/uploads"},
+            )
+            await response(scope, receive, send)
+            return
+        size = 0
+
+        async def counted() -> Message:
+            nonlocal size
+            message = await receive()
+            size += len(message.get("body", b""))
+            if size > limit:
+                return {"type": "http.disconnect"}
+            return message
+
+        await self.app(scope, counted, send)
 
     @staticmethod
     async def _read(scope: Scope, receive: Receive, limit: int) -> bytes:
@@ -163,6 +196,11 @@ def _is_json(scope: Scope) -> bool:
     """FastAPI parses a body as JSON when its type says so, or when it has no type."""
     content_type = dict(scope["headers"]).get(b"content-type", b"").split(b";")[0].strip().lower()
     return not content_type or content_type == b"application/json" or content_type.endswith(b"+json")
+
+
+def _is_multipart(scope: Scope) -> bool:
+    content_type = dict(scope["headers"]).get(b"content-type", b"").split(b";")[0].strip().lower()
+    return content_type == b"multipart/form-data"
 
 
 def _replay(body: bytes, then: Receive | None) -> Receive:

@@ -7,6 +7,7 @@ import re
 import secrets
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -63,6 +64,13 @@ class ApiSettings(BaseSettings):
         ge=1024,
         description="Largest body of a driver's report (RELAX_MAX_REPORT_BODY_BYTES): up to 1,000 log lines, "
         "metrics and records of each kind a batch, which a driver resends until accepted.",
+    )
+    max_upload_body_bytes: int = Field(
+        (512 + 1) * 1024 * 1024,
+        ge=1024,
+        description="Largest body of a file upload (`POST /v1/files`, `POST /v1/uploads/{id}/parts`; "
+        "RELAX_MAX_UPLOAD_BODY_BYTES): streamed to disk, never held in memory. The files' own limits "
+        "(RELAX_FILES_*) are checked on top.",
     )
 
 
@@ -221,6 +229,47 @@ class WebhookSettings(BaseSettings):
     )
 
 
+class FileSettings(BaseSettings):
+    """Files uploaded over HTTP (`/v1/files`, `/v1/uploads`; docs/reference/files.md)."""
+
+    model_config = SettingsConfigDict(env_prefix="RELAX_FILES_", extra="ignore")
+
+    store: Literal["local", "s3"] = Field(
+        "local",
+        description="Where the bytes live (RELAX_FILES_STORE): `local`, the team's area under the artifact root "
+        "(`<area>/files/<id>/`); `s3`, an S3-compatible bucket (needs the `s3` extra: boto3), materialised into "
+        "the team's area when a job refers to a file.",
+    )
+    s3_endpoint_url: str | None = Field(None, description="S3 endpoint (MinIO, Ceph, …); unset: AWS.")
+    s3_bucket: str | None = Field(None, description="The bucket (must exist).")
+    s3_prefix: str = Field("relax/", max_length=200, description="Key prefix of every object.")
+    s3_region: str | None = Field(None, description="The bucket's region.")
+    s3_access_key_id: str | None = Field(None, repr=False, description="Unset: boto3's own chain.")
+    s3_secret_access_key: str | None = Field(None, repr=False)
+    team_quota_bytes: int = Field(
+        100 * 1024**3,
+        ge=0,
+        description="Bytes a team may keep in files (RELAX_FILES_TEAM_QUOTA_BYTES), unpacked models and "
+        "uploads in progress included; an upload past it is refused with 413.",
+    )
+    max_file_bytes: int = Field(
+        512 * 1024**2, ge=1, description="Largest file of one `POST /v1/files`; larger ones use /v1/uploads."
+    )
+    max_part_bytes: int = Field(64 * 1024**2, ge=1, description="Largest part of an upload.")
+    max_upload_bytes: int = Field(
+        64 * 1024**3, ge=1, description="Largest file of an upload in parts (/v1/uploads)."
+    )
+    upload_expiry_seconds: float = Field(
+        24 * 3600.0, gt=0, description="An upload not completed within this is expired, its parts removed."
+    )
+    max_archive_entries: int = Field(
+        100_000, ge=1, description="Most entries of a model archive (tar or zip) unpacked into a folder."
+    )
+    max_unpacked_bytes: int = Field(
+        256 * 1024**3, ge=1, description="Most bytes a model archive may unpack to (and the team's quota)."
+    )
+
+
 class Settings(BaseSettings):
     """All platform settings. Build with get_settings(); never at import time."""
 
@@ -243,6 +292,7 @@ class Settings(BaseSettings):
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     ray: RaySettings = Field(default_factory=RaySettings)
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
+    files: FileSettings = Field(default_factory=FileSettings)
 
     @model_validator(mode="after")
     def _production_needs_real_services(self) -> Settings:

@@ -431,6 +431,64 @@ class WebhookDelivery(Base):
     finished_at: Mapped[datetime | None]
 
 
+class StoredFile(Base):
+    """A file a team uploaded over HTTP (`/v1/files`): its bytes in the platform's file store (the team's area,
+    or an S3 bucket) under `key`; a model archive also unpacked into a folder (`unpacked_key`). `stored_bytes`
+    is what counts against the team's quota (the file, plus its unpacked folder)."""
+
+    __tablename__ = "files"
+    __table_args__ = (sa.Index("ix_files_team_id_id", "team_id", "id"),)
+
+    id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
+    team_id: Mapped[str] = mapped_column(sa.ForeignKey("teams.id", ondelete="CASCADE"))
+    filename: Mapped[str] = mapped_column(sa.String(255))
+    purpose: Mapped[str] = mapped_column(sa.String(20))
+    content_type: Mapped[str] = mapped_column(sa.String(100))
+    bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    stored_bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    sha256: Mapped[str] = mapped_column(sa.String(64))
+    store: Mapped[str] = mapped_column(sa.String(10))  # local | s3
+    key: Mapped[str] = mapped_column(sa.Text)  # the file's key in its store
+    unpacked_key: Mapped[str | None] = mapped_column(sa.Text)  # a model archive's folder (local store)
+    archive_entries: Mapped[int | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    created_by: Mapped[str | None] = mapped_column(sa.String(40))  # API key id
+
+
+class FileUpload(Base):
+    """An upload in parts (`/v1/uploads`, OpenAI's Uploads API's shape): parts are kept in the team's area until
+    it is completed into a `StoredFile`, cancelled, or expires."""
+
+    __tablename__ = "file_uploads"
+
+    id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
+    team_id: Mapped[str] = mapped_column(sa.ForeignKey("teams.id", ondelete="CASCADE"), index=True)
+    filename: Mapped[str] = mapped_column(sa.String(255))
+    purpose: Mapped[str] = mapped_column(sa.String(20))
+    mime_type: Mapped[str] = mapped_column(sa.String(100))
+    bytes: Mapped[int] = mapped_column(sa.BigInteger)  # as declared at creation
+    status: Mapped[str] = mapped_column(
+        sa.String(10), default="pending"
+    )  # pending|completed|cancelled|expired
+    file_id: Mapped[str | None] = mapped_column(sa.String(40))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime]
+    created_by: Mapped[str | None] = mapped_column(sa.String(40))
+
+
+class FileUploadPart(Base):
+    """One part of an upload; `digest` (sha256 of its bytes) makes a part sent again idempotent."""
+
+    __tablename__ = "file_upload_parts"
+    __table_args__ = (sa.UniqueConstraint("upload_id", "digest", name="uq_file_upload_parts_digest"),)
+
+    id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
+    upload_id: Mapped[str] = mapped_column(sa.ForeignKey("file_uploads.id", ondelete="CASCADE"), index=True)
+    bytes: Mapped[int] = mapped_column(sa.BigInteger)
+    digest: Mapped[str] = mapped_column(sa.String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class Eval(Base):
     """A CI eval (`/v1/evals`): a model (a job's export or checkpoint, or a path the team may read), the eval sets
     it runs on and thresholds on their metrics; it runs as an eval-only job (`job_id`) and ends passed, failed or

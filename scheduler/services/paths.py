@@ -11,8 +11,10 @@ Every path of a spec resolves, at submission, to one of:
 The platform's home (database, keys, logs) and the artifact store outside the team's area (other teams'
 areas) are never reachable, even under a grant that covers them. Paths are resolved on the real filesystem:
 `..`, symbolic links (one inside the area that leads out is refused), `~`, empty strings, NUL bytes, overlong
-paths and other schemes (`s3://`, `hf://`, `file://` …: the runtime opens local paths only) are refused with
-the field named. A Hugging Face hub id (`Org/Name`) is accepted in `hf-checkpoint` only and stays a hub id:
+paths and other schemes (`s3://`, `hf://` …: the runtime opens local paths only) are refused with the field
+named. `file://<id>` names a file the team uploaded (scheduler/services/files.py): an input only, resolved to
+its local path (or its copy in the team's area, for a store elsewhere) and checked as any other path. A
+Hugging Face hub id (`Org/Name`) is accepted in `hf-checkpoint` only and stays a hub id:
 it is never read as a path. The resolved spec holds absolute, symlink-free paths; the driver checks them
 again against the roots `driver_policy` lists (runtime/access.py).
 """
@@ -36,9 +38,11 @@ from jobspec.spec import FIELDS
 from runtime.access import ROLLOUT_TEMPLATE, is_hub_id, within
 from scheduler.db.models import Job, PathGrant
 from scheduler.domain.jobs import JobStatus
+from scheduler.services.files import resolve_file_ref
 
 ARTIFACTS = "artifacts://"
 JOB = "job://"
+FILE = "file://"
 TEAMS_DIR = "teams"  # <artifact_root>/teams/<team id>/: the teams' areas
 JOBS_DIR = "jobs"  # <area>/jobs/<job id>/: the output folder of each job of the team
 MAX_PATH_BYTES = MAX_PATH_LENGTH  # PATH_MAX: jobspec refuses longer path values in characters, this in bytes
@@ -229,13 +233,17 @@ def resolve_paths(
     job_dir: Path,
     path_fields: Mapping[str, PathKind] | None = None,
 ) -> Resolution:
-    """`resolve_spec_paths` with `job://` looked up among the team's jobs in the database."""
+    """`resolve_spec_paths` with `job://` looked up among the team's jobs in the database, and `file://` among
+    its uploaded files."""
     return resolve_spec_paths(
         spec,
         storage=storage,
         job_dir=job_dir,
         find_producer=lambda ref: _find_producer(session, ref, storage.team_id),
         path_fields=path_fields,
+        find_file=lambda ref: resolve_file_ref(
+            session, team_id=storage.team_id, artifact_root=storage.artifact_root, ref=ref
+        ),
     )
 
 
@@ -246,12 +254,15 @@ def resolve_spec_paths(
     job_dir: Path,
     find_producer: Callable[[str], Producer | None],
     path_fields: Mapping[str, PathKind] | None = None,
+    find_file: Callable[[str], Path | None] | None = None,
 ) -> Resolution:
     """Return a copy of `spec` whose path fields are absolute and symlink-free, with every problem collected.
 
     - `artifacts://X` is `X` in the team's area (it must exist when it is an input);
     - `job://<name or id>/X` is `X` inside the output folder of that job of the team (by name: its newest
       SUCCEEDED job with that name);
+    - `file://<id>[/X]` is a file the team uploaded (`X` inside it, for a model unpacked into a folder): an
+      input only, whose local path `find_file` gives (None: the team has no such file);
     - a relative output lands in the job's own folder; a relative input is refused (the cluster has no
       notion of the submitter's working directory), except a hub id in `hf-checkpoint`;
     - an absolute path must lie in the team's area or under a grant (read-write for an output);
@@ -308,6 +319,37 @@ def resolve_spec_paths(
                 "artifacts://datasets/arith in your team's area",
             )
 
+    def resolve_file(name: str, kind: PathKind, value: str) -> str:
+        """`file://<id>[/X]`: an uploaded file of the team, an input only; checked as any other path."""
+        ref, _, sub = value[len(FILE) :].partition("/")
+        rel = _safe_relative(sub) if sub else PurePosixPath(".")
+        if kind == "output" or rel is None:
+            refuse(
+                name,
+                f"{value!r}: "
+                + ("an uploaded file is read-only" if kind == "output" else "leaves the file's folder"),
+                code="spec.bad_path",
+                hint="write outputs to a relative path (the job's own folder) or artifacts://<path>"
+                if kind == "output"
+                else "drop '..'",
+            )
+            return value
+        found = find_file(ref) if find_file is not None and ref else None
+        if found is None:
+            refuse(
+                name,
+                f"{value}: no file with id {ref!r} in your team",
+                code="spec.unknown_file_reference",
+                hint="upload it first (`relaxctl files upload PATH`), and list your team's files with "
+                "`relaxctl files list`",
+            )
+            return value
+        resolved = check(name, kind, value, found / rel)
+        if resolved is None:
+            return value
+        must_exist(name, kind, value, resolved, "")
+        return str(resolved)
+
     def resolve_one(name: str, kind: PathKind, value: str) -> str:
         bad = malformed(value)
         if bad is not None:
@@ -362,6 +404,8 @@ def resolve_spec_paths(
             if kind == "input":
                 res.inputs.append({"field": _flag(name), "job_id": producer.id, "path": str(resolved)})
             return str(resolved)
+        if value.startswith(FILE) and not value.startswith(FILE + "/"):  # file:///abs stays refused below
+            return resolve_file(name, kind, value)
         scheme = _SCHEME.match(value)
         if scheme:
             refuse(

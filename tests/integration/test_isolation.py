@@ -61,6 +61,8 @@ class Side:
     grant_id: str | None = None
     webhook_id: str | None = None
     delivery_id: str | None = None
+    file_id: str | None = None
+    upload_id: str | None = None
     secrets: set[str] = field(default_factory=set)  # every string that names one of its objects
 
 
@@ -189,6 +191,23 @@ def world(db_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
             side.secrets |= {
                 wh.job_secret(settings.signing_key(), job) for job in (side.done_job, side.live_job)
             }  # the secrets of its jobs' --notify-urls
+            r = client.post(
+                "/v1/files",
+                files={"file": (f"{tag}-upload.jsonl", b"{}\n", "application/jsonl")},
+                data={"purpose": "dataset", "team": side.team},
+                headers=headers["admin"],
+            )
+            assert r.status_code == 200, r.text
+            side.file_id = r.json()["id"]
+            r = client.post(
+                "/v1/uploads",
+                json={"filename": "m.bin", "purpose": "model", "bytes": 10, "mime_type": "application/octet-stream",
+                      "team": side.team},
+                headers=headers["admin"],
+            )  # fmt: skip
+            assert r.status_code == 200, r.text
+            side.upload_id = r.json()["id"]
+            side.secrets |= {side.file_id, side.upload_id, f"{tag}-upload.jsonl"}
         yield w
     db.dispose()
 
@@ -216,6 +235,26 @@ def _fresh_webhook(w: World, side: Side) -> str:
             s, ADMIN, url="https://hooks.example.com/x", event_types=None, description=None, team=side.team,
             max_per_team=1000,
         ).id  # fmt: skip
+
+
+def _fresh_file(w: World, side: Side) -> str:
+    """A file of the side made for one DELETE cell (each allowed DELETE removes one)."""
+    import io
+
+    from scheduler.services.files import Files
+    from scheduler.services.filestore import store_for
+
+    root = w.settings.artifacts
+    with w.db.session() as s:
+        svc = Files(s, settings=w.settings.files, artifact_root=root, store=store_for(w.settings.files, root))
+        return svc.create(
+            ADMIN,
+            io.BytesIO(b"{}\n"),
+            filename="x.jsonl",
+            purpose="dataset",
+            content_type=None,
+            team=side.team,
+        ).id
 
 
 # The expectation table ---------------------------------------------------------------------------
@@ -359,6 +398,30 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ("POST", "/v1/webhooks/{webhook_id}/deliveries/{delivery_id}/retry"): Rule(
         TEAM_PATH, WRITERS, frozenset({202, 409})
     ),
+    # files (OpenAI's Files and Uploads shapes): every role reads the team's, its writers upload and delete. The
+    # matrix sends JSON: a route that takes multipart answers 415 once the key and the object are judged.
+    ("POST", "/v1/files"): Rule(GLOBAL, WRITERS, frozenset({415})),
+    ("GET", "/v1/files"): Rule(GLOBAL, ALL),
+    ("GET", "/v1/files/{file_id}"): Rule(TEAM_PATH, ALL),
+    ("GET", "/v1/files/{file_id}/content"): Rule(TEAM_PATH, ALL),
+    ("DELETE", "/v1/files/{file_id}"): Rule(TEAM_PATH, WRITERS),
+    ("POST", "/v1/uploads"): Rule(
+        TEAM_BODY,
+        WRITERS,
+        body=lambda w, t: {
+            "team": w.sides[t].team,
+            "filename": "m.bin",
+            "purpose": "model",
+            "bytes": 10,
+            "mime_type": "application/octet-stream",
+        },
+    ),  # fmt: skip
+    ("GET", "/v1/uploads/{upload_id}"): Rule(TEAM_PATH, ALL),
+    ("POST", "/v1/uploads/{upload_id}/parts"): Rule(TEAM_PATH, WRITERS, frozenset({415})),
+    ("POST", "/v1/uploads/{upload_id}/complete"): Rule(
+        TEAM_PATH, WRITERS, frozenset({409, 422}), body=lambda w, t: {"part_ids": ["part_none"]}
+    ),
+    ("POST", "/v1/uploads/{upload_id}/cancel"): Rule(TEAM_PATH, WRITERS, frozenset({200, 409})),
     # dashboard sign-in: a login code for one's own key; its exchange needs the code, not a key
     ("POST", "/v1/auth/login-codes"): Rule(GLOBAL, ALL, frozenset({201})),
     ("POST", "/v1/auth/sessions"): Rule(PUBLIC, ok=frozenset({401}), body=lambda w, t: {"code": "wrong"}),
@@ -406,6 +469,8 @@ def fill(w: World, method: str, template: str, rule: Rule, target: str) -> str:
         if method == "DELETE" and "{webhook_id}" in template
         else side.webhook_id,
         "delivery_id": side.delivery_id,
+        "file_id": _fresh_file(w, side) if method == "DELETE" and "{file_id}" in template else side.file_id,
+        "upload_id": side.upload_id,
         "node": "node-0",
         "path": "out.txt",
         "name": side.queue if template.startswith("/v1/queues") else "local",

@@ -215,6 +215,118 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/evals": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Evals
+         * @description The team's evals, newest first (an admin: every team's).
+         */
+        get: operations["list_evals_v1_evals_get"];
+        put?: never;
+        /**
+         * Create Eval
+         * @description Evaluate a model on eval sets (Relax's eval semantics) against thresholds on their metrics. It runs as a
+         *     high-priority eval-only job through the queue; the eval ends passed, failed (a threshold does not hold) or
+         *     error (its job failed). A threshold on a metric the eval will not produce is refused, naming it.
+         */
+        post: operations["create_eval_v1_evals_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/evals/{eval_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get Eval
+         * @description An eval: its model, eval sets, each threshold with its verdict, the metrics, and its job.
+         */
+        get: operations["get_eval_v1_evals__eval_id__get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/files": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Files
+         * @description The team's files, newest first (an admin: every team's).
+         */
+        get: operations["list_files_v1_files_get"];
+        put?: never;
+        /**
+         * Create File
+         * @description Upload a file whole (up to RELAX_FILES_MAX_FILE_BYTES; larger ones through /v1/uploads). Purpose `model`
+         *     with a .tar, .tar.gz, .tgz or .zip archive: the folder inside is unpacked, and `file://<id>` names it.
+         */
+        post: operations["create_file_v1_files_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/files/{file_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Get File */
+        get: operations["get_file_v1_files__file_id__get"];
+        put?: never;
+        post?: never;
+        /**
+         * Delete File
+         * @description Remove a file and its bytes (its unpacked folder, its cached copy) from the store.
+         */
+        delete: operations["delete_file_v1_files__file_id__delete"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/files/{file_id}/content": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * File Content
+         * @description The file's bytes, streamed; a `Range: bytes=START-END` answers 206 with those bytes (resume a download).
+         */
+        get: operations["file_content_v1_files__file_id__content_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/internal/jobs/{job_id}/report": {
         parameters: {
             query?: never;
@@ -706,6 +818,108 @@ export interface paths {
         patch: operations["update_team_v1_teams__team__patch"];
         trace?: never;
     };
+    "/v1/uploads": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Create Upload
+         * @description Start an upload of `bytes` bytes in parts (for files over RELAX_FILES_MAX_FILE_BYTES): add the parts,
+         *     then complete it with their ids in order. It expires after RELAX_FILES_UPLOAD_EXPIRY_SECONDS.
+         */
+        post: operations["create_upload_v1_uploads_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/uploads/{upload_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get Upload
+         * @description An upload's state (and its file once completed).
+         */
+        get: operations["get_upload_v1_uploads__upload_id__get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/uploads/{upload_id}/cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Cancel Upload
+         * @description Drop a pending upload and its parts.
+         */
+        post: operations["cancel_upload_v1_uploads__upload_id__cancel_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/uploads/{upload_id}/complete": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Complete Upload
+         * @description The parts, in the order of `part_ids`, become the file (checked against `md5` when given).
+         */
+        post: operations["complete_upload_v1_uploads__upload_id__complete_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/uploads/{upload_id}/parts": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Add Upload Part
+         * @description One part (up to RELAX_FILES_MAX_PART_BYTES). The same bytes sent again answer the same part: a part
+         *     whose answer was lost can be sent again.
+         */
+        post: operations["add_upload_part_v1_uploads__upload_id__parts_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/webhooks": {
         parameters: {
             query?: never;
@@ -1107,6 +1321,155 @@ export interface components {
         ErrorEnvelope: {
             error: components["schemas"]["ErrorBody"];
         };
+        /** EvalCreate */
+        EvalCreate: {
+            /**
+             * Eval Config
+             * @description Relax's --eval-config: a YAML/JSON file of eval sets; overrides eval_prompt_data.
+             */
+            eval_config?: string | null;
+            /**
+             * Eval Prompt Data
+             * @description Relax's --eval-prompt-data: name/path pairs, e.g. [gsm8k, artifacts://data/gsm8k.jsonl].
+             */
+            eval_prompt_data?: string[] | null;
+            /** Labels */
+            labels?: {
+                [key: string]: string;
+            } | null;
+            model: components["schemas"]["EvalModel"];
+            /**
+             * N Samples Per Eval Prompt
+             * @description Samples per eval prompt (an eval-config entry may set its own).
+             * @default 1
+             */
+            n_samples_per_eval_prompt: number;
+            /**
+             * Name
+             * @description Default: eval-<model>.
+             */
+            name?: string | null;
+            /**
+             * Pass At K
+             * @description Report eval/<name>-pass@k for k = 1, 2, 4, ... up to the samples per prompt (Relax's --log-passrate); default: when more than one sample per prompt.
+             */
+            pass_at_k?: boolean | null;
+            /**
+             * Priority Class
+             * @description Default: the team's highest granted preemptible class (an eval is high priority).
+             */
+            priority_class?: string | null;
+            /** Queue */
+            queue?: string | null;
+            /**
+             * Spec
+             * @description More Relax parameters of the eval job: eval-*\/rollout-* sampling, reward (rm-type, custom-rm-path, reward-key), data keys (input-key, label-key), chat template, seed, resource.
+             */
+            spec?: {
+                [key: string]: unknown;
+            } | null;
+            /**
+             * Team
+             * @description Admins: the team (name or id); default: yours.
+             */
+            team?: string | null;
+            /**
+             * Thresholds
+             * @description Each `<metric> <op> <number>` (op >=, >, <=, <, ==), e.g. `eval/gsm8k >= 0.6`, or {metric, op, value}. The eval passes when every one holds.
+             */
+            thresholds: (string | components["schemas"]["ThresholdIn"])[];
+        };
+        /**
+         * EvalModel
+         * @description The model to evaluate: one of your team's jobs (its Hugging Face export, or the checkpoint of
+         *     `checkpoint_step`) or a path your team may read.
+         */
+        EvalModel: {
+            /**
+             * Checkpoint Step
+             * @description With `job`: the checkpoint of this step; without it: the job's newest export, else its newest checkpoint.
+             */
+            checkpoint_step?: number | null;
+            /**
+             * Job
+             * @description A job of your team, by id or name (by name: its newest SUCCEEDED job of that name).
+             */
+            job?: string | null;
+            /**
+             * Path
+             * @description A Hugging Face model folder your team may read: artifacts://models/tiny, job://<job>/hf, an uploaded model (file://<id>), a granted path, or a hub id.
+             */
+            path?: string | null;
+        };
+        /** EvalPublic */
+        EvalPublic: {
+            /**
+             * Created At
+             * Format: date-time
+             */
+            created_at: string;
+            /** Created By */
+            created_by: string | null;
+            /** Datasets */
+            datasets: {
+                [key: string]: unknown;
+            }[];
+            /**
+             * Expected Metrics
+             * @description The metrics the eval produces.
+             */
+            expected_metrics: string[];
+            /** Finished At */
+            finished_at: string | null;
+            /** Id */
+            id: string;
+            /** Job Id */
+            job_id: string;
+            job_status?: components["schemas"]["JobStatus"] | null;
+            /**
+             * Metrics
+             * @description The job's eval/* metrics, once it ended.
+             */
+            metrics: {
+                [key: string]: number | null;
+            };
+            /**
+             * Model
+             * @description {job, checkpoint_step, path, hf_checkpoint}: as asked, and resolved.
+             */
+            model: {
+                [key: string]: unknown;
+            };
+            /**
+             * Model Key
+             * @description Names the model in its history (GET /v1/evals?model=...).
+             */
+            model_key: string;
+            /** Name */
+            name: string;
+            /** Reason */
+            reason: string | null;
+            /**
+             * Status
+             * @description running until its job ends; then passed, failed or error.
+             * @enum {string}
+             */
+            status: "running" | "passed" | "failed" | "error";
+            /** Team Id */
+            team_id: string;
+            /** Thresholds */
+            thresholds: components["schemas"]["ThresholdPublic"][];
+        };
+        /** EvalsPage */
+        EvalsPage: {
+            /** Data */
+            data: components["schemas"]["EvalPublic"][];
+            /**
+             * Next Cursor
+             * @description Pass as `after` for the next page.
+             */
+            next_cursor?: string | null;
+        };
         /** EventItem */
         EventItem: {
             /**
@@ -1127,6 +1490,106 @@ export interface components {
          * @enum {string}
          */
         FailureReason: "setup" | "user_code" | "no_resource" | "controller" | "lost";
+        /** FileDeleted */
+        FileDeleted: {
+            /**
+             * Deleted
+             * @default true
+             */
+            deleted: boolean;
+            /** Id */
+            id: string;
+            /**
+             * Object
+             * @default file
+             * @constant
+             */
+            object: "file";
+        };
+        /** FilePublic */
+        FilePublic: {
+            /** Archive Entries */
+            archive_entries?: number | null;
+            /**
+             * Bytes
+             * @description The file's size.
+             */
+            bytes: number;
+            /** Content Type */
+            content_type: string;
+            /**
+             * Created At
+             * @description Unix seconds.
+             */
+            created_at: number;
+            /** Expires At */
+            expires_at?: number | null;
+            /** Filename */
+            filename: string;
+            /** Id */
+            id: string;
+            /**
+             * Kind
+             * @description folder: a model archive, unpacked; `file://<id>` then names the folder.
+             * @enum {string}
+             */
+            kind: "file" | "folder";
+            /**
+             * Object
+             * @default file
+             * @constant
+             */
+            object: "file";
+            /** Purpose */
+            purpose: string;
+            /** Sha256 */
+            sha256: string;
+            /**
+             * Status
+             * @default processed
+             * @enum {string}
+             */
+            status: "uploaded" | "processed" | "error";
+            /** Status Details */
+            status_details?: string | null;
+            /**
+             * Stored Bytes
+             * @description What it counts against the team's quota (unpacked folder included).
+             */
+            stored_bytes: number;
+            /** Team Id */
+            team_id: string;
+            /**
+             * Uri
+             * @description How a job's spec names it: file://<id>.
+             */
+            uri: string;
+        };
+        /** FilesPage */
+        FilesPage: {
+            /** Data */
+            data: components["schemas"]["FilePublic"][];
+            /** First Id */
+            first_id?: string | null;
+            /**
+             * Has More
+             * @default false
+             */
+            has_more: boolean;
+            /** Last Id */
+            last_id?: string | null;
+            /**
+             * Next Cursor
+             * @description Pass as `after` for the next page.
+             */
+            next_cursor?: string | null;
+            /**
+             * Object
+             * @default list
+             * @constant
+             */
+            object: "list";
+        };
         /**
          * GpuGroup
          * @description GPUs one role needs: `replicas` x `gpus_per_replica`.
@@ -2263,6 +2726,134 @@ export interface components {
             /** Data */
             data: components["schemas"]["TeamPublic"][];
         };
+        /** ThresholdIn */
+        ThresholdIn: {
+            /**
+             * Metric
+             * @description A metric the eval produces, e.g. eval/gsm8k.
+             */
+            metric: string;
+            /**
+             * Op
+             * @enum {string}
+             */
+            op: ">=" | ">" | "<=" | "<" | "==";
+            /** Value */
+            value: number;
+        };
+        /** ThresholdPublic */
+        ThresholdPublic: {
+            /**
+             * Actual
+             * @description The metric's value, once the eval ended.
+             */
+            actual?: number | null;
+            /** Metric */
+            metric: string;
+            /**
+             * Op
+             * @enum {string}
+             */
+            op: ">=" | ">" | "<=" | "<" | "==";
+            /** Value */
+            value: number;
+            /**
+             * Verdict
+             * @description missing: the job ended without reporting the metric.
+             * @enum {string}
+             */
+            verdict: "pending" | "pass" | "fail" | "missing";
+        };
+        /** UploadComplete */
+        UploadComplete: {
+            /**
+             * Md5
+             * @description The file's MD5 (hex), checked when given.
+             */
+            md5?: string | null;
+            /**
+             * Part Ids
+             * @description The parts' ids in the file's order (one may repeat).
+             */
+            part_ids: string[];
+        };
+        /** UploadCreate */
+        UploadCreate: {
+            /**
+             * Bytes
+             * @description The file's whole size: the parts must add up to it.
+             */
+            bytes: number;
+            /**
+             * Filename
+             * @description The file's name.
+             */
+            filename: string;
+            /**
+             * Mime Type
+             * @description The file's content type, e.g. application/x-tar.
+             */
+            mime_type: string;
+            /**
+             * Purpose
+             * @description As for POST /v1/files (e.g. fine-tune, dataset, model).
+             */
+            purpose: string;
+            /**
+             * Team
+             * @description Admins: the team (name or id); default: yours.
+             */
+            team?: string | null;
+        };
+        /** UploadPartPublic */
+        UploadPartPublic: {
+            /** Bytes */
+            bytes: number;
+            /** Created At */
+            created_at: number;
+            /** Id */
+            id: string;
+            /**
+             * Object
+             * @default upload.part
+             * @constant
+             */
+            object: "upload.part";
+            /** Upload Id */
+            upload_id: string;
+        };
+        /** UploadPublic */
+        UploadPublic: {
+            /** Bytes */
+            bytes: number;
+            /** Created At */
+            created_at: number;
+            /** Expires At */
+            expires_at: number;
+            /** @description The file, once completed. */
+            file?: components["schemas"]["FilePublic"] | null;
+            /** Filename */
+            filename: string;
+            /** Id */
+            id: string;
+            /** Mime Type */
+            mime_type: string;
+            /**
+             * Object
+             * @default upload
+             * @constant
+             */
+            object: "upload";
+            /** Purpose */
+            purpose: string;
+            /**
+             * Status
+             * @enum {string}
+             */
+            status: "pending" | "completed" | "cancelled" | "expired";
+            /** Team Id */
+            team_id: string;
+        };
         /** ValidationError */
         ValidationError: {
             /** Context */
@@ -2395,6 +2986,44 @@ export interface components {
             url: string;
         };
         /**
+         * WebhookEvalData
+         * @description What an `eval.completed` message says of the eval.
+         */
+        WebhookEvalData: {
+            /** Finished At */
+            finished_at: string | null;
+            /** Id */
+            id: string;
+            /** Job Id */
+            job_id: string;
+            /** Metrics */
+            metrics: {
+                [key: string]: number | null;
+            };
+            /** Model */
+            model: {
+                [key: string]: unknown;
+            };
+            /** Model Key */
+            model_key: string;
+            /** Name */
+            name: string;
+            /** Reason */
+            reason: string | null;
+            /**
+             * Status
+             * @enum {string}
+             */
+            status: "running" | "passed" | "failed" | "error";
+            /**
+             * Team
+             * @description The team's id.
+             */
+            team: string;
+            /** Thresholds */
+            thresholds: components["schemas"]["ThresholdPublic"][];
+        };
+        /**
          * WebhookJobData
          * @description What a `job.*` message says of the job, as it was when its status changed.
          */
@@ -2421,11 +3050,12 @@ export interface components {
         };
         /**
          * WebhookMessage
-         * @description The JSON body of a message (Standard Webhooks' shape: type, timestamp, data). `eval.*` messages will carry
-         *     their own data.
+         * @description The JSON body of a message (Standard Webhooks' shape: type, timestamp, data): `job.*` messages carry the
+         *     job, `eval.completed` the eval and its verdict.
          */
         WebhookMessage: {
-            data: components["schemas"]["WebhookJobData"];
+            /** Data */
+            data: components["schemas"]["WebhookJobData"] | components["schemas"]["WebhookEvalData"];
             /**
              * Timestamp
              * Format: date-time
@@ -2434,7 +3064,7 @@ export interface components {
             timestamp: string;
             /**
              * Type
-             * @description The event type, e.g. job.succeeded.
+             * @description The event type, e.g. job.succeeded, eval.completed.
              */
             type: string;
         };
@@ -3428,6 +4058,829 @@ export interface operations {
             };
             /** @description The request body is over the API's limit. */
             413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    list_evals_v1_evals_get: {
+        parameters: {
+            query?: {
+                /** @description One model's history: its model_key. */
+                model?: string | null;
+                status?: ("running" | "passed" | "failed" | "error") | null;
+                /** @description Admins: only this team's (name or id). */
+                team?: string | null;
+                /** @description Id of the last eval of the previous page. */
+                after?: string | null;
+                limit?: number;
+            };
+            header?: {
+                authorization?: string | null;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EvalsPage"];
+                };
+            };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    create_eval_v1_evals_post: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["EvalCreate"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EvalPublic"];
+                };
+            };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    get_eval_v1_evals__eval_id__get: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                eval_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EvalPublic"];
+                };
+            };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    list_files_v1_files_get: {
+        parameters: {
+            query?: {
+                purpose?: string | null;
+                /** @description Admins: only this team's. */
+                team?: string | null;
+                /** @description Id of the last file of the previous page. */
+                after?: string | null;
+                limit?: number;
+                order?: "asc" | "desc";
+            };
+            header?: {
+                authorization?: string | null;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["FilesPage"];
+                };
+            };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    create_file_v1_files_post: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "multipart/form-data": {
+                    /**
+                     * Format: binary
+                     * @description The file's bytes.
+                     */
+                    file: string;
+                    /** @enum {string} */
+                    purpose: "fine-tune" | "batch" | "evals" | "user_data" | "assistants" | "vision" | "dataset" | "model";
+                    /** @description Admins: the team (name or id). */
+                    team?: string;
+                };
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["FilePublic"];
+                };
+            };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Over the team's quota, or the file (the part) is too large. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Not multipart/form-data, or a content type not taken. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    get_file_v1_files__file_id__get: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                file_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["FilePublic"];
+                };
+            };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    delete_file_v1_files__file_id__delete: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                file_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["FileDeleted"];
+                };
+            };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    file_content_v1_files__file_id__content_get: {
+        parameters: {
+            query?: never;
+            header?: {
+                range?: string | null;
+                authorization?: string | null;
+            };
+            path: {
+                file_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The file's bytes. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/octet-stream": unknown;
+                };
+            };
+            /** @description The bytes of the Range asked for. */
+            206: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/octet-stream": unknown;
+                };
+            };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description A Range that is malformed or past the end. */
+            416: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -6587,6 +8040,529 @@ export interface operations {
             };
         };
     };
+    create_upload_v1_uploads_post: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["UploadCreate"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UploadPublic"];
+                };
+            };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Over the team's quota, or the file (the part) is too large. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Not multipart/form-data, or a content type not taken. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    get_upload_v1_uploads__upload_id__get: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                upload_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UploadPublic"];
+                };
+            };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    cancel_upload_v1_uploads__upload_id__cancel_post: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                upload_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UploadPublic"];
+                };
+            };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    complete_upload_v1_uploads__upload_id__complete_post: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                upload_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["UploadComplete"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UploadPublic"];
+                };
+            };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Over the team's quota, or the file (the part) is too large. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Not multipart/form-data, or a content type not taken. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    add_upload_part_v1_uploads__upload_id__parts_post: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                upload_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "multipart/form-data": {
+                    /**
+                     * Format: binary
+                     * @description The part's bytes.
+                     */
+                    data: string;
+                };
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UploadPartPublic"];
+                };
+            };
+            /** @description The body is not JSON where JSON is expected. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description No such object (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the object's current state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Over the team's quota, or the file (the part) is too large. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Not multipart/form-data, or a content type not taken. */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description Invalid request or job spec; details.issues names each field. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description service.unavailable: the database or the broker (details.service) cannot be reached now; retry after the Retry-After header's seconds. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
     list_webhooks_v1_webhooks_get: {
         parameters: {
             query?: {
@@ -7478,12 +9454,23 @@ type ReadonlyArray<T> = [
 ] extends [
     unknown[]
 ] ? Readonly<Exclude<T, undefined>> : Readonly<Exclude<T, undefined>[]>;
+export const pathsV1EvalsGetParametersQueryStatusAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/evals"]["get"]["parameters"]["query"]["status"]> = ["running", "passed", "failed", "error"];
+export const pathsV1FilesGetParametersQueryOrderValues: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/files"]["get"]["parameters"]["query"]["order"]> = ["asc", "desc"];
+export const pathsV1FilesPostRequestBodyContentMultipartFormDataPurposeValues: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/files"]["post"]["requestBody"]["content"]["multipart/form-data"]["purpose"]> = ["fine-tune", "batch", "evals", "user_data", "assistants", "vision", "dataset", "model"];
 export const pathsV1JobsJob_idStreamGetParametersQueryKindsAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/jobs/{job_id}/stream"]["get"]["parameters"]["query"]["kinds"]> = ["event", "metric", "log", "checkpoint", "rollout", "prediction"];
 export const pathsV1WebhooksJobsJob_idDeliveriesGetParametersQueryStateAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/webhooks/jobs/{job_id}/deliveries"]["get"]["parameters"]["query"]["state"]> = ["pending", "delivered", "failed"];
 export const pathsV1WebhooksWebhook_idDeliveriesGetParametersQueryStateAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/webhooks/{webhook_id}/deliveries"]["get"]["parameters"]["query"]["state"]> = ["pending", "delivered", "failed"];
+export const evalPublicStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["EvalPublic"]["status"]> = ["running", "passed", "failed", "error"];
 export const failureReasonValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FailureReason"]> = ["setup", "user_code", "no_resource", "controller", "lost"];
+export const filePublicKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FilePublic"]["kind"]> = ["file", "folder"];
+export const filePublicStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FilePublic"]["status"]> = ["uploaded", "processed", "error"];
 export const jobStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobStatus"]> = ["QUEUED", "ADMITTED", "STARTING", "RUNNING", "CANCELLING", "PREEMPTING", "SUCCEEDED", "FAILED", "CANCELLED"];
 export const launchScriptInLauncherAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["LaunchScriptIn"]["launcher"]> = ["python", "torchrun", "ray job submit"];
 export const pathGrantCreateModeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PathGrantCreate"]["mode"]> = ["ro", "rw"];
 export const specIssueSeverityValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["SpecIssue"]["severity"]> = ["error", "warning"];
+export const thresholdInOpValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ThresholdIn"]["op"]> = [">=", ">", "<=", "<", "=="];
+export const thresholdPublicOpValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ThresholdPublic"]["op"]> = [">=", ">", "<=", "<", "=="];
+export const thresholdPublicVerdictValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ThresholdPublic"]["verdict"]> = ["pending", "pass", "fail", "missing"];
+export const uploadPublicStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["UploadPublic"]["status"]> = ["pending", "completed", "cancelled", "expired"];
 export const webhookDeliveryPublicStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["WebhookDeliveryPublic"]["state"]> = ["pending", "delivered", "failed"];
+export const webhookEvalDataStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["WebhookEvalData"]["status"]> = ["running", "passed", "failed", "error"];
