@@ -64,6 +64,7 @@ app.add_typer(spec_app, name="spec")
 app.add_typer(models_app, name="models")
 app.add_typer(admin_app, name="admin")
 app.add_typer(webhooks_app, name="webhooks")
+app.add_typer(files_app, name="files")
 
 
 # ---------------------------------------------------------------------------------------------

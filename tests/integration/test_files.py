@@ -393,3 +393,25 @@ def test_job_artifacts_download_with_range(sqlite_world: World) -> None:
     assert r.headers["content-range"] == f"bytes 1000-{len(blob) - 1}/{len(blob)}"
     assert w.client.get(path, headers={**h, "Range": f"bytes={len(blob)}-"}).status_code == 416
     assert w.client.get(path, headers=w.as_("omega")).status_code == 404
+
+
+def test_sdk_uploads_in_parts_and_resumes_a_download(sqlite_world: World, tmp_path: Path) -> None:
+    """client/files.py over the real app: a file over the threshold goes in parts; a download resumes with Range."""
+    from client.files import FilesApi
+    from client.sdk import RelaxClient
+
+    w = sqlite_world
+    c = RelaxClient("http://testserver", "unused")
+    c._http = w.client  # the TestClient is an httpx.Client over the app
+    w.client.headers.update(w.as_("alpha"))
+    src = tmp_path / "weights.bin"
+    blob = bytes(range(256)) * 400  # 102,400 bytes: in parts of 20,000
+    src.write_bytes(blob)
+    f = FilesApi(c).upload(src, purpose="model", part_bytes=20_000, threshold=30_000)
+    assert f["bytes"] == len(blob) and [x["id"] for x in FilesApi(c).list()] == [f["id"]]
+    dest = tmp_path / "out.bin"
+    (tmp_path / "out.bin.part").write_bytes(blob[:12_345])  # a download that stopped
+    FilesApi(c).download(f["id"], dest)
+    assert dest.read_bytes() == blob and not (tmp_path / "out.bin.part").exists()
+    FilesApi(c).delete(f["id"])
+    assert FilesApi(c).list() == []
