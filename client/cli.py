@@ -39,6 +39,7 @@ from client.display import (
     slots,
     slots_phrase,
 )
+from client.files import files_app
 from client.jobfile import JobFile, JobFileError, is_launch_script, load_job_file
 from client.launch_script import DEFAULT_TIMEOUT_S, LaunchScriptError, ResolvedScript, display_path
 from client.sdk import ApiError, RelaxClient
