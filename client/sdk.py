@@ -6,9 +6,12 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
+
+if TYPE_CHECKING:
+    from client.files import FilesApi
 
 DEFAULT_URL = "http://127.0.0.1:8400"
 
@@ -72,6 +75,14 @@ class RelaxClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def files(self) -> FilesApi:
+        """The team's files (`/v1/files`, `/v1/uploads`): upload (in parts when large), list, download with
+        resume, delete (client/files.py)."""
+        from client.files import FilesApi  # it imports this module
+
+        return FilesApi(self)
 
     # plumbing ------------------------------------------------------------------------------
     def _request(self, method: str, path: str, **kw: Any) -> Any:

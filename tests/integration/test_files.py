@@ -407,7 +407,7 @@ def test_sdk_uploads_in_parts_and_resumes_a_download(sqlite_world: World, tmp_pa
     src = tmp_path / "weights.bin"
     blob = bytes(range(256)) * 400  # 102,400 bytes: in parts of 20,000
     src.write_bytes(blob)
-    f = FilesApi(c).upload(src, purpose="model", part_bytes=20_000, threshold=30_000)
+    f = c.files.upload(src, purpose="model", part_bytes=20_000, threshold=30_000)  # the SDK's own entry
     assert f["bytes"] == len(blob) and [x["id"] for x in FilesApi(c).list()] == [f["id"]]
     dest = tmp_path / "out.bin"
     (tmp_path / "out.bin.part").write_bytes(blob[:12_345])  # a download that stopped
@@ -415,3 +415,26 @@ def test_sdk_uploads_in_parts_and_resumes_a_download(sqlite_world: World, tmp_pa
     assert dest.read_bytes() == blob and not (tmp_path / "out.bin.part").exists()
     FilesApi(c).delete(f["id"])
     assert FilesApi(c).list() == []
+
+
+def test_the_official_openai_sdk_is_a_client(sqlite_world: World) -> None:
+    """`/v1/files` and `/v1/uploads` in OpenAI's shapes: the `openai` package, pointed at the platform with a team
+    key, uploads, lists, retrieves, reads, uploads in parts and deletes (issue 15 item 5 builds on this)."""
+    openai = pytest.importorskip("openai")
+    w = sqlite_world
+    oc = openai.OpenAI(api_key=w.keys["alpha"], base_url="http://testserver/v1", http_client=w.client)
+    data = b'{"messages": [{"role": "user", "content": "hi"}]}\n'
+    f = oc.files.create(file=("train.jsonl", io.BytesIO(data), "application/jsonl"), purpose="fine-tune")
+    assert f.object == "file" and f.bytes == len(data) and f.purpose == "fine-tune"
+    assert [x.id for x in oc.files.list()] == [f.id]
+    assert oc.files.retrieve(f.id).filename == "train.jsonl"
+    assert oc.files.content(f.id).read() == data
+    up = oc.uploads.create(bytes=10, filename="a.jsonl", mime_type="application/jsonl", purpose="fine-tune")
+    part = oc.uploads.parts.create(up.id, data=b"0123456789")
+    done = oc.uploads.complete(up.id, part_ids=[part.id], md5=hashlib.md5(b"0123456789").hexdigest())
+    assert done.status == "completed" and done.file is not None and done.file.bytes == 10
+    assert oc.files.delete(f.id).deleted is True
+    with pytest.raises(openai.NotFoundError):
+        oc.files.retrieve(f.id)
+    with pytest.raises(openai.UnprocessableEntityError):
+        oc.files.create(file=("x.jsonl", io.BytesIO(b"x"), "application/jsonl"), purpose="nonsense")  # type: ignore[arg-type]
