@@ -116,11 +116,12 @@ class RequestLimits:
         await self.app(scope, _replay(body, receive), send)
 
     async def _stream_upload(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """An upload's body, passed on as it arrives: 413 up front when its Content-Length is over the limit;
-        a body that passes the limit unannounced ends as a disconnect (the route keeps nothing of it)."""
+        """An upload's body, passed on as it arrives: 413 up front when its Content-Length is over the limit, or
+        as soon as the bytes received pass it (the route keeps nothing of a body it did not finish reading)."""
         limit = self.settings.max_upload_body_bytes
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
+
+        async def too_large() -> None:
             response = envelope(
                 Request(scope),
                 413,
@@ -128,19 +129,33 @@ class RequestLimits:
                 f"the upload's body is larger than {limit} bytes",
                 {"limit": limit, "hint": "send a large file in parts: POST /v1/uploads"},
             )
-            await response(scope, receive, send)
+            await response(scope, _replay(b"", None), send)
+
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await too_large()
             return
         size = 0
+        started = False
 
         async def counted() -> Message:
             nonlocal size
             message = await receive()
             size += len(message.get("body", b""))
             if size > limit:
-                return {"type": "http.disconnect"}
+                raise BodyTooLarge
             return message
 
-        await self.app(scope, counted, send)
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, tracked)
+        except BodyTooLarge:
+            if started:
+                raise
+            await too_large()
 
     @staticmethod
     async def _read(scope: Scope, receive: Receive, limit: int) -> bytes:

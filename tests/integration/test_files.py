@@ -438,3 +438,54 @@ def test_the_official_openai_sdk_is_a_client(sqlite_world: World) -> None:
         oc.files.retrieve(f.id)
     with pytest.raises(openai.UnprocessableEntityError):
         oc.files.create(file=("x.jsonl", io.BytesIO(b"x"), "application/jsonl"), purpose="nonsense")  # type: ignore[arg-type]
+
+
+def test_an_upload_body_over_the_limit_is_refused_as_it_streams(sqlite_world: World) -> None:
+    """api/limits.py streams upload bodies: over RELAX_MAX_UPLOAD_BODY_BYTES, 413 from Content-Length, or as soon
+    as the bytes of a chunked body pass it; nothing is kept."""
+    w = sqlite_world
+    w.settings.api.max_upload_body_bytes = 4096
+    r = upload(w, "alpha", "a.jsonl", b"x" * 10_000)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request.too_large"
+    boundary = "b0undary"
+    body = (
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\ndataset\r\n--{boundary}\r\n'
+            f'Content-Disposition: form-data; name="file"; filename="a.jsonl"\r\nContent-Type: application/jsonl\r\n\r\n'
+        ).encode()
+        + b"x" * 10_000
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    chunks = (body[i : i + 1000] for i in range(0, len(body), 1000))  # no Content-Length: chunked
+    r = w.client.post(
+        "/v1/files",
+        content=chunks,
+        headers={**w.as_("alpha"), "Content-Type": f"multipart/form-data; boundary={boundary}"},
+    )
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request.too_large"
+    assert _files_on_disk(w, "alpha") == []
+    assert upload(w, "alpha", "small.jsonl", b"x" * 100).status_code == 200  # under the limit: taken
+
+
+def test_zip_archives_with_links_or_traversal_are_refused(sqlite_world: World) -> None:
+    w = sqlite_world
+
+    def zipped(name: str, mode: int | None = None) -> bytes:
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as zf:
+            info = zipfile.ZipInfo(name)
+            if mode is not None:
+                info.external_attr = mode << 16
+            zf.writestr(info, "/etc/passwd" if mode else "x")
+        return buf.getvalue()
+
+    for what, blob in {
+        "symlink": zipped("model/link", 0o120777),
+        "traversal": zipped("../../escape"),
+        "absolute": zipped("/tmp/escape"),
+        "backslash": zipped("..\\..\\escape"),
+    }.items():
+        r = upload(w, "alpha", "m.zip", blob, purpose="model", ctype="application/zip")
+        assert r.status_code == 422, (what, r.text)
+        assert r.json()["error"]["code"] == "file.bad_archive", what
+    assert _files_on_disk(w, "alpha") == []
