@@ -23,7 +23,7 @@ from api.schemas.files import (
     UploadPublic,
 )
 from scheduler.db.models import StoredFile
-from scheduler.domain.errors import InvalidRequest
+from scheduler.domain.errors import InvalidRequest, NotFound
 from scheduler.services.files import PURPOSES, WRITE, Files, UnsupportedType, byte_range
 from scheduler.services.filestore import store_for
 
@@ -230,6 +230,12 @@ def _content(svc: Files, row: StoredFile, range_header: str | None) -> Response:
     size = row.bytes
     asked = byte_range(range_header, size)  # 416 before anything is sent
     local = store.local_path(row.key)
+    if local is not None and not local.is_file():
+        raise NotFound(
+            f"the bytes of file {row.id} are gone from the store",
+            code="file.content_missing",
+            details={"hint": "upload it again (something removed files/ in your team's area)"},
+        )
     headers = {"Accept-Ranges": "bytes", "ETag": f'"{row.sha256}"'}
     if local is not None:
         # FileResponse answers Range itself (206, Content-Range), as it does for a job's artifacts

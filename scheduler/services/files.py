@@ -42,7 +42,7 @@ from scheduler.domain.errors import Conflict, DomainError, InvalidRequest, NotFo
 from scheduler.domain.ids import new_id
 from scheduler.domain.roles import Action
 from scheduler.services.auth import Principal, team_for
-from scheduler.services.filestore import FileStore, store_for, store_of_root
+from scheduler.services.filestore import FileStore, real_dir, store_for, store_of_root
 from scheduler.settings import FileSettings
 
 log = logging.getLogger("relax.files")
@@ -351,9 +351,7 @@ class Files:
         return "/".join(("teams", team_id, FILES_DIR, *parts))
 
     def staging(self, team_id: str) -> Path:
-        path = self.area(team_id) / FILES_DIR / STAGING_DIR
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        return real_dir(self.area(team_id) / FILES_DIR / STAGING_DIR, self.artifact_root)
 
     # receiving bytes
     def ingest(self, team_id: str, source: IO[bytes], *, limit: int, field: str = "file") -> Ingested:
@@ -643,7 +641,11 @@ class Files:
                     FileUploadPart.upload_id == upload.id, FileUploadPart.digest == got.sha256
                 )
             )
-            if same is not None:
+            folder = real_dir(
+                self.area(upload.team_id) / FILES_DIR / UPLOADS_DIR / upload.id, self.artifact_root
+            )
+            if same is not None:  # the same bytes: the same part (its file laid anew, whatever became of it)
+                os.replace(got.path, folder / same.id)
                 return same
             have = self.session.scalar(
                 sa.select(sa.func.coalesce(sa.func.sum(FileUploadPart.bytes), 0)).where(
@@ -660,8 +662,6 @@ class Files:
                     },
                 )
             part = FileUploadPart(id=new_id("part"), upload_id=upload.id, bytes=got.size, digest=got.sha256)
-            folder = self.area(upload.team_id) / FILES_DIR / UPLOADS_DIR / upload.id
-            folder.mkdir(parents=True, exist_ok=True)
             os.replace(got.path, folder / part.id)
             _written(
                 self.session, self.artifact_root, self.key(upload.team_id, UPLOADS_DIR, upload.id, part.id)
@@ -704,7 +704,10 @@ class Files:
         folder = self.area(upload.team_id) / FILES_DIR / UPLOADS_DIR / upload.id
         team = self.session.get(Team, upload.team_id)
         assert team is not None
-        got = self.ingest(upload.team_id, _Joined(folder / p for p in part_ids), limit=upload.bytes)
+        real_dir(folder, self.artifact_root)
+        got = self.ingest(
+            upload.team_id, _Joined((folder / p, parts[p].digest) for p in part_ids), limit=upload.bytes
+        )
         if md5 is not None and md5.lower() != got.md5:
             got.path.unlink(missing_ok=True)
             raise _invalid(
@@ -749,24 +752,45 @@ def upload_status(upload: FileUpload) -> str:
 
 
 class _Joined:
-    """The files of `paths`, read one after the other as one stream."""
+    """The part files of `parts` (path, sha256), read one after the other as one stream: each opened without
+    following a link and checked against the digest it had when received (the team's jobs may write in its
+    area: a part replaced meanwhile would otherwise bring in bytes the uploader never sent)."""
 
-    def __init__(self, paths: Iterable[Path]) -> None:
-        self._paths: Iterator[Path] = iter(paths)
+    def __init__(self, parts: Iterable[tuple[Path, str]]) -> None:
+        self._parts: Iterator[tuple[Path, str]] = iter(parts)
         self._fh: IO[bytes] | None = None
+        self._digest = ""
+        self._path = Path()
+        self._sha = hashlib.sha256()
 
     def read(self, n: int = -1) -> bytes:
         while True:
             if self._fh is None:
-                nxt = next(self._paths, None)
+                nxt = next(self._parts, None)
                 if nxt is None:
                     return b""
-                self._fh = open(nxt, "rb")  # noqa: SIM115 - closed when read to its end
+                self._path, self._digest = nxt
+                try:
+                    self._fh = os.fdopen(os.open(self._path, os.O_RDONLY | os.O_NOFOLLOW), "rb")
+                except OSError:
+                    raise self._changed(self._path) from None
+                self._sha = hashlib.sha256()
             chunk = self._fh.read(n)
             if chunk:
+                self._sha.update(chunk)
                 return chunk
             self._fh.close()
             self._fh = None
+            if self._sha.hexdigest() != self._digest:
+                raise self._changed(self._path)
+
+    @staticmethod
+    def _changed(path: Path) -> Conflict:
+        return Conflict(
+            f"part {path.name} is not what was received (it was changed or removed in the team's area)",
+            code="upload.part_changed",
+            details={"field": "part_ids", "hint": "send that part again, then complete"},
+        )
 
 
 # Byte ranges -------------------------------------------------------------------------------------------------

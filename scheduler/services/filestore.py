@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
+from scheduler.domain.errors import Conflict
 from scheduler.settings import FileSettings
 
 CHUNK = 1024 * 1024
@@ -57,6 +58,25 @@ def temporary_sibling(path: Path) -> Path:
     return path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.part")
 
 
+class UnsafeLocation(Conflict):
+    """A folder or file of the store leads elsewhere through a link (a team's jobs write in its area)."""
+
+    code = "file.store_link"
+
+
+def real_dir(path: Path, root: Path) -> Path:
+    """`path`, a folder under `root`, made if missing; refused when a link anywhere below `root` makes it lead
+    elsewhere (a team's jobs may write in its area, and so replace a folder of it by a link)."""
+    path.mkdir(parents=True, exist_ok=True)
+    expected = Path(os.path.realpath(root)) / Path(path).relative_to(root)
+    if Path(os.path.realpath(path)) != expected:
+        raise UnsafeLocation(
+            f"{path} leads elsewhere through a symbolic link",
+            details={"hint": "remove the link from your team's area (files/ is the platform's)"},
+        )
+    return path
+
+
 class LocalStore:
     """Files under the artifact root (each in its team's area)."""
 
@@ -70,7 +90,7 @@ class LocalStore:
 
     def put(self, key: str, source: Path) -> None:
         target = self.path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        real_dir(target.parent, self.root)
         tmp = temporary_sibling(target)
         try:
             try:
@@ -107,7 +127,14 @@ class LocalStore:
             path.unlink(missing_ok=True)
 
     def local_path(self, key: str) -> Path | None:
-        return self.path(key)
+        """The file's path; refused when a link leads it elsewhere."""
+        path = self.path(key)
+        if os.path.realpath(path) != str(Path(os.path.realpath(self.root)) / check_key(key)):
+            raise UnsafeLocation(
+                f"the file {key} leads elsewhere through a symbolic link",
+                details={"hint": "upload it again; do not replace files/ in your team's area"},
+            )
+        return path
 
     def fetch(self, key: str, dest: Path) -> None:
         tmp = temporary_sibling(dest)

@@ -489,3 +489,50 @@ def test_zip_archives_with_links_or_traversal_are_refused(sqlite_world: World) -
         assert r.status_code == 422, (what, r.text)
         assert r.json()["error"]["code"] == "file.bad_archive", what
     assert _files_on_disk(w, "alpha") == []
+
+
+def test_links_planted_in_the_area_by_a_job_reach_nothing(sqlite_world: World, tmp_path: Path) -> None:
+    """A team's jobs write in its area, files/ included: a link planted there never makes the API read or write
+    outside it (a part swapped for a link to a secret, a stored file swapped, the staging folder swapped)."""
+    w = sqlite_world
+    h = w.as_("alpha")
+    secret = w.settings.home / "secret.key"
+    secret.write_text("s" * 10)
+    files_dir = w.area("alpha") / "files"
+
+    # a part replaced by a link to a platform secret of the same size: completing refuses it
+    up = w.client.post(
+        "/v1/uploads",
+        json={"filename": "m.bin", "purpose": "model", "bytes": 10, "mime_type": "application/octet-stream"},
+        headers=h,
+    ).json()
+    pid = w.client.post(
+        f"/v1/uploads/{up['id']}/parts", files={"data": ("b", b"0123456789")}, headers=h
+    ).json()["id"]
+    part = files_dir / ".uploads" / up["id"] / pid
+    part.unlink()
+    part.symlink_to(secret)
+    r = w.client.post(f"/v1/uploads/{up['id']}/complete", json={"part_ids": [pid]}, headers=h)
+    assert r.status_code == 409 and r.json()["error"]["code"] == "upload.part_changed", r.text
+    # sending the part again lays it anew (the same id), and the upload completes with the bytes sent
+    again = w.client.post(f"/v1/uploads/{up['id']}/parts", files={"data": ("b", b"0123456789")}, headers=h)
+    assert again.json()["id"] == pid and not part.is_symlink()
+    done = w.client.post(f"/v1/uploads/{up['id']}/complete", json={"part_ids": [pid]}, headers=h).json()
+    assert w.client.get(f"/v1/files/{done['file']['id']}/content", headers=h).content == b"0123456789"
+
+    # a stored file replaced by a link: its content is refused, not the link's target served
+    f = upload(w, "alpha", "d.jsonl", b"{}\n").json()
+    stored = files_dir / f["id"] / "d.jsonl"
+    stored.unlink()
+    stored.symlink_to(secret)
+    r = w.client.get(f"/v1/files/{f['id']}/content", headers=h)
+    assert r.status_code == 409 and r.json()["error"]["code"] == "file.store_link" and "s" * 10 not in r.text
+
+    # the staging folder replaced by a link elsewhere: nothing is written there
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (files_dir / ".staging").rename(tmp_path / "old-staging")
+    (files_dir / ".staging").symlink_to(elsewhere)
+    r = upload(w, "alpha", "e.jsonl", b"{}\n")
+    assert r.status_code == 409 and r.json()["error"]["code"] == "file.store_link"
+    assert list(elsewhere.iterdir()) == []
