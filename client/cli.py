@@ -39,6 +39,7 @@ from client.display import (
     slots,
     slots_phrase,
 )
+from client.evals import evals_app, run_eval
 from client.files import files_app
 from client.jobfile import JobFile, JobFileError, is_launch_script, load_job_file
 from client.launch_script import DEFAULT_TIMEOUT_S, LaunchScriptError, ResolvedScript, display_path
@@ -66,6 +67,9 @@ app.add_typer(models_app, name="models")
 app.add_typer(admin_app, name="admin")
 app.add_typer(webhooks_app, name="webhooks")
 app.add_typer(files_app, name="files")
+# CI evals (issue 15 item 2; client/evals.py): `relaxctl eval ... --wait --junit out.xml`, `relaxctl evals list|get`
+app.command("eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(run_eval)
+app.add_typer(evals_app, name="evals")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -412,6 +413,82 @@ class RelaxClient:
         """A page of the messages to the job's --notify-urls, newest first: `data`, `next_cursor`."""
         params = {k: v for k, v in (("state", state), ("after", after), ("limit", limit)) if v is not None}
         return self._request("GET", f"/v1/webhooks/jobs/{job_id}/deliveries", params=params)
+
+    # evals: CI evals of a model against thresholds (docs/reference/evals.md) -----------------------------
+    def create_eval(
+        self,
+        *,
+        thresholds: list[str | dict[str, Any]],
+        model_path: str | None = None,
+        model_job: str | None = None,
+        checkpoint_step: int | None = None,
+        eval_prompt_data: list[str] | None = None,
+        eval_config: str | None = None,
+        n_samples_per_eval_prompt: int = 1,
+        pass_at_k: bool | None = None,
+        spec: dict[str, Any] | None = None,
+        name: str | None = None,
+        team: str | None = None,
+        queue: str | None = None,
+        priority_class: str | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """Run an eval: the model (`model_path`, or `model_job` with an optional `checkpoint_step`) on eval sets
+        (`eval_prompt_data` name/path pairs or `eval_config`), against `thresholds` (`"eval/gsm8k >= 0.6"`)."""
+        model = {"path": model_path, "job": model_job, "checkpoint_step": checkpoint_step}
+        body = {
+            "model": {k: v for k, v in model.items() if v is not None},
+            "thresholds": thresholds,
+            "eval_prompt_data": eval_prompt_data,
+            "eval_config": eval_config,
+            "n_samples_per_eval_prompt": n_samples_per_eval_prompt,
+            "pass_at_k": pass_at_k,
+            "spec": spec,
+            "name": name,
+            "team": team,
+            "queue": queue,
+            "priority_class": priority_class,
+            "labels": labels,
+        }
+        return self._request("POST", "/v1/evals", json={k: v for k, v in body.items() if v is not None})
+
+    def get_eval(self, eval_id: str) -> dict[str, Any]:
+        return self._request("GET", f"/v1/evals/{eval_id}")
+
+    def list_evals(
+        self,
+        model: str | None = None,
+        status: str | None = None,
+        team: str | None = None,
+        after: str | None = None,
+        limit: int = 50,
+    ) -> dict[str, Any]:
+        """A page of evals, newest first (`model`: one model's history, by its model_key): `data`, `next_cursor`."""
+        params = {"model": model, "status": status, "team": team, "after": after, "limit": limit}
+        return self._request("GET", "/v1/evals", params={k: v for k, v in params.items() if v is not None})
+
+    def wait_eval(
+        self,
+        eval_id: str,
+        *,
+        timeout: float | None = None,
+        poll_s: float = 2.0,
+        on_change: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """The eval once it ended (passed, failed, error); TimeoutError after `timeout` seconds. `on_change` gets
+        the eval each time its job's status changes."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        seen = None
+        while True:
+            ev = self.get_eval(eval_id)
+            if on_change is not None and ev.get("job_status") != seen:
+                seen = ev.get("job_status")
+                on_change(ev)
+            if ev["status"] != "running":
+                return ev
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"eval {eval_id} still running after {timeout:.0f}s (job {ev['job_id']})")
+            time.sleep(poll_s)
 
     def login_code(self) -> dict[str, Any]:
         """A one-time code (`code`, `expires_in` s) that signs a browser in to the dashboard as this key:

@@ -63,6 +63,7 @@ class Side:
     delivery_id: str | None = None
     file_id: str | None = None
     upload_id: str | None = None
+    eval_id: str | None = None
     secrets: set[str] = field(default_factory=set)  # every string that names one of its objects
 
 
@@ -208,6 +209,12 @@ def world(db_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
             assert r.status_code == 200, r.text
             side.upload_id = r.json()["id"]
             side.secrets |= {side.file_id, side.upload_id, f"{tag}-upload.jsonl"}
+            r = client.post(
+                "/v1/evals", json=_eval_body(w, tag) | {"name": f"{tag}-eval"}, headers=headers["admin"]
+            )
+            assert r.status_code == 201, r.text
+            side.eval_id = r.json()["id"]
+            side.secrets |= {side.eval_id, f"{tag}-eval", r.json()["job_id"]}
         yield w
     db.dispose()
 
@@ -288,6 +295,18 @@ def _spec() -> dict:
     return grpo_spec(
         **{"hf-checkpoint": "artifacts://models/tiny", "prompt-data": "artifacts://data/train.jsonl"}
     )
+
+
+def _eval_body(w: World, t: str) -> dict:
+    return {
+        "model": {"path": "artifacts://models/tiny"},
+        "eval_prompt_data": ["arith", "artifacts://data/train.jsonl"],
+        "thresholds": ["eval/arith >= 0.5"],
+        "spec": {"input-key": "prompt", "label-key": "label", "rm-type": "math"},
+        "team": w.sides[t].team,
+        "queue": w.sides[t].queue,
+        "name": w.unique("iso-eval"),
+    }
 
 
 def _job_body(w: World, t: str) -> dict:
@@ -422,6 +441,10 @@ ROUTES: dict[tuple[str, str], Rule] = {
         TEAM_PATH, WRITERS, frozenset({409, 422}), body=lambda w, t: {"part_ids": ["part_none"]}
     ),
     ("POST", "/v1/uploads/{upload_id}/cancel"): Rule(TEAM_PATH, WRITERS, frozenset({200, 409})),
+    # evals: run by the team's writers, read by every role of the team
+    ("POST", "/v1/evals"): Rule(TEAM_BODY, WRITERS, frozenset({201}), _eval_body),
+    ("GET", "/v1/evals"): Rule(GLOBAL, ALL),
+    ("GET", "/v1/evals/{eval_id}"): Rule(TEAM_PATH, ALL),
     # dashboard sign-in: a login code for one's own key; its exchange needs the code, not a key
     ("POST", "/v1/auth/login-codes"): Rule(GLOBAL, ALL, frozenset({201})),
     ("POST", "/v1/auth/sessions"): Rule(PUBLIC, ok=frozenset({401}), body=lambda w, t: {"code": "wrong"}),
@@ -471,6 +494,7 @@ def fill(w: World, method: str, template: str, rule: Rule, target: str) -> str:
         "delivery_id": side.delivery_id,
         "file_id": _fresh_file(w, side) if method == "DELETE" and "{file_id}" in template else side.file_id,
         "upload_id": side.upload_id,
+        "eval_id": side.eval_id,
         "node": "node-0",
         "path": "out.txt",
         "name": side.queue if template.startswith("/v1/queues") else "local",

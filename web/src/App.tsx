@@ -3,6 +3,7 @@ import { useQueryClient } from "@tanstack/react-query";
 import { useEffect } from "react";
 import { getApiKey, signOut, useAuth } from "./lib/auth";
 import { useRoute } from "./lib/router";
+import { EvalsPage } from "./routes/EvalsPage";
 import { JobDetailPage } from "./routes/JobDetailPage";
 import { JobsPage } from "./routes/JobsPage";
 import { PlatformPage } from "./routes/PlatformPage";
@@ -12,10 +13,11 @@ import { SubmitPage } from "./routes/SubmitPage";
 const NAV = [
   { section: "jobs", href: "#/jobs", label: "Jobs" },
   { section: "submit", href: "#/submit", label: "Submit" },
+  { section: "evals", href: "#/evals", label: "Evals" },
   { section: "platform", href: "#/platform", label: "Pools & queues" },
 ];
 
-const TITLES: Record<string, string> = { jobs: "Jobs", submit: "Submit", platform: "Pools & queues" };
+const TITLES: Record<string, string> = { jobs: "Jobs", submit: "Submit", evals: "Evals", platform: "Pools & queues" };
 
 export function App() {
   const auth = useAuth();
@@ -37,6 +39,7 @@ export function App() {
   let page;
   if (section === "jobs" && id) page = <JobDetailPage key={id} jobId={id} tab={tab} />;
   else if (section === "submit") page = <SubmitPage route={route} />;
+  else if (section === "evals") page = <EvalsPage route={route} />;
   else if (section === "platform") page = <PlatformPage />;
   else page = <JobsPage route={route} />;
 

@@ -1,0 +1,99 @@
+"""CI evals end to end on the embedded platform: `relaxctl eval --wait --junit` -> API -> eval-only job through the
+queue, scheduler, Celery and Ray -> the tiny model generates on the arithmetic test set, the math reward scores it
+-> the verdict: exit 0 on pass, 1 on fail, 2 when the eval's job does not succeed, with the JUnit XML."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from bench.harness import ROOT, RunningPlatform
+from client.sdk import RelaxClient
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+EVAL = [
+    "eval",
+    "--model", "artifacts://models/tiny",
+    "--eval-prompt-data", "arith=artifacts://datasets/arith/test.jsonl",
+    "-n", "2",
+    "--set", "rm-type=math", "--set", "input-key=input", "--set", "label-key=label",
+    "--set", "rollout-max-response-len=8",
+]  # fmt: skip
+
+
+def test_an_eval_passes_and_one_fails_with_junit(platform: RunningPlatform, tmp_path: Path) -> None:
+    c = RelaxClient(platform.url, platform.key)
+    # the team was granted `high` (never preempted, ahead of the queue's normal jobs): its evals run at it
+    c.update_team("default", allowed_priority_classes=["high", "normal", "low"])
+    started = time.monotonic()
+    junit = tmp_path / "pass.xml"
+    r = platform.relaxctl(
+        *EVAL, "--name", "ci-pass", "-t", "eval/arith >= 0", "-t", "eval/arith-pass@2 >= 0",
+        "--wait", "--junit", str(junit), timeout=300,
+    )  # fmt: skip
+    took = time.monotonic() - started
+    assert r.returncode == 0, r.stdout + r.stderr + platform.log()
+    assert "PASSED" in r.stdout
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite is not None and suite.get("tests") == "2" and suite.get("failures") == "0"
+    assert [case.get("name") for case in suite.iter("testcase")] == [
+        "eval/arith >= 0",
+        "eval/arith-pass@2 >= 0",
+    ]
+
+    ev = c.list_evals()["data"][0]
+    assert ev["name"] == "ci-pass" and ev["status"] == "passed" and ev["job_status"] == "SUCCEEDED"
+    score, pass2 = ev["metrics"]["eval/arith"], ev["metrics"]["eval/arith-pass@2"]
+    assert 0.0 <= score <= 1.0 and pass2 >= score - 1e-9  # real rewards: pass@2 is at least the mean
+    job = c.get_job(ev["job_id"])
+    assert job["spec"]["debug_rollout_only"] is True and job["priority_class"] == "high"
+    rollouts = c.rollouts(ev["job_id"])
+    assert rollouts and rollouts[0]["split"] == "eval" and rollouts[0]["num_samples"] > 0
+    print(f"eval (tiny model, arith test, n=2) passed in {took:.1f}s: eval/arith={score:.3f}")
+
+    junit = tmp_path / "fail.xml"
+    r = platform.relaxctl(
+        *EVAL, "--name", "ci-fail", "-t", "eval/arith > 1", "--wait", "--junit", str(junit), timeout=300
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAILED" in r.stdout
+    failure = ET.parse(junit).getroot().find("testsuite/testcase/failure")
+    assert failure is not None and "needs > 1" in (failure.get("message") or "")
+    history = c.list_evals(model="artifacts://models/tiny")["data"]
+    assert [e["status"] for e in history] == ["failed", "passed"]
+
+
+def test_an_eval_whose_job_is_cancelled_is_an_error(platform: RunningPlatform, tmp_path: Path) -> None:
+    c = RelaxClient(platform.url, platform.key)
+    junit = tmp_path / "error.xml"
+    script = Path(sys.executable).parent / "relaxctl"
+    proc = subprocess.Popen(
+        [str(script), *EVAL, "--name", "ci-cancel", "-t", "eval/arith >= 0", "--wait", "--junit", str(junit)],
+        cwd=ROOT,
+        env=platform.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        ev = None
+        while time.monotonic() < deadline and ev is None:
+            ev = next((e for e in c.list_evals()["data"] if e["name"] == "ci-cancel"), None)
+            time.sleep(0.3)
+        assert ev is not None
+        c.cancel_job(ev["job_id"])
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2, out
+    error = ET.parse(junit).getroot().find("testsuite/testcase/error")
+    assert error is not None and "CANCELLED" in (error.get("message") or "")
+    assert c.get_eval(ev["id"])["status"] == "error"

@@ -1,0 +1,154 @@
+// CI evals: each model's eval history (`#/evals`), and one model's verdicts and metrics over time
+// (`#/evals?model=<model_key>`). Evals are run by CI with `relaxctl eval --wait --junit`.
+import { useQuery } from "@tanstack/react-query";
+import { type EvalPublic, evalsQuery } from "../api/evals";
+import { ErrorPanel } from "../components/common/ErrorPanel";
+import { Loading } from "../components/common/Loading";
+import { MetricChart } from "../components/jobs/MetricChart";
+import { describeThreshold, groupByModel, metricSeries, verdictClass } from "../lib/evals";
+import { formatMetric, formatTime } from "../lib/format";
+import { buildHash, type Route } from "../lib/router";
+
+function Verdict({ status }: { status: string }) {
+  return <span className={`status status-${verdictClass(status)}`}>{status}</span>;
+}
+
+export function EvalsPage({ route }: { route: Route }) {
+  const model = route.query.get("model");
+  return model ? <ModelHistoryView model={model} /> : <ModelsView />;
+}
+
+function ModelsView() {
+  const evals = useQuery(evalsQuery(null));
+  const models = groupByModel(evals.data ?? []);
+  return (
+    <div>
+      <div className="page-head">
+        <h1>Evals</h1>
+        <span className="spacer" />
+        <span className="muted small">
+          run by CI: <code>relaxctl eval … --wait --junit out.xml</code>
+        </span>
+      </div>
+      {evals.isPending ? <Loading /> : null}
+      {evals.isError ? <ErrorPanel error={evals.error} /> : null}
+      {evals.data && !models.length ? <p className="muted">No eval yet.</p> : null}
+      {models.length ? (
+        <div className="panel table-wrap" style={{ padding: 0 }}>
+          <table data-testid="eval-models">
+            <caption className="sr-only">Models and their latest eval</caption>
+            <thead>
+              <tr>
+                <th scope="col">Model</th>
+                <th scope="col">Latest</th>
+                <th scope="col">Thresholds</th>
+                <th scope="col" className="num">Passed</th>
+                <th scope="col" className="num">Failed</th>
+                <th scope="col" className="num">Error</th>
+                <th scope="col">When</th>
+              </tr>
+            </thead>
+            <tbody>
+              {models.map((m) => (
+                <tr key={m.model}>
+                  <td className="mono">
+                    <a href={buildHash(["evals"], { model: m.model })}>{m.model}</a>
+                  </td>
+                  <td>
+                    <Verdict status={m.latest.status} />
+                  </td>
+                  <td className="small">{m.latest.thresholds.map(describeThreshold).join("; ")}</td>
+                  <td className="num">{m.counts.passed}</td>
+                  <td className="num">{m.counts.failed}</td>
+                  <td className="num">{m.counts.error}</td>
+                  <td className="nowrap small">{formatTime(m.latest.created_at)}</td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
+        </div>
+      ) : null}
+    </div>
+  );
+}
+
+function ModelHistoryView({ model }: { model: string }) {
+  const evals = useQuery(evalsQuery(model));
+  const history: EvalPublic[] = groupByModel(evals.data ?? [])[0]?.evals ?? [];
+  const series = metricSeries(history);
+  const names = Object.keys(series).sort();
+  return (
+    <div>
+      <div className="page-head">
+        <h1>
+          Evals of <code>{model}</code>
+        </h1>
+        <span className="spacer" />
+        <a href={buildHash(["evals"])}>All models</a>
+      </div>
+      {evals.isPending ? <Loading /> : null}
+      {evals.isError ? <ErrorPanel error={evals.error} /> : null}
+      {evals.data && !history.length ? <p className="muted">No eval of this model.</p> : null}
+      {names.length ? (
+        <section className="panel" aria-label="Metrics over time">
+          <h2 style={{ marginTop: 0 }}>Metrics over its evals (oldest left)</h2>
+          <div className="charts">
+            {names.map((name) => (
+              <MetricChart key={name} name={name} points={series[name] ?? []} smoothing={0} />
+            ))}
+          </div>
+        </section>
+      ) : null}
+      {history.length ? (
+        <div className="panel table-wrap" style={{ padding: 0 }}>
+          <table data-testid="eval-history">
+            <caption className="sr-only">Evals of {model}, newest first</caption>
+            <thead>
+              <tr>
+                <th scope="col">When</th>
+                <th scope="col">Eval</th>
+                <th scope="col">Verdict</th>
+                <th scope="col">Thresholds</th>
+                <th scope="col">Metrics</th>
+                <th scope="col">Job</th>
+              </tr>
+            </thead>
+            <tbody>
+              {[...history].reverse().map((ev) => (
+                <tr key={ev.id}>
+                  <td className="nowrap small">{formatTime(ev.created_at)}</td>
+                  <td>
+                    {ev.name} <span className="muted small mono">{ev.id}</span>
+                  </td>
+                  <td>
+                    <Verdict status={ev.status} />
+                    {ev.reason ? <div className="muted small">{ev.reason}</div> : null}
+                  </td>
+                  <td className="small">
+                    {ev.thresholds.map((t) => (
+                      <div key={`${t.metric}${t.op}${t.value}`}>
+                        <span className={`status status-${t.verdict === "pass" ? "SUCCEEDED" : t.verdict === "pending" ? "QUEUED" : "FAILED"}`}>
+                          {t.verdict}
+                        </span>{" "}
+                        {describeThreshold(t)}
+                      </div>
+                    ))}
+                  </td>
+                  <td className="small mono">
+                    {Object.entries(ev.metrics)
+                      .filter(([name]) => !name.includes("/", "eval/".length))
+                      .map(([name, value]) => `${name}=${formatMetric(value)}`)
+                      .join(", ") || "—"}
+                  </td>
+                  <td className="mono small">
+                    <a href={buildHash(["jobs", ev.job_id])}>{ev.job_id}</a>
+                  </td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
+        </div>
+      ) : null}
+    </div>
+  );
+}
