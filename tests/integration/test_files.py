@@ -536,3 +536,38 @@ def test_links_planted_in_the_area_by_a_job_reach_nothing(sqlite_world: World, t
     r = upload(w, "alpha", "e.jsonl", b"{}\n")
     assert r.status_code == 409 and r.json()["error"]["code"] == "file.store_link"
     assert list(elsewhere.iterdir()) == []
+
+
+def test_sdk_sends_a_part_again_when_its_answer_is_lost(
+    sqlite_world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A part the server stored whose answer never came back (the connection dropped) is sent again: the server
+    answers the same part, and the upload completes with the file's bytes once."""
+    import httpx
+
+    import client.files as client_files
+    from client.sdk import RelaxClient
+
+    w = sqlite_world
+    c = RelaxClient("http://testserver", "unused")
+    c._http = w.client
+    w.client.headers.update(w.as_("alpha"))
+    real = w.client.request
+    dropped: list[str] = []
+
+    def flaky(method: str, url: str, **kw):  # type: ignore[no-untyped-def]
+        resp = real(method, url, **kw)
+        if str(url).endswith("/parts") and len(dropped) < 2:
+            dropped.append(resp.json()["id"])
+            raise httpx.ReadError(
+                "connection reset", request=httpx.Request(method, f"http://testserver{url}")
+            )
+        return resp
+
+    monkeypatch.setattr(w.client, "request", flaky)
+    monkeypatch.setattr(client_files.time, "sleep", lambda s: None)
+    blob = bytes(range(256)) * 200
+    (tmp_path / "w.bin").write_bytes(blob)
+    f = c.files.upload(tmp_path / "w.bin", purpose="model", part_bytes=20_000, threshold=30_000)
+    assert f["bytes"] == len(blob) and dropped[0] == dropped[1]  # the same part, stored once
+    assert w.client.get(f"/v1/files/{f['id']}/content").content == blob
