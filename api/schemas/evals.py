@@ -110,9 +110,13 @@ class EvalPublic(BaseModel):
     status: EvalStatus = Field(description="running until its job ends; then passed, failed or error.")
     reason: str | None
     model: dict[str, Any] = Field(
-        description="{job, checkpoint_step, path, hf_checkpoint}: as asked, and resolved."
+        description="{job, checkpoint_step, path} as asked; `step`: the step evaluated (a job's), `hf_checkpoint`: the "
+        "folder it resolved to."
     )
-    model_key: str = Field(description="Names the model in its history (GET /v1/evals?model=...).")
+    model_key: str = Field(
+        description="Names the model in its history (GET /v1/evals?model=...): `job:<id>` (each export and "
+        "checkpoint of that job) or the path as given."
+    )
     datasets: list[dict[str, Any]]
     thresholds: list[ThresholdPublic]
     metrics: dict[str, float | None] = Field(description="The job's eval/* metrics, once it ended.")

@@ -492,8 +492,9 @@ class FileUploadPart(Base):
 class Eval(Base):
     """A CI eval (`/v1/evals`): a model (a job's export or checkpoint, or a path the team may read), the eval sets
     it runs on and thresholds on their metrics; it runs as an eval-only job (`job_id`) and ends passed, failed or
-    error once that job ends. `model_key` names the model for its history (`job:<id>[@step]` or the path as
-    given); `thresholds` and `metrics` hold the verdict of each threshold and the metrics it read."""
+    error once that job ends. `model_key` names the model for its history (`job:<id>`, every export and
+    checkpoint of that job, or the path as given); `thresholds` and `metrics` hold the verdict of each threshold
+    and the metrics it read."""
 
     __tablename__ = "evals"
     __table_args__ = (

@@ -127,7 +127,7 @@ def job_ended(session: Session, job: Job) -> Eval | None:
         ev.reason = f"job {job.id} ended {job.status}: {job.status_reason or 'no reason given'}"
     ev.finished_at = utcnow()
     session.flush()
-    webhooks.record_eval_completed(session, ev.team_id, job.id, eval_payload(ev))
+    webhooks.record_eval_completed(session, job, eval_payload(ev))
     return ev
 
 

@@ -215,7 +215,7 @@ def _settings(spec: dict[str, Any] | None) -> dict[str, Any]:
 
 def _model(session: Session, team: Team, req: EvalRequest) -> tuple[str, dict[str, Any], str]:
     """(the spec's hf-checkpoint, the eval's model as asked, its key in the model's history)."""
-    model: dict[str, Any] = {"job": None, "checkpoint_step": req.checkpoint_step, "path": None}
+    model: dict[str, Any] = {"job": None, "checkpoint_step": req.checkpoint_step, "step": None, "path": None}
     if (req.model_job is None) == (req.model_path is None):
         raise _invalid(
             "model",
@@ -268,8 +268,8 @@ def _model(session: Session, team: Team, req: EvalRequest) -> tuple[str, dict[st
         ref = f"{JOB}{job.id}/{folder.relative_to(job.output_dir).as_posix()}"
     except ValueError:
         ref = str(folder)  # saved outside its folder (a granted path): resolved as a path of the team
-    key = f"job:{job.id}" + (f"@{step}" if step is not None else "")
-    return ref, model, key
+    model["step"] = chosen.step  # the step of what was evaluated (asked for, or the newest)
+    return ref, model, f"job:{job.id}"  # one history per job: its exports and checkpoints over its steps
 
 
 def _team_job(session: Session, team: Team, ref: str) -> Job:

@@ -360,15 +360,17 @@ def record_job_transition(
     return ids
 
 
-def record_eval_completed(session: Session, team_id: str, job_id: str, data: dict[str, Any]) -> list[str]:
-    """The `eval.completed` deliveries of an eval's result (`data`: what the message says of the eval), one per
-    enabled endpoint of its team that wants the type, added to the session (sent after it commits)."""
+def record_eval_completed(session: Session, job: Job, data: dict[str, Any]) -> list[str]:
+    """The `eval.completed` deliveries of an eval's result (`data`: what the message says of the eval), added to
+    the session (sent after it commits): one per enabled endpoint of the team that wants the type, and one per
+    `--notify-urls` URL of the eval's job (signed with the job's secret, as its status changes are)."""
     event_type = wh.EVAL_COMPLETED
-    targets = [
+    targets: list[tuple[str | None, str]] = [
         (endpoint_id, url)
-        for endpoint_id, url, patterns in _enabled_endpoints(session, team_id)
+        for endpoint_id, url, patterns in _enabled_endpoints(session, job.team_id)
         if wh.matches(patterns, event_type)
     ]
+    targets += [(None, url) for url in notify_urls(job.spec)[:MAX_NOTIFY_URLS] if wh.url_problem(url) is None]
     if not targets:
         return []
     now = utcnow()
@@ -381,8 +383,8 @@ def record_eval_completed(session: Session, team_id: str, job_id: str, data: dic
             WebhookDelivery(
                 id=delivery_id,
                 endpoint_id=endpoint_id,
-                team_id=team_id,
-                job_id=job_id,
+                team_id=job.team_id,
+                job_id=job.id,
                 url=url,
                 event_type=event_type,
                 payload=payload,

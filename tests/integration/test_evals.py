@@ -256,7 +256,7 @@ def test_a_jobs_checkpoint_is_the_model(world: World) -> None:
     r = w.client.post("/v1/evals", json=body, headers=w.as_("alpha"))
     assert r.status_code == 201, r.text
     ev = r.json()
-    assert ev["model_key"] == f"job:{trained['id']}@1"
+    assert ev["model_key"] == f"job:{trained['id']}" and ev["model"]["step"] == 1
     assert ev["model"]["hf_checkpoint"] == str((iteration / "model").resolve())
     job = w.client.get(f"/v1/jobs/{ev['job_id']}", headers=w.as_("alpha")).json()
     assert job["submitted"]["inputs"][0]["job_id"] == trained["id"]  # the submission's job:// resolution
@@ -269,3 +269,23 @@ def test_a_jobs_checkpoint_is_the_model(world: World) -> None:
     r = w.client.post("/v1/evals", json=_body(model={"job": trained["id"]}), headers=w.as_("omega"))
     assert r.status_code == 422 and r.json()["error"]["details"]["issues"][0]["field"] == "model.job"
     assert area.exists()
+
+
+def test_the_eval_jobs_notify_urls_get_its_result_too(world: World, receiver: Receiver) -> None:
+    w = world
+    _seed(w, "alpha")
+    body = _body()
+    body["spec"] = body["spec"] | {"notify-urls": receiver.url + "/ci"}
+    ev = w.client.post("/v1/evals", json=body, headers=w.as_("alpha")).json()
+    _end(w, ev["job_id"], {"eval/arith": 0.75, "eval/arith-pass@4": 1.0})
+    _deliver_due(w)
+    got = [g for g in receiver.got if json.loads(g.body)["type"] == "eval.completed"]
+    assert len(got) == 1 and got[0].path == "/hook/ci"
+    secret = wh.job_secret(w.settings.signing_key(), ev["job_id"])  # the job's own, as for its status changes
+    ts = int(got[0].headers["webhook-timestamp"])
+    assert wh.verify(
+        secret, got[0].headers["webhook-id"], ts, got[0].body, got[0].headers["webhook-signature"]
+    )
+    assert json.loads(got[0].body)["data"]["status"] == "passed"
+    # and the job's status changes, as any job's --notify-urls
+    assert {json.loads(g.body)["type"] for g in receiver.got} >= {"job.queued", "job.succeeded"}

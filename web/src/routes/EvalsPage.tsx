@@ -77,6 +77,8 @@ function ModelHistoryView({ model }: { model: string }) {
   const history: EvalPublic[] = groupByModel(evals.data ?? [])[0]?.evals ?? [];
   const series = metricSeries(history);
   const names = Object.keys(series).sort();
+  const stepOf = (ev: EvalPublic) => (typeof ev.model.step === "number" ? ev.model.step : null);
+  const withSteps = history.some((ev) => stepOf(ev) !== null); // a job's exports and checkpoints
   return (
     <div>
       <div className="page-head">
@@ -107,6 +109,7 @@ function ModelHistoryView({ model }: { model: string }) {
               <tr>
                 <th scope="col">When</th>
                 <th scope="col">Eval</th>
+                {withSteps ? <th scope="col" className="num">Step</th> : null}
                 <th scope="col">Verdict</th>
                 <th scope="col">Thresholds</th>
                 <th scope="col">Metrics</th>
@@ -120,6 +123,7 @@ function ModelHistoryView({ model }: { model: string }) {
                   <td>
                     {ev.name} <span className="muted small mono">{ev.id}</span>
                   </td>
+                  {withSteps ? <td className="num">{stepOf(ev) ?? "—"}</td> : null}
                   <td>
                     <Verdict status={ev.status} />
                     {ev.reason ? <div className="muted small">{ev.reason}</div> : null}

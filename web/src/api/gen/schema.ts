@@ -1435,14 +1435,14 @@ export interface components {
             };
             /**
              * Model
-             * @description {job, checkpoint_step, path, hf_checkpoint}: as asked, and resolved.
+             * @description {job, checkpoint_step, path} as asked; `step`: the step evaluated (a job's), `hf_checkpoint`: the folder it resolved to.
              */
             model: {
                 [key: string]: unknown;
             };
             /**
              * Model Key
-             * @description Names the model in its history (GET /v1/evals?model=...).
+             * @description Names the model in its history (GET /v1/evals?model=...): `job:<id>` (each export and checkpoint of that job) or the path as given.
              */
             model_key: string;
             /** Name */
