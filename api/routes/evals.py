@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 
-from api.deps import AuditDep, DispatcherDep, PrincipalDep, SessionDep
+from api.deps import AuditDep, DispatcherDep, PrincipalDep, ReadSessionDep, SessionDep
 from api.schemas import ERROR_RESPONSES
 from api.schemas.evals import EvalCreate, EvalPublic, EvalsPage, EvalStatus, ThresholdIn
 from scheduler.db.models import Eval
@@ -23,6 +23,7 @@ def create_eval(
     body: EvalCreate,
     request: Request,
     session: SessionDep,
+    read_session: ReadSessionDep,
     principal: PrincipalDep,
     dispatcher: DispatcherDep,
     audit: AuditDep,
@@ -50,8 +51,14 @@ def create_eval(
         priority_class=body.priority_class,
         labels=dict(body.labels or {}),
     )
+    # checked and judged in a read-only unit of work (SQLite: no write lock meanwhile), then written
     ev, job = evals.create_eval(
-        session, principal, req, artifact_root=state.artifact_root, home=state.settings.home
+        session,
+        principal,
+        req,
+        artifact_root=state.artifact_root,
+        home=state.settings.home,
+        read_session=read_session,
     )
     audit.note(target=ev.id, job=job.id, team=ev.team_id, model=ev.model_key)
     after_commit(session, dispatcher.request_pass)

@@ -91,16 +91,25 @@ def _invalid(field: str, message: str, hint: str, code: str = "eval.invalid") ->
 
 # -- creating ------------------------------------------------------------------------------------------------------
 def create_eval(
-    session: Session, principal: Principal, req: EvalRequest, *, artifact_root: Path, home: Path
+    session: Session,
+    principal: Principal,
+    req: EvalRequest,
+    *,
+    artifact_root: Path,
+    home: Path,
+    read_session: Session | None = None,
 ) -> tuple[Eval, Job]:
-    """Check the request, submit its eval-only job and store the eval (one transaction: a refusal writes nothing)."""
+    """Check the request, submit its eval-only job and store the eval (a refusal writes nothing). Everything
+    is checked and the job's spec judged in `read_session` when given (SQLite: a read-only unit of work, which
+    holds no write lock meanwhile, as `POST /v1/jobs` does), then written in `session`."""
     principal.require(Action.JOB_SUBMIT)
-    team = team_for(session, principal, req.team)
+    reads = read_session if read_session is not None else session
+    team = team_for(reads, principal, req.team)
     thresholds = [_threshold(i, t) for i, t in enumerate(req.thresholds)]
     settings = _settings(req.spec)
-    hf_checkpoint, model, model_key = _model(session, team, req)
+    hf_checkpoint, model, model_key = _model(reads, team, req)
     log_passrate = req.pass_at_k if req.pass_at_k is not None else req.n_samples_per_eval_prompt > 1
-    datasets, first_path = _datasets(session, team, req, artifact_root=artifact_root, home=home)
+    datasets, first_path = _datasets(reads, team, req, artifact_root=artifact_root, home=home)
     expected = expected_metrics(datasets, log_passrate=log_passrate)
     for i, t in enumerate(thresholds):
         if t.metric not in expected:
@@ -134,7 +143,7 @@ def create_eval(
         spec["eval_prompt_data"] = list(req.eval_prompt_data or [])
     eval_id = new_id("ev")
     name = req.name or _default_name(model)
-    classes = granted_priority_classes(session, team)
+    classes = granted_priority_classes(reads, team)
     sub = Submission(
         name=name,
         team=req.team,
@@ -143,9 +152,10 @@ def create_eval(
         labels={**req.labels, EVAL_LABEL: eval_id},
         spec=spec,
     )
+    reader = JobSubmission(reads, artifact_root=artifact_root, home=home)
     svc = JobSubmission(session, artifact_root=artifact_root, home=home)
     try:
-        judged = svc.judge(principal, sub)
+        judged = reader.judge(principal, sub)
         job, _ = svc.submit(principal, sub, judged)
     except InvalidSpec as err:
         raise _renamed(
@@ -156,7 +166,7 @@ def create_eval(
     model["hf_checkpoint"] = job.spec.get("hf_checkpoint")
     ev = Eval(
         id=eval_id,
-        team_id=team.id,
+        team_id=job.team_id,
         name=name,
         job_id=job.id,
         model=model,
