@@ -51,6 +51,7 @@ SETTABLE = frozenset(
         "reward_max_concurrency", "reward_num_workers", "rm_url", "notify_urls",
     }
 )  # fmt: skip
+MAX_DATASETS = 32  # eval sets of one eval (eval_prompt_data: 64 words, 32 pairs)
 #: Set through the eval's own fields, not `spec`.
 OWN_FIELDS = {
     "hf_checkpoint": "model",
@@ -372,6 +373,10 @@ def _config_datasets(
         entries = [v for v in raw if isinstance(v, dict)]
     else:
         entries = []
+    if len(entries) > MAX_DATASETS:
+        raise _invalid(
+            "eval_config", f"{req.eval_config} names {len(entries)} eval sets", f"at most {MAX_DATASETS}"
+        )
     if not entries or any(
         not isinstance(e.get("name"), str) or not isinstance(e.get("path"), str) for e in entries
     ):

@@ -97,3 +97,25 @@ def test_an_eval_whose_job_is_cancelled_is_an_error(platform: RunningPlatform, t
     error = ET.parse(junit).getroot().find("testsuite/testcase/error")
     assert error is not None and "CANCELLED" in (error.get("message") or "")
     assert c.get_eval(ev["id"])["status"] == "error"
+
+
+def test_the_ci_workflow_example_reaches_the_api(platform: RunningPlatform, tmp_path: Path) -> None:
+    """docs/ci/eval-gate.yml's eval step, run by bash as GitHub Actions would (its expressions filled in): the
+    command line is one `relaxctl eval` takes; on this platform the example's model and data sets do not exist,
+    which the API refuses naming them, and the step exits 2."""
+    import yaml
+
+    workflow = yaml.safe_load((ROOT / "docs" / "ci" / "eval-gate.yml").read_text())
+    step = next(s for s in workflow["jobs"]["eval"]["steps"] if s.get("name") == "Evaluate the model")
+    script = step["run"].replace("${{ inputs.job }}", "").replace("${{ inputs.step }}", "")
+    assert "${{" not in script and "--wait --junit" in script
+    env = platform.env() | {
+        "GITHUB_SHA": "3f2a91c0aa",
+        "PATH": f"{Path(sys.executable).parent}:{platform.env().get('PATH', '')}",
+    }
+    r = subprocess.run(
+        ["bash", "-e", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "model.path" in r.stderr and "eval_prompt_data" in r.stderr, r.stderr
+    assert not (tmp_path / "eval-results.xml").exists()  # refused: no verdict to report

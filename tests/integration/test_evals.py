@@ -215,6 +215,21 @@ def test_an_eval_config_names_the_metrics(world: World) -> None:
     body["thresholds"] = ["eval/hard-pass@2 >= 0.5"]  # one sample per prompt there: no pass@2
     r = w.client.post("/v1/evals", json=body, headers=w.as_("alpha"))
     assert r.status_code == 422 and "eval/easy-pass@2" in r.text
+    many = "".join(f"    - {{name: s{i}, path: data/test.jsonl}}\n" for i in range(33))
+    (area / "many.yaml").write_text("eval:\n  datasets:\n" + many)
+    r = w.client.post(
+        "/v1/evals", json=body | {"eval_config": "artifacts://many.yaml"}, headers=w.as_("alpha")
+    )
+    assert r.status_code == 422 and r.json()["error"]["details"]["issues"][0]["field"] == "eval_config"
+    (area / "none.yaml").write_text("eval: {defaults: {}}\n")
+    r = w.client.post(
+        "/v1/evals", json=body | {"eval_config": "artifacts://none.yaml"}, headers=w.as_("alpha")
+    )
+    assert r.status_code == 422 and "needs eval.datasets" in r.text
+    r = w.client.post(
+        "/v1/evals", json=body | {"eval_config": "artifacts://nowhere.yaml"}, headers=w.as_("alpha")
+    )
+    assert r.status_code == 422 and r.json()["error"]["details"]["issues"][0]["field"] == "eval_config"
 
 
 def test_a_jobs_checkpoint_is_the_model(world: World) -> None:
