@@ -182,13 +182,13 @@ def run_eval(
         cmd.print_json(ev)
     else:
         print_verdict(ev)
-    raise typer.Exit(EXIT.get(ev["status"], 2))
+    raise typer.Exit(EXIT.get(ev["outcome"], 2))
 
 
 def print_verdict(ev: dict[str, Any]) -> None:
-    colour = {"passed": "green", "failed": "red"}.get(ev["status"], "yellow")
+    colour = {"passed": "green", "failed": "red"}.get(ev["outcome"], "yellow")
     cmd.out.print(
-        f"[{colour}]{ev['status'].upper()}[/{colour}]  {ev['name']}  ({ev['id']}, job {ev['job_id']})"
+        f"[{colour}]{ev['outcome'].upper()}[/{colour}]  {ev['name']}  ({ev['id']}, job {ev['job_id']})"
     )
     for t in ev["thresholds"]:
         actual = "—" if t.get("actual") is None else f"{t['actual']:.4g}"
@@ -217,7 +217,7 @@ def write_junit(ev: dict[str, Any], path: Path) -> None:
         timestamp=str(ev.get("created_at") or ""),
     )
     props = ET.SubElement(suite, "properties")
-    for key in ("id", "job_id", "model_key", "status"):
+    for key in ("id", "job_id", "model_key", "outcome"):
         ET.SubElement(props, "property", name=f"eval.{key}", value=str(ev.get(key) or ""))
     for t in thresholds:
         case = ET.SubElement(
@@ -230,7 +230,7 @@ def write_junit(ev: dict[str, Any], path: Path) -> None:
             ET.SubElement(case, "failure", message=message, type="threshold").text = message
         elif t["verdict"] != "pass":
             message = (
-                f"{t['metric']} was not reported" if ev["status"] != "error" or ev.get("job_status") == "SUCCEEDED"
+                f"{t['metric']} was not reported" if ev["outcome"] != "error" or ev.get("job_status") == "SUCCEEDED"
                 else str(ev.get("reason") or "the eval job failed")
             )  # fmt: skip
             ET.SubElement(case, "error", message=message, type="eval_error").text = message
@@ -257,15 +257,15 @@ def _seconds(ev: dict[str, Any]) -> float:
 def evals_list(
     c: RelaxClient,
     model: Annotated[str | None, typer.Option(help="One model's history: its model_key.")] = None,
-    status: Annotated[str | None, typer.Option(help="running, passed, failed or error.")] = None,
+    outcome: Annotated[str | None, typer.Option(help="running, passed, failed or error.")] = None,
     limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 50,
 ) -> Table:
     """Your team's evals, newest first: each one's verdict and metrics."""
-    data = c.list_evals(model=model, status=status, limit=limit)["data"]
+    data = c.list_evals(model=model, outcome=outcome, limit=limit)["data"]
     cols = [
         Col("id"),
         Col("name"),
-        Col("status"),
+        Col("outcome"),
         Col("model", drop=2),
         Col("thresholds", wrap=True),
         Col("created", drop=1),
@@ -277,7 +277,7 @@ def evals_list(
             [
                 e["id"],
                 e["name"],
-                e["status"],
+                e["outcome"],
                 e["model_key"],
                 ", ".join(f"{t['metric']}:{t['verdict']}" for t in e["thresholds"]),
                 str(e["created_at"])[:19].replace("T", " "),

@@ -458,13 +458,13 @@ class RelaxClient:
     def list_evals(
         self,
         model: str | None = None,
-        status: str | None = None,
+        outcome: str | None = None,
         team: str | None = None,
         after: str | None = None,
         limit: int = 50,
     ) -> dict[str, Any]:
         """A page of evals, newest first (`model`: one model's history, by its model_key): `data`, `next_cursor`."""
-        params = {"model": model, "status": status, "team": team, "after": after, "limit": limit}
+        params = {"model": model, "outcome": outcome, "team": team, "after": after, "limit": limit}
         return self._request("GET", "/v1/evals", params={k: v for k, v in params.items() if v is not None})
 
     def wait_eval(
@@ -484,7 +484,7 @@ class RelaxClient:
             if on_change is not None and ev.get("job_status") != seen:
                 seen = ev.get("job_status")
                 on_change(ev)
-            if ev["status"] != "running":
+            if ev["outcome"] != "running":
                 return ev
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"eval {eval_id} still running after {timeout:.0f}s (job {ev['job_id']})")

@@ -8,8 +8,9 @@ from fastapi import APIRouter, Query, Request
 
 from api.deps import AuditDep, DispatcherDep, PrincipalDep, ReadSessionDep, SessionDep
 from api.schemas import ERROR_RESPONSES
-from api.schemas.evals import EvalCreate, EvalPublic, EvalsPage, EvalStatus, ThresholdIn
+from api.schemas.evals import EvalCreate, EvalModelPublic, EvalPublic, EvalsPage, ThresholdIn
 from scheduler.db.models import Eval
+from scheduler.domain.evals import EvalOutcome
 from scheduler.domain.jobs import JobStatus
 from scheduler.services import evals
 from scheduler.services.eval_verdicts import Threshold
@@ -72,7 +73,7 @@ def list_evals(
     model: Annotated[
         str | None, Query(max_length=300, description="One model's history: its model_key.")
     ] = None,
-    status: EvalStatus | None = None,
+    outcome: EvalOutcome | None = None,
     team: Annotated[str | None, Query(description="Admins: only this team's (name or id).")] = None,
     after: Annotated[
         str | None, Query(max_length=40, description="Id of the last eval of the previous page.")
@@ -81,7 +82,7 @@ def list_evals(
 ) -> EvalsPage:
     """The team's evals, newest first (an admin: every team's)."""
     rows, cursor = evals.list_evals(
-        session, principal, team=team, model=model, status=status, after=after, limit=limit
+        session, principal, team=team, model=model, outcome=outcome, after=after, limit=limit
     )
     return EvalsPage(data=[_public(ev, job_status) for ev, job_status in rows], next_cursor=cursor)
 
@@ -100,13 +101,13 @@ def _public(ev: Eval, job_status: JobStatus | None) -> EvalPublic:
         team_id=ev.team_id,
         job_id=ev.job_id,
         job_status=job_status,
-        status=ev.status,  # type: ignore[arg-type]
+        outcome=EvalOutcome(ev.outcome),
         reason=ev.reason,
-        model=ev.model,
+        model=EvalModelPublic.model_validate(ev.model),
         model_key=ev.model_key,
-        datasets=ev.datasets,
+        datasets=ev.datasets,  # type: ignore[arg-type]
         thresholds=ev.thresholds,  # type: ignore[arg-type]
-        metrics=ev.metrics or {},
+        metric_values=ev.metric_values or {},
         expected_metrics=ev.expected_metrics,
         created_at=ev.created_at,
         finished_at=ev.finished_at,

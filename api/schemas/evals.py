@@ -11,10 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.schemas import Labels
 from jobspec.bounds import MAX_PATH_LENGTH
 from scheduler.db.models import INTEGER_MAX
+from scheduler.domain.evals import EvalOutcome, Verdict
 from scheduler.domain.jobs import JobStatus
 
 _Path = Annotated[str, Field(max_length=MAX_PATH_LENGTH)]
-EvalStatus = Literal["running", "passed", "failed", "error"]
 Operator = Literal[">=", ">", "<=", "<", "=="]
 
 
@@ -95,31 +95,40 @@ class ThresholdPublic(BaseModel):
     op: Operator
     value: float
     actual: float | None = Field(None, description="The metric's value, once the eval ended.")
-    verdict: Literal["pending", "pass", "fail", "missing"] = Field(
-        description="missing: the job ended without reporting the metric."
-    )
+    verdict: Verdict = Field(description="missing: the job ended without reporting the metric.")
+
+
+class EvalModelPublic(BaseModel):
+    job: str | None = Field(None, description="The job evaluated (its id), if a job's.")
+    checkpoint_step: int | None = Field(None, description="The step asked for.")
+    step: int | None = Field(None, description="The step evaluated (a job's export or checkpoint).")
+    path: str | None = Field(None, description="The model path asked for.")
+    hf_checkpoint: str | None = Field(None, description="The folder it resolved to.")
+
+
+class EvalDataset(BaseModel):
+    name: str = Field(description="It names the metrics: eval/<name>, ...")
+    path: str = Field(description="As given (eval_prompt_data), or as the eval-config file names it.")
+    n_samples: int = Field(description="Samples per prompt.")
+    config: str | None = Field(None, description="The eval-config file that names it.")
 
 
 class EvalPublic(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
     id: str
     name: str
     team_id: str
     job_id: str
     job_status: JobStatus | None = None
-    status: EvalStatus = Field(description="running until its job ends; then passed, failed or error.")
+    outcome: EvalOutcome = Field(description="running until its job ends; then passed, failed or error.")
     reason: str | None
-    model: dict[str, Any] = Field(
-        description="{job, checkpoint_step, path} as asked; `step`: the step evaluated (a job's), `hf_checkpoint`: the "
-        "folder it resolved to."
-    )
+    model: EvalModelPublic
     model_key: str = Field(
         description="Names the model in its history (GET /v1/evals?model=...): `job:<id>` (each export and "
         "checkpoint of that job) or the path as given."
     )
-    datasets: list[dict[str, Any]]
+    datasets: list[EvalDataset]
     thresholds: list[ThresholdPublic]
-    metrics: dict[str, float | None] = Field(description="The job's eval/* metrics, once it ended.")
+    metric_values: dict[str, float | None] = Field(description="The job's eval/* metrics, once it ended.")
     expected_metrics: list[str] = Field(description="The metrics the eval produces.")
     created_at: datetime
     finished_at: datetime | None
@@ -138,10 +147,10 @@ class WebhookEvalData(BaseModel):
     name: str
     team: str = Field(description="The team's id.")
     job_id: str
-    status: EvalStatus
+    outcome: EvalOutcome
     reason: str | None
-    model: dict[str, Any]
+    model: EvalModelPublic
     model_key: str
     thresholds: list[ThresholdPublic]
-    metrics: dict[str, float | None]
+    metric_values: dict[str, float | None]
     finished_at: datetime | None

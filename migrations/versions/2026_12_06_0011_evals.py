@@ -2,7 +2,7 @@
 
 `evals` holds each eval a team ran (`POST /v1/evals`): the model (a job's export or checkpoint, or a path), the
 eval sets, the thresholds on their metrics with each one's verdict, the metrics read, the eval-only job that ran
-it and how it ended (running, passed, failed, error) (docs/reference/evals.md).
+it and its outcome (running, passed, failed, error) (docs/reference/evals.md).
 
 Revision ID: 0011
 Revises: 0010
@@ -35,8 +35,8 @@ def upgrade() -> None:
         sa.Column("datasets", _JSON, nullable=False),
         sa.Column("thresholds", _JSON, nullable=False),
         sa.Column("expected_metrics", _JSON, nullable=False),
-        sa.Column("metrics", _JSON, nullable=True),
-        sa.Column("status", sa.String(length=10), nullable=False),
+        sa.Column("metric_values", _JSON, nullable=True),
+        sa.Column("outcome", sa.String(length=10), nullable=False),
         sa.Column("reason", sa.Text(), nullable=True),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),

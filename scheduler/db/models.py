@@ -493,8 +493,8 @@ class Eval(Base):
     """A CI eval (`/v1/evals`): a model (a job's export or checkpoint, or a path the team may read), the eval sets
     it runs on and thresholds on their metrics; it runs as an eval-only job (`job_id`) and ends passed, failed or
     error once that job ends. `model_key` names the model for its history (`job:<id>`, every export and
-    checkpoint of that job, or the path as given); `thresholds` and `metrics` hold the verdict of each threshold
-    and the metrics it read."""
+    checkpoint of that job, or the path as given); `thresholds` and `metric_values` hold the verdict of each
+    threshold and the metrics it read."""
 
     __tablename__ = "evals"
     __table_args__ = (
@@ -511,8 +511,10 @@ class Eval(Base):
     datasets: Mapped[list[Any]]  # [{name, path}] or [{config}]
     thresholds: Mapped[list[Any]]  # [{metric, op, value, actual, verdict}]
     expected_metrics: Mapped[list[Any]]  # the metrics the eval produces (what a threshold may name)
-    metrics: Mapped[dict[str, Any] | None]
-    status: Mapped[str] = mapped_column(sa.String(10), default="running")  # running | passed | failed | error
+    metric_values: Mapped[dict[str, Any] | None]  # the job's eval/* metrics, once it ended
+    outcome: Mapped[str] = mapped_column(
+        sa.String(10), default="running"
+    )  # scheduler.domain.evals.EvalOutcome
     reason: Mapped[str | None] = mapped_column(sa.Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]

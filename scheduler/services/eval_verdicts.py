@@ -16,13 +16,12 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from scheduler.db.models import Eval, Job, Metric, utcnow
+from scheduler.domain.evals import EvalOutcome, Verdict
 from scheduler.domain.jobs import JobStatus
 from scheduler.services import webhooks
 
 #: The label an eval's job carries: the eval's id (a job without it is no eval's, and costs no query here).
 EVAL_LABEL = "relax.eval"
-RUNNING, PASSED, FAILED, ERROR = "running", "passed", "failed", "error"
-STATUSES = (RUNNING, PASSED, FAILED, ERROR)
 
 OPERATORS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge,
@@ -72,22 +71,25 @@ def job_metrics(session: Session, job_id: str) -> dict[str, float]:
     return {name: value for name, value in rows}
 
 
-def judge(thresholds: list[dict[str, Any]], metrics: dict[str, float]) -> tuple[list[dict[str, Any]], str]:
+def judge(
+    thresholds: list[dict[str, Any]], metrics: dict[str, float]
+) -> tuple[list[dict[str, Any]], EvalOutcome]:
     """Each threshold with its `actual` value and `verdict` (pass, fail, or missing when the job did not report
-    the metric), and the eval's status: passed when every one passes, error when a metric is missing, else
+    the metric), and the eval's outcome: passed when every one passes, error when a metric is missing, else
     failed."""
     judged = []
     for t in thresholds:
         threshold = Threshold(t["metric"], t["op"], float(t["value"]))
         actual = metrics.get(threshold.metric)
         if actual is None:
-            verdict = "missing"
+            verdict = Verdict.MISSING
         else:
-            verdict = "pass" if threshold.holds(actual) else "fail"
-        judged.append({**t, "actual": _json_number(actual), "verdict": verdict})
+            verdict = Verdict.PASS if threshold.holds(actual) else Verdict.FAIL
+        judged.append({**t, "actual": _json_number(actual), "verdict": str(verdict)})
     verdicts = {t["verdict"] for t in judged}
-    status = ERROR if "missing" in verdicts else FAILED if "fail" in verdicts else PASSED
-    return judged, status
+    if Verdict.MISSING in verdicts:
+        return judged, EvalOutcome.ERROR
+    return judged, EvalOutcome.FAILED if Verdict.FAIL in verdicts else EvalOutcome.PASSED
 
 
 def _json_number(value: float | None) -> float | None:
@@ -102,17 +104,17 @@ def job_ended(session: Session, job: Job) -> Eval | None:
     if not eval_id:
         return None
     ev = session.get(Eval, eval_id)
-    if ev is None or ev.job_id != job.id or ev.status != RUNNING:
+    if ev is None or ev.job_id != job.id or ev.outcome != EvalOutcome.RUNNING:
         return None
     metrics = job_metrics(session, job.id)
-    ev.metrics = {k: _json_number(v) for k, v in metrics.items()}
+    ev.metric_values = {k: _json_number(v) for k, v in metrics.items()}
     if JobStatus(job.status) == JobStatus.SUCCEEDED:
-        ev.thresholds, ev.status = judge(list(ev.thresholds), metrics)
-        missing = [t["metric"] for t in ev.thresholds if t["verdict"] == "missing"]
+        ev.thresholds, ev.outcome = judge(list(ev.thresholds), metrics)
+        missing = [t["metric"] for t in ev.thresholds if t["verdict"] == Verdict.MISSING]
         failed = [
             Threshold(t["metric"], t["op"], t["value"]).text()
             for t in ev.thresholds
-            if t["verdict"] == "fail"
+            if t["verdict"] == Verdict.FAIL
         ]
         ev.reason = (
             f"the job reported no {', '.join(missing)}"
@@ -122,8 +124,8 @@ def job_ended(session: Session, job: Job) -> Eval | None:
             else f"all {len(ev.thresholds)} thresholds passed"
         )
     else:
-        ev.thresholds = [{**t, "actual": None, "verdict": "missing"} for t in ev.thresholds]
-        ev.status = ERROR
+        ev.thresholds = [{**t, "actual": None, "verdict": str(Verdict.MISSING)} for t in ev.thresholds]
+        ev.outcome = EvalOutcome.ERROR
         ev.reason = f"job {job.id} ended {job.status}: {job.status_reason or 'no reason given'}"
     ev.finished_at = utcnow()
     session.flush()
@@ -138,11 +140,11 @@ def eval_payload(ev: Eval) -> dict[str, Any]:
         "name": ev.name,
         "team": ev.team_id,
         "job_id": ev.job_id,
-        "status": ev.status,
+        "outcome": ev.outcome,
         "reason": ev.reason,
         "model": ev.model,
         "model_key": ev.model_key,
         "thresholds": ev.thresholds,
-        "metrics": ev.metrics or {},
+        "metric_values": ev.metric_values or {},
         "finished_at": ev.finished_at.isoformat().replace("+00:00", "Z") if ev.finished_at else None,
     }

@@ -25,11 +25,12 @@ from sqlalchemy.orm import Session
 
 from scheduler.db.models import Checkpoint, Eval, Job, Team
 from scheduler.domain.errors import InvalidRequest, InvalidSpec, NotFound
+from scheduler.domain.evals import EvalOutcome, Verdict
 from scheduler.domain.ids import new_id
 from scheduler.domain.jobs import JobStatus
 from scheduler.domain.roles import Action
 from scheduler.services.auth import Principal, team_for
-from scheduler.services.eval_verdicts import EVAL_LABEL, RUNNING, STATUSES, Threshold, parse_threshold
+from scheduler.services.eval_verdicts import EVAL_LABEL, Threshold, parse_threshold
 from scheduler.services.paths import JOB, MAX_EVAL_CONFIG_BYTES, resolve_paths, team_storage
 from scheduler.services.platform import granted_priority_classes
 from scheduler.services.submission import JobSubmission, Submission
@@ -174,12 +175,18 @@ def create_eval(
         model_key=model_key,
         datasets=datasets,
         thresholds=[
-            {"metric": t.metric, "op": t.op, "value": t.value, "actual": None, "verdict": "pending"}
+            {
+                "metric": t.metric,
+                "op": t.op,
+                "value": t.value,
+                "actual": None,
+                "verdict": str(Verdict.PENDING),
+            }
             for t in thresholds
         ],
         expected_metrics=expected,
-        metrics=None,
-        status=RUNNING,
+        metric_values=None,
+        outcome=EvalOutcome.RUNNING,
         created_by=principal.key_id,
     )
     session.add(ev)
@@ -451,15 +458,15 @@ def list_evals(
     *,
     team: str | None = None,
     model: str | None = None,
-    status: str | None = None,
+    outcome: str | None = None,
     after: str | None = None,
     limit: int = 50,
 ) -> tuple[list[tuple[Eval, JobStatus | None]], str | None]:
     """The team's evals (an admin's: every team's, or `team`'s), newest first; `model`: one model's history
     (its `model_key`); `after`: the last id of the previous page."""
     principal.require(Action.JOB_READ)
-    if status is not None and status not in STATUSES:
-        raise _invalid("status", f"unknown eval status {status!r}", f"one of {', '.join(STATUSES)}")
+    if outcome is not None and outcome not in set(EvalOutcome):
+        raise _invalid("outcome", f"unknown eval outcome {outcome!r}", f"one of {', '.join(EvalOutcome)}")
     q = (
         sa.select(Eval, Job.status)
         .join(Job, Job.id == Eval.job_id, isouter=True)
@@ -470,8 +477,8 @@ def list_evals(
         q = q.where(Eval.team_id == team_for(session, principal, team).id)
     if model is not None:
         q = q.where(Eval.model_key == model)
-    if status is not None:
-        q = q.where(Eval.status == status)
+    if outcome is not None:
+        q = q.where(Eval.outcome == outcome)
     if after is not None:
         q = q.where(Eval.id < after)
     rows = [(r[0], r[1]) for r in session.execute(q)]

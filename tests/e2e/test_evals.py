@@ -48,8 +48,8 @@ def test_an_eval_passes_and_one_fails_with_junit(platform: RunningPlatform, tmp_
     ]
 
     ev = c.list_evals()["data"][0]
-    assert ev["name"] == "ci-pass" and ev["status"] == "passed" and ev["job_status"] == "SUCCEEDED"
-    score, pass2 = ev["metrics"]["eval/arith"], ev["metrics"]["eval/arith-pass@2"]
+    assert ev["name"] == "ci-pass" and ev["outcome"] == "passed" and ev["job_status"] == "SUCCEEDED"
+    score, pass2 = ev["metric_values"]["eval/arith"], ev["metric_values"]["eval/arith-pass@2"]
     assert 0.0 <= score <= 1.0 and pass2 >= score - 1e-9  # real rewards: pass@2 is at least the mean
     job = c.get_job(ev["job_id"])
     assert job["spec"]["debug_rollout_only"] is True and job["priority_class"] == "high"
@@ -66,7 +66,7 @@ def test_an_eval_passes_and_one_fails_with_junit(platform: RunningPlatform, tmp_
     failure = ET.parse(junit).getroot().find("testsuite/testcase/failure")
     assert failure is not None and "needs > 1" in (failure.get("message") or "")
     history = c.list_evals(model="artifacts://models/tiny")["data"]
-    assert [e["status"] for e in history] == ["failed", "passed"]
+    assert [e["outcome"] for e in history] == ["failed", "passed"]
 
 
 def test_an_eval_whose_job_is_cancelled_is_an_error(platform: RunningPlatform, tmp_path: Path) -> None:
@@ -96,7 +96,7 @@ def test_an_eval_whose_job_is_cancelled_is_an_error(platform: RunningPlatform, t
     assert proc.returncode == 2, out
     error = ET.parse(junit).getroot().find("testsuite/testcase/error")
     assert error is not None and "CANCELLED" in (error.get("message") or "")
-    assert c.get_eval(ev["id"])["status"] == "error"
+    assert c.get_eval(ev["id"])["outcome"] == "error"
 
 
 def test_the_ci_workflow_example_reaches_the_api(platform: RunningPlatform, tmp_path: Path) -> None:

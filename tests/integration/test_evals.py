@@ -78,7 +78,7 @@ def test_an_eval_runs_as_a_high_priority_eval_only_job_and_ends_passed(
     r = w.client.post("/v1/evals", json=_body(name="ci-tiny"), headers=w.as_("alpha"))
     assert r.status_code == 201, r.text
     ev = r.json()
-    assert ev["status"] == "running" and ev["job_status"] == "QUEUED" and ev["name"] == "ci-tiny"
+    assert ev["outcome"] == "running" and ev["job_status"] == "QUEUED" and ev["name"] == "ci-tiny"
     assert ev["model_key"] == "artifacts://models/tiny"
     assert ev["model"]["hf_checkpoint"] == str((area / "models" / "tiny").resolve())
     assert [t["verdict"] for t in ev["thresholds"]] == ["pending", "pending"]
@@ -106,9 +106,9 @@ def test_an_eval_runs_as_a_high_priority_eval_only_job_and_ends_passed(
 
     _end(w, ev["job_id"], {"eval/arith": 0.75, "eval/arith-pass@4": 1.0, "eval/arith-truncated_ratio": 0.0})
     done = w.client.get(f"/v1/evals/{ev['id']}", headers=w.as_("alpha")).json()
-    assert done["status"] == "passed" and done["job_status"] == "SUCCEEDED" and done["finished_at"]
+    assert done["outcome"] == "passed" and done["job_status"] == "SUCCEEDED" and done["finished_at"]
     assert [(t["actual"], t["verdict"]) for t in done["thresholds"]] == [(0.75, "pass"), (1.0, "pass")]
-    assert done["metrics"]["eval/arith"] == 0.75
+    assert done["metric_values"]["eval/arith"] == 0.75
 
     # eval.completed, signed, to the team's endpoint (its job.* messages were not asked for)
     assert _deliver_due(w)
@@ -120,11 +120,11 @@ def test_an_eval_runs_as_a_high_priority_eval_only_job_and_ends_passed(
     )
     message = json.loads(got.body)
     assert message["type"] == "eval.completed"
-    assert message["data"]["id"] == ev["id"] and message["data"]["status"] == "passed"
+    assert message["data"]["id"] == ev["id"] and message["data"]["outcome"] == "passed"
     assert message["data"]["thresholds"][0]["verdict"] == "pass"
     log = w.client.get(f"/v1/webhooks/{hook['id']}/deliveries", headers=w.as_("alpha"))
     assert log.status_code == 200, log.text
-    assert log.json()["data"][0]["payload"]["data"]["status"] == "passed"
+    assert log.json()["data"][0]["payload"]["data"]["outcome"] == "passed"
 
     # the model's history, team-scoped
     history = w.client.get("/v1/evals", params={"model": "artifacts://models/tiny"}, headers=w.as_("alpha"))
@@ -140,26 +140,26 @@ def test_a_threshold_that_fails_fails_the_eval_and_a_failed_job_is_an_error(worl
     failing = w.client.post("/v1/evals", json=_body(), headers=w.as_("alpha")).json()
     _end(w, failing["job_id"], {"eval/arith": 0.25, "eval/arith-pass@4": 0.5})
     done = w.client.get(f"/v1/evals/{failing['id']}", headers=w.as_("alpha")).json()
-    assert done["status"] == "failed"
+    assert done["outcome"] == "failed"
     assert [t["verdict"] for t in done["thresholds"]] == ["fail", "pass"]
     assert "eval/arith >= 0.5" in done["reason"]
 
     missing = w.client.post("/v1/evals", json=_body(), headers=w.as_("alpha")).json()
     _end(w, missing["job_id"], {"eval/arith": 0.9})  # pass@4 never reported
     done = w.client.get(f"/v1/evals/{missing['id']}", headers=w.as_("alpha")).json()
-    assert done["status"] == "error" and done["thresholds"][1]["verdict"] == "missing"
+    assert done["outcome"] == "error" and done["thresholds"][1]["verdict"] == "missing"
 
     broken = w.client.post("/v1/evals", json=_body(), headers=w.as_("alpha")).json()
     _end(w, broken["job_id"], {}, final="FAILED")
     done = w.client.get(f"/v1/evals/{broken['id']}", headers=w.as_("alpha")).json()
-    assert done["status"] == "error" and "FAILED" in done["reason"]
+    assert done["outcome"] == "error" and "FAILED" in done["reason"]
 
-    statuses = {
-        e["id"]: e["status"]
+    outcomes = {
+        e["id"]: e["outcome"]
         for e in w.client.get("/v1/evals", params={"limit": 2}, headers=w.as_("alpha")).json()["data"]
     }
-    assert statuses == {broken["id"]: "error", missing["id"]: "error"}
-    only_failed = w.client.get("/v1/evals", params={"status": "failed"}, headers=w.as_("alpha")).json()
+    assert outcomes == {broken["id"]: "error", missing["id"]: "error"}
+    only_failed = w.client.get("/v1/evals", params={"outcome": "failed"}, headers=w.as_("alpha")).json()
     assert [e["id"] for e in only_failed["data"]] == [failing["id"]]
 
 
@@ -301,6 +301,6 @@ def test_the_eval_jobs_notify_urls_get_its_result_too(world: World, receiver: Re
     assert wh.verify(
         secret, got[0].headers["webhook-id"], ts, got[0].body, got[0].headers["webhook-signature"]
     )
-    assert json.loads(got[0].body)["data"]["status"] == "passed"
+    assert json.loads(got[0].body)["data"]["outcome"] == "passed"
     # and the job's status changes, as any job's --notify-urls
     assert {json.loads(g.body)["type"] for g in receiver.got} >= {"job.queued", "job.succeeded"}

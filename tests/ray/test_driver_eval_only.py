@@ -61,7 +61,9 @@ def test_eval_only_job_scores_every_eval_set(ray_local, artifacts: dict[str, Pat
         name.startswith(("train/", "rollout/")) for name in metrics
     )  # nothing trained or rolled out
     score = metrics["eval/arith"][1]
-    print(f"eval-only, warm model, 8 prompts x 4: {({k: round(v[1], 3) for k, v in sorted(metrics.items())})}")
+    print(
+        f"eval-only, warm model, 8 prompts x 4: { ({k: round(v[1], 3) for k, v in sorted(metrics.items())}) }"
+    )
     # real generation and real scoring: the SFT-warmed model answers some problems, not all
     assert 0.0 < score < 1.0 and metrics["eval/arith-pass@4"][1] >= metrics["eval/arith-pass@1"][1]
     records = (tmp_path / "out" / "rollout_result" / "eval" / "1.jsonl").read_text().splitlines()

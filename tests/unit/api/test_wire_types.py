@@ -52,6 +52,10 @@ FREE_FORM = {
     ("JobCreate", "spec"): "Relax parameters as the user wrote them; jobspec judges them",
     ("SpecValidate", "spec"): "as JobCreate's",
     (
+        "EvalCreate",
+        "spec",
+    ): "Relax parameters of the eval job as the user wrote them; evals.SETTABLE, then jobspec",
+    (
         "JobDetail",
         "spec",
     ): "the normalized spec: every Relax parameter (jobspec.JobSpec's hundreds of fields)",

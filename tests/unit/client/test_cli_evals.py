@@ -27,9 +27,9 @@ def test_relax_flags_after_the_double_dash() -> None:
         relax_flags(["gsm8k"])  # a value before any flag
 
 
-def _eval(status: str, thresholds: list[dict], **extra: object) -> dict:
+def _eval(outcome: str, thresholds: list[dict], **extra: object) -> dict:
     return {
-        "id": "ev_1", "name": "ci-1", "job_id": "job_1", "model_key": "job:job_0@5", "status": status,
+        "id": "ev_1", "name": "ci-1", "job_id": "job_1", "model_key": "job:job_0@5", "outcome": outcome,
         "reason": extra.get("reason"), "job_status": extra.get("job_status", "SUCCEEDED"),
         "created_at": "2026-12-06T03:00:00+00:00", "finished_at": "2026-12-06T03:00:42.5+00:00",
         "thresholds": thresholds,

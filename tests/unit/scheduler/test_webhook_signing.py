@@ -49,10 +49,13 @@ def test_the_specs_published_test_vector() -> None:
 def test_event_types_and_filters() -> None:
     assert wh.job_event_type("SUCCEEDED") == "job.succeeded"
     assert {"job.queued", "job.running", "job.failed", "job.cancelled"} <= wh.EVENT_TYPES
-    assert wh.unknown_event_types(["job.succeeded", "job.*", "job.finished", "eval.*"]) == [
+    assert wh.unknown_event_types(
+        ["job.succeeded", "job.*", "job.finished", "eval.*", "eval.completed", "eval.x"]
+    ) == [
         "job.finished",
-        "eval.*",
+        "eval.x",
     ]
+    assert wh.matches(["eval.*"], "eval.completed") and not wh.matches(["job.*"], "eval.completed")
     assert wh.matches(None, "job.failed") and wh.matches([], "job.failed")
     assert wh.matches(["job.*"], "job.failed")
     assert wh.matches(["job.failed"], "job.failed") and not wh.matches(["job.succeeded"], "job.failed")

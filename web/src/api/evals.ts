@@ -26,6 +26,6 @@ export function evalsQuery(model: string | null) {
       unwrap(
         api.GET("/v1/evals", { params: { query: { limit: 500, ...(key[2] ? { model: key[2] } : {}) } }, signal }),
       ).then((page) => page.data),
-    refetchInterval: (q) => ((q.state.data ?? []).some((e) => e.status === "running") ? LIVE_REFRESH_MS : false),
+    refetchInterval: (q) => ((q.state.data ?? []).some((e) => e.outcome === "running") ? LIVE_REFRESH_MS : false),
   });
 }

@@ -2,17 +2,17 @@
 // model's verdicts over time, and each metric as a series over its evals. Pure functions: unit-tested.
 import type { Point } from "./metrics";
 
-export type EvalStatus = "running" | "passed" | "failed" | "error";
+export type EvalOutcome = "running" | "passed" | "failed" | "error";
 
 /** What these functions read of an eval (a subset of the API's EvalPublic). */
 export interface EvalLike {
   id: string;
   name: string;
-  status: EvalStatus;
+  outcome: EvalOutcome;
   model_key: string;
   created_at: string;
   finished_at?: string | null;
-  metrics: Record<string, number | null>;
+  metric_values: Record<string, number | null>;
   thresholds: ReadonlyArray<{ metric: string; op: string; value: number; actual?: number | null; verdict: string }>;
 }
 
@@ -21,7 +21,7 @@ export interface ModelHistory<E extends EvalLike = EvalLike> {
   /** Oldest first. */
   evals: E[];
   latest: E;
-  counts: Record<EvalStatus, number>;
+  counts: Record<EvalOutcome, number>;
 }
 
 const byTime = (a: EvalLike, b: EvalLike) => a.created_at.localeCompare(b.created_at) || a.id.localeCompare(b.id);
@@ -37,8 +37,8 @@ export function groupByModel<E extends EvalLike>(evals: readonly E[]): ModelHist
   const out: ModelHistory<E>[] = [];
   for (const [model, list] of groups) {
     const sorted = [...list].sort(byTime);
-    const counts: Record<EvalStatus, number> = { running: 0, passed: 0, failed: 0, error: 0 };
-    for (const ev of sorted) counts[ev.status] += 1;
+    const counts: Record<EvalOutcome, number> = { running: 0, passed: 0, failed: 0, error: 0 };
+    for (const ev of sorted) counts[ev.outcome] += 1;
     out.push({ model, evals: sorted, latest: sorted[sorted.length - 1] as E, counts });
   }
   return out.sort((a, b) => byTime(b.latest, a.latest));
@@ -52,7 +52,7 @@ export function groupByModel<E extends EvalLike>(evals: readonly E[]): ModelHist
 export function metricSeries(evals: readonly EvalLike[]): Record<string, Point[]> {
   const out: Record<string, Point[]> = {};
   [...evals].sort(byTime).forEach((ev, i) => {
-    for (const [name, value] of Object.entries(ev.metrics ?? {})) {
+    for (const [name, value] of Object.entries(ev.metric_values ?? {})) {
       if (value == null || !isMainMetric(name)) continue;
       (out[name] ??= []).push({ step: i, value, time: ev.finished_at ?? ev.created_at });
     }
@@ -66,9 +66,9 @@ export function isMainMetric(name: string): boolean {
   return !rest.includes("/") && !rest.endsWith("-truncated_ratio");
 }
 
-/** The job-status class (its colour) that shows a verdict. */
-export function verdictClass(status: string): string {
-  return { passed: "SUCCEEDED", failed: "FAILED", error: "FAILED", running: "RUNNING" }[status] ?? "QUEUED";
+/** The job-status class (its colour) that shows an eval's outcome. */
+export function verdictClass(outcome: string): string {
+  return { passed: "SUCCEEDED", failed: "FAILED", error: "FAILED", running: "RUNNING" }[outcome] ?? "QUEUED";
 }
 
 /** `eval/gsm8k >= 0.6 (0.62)`: a threshold and, once judged, the value it was judged on. */

@@ -9,8 +9,8 @@ import { describeThreshold, groupByModel, metricSeries, verdictClass } from "../
 import { formatMetric, formatTime } from "../lib/format";
 import { buildHash, type Route } from "../lib/router";
 
-function Verdict({ status }: { status: string }) {
-  return <span className={`status status-${verdictClass(status)}`}>{status}</span>;
+function Outcome({ outcome }: { outcome: string }) {
+  return <span className={`status status-${verdictClass(outcome)}`}>{outcome}</span>;
 }
 
 export function EvalsPage({ route }: { route: Route }) {
@@ -55,7 +55,7 @@ function ModelsView() {
                     <a href={buildHash(["evals"], { model: m.model })}>{m.model}</a>
                   </td>
                   <td>
-                    <Verdict status={m.latest.status} />
+                    <Outcome outcome={m.latest.outcome} />
                   </td>
                   <td className="small">{m.latest.thresholds.map(describeThreshold).join("; ")}</td>
                   <td className="num">{m.counts.passed}</td>
@@ -77,7 +77,7 @@ function ModelHistoryView({ model }: { model: string }) {
   const history: EvalPublic[] = groupByModel(evals.data ?? [])[0]?.evals ?? [];
   const series = metricSeries(history);
   const names = Object.keys(series).sort();
-  const stepOf = (ev: EvalPublic) => (typeof ev.model.step === "number" ? ev.model.step : null);
+  const stepOf = (ev: EvalPublic) => ev.model.step ?? null;
   const withSteps = history.some((ev) => stepOf(ev) !== null); // a job's exports and checkpoints
   return (
     <div>
@@ -125,7 +125,7 @@ function ModelHistoryView({ model }: { model: string }) {
                   </td>
                   {withSteps ? <td className="num">{stepOf(ev) ?? "—"}</td> : null}
                   <td>
-                    <Verdict status={ev.status} />
+                    <Outcome outcome={ev.outcome} />
                     {ev.reason ? <div className="muted small">{ev.reason}</div> : null}
                   </td>
                   <td className="small">
@@ -139,7 +139,7 @@ function ModelHistoryView({ model }: { model: string }) {
                     ))}
                   </td>
                   <td className="small mono">
-                    {Object.entries(ev.metrics)
+                    {Object.entries(ev.metric_values)
                       .filter(([name]) => !name.includes("/", "eval/".length))
                       .map(([name, value]) => `${name}=${formatMetric(value)}`)
                       .join(", ") || "—"}

@@ -2,15 +2,15 @@ import { describe, expect, it } from "vitest";
 import { evalKeys } from "../../src/api/evals";
 import { describeThreshold, type EvalLike, groupByModel, isMainMetric, metricSeries, verdictClass } from "../../src/lib/evals";
 
-function ev(id: string, model: string, at: string, status: EvalLike["status"], metrics: Record<string, number | null> = {}): EvalLike {
+function ev(id: string, model: string, at: string, outcome: EvalLike["outcome"], metrics: Record<string, number | null> = {}): EvalLike {
   return {
     id,
     name: `eval-${id}`,
-    status,
+    outcome,
     model_key: model,
     created_at: at,
-    finished_at: status === "running" ? null : at,
-    metrics,
+    finished_at: outcome === "running" ? null : at,
+    metric_values: metrics,
     thresholds: [{ metric: "eval/gsm8k", op: ">=", value: 0.6, actual: metrics["eval/gsm8k"] ?? null, verdict: "pass" }],
   };
 }

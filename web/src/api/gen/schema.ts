@@ -1379,6 +1379,29 @@ export interface components {
              */
             thresholds: (string | components["schemas"]["ThresholdIn"])[];
         };
+        /** EvalDataset */
+        EvalDataset: {
+            /**
+             * Config
+             * @description The eval-config file that names it.
+             */
+            config?: string | null;
+            /**
+             * N Samples
+             * @description Samples per prompt.
+             */
+            n_samples: number;
+            /**
+             * Name
+             * @description It names the metrics: eval/<name>, ...
+             */
+            name: string;
+            /**
+             * Path
+             * @description As given (eval_prompt_data), or as the eval-config file names it.
+             */
+            path: string;
+        };
         /**
          * EvalModel
          * @description The model to evaluate: one of your team's jobs (its Hugging Face export, or the checkpoint of
@@ -1401,6 +1424,39 @@ export interface components {
              */
             path?: string | null;
         };
+        /** EvalModelPublic */
+        EvalModelPublic: {
+            /**
+             * Checkpoint Step
+             * @description The step asked for.
+             */
+            checkpoint_step?: number | null;
+            /**
+             * Hf Checkpoint
+             * @description The folder it resolved to.
+             */
+            hf_checkpoint?: string | null;
+            /**
+             * Job
+             * @description The job evaluated (its id), if a job's.
+             */
+            job?: string | null;
+            /**
+             * Path
+             * @description The model path asked for.
+             */
+            path?: string | null;
+            /**
+             * Step
+             * @description The step evaluated (a job's export or checkpoint).
+             */
+            step?: number | null;
+        };
+        /**
+         * EvalOutcome
+         * @enum {string}
+         */
+        EvalOutcome: "running" | "passed" | "failed" | "error";
         /** EvalPublic */
         EvalPublic: {
             /**
@@ -1411,9 +1467,7 @@ export interface components {
             /** Created By */
             created_by: string | null;
             /** Datasets */
-            datasets: {
-                [key: string]: unknown;
-            }[];
+            datasets: components["schemas"]["EvalDataset"][];
             /**
              * Expected Metrics
              * @description The metrics the eval produces.
@@ -1427,19 +1481,13 @@ export interface components {
             job_id: string;
             job_status?: components["schemas"]["JobStatus"] | null;
             /**
-             * Metrics
+             * Metric Values
              * @description The job's eval/* metrics, once it ended.
              */
-            metrics: {
+            metric_values: {
                 [key: string]: number | null;
             };
-            /**
-             * Model
-             * @description {job, checkpoint_step, path} as asked; `step`: the step evaluated (a job's), `hf_checkpoint`: the folder it resolved to.
-             */
-            model: {
-                [key: string]: unknown;
-            };
+            model: components["schemas"]["EvalModelPublic"];
             /**
              * Model Key
              * @description Names the model in its history (GET /v1/evals?model=...): `job:<id>` (each export and checkpoint of that job) or the path as given.
@@ -1447,14 +1495,10 @@ export interface components {
             model_key: string;
             /** Name */
             name: string;
+            /** @description running until its job ends; then passed, failed or error. */
+            outcome: components["schemas"]["EvalOutcome"];
             /** Reason */
             reason: string | null;
-            /**
-             * Status
-             * @description running until its job ends; then passed, failed or error.
-             * @enum {string}
-             */
-            status: "running" | "passed" | "failed" | "error";
             /** Team Id */
             team_id: string;
             /** Thresholds */
@@ -2757,12 +2801,8 @@ export interface components {
             op: ">=" | ">" | "<=" | "<" | "==";
             /** Value */
             value: number;
-            /**
-             * Verdict
-             * @description missing: the job ended without reporting the metric.
-             * @enum {string}
-             */
-            verdict: "pending" | "pass" | "fail" | "missing";
+            /** @description missing: the job ended without reporting the metric. */
+            verdict: components["schemas"]["Verdict"];
         };
         /** UploadComplete */
         UploadComplete: {
@@ -2867,6 +2907,12 @@ export interface components {
             /** Error Type */
             type: string;
         };
+        /**
+         * Verdict
+         * @description One threshold's.
+         * @enum {string}
+         */
+        Verdict: "pending" | "pass" | "fail" | "missing";
         /** WebhookCreate */
         WebhookCreate: {
             /** Description */
@@ -2996,25 +3042,18 @@ export interface components {
             id: string;
             /** Job Id */
             job_id: string;
-            /** Metrics */
-            metrics: {
+            /** Metric Values */
+            metric_values: {
                 [key: string]: number | null;
             };
-            /** Model */
-            model: {
-                [key: string]: unknown;
-            };
+            model: components["schemas"]["EvalModelPublic"];
             /** Model Key */
             model_key: string;
             /** Name */
             name: string;
+            outcome: components["schemas"]["EvalOutcome"];
             /** Reason */
             reason: string | null;
-            /**
-             * Status
-             * @enum {string}
-             */
-            status: "running" | "passed" | "failed" | "error";
             /**
              * Team
              * @description The team's id.
@@ -4090,7 +4129,7 @@ export interface operations {
             query?: {
                 /** @description One model's history: its model_key. */
                 model?: string | null;
-                status?: ("running" | "passed" | "failed" | "error") | null;
+                outcome?: components["schemas"]["EvalOutcome"] | null;
                 /** @description Admins: only this team's (name or id). */
                 team?: string | null;
                 /** @description Id of the last eval of the previous page. */
@@ -9454,13 +9493,12 @@ type ReadonlyArray<T> = [
 ] extends [
     unknown[]
 ] ? Readonly<Exclude<T, undefined>> : Readonly<Exclude<T, undefined>[]>;
-export const pathsV1EvalsGetParametersQueryStatusAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/evals"]["get"]["parameters"]["query"]["status"]> = ["running", "passed", "failed", "error"];
 export const pathsV1FilesGetParametersQueryOrderValues: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/files"]["get"]["parameters"]["query"]["order"]> = ["asc", "desc"];
 export const pathsV1FilesPostRequestBodyContentMultipartFormDataPurposeValues: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/files"]["post"]["requestBody"]["content"]["multipart/form-data"]["purpose"]> = ["fine-tune", "batch", "evals", "user_data", "assistants", "vision", "dataset", "model"];
 export const pathsV1JobsJob_idStreamGetParametersQueryKindsAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/jobs/{job_id}/stream"]["get"]["parameters"]["query"]["kinds"]> = ["event", "metric", "log", "checkpoint", "rollout", "prediction"];
 export const pathsV1WebhooksJobsJob_idDeliveriesGetParametersQueryStateAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/webhooks/jobs/{job_id}/deliveries"]["get"]["parameters"]["query"]["state"]> = ["pending", "delivered", "failed"];
 export const pathsV1WebhooksWebhook_idDeliveriesGetParametersQueryStateAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<paths>["/v1/webhooks/{webhook_id}/deliveries"]["get"]["parameters"]["query"]["state"]> = ["pending", "delivered", "failed"];
-export const evalPublicStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["EvalPublic"]["status"]> = ["running", "passed", "failed", "error"];
+export const evalOutcomeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["EvalOutcome"]> = ["running", "passed", "failed", "error"];
 export const failureReasonValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FailureReason"]> = ["setup", "user_code", "no_resource", "controller", "lost"];
 export const filePublicKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FilePublic"]["kind"]> = ["file", "folder"];
 export const filePublicStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FilePublic"]["status"]> = ["uploaded", "processed", "error"];
@@ -9470,7 +9508,6 @@ export const pathGrantCreateModeValues: ReadonlyArray<FlattenedDeepRequired<comp
 export const specIssueSeverityValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["SpecIssue"]["severity"]> = ["error", "warning"];
 export const thresholdInOpValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ThresholdIn"]["op"]> = [">=", ">", "<=", "<", "=="];
 export const thresholdPublicOpValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ThresholdPublic"]["op"]> = [">=", ">", "<=", "<", "=="];
-export const thresholdPublicVerdictValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ThresholdPublic"]["verdict"]> = ["pending", "pass", "fail", "missing"];
 export const uploadPublicStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["UploadPublic"]["status"]> = ["pending", "completed", "cancelled", "expired"];
+export const verdictValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Verdict"]> = ["pending", "pass", "fail", "missing"];
 export const webhookDeliveryPublicStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["WebhookDeliveryPublic"]["state"]> = ["pending", "delivered", "failed"];
-export const webhookEvalDataStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["WebhookEvalData"]["status"]> = ["running", "passed", "failed", "error"];
