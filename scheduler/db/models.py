@@ -512,9 +512,8 @@ class Eval(Base):
     thresholds: Mapped[list[Any]]  # [{metric, op, value, actual, verdict}]
     expected_metrics: Mapped[list[Any]]  # the metrics the eval produces (what a threshold may name)
     metric_values: Mapped[dict[str, Any] | None]  # the job's eval/* metrics, once it ended
-    outcome: Mapped[str] = mapped_column(
-        sa.String(10), default="running"
-    )  # scheduler.domain.evals.EvalOutcome
+    # scheduler.domain.evals.EvalOutcome: running until its job ends, then passed, failed or error
+    outcome: Mapped[str] = mapped_column(sa.String(10), default="running")
     reason: Mapped[str | None] = mapped_column(sa.Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]

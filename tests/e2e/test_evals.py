@@ -67,6 +67,10 @@ def test_an_eval_passes_and_one_fails_with_junit(platform: RunningPlatform, tmp_
     assert failure is not None and "needs > 1" in (failure.get("message") or "")
     history = c.list_evals(model="artifacts://models/tiny")["data"]
     assert [e["outcome"] for e in history] == ["failed", "passed"]
+    listed = platform.relaxctl("evals", "list", "--model", "artifacts://models/tiny", "--wide")
+    assert listed.returncode == 0 and "ci-fail" in listed.stdout and "ci-pass" in listed.stdout, listed.stderr
+    shown = platform.relaxctl("evals", "get", history[0]["id"])
+    assert shown.returncode == 0 and "FAILED" in shown.stdout and "eval/arith > 1" in shown.stdout
 
 
 def test_an_eval_whose_job_is_cancelled_is_an_error(platform: RunningPlatform, tmp_path: Path) -> None:
