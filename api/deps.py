@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Annotated
 
 import anyio
@@ -92,10 +93,13 @@ def _units_of_work(request: Request) -> asyncio.Semaphore:
 # thread pool at each end.)
 # The dependencies every request resolves take the app's state from `request` rather than through the
 # dependencies above: each dependency FastAPI resolves costs CPU on every request.
-async def get_session(request: Request, response: Response) -> AsyncIterator[Session]:
+@asynccontextmanager
+async def unit_of_work(request: Request, response: Response) -> AsyncIterator[Session]:
     """The request's unit of work: committed when the route returns, before the response is sent.
     GET requests read only. A mutating call's audit row is written in it (api/audit.py). A route that does
-    its work in the thread pool ends it there (`finish_units_of_work`), sparing a trip."""
+    its work in the thread pool ends it there (`finish_units_of_work`), sparing a trip. `get_session` as a
+    context manager, for a route that opens it itself (`POST /v1/jobs`: a dependency FastAPI resolves costs
+    CPU on every request)."""
     async with _units_of_work(request):
         session = request.app.state.db.new_session(read_only=request.method in ("GET", "HEAD"))
         request.state.unit_of_work = session
@@ -108,6 +112,12 @@ async def get_session(request: Request, response: Response) -> AsyncIterator[Ses
         if not getattr(request.state, "units_finished", False):
             await _in_thread(_finish, session, request, response.status_code)
     request.state.audit_written = audit_entry(request) is not None
+
+
+async def get_session(request: Request, response: Response) -> AsyncIterator[Session]:
+    """The request's unit of work (`unit_of_work`) as a dependency."""
+    async with unit_of_work(request, response) as session:
+        yield session
 
 
 def finish_units_of_work(request: Request, status_code: int | None = None) -> None:

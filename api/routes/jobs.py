@@ -26,12 +26,12 @@ from api.deps import (
     JobLifecycleDep,
     JobOutputsDep,
     PrincipalDep,
-    SessionDep,
     caller_in_route,
     discard_read_unit_of_work,
     finish_units_of_work,
     principal_of,
     submission_services,
+    unit_of_work,
 )
 from api.schemas import ERROR_RESPONSES
 from api.schemas.jobs import (
@@ -94,22 +94,23 @@ def _detail(svc: JobOutputs, job, *, new: bool = False, status_code: int = 200) 
 # The busiest routes (submit, list; the dry run in specs.py) are `async def` doing their work in one trip to
 # the thread pool: a plain `def` route costs a second trip, FastAPI validating its answer there. They end their
 # units of work in that trip too (`finish_units_of_work`): their dependencies would take one more. The submit
-# route also looks its caller up and makes its services in that trip (`principal_of`, `submission_services`):
-# each dependency FastAPI resolves, and a sync one's own trip, cost CPU on every submission.
+# route also looks its caller up and makes its services in that trip (`principal_of`, `submission_services`),
+# and opens its unit of work itself (`unit_of_work`): each dependency FastAPI resolves, and a sync one's own
+# trip, cost CPU on every submission.
 @router.post("", status_code=201, response_model=JobDetail)
 @caller_in_route
 async def submit_job(
     request: Request,
     body: JobCreate,
     token: BearerDep,
-    session: SessionDep,
     response: Response,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
 ) -> Response:
     """Submit a job (the key's team, or `team` for an admin) to one of the team's queues at a priority
     class the team was granted. The spec is judged with reads only, then the job is written in a short
     transaction (`JobSubmission.judge`)."""
-    return await run_in_threadpool(_submit, request, body, token, session, response, idempotency_key)
+    async with unit_of_work(request, response) as session:
+        return await run_in_threadpool(_submit, request, body, token, session, response, idempotency_key)
 
 
 def _submit(
