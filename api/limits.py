@@ -90,7 +90,9 @@ class RequestLimits:
             return
         if _is_json(scope):
             skeleton = json_skeleton(body)
-            if not report and _NON_FINITE.search(skeleton):  # a driver reports a NaN loss as it was
+            # (each regular expression behind a plain search for its literal: 30 us a submission less)
+            non_finite = b"NaN" in skeleton or b"Infinity" in skeleton
+            if not report and non_finite and _NON_FINITE.search(skeleton):  # a driver reports NaN as it was
                 issue = _issue(
                     "request.non_finite_number",
                     "body",
@@ -108,7 +110,7 @@ class RequestLimits:
                 )
                 await self._refuse(scope, send, issue)
                 return
-            if b"\x00" in body or _NUL_ESCAPE.search(body):
+            if b"\x00" in body or (b"\\u0000" in body and _NUL_ESCAPE.search(body)):
                 if not report:
                     await self._refuse_nul(scope, send, "body")
                     return
