@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from scheduler.db.models import FileUpload, FileUploadPart, StoredFile
+from scheduler.domain.files import FileStatus, UploadStatus
 from scheduler.services.files import upload_status
 
 
@@ -18,7 +19,7 @@ class FilePublic(BaseModel):
     created_at: int = Field(description="Unix seconds.")
     filename: str
     purpose: str
-    status: Literal["uploaded", "processed", "error"] = "processed"
+    status: FileStatus = FileStatus.PROCESSED
     status_details: str | None = None
     expires_at: int | None = None
     team_id: str
@@ -91,7 +92,7 @@ class UploadPublic(BaseModel):
     created_at: int
     filename: str
     purpose: str
-    status: Literal["pending", "completed", "cancelled", "expired"]
+    status: UploadStatus
     expires_at: int
     mime_type: str
     team_id: str
@@ -105,7 +106,7 @@ class UploadPublic(BaseModel):
             created_at=int(row.created_at.timestamp()),
             filename=row.filename,
             purpose=row.purpose,
-            status=upload_status(row),  # type: ignore[arg-type]
+            status=upload_status(row),
             expires_at=int(row.expires_at.timestamp()),
             mime_type=row.mime_type,
             team_id=row.team_id,

@@ -39,6 +39,7 @@ from sqlalchemy.orm import Session
 
 from scheduler.db.models import FileUpload, FileUploadPart, StoredFile, Team, utcnow
 from scheduler.domain.errors import Conflict, DomainError, InvalidRequest, NotFound
+from scheduler.domain.files import UploadStatus
 from scheduler.domain.ids import new_id
 from scheduler.domain.roles import Action
 from scheduler.services.auth import Principal, team_for
@@ -389,7 +390,9 @@ class Files:
             )
         )
         q = sa.select(sa.func.coalesce(sa.func.sum(FileUpload.bytes), 0)).where(
-            FileUpload.team_id == team_id, FileUpload.status == "pending", FileUpload.expires_at > utcnow()
+            FileUpload.team_id == team_id,
+            FileUpload.status == UploadStatus.PENDING,
+            FileUpload.expires_at > utcnow(),
         )
         if except_upload is not None:
             q = q.where(FileUpload.id != except_upload)
@@ -585,7 +588,7 @@ class Files:
             purpose=purpose,
             mime_type=ctype,
             bytes=size,
-            status="pending",
+            status=UploadStatus.PENDING,
             expires_at=utcnow() + timedelta(seconds=self.settings.upload_expiry_seconds),
             created_by=principal.key_id,
         )
@@ -599,13 +602,13 @@ class Files:
             self.session.scalars(
                 sa.select(FileUpload).where(
                     FileUpload.team_id == team_id,
-                    FileUpload.status == "pending",
+                    FileUpload.status == UploadStatus.PENDING,
                     FileUpload.expires_at <= utcnow(),
                 )
             )
         )
         for upload in expired:
-            upload.status = "expired"
+            upload.status = UploadStatus.EXPIRED
             self.session.execute(sa.delete(FileUploadPart).where(FileUploadPart.upload_id == upload.id))
             _remove_after_commit(self.session, self.artifact_root, self.key(team_id, UPLOADS_DIR, upload.id))
 
@@ -618,14 +621,14 @@ class Files:
             raise NotFound(f"upload {upload_id[:100]!r} not found", code="upload.not_found")
         if pending:
             state = upload_status(upload)
-            if state != "pending":
+            if state != UploadStatus.PENDING:
                 raise Conflict(
                     f"upload {upload.id} is {state}",
                     code=f"upload.{state}",
                     details={
                         "field": "upload_id",
                         "hint": "start a new upload (POST /v1/uploads)"
-                        if state != "completed"
+                        if state != UploadStatus.COMPLETED
                         else f"the file is {upload.file_id}",
                     },
                 )
@@ -725,7 +728,7 @@ class Files:
             content_type=upload.mime_type,
             except_upload=upload.id,
         )
-        upload.status = "completed"
+        upload.status = UploadStatus.COMPLETED
         upload.file_id = file.id
         self.session.execute(sa.delete(FileUploadPart).where(FileUploadPart.upload_id == upload.id))
         _remove_after_commit(
@@ -736,7 +739,7 @@ class Files:
 
     def cancel_upload(self, principal: Principal, upload_id: str) -> FileUpload:
         upload = self.get_upload(principal, upload_id, pending=True)
-        upload.status = "cancelled"
+        upload.status = UploadStatus.CANCELLED
         self.session.execute(sa.delete(FileUploadPart).where(FileUploadPart.upload_id == upload.id))
         _remove_after_commit(
             self.session, self.artifact_root, self.key(upload.team_id, UPLOADS_DIR, upload.id)
@@ -745,10 +748,12 @@ class Files:
         return upload
 
 
-def upload_status(upload: FileUpload) -> str:
-    if upload.status == "pending" and upload.expires_at <= utcnow():
-        return "expired"
-    return upload.status
+def upload_status(upload: FileUpload) -> UploadStatus:
+    """The upload's status as answered: a pending one past its time is expired (its row says so once the team
+    next starts an upload)."""
+    if upload.status == UploadStatus.PENDING and upload.expires_at <= utcnow():
+        return UploadStatus.EXPIRED
+    return UploadStatus(upload.status)
 
 
 class _Joined:
