@@ -21,7 +21,19 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.audit import install_audit
 from api.errors import install_error_handlers
 from api.limits import RequestLimits
-from api.routes import evals, files, grants, health, internal, jobs, platform, sessions, specs, webhooks
+from api.routes import (
+    evals,
+    files,
+    fine_tuning,
+    grants,
+    health,
+    internal,
+    jobs,
+    platform,
+    sessions,
+    specs,
+    webhooks,
+)
 from runtime.redaction import install_log_redaction
 from scheduler.celery_app import make_celery
 from scheduler.db.engine import Database
@@ -136,6 +148,7 @@ def create_app(
         app.include_router(module.router)
     app.include_router(files.router)
     app.include_router(files.uploads_router)
+    app.include_router(fine_tuning.router)
 
     if (WEB_DIST / "index.html").exists():
         app.mount("/", StaticFiles(directory=WEB_DIST, html=True), name="dashboard")

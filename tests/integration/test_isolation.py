@@ -64,6 +64,8 @@ class Side:
     file_id: str | None = None
     upload_id: str | None = None
     eval_id: str | None = None
+    ft_file_id: str | None = None  # a file of purpose fine-tune (chat rows)
+    ft_job_id: str | None = None  # a fine-tuning job (/v1/fine_tuning/jobs)
     secrets: set[str] = field(default_factory=set)  # every string that names one of its objects
 
 
@@ -215,6 +217,18 @@ def world(db_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
             assert r.status_code == 201, r.text
             side.eval_id = r.json()["id"]
             side.secrets |= {side.eval_id, f"{tag}-eval", r.json()["job_id"]}
+            r = client.post(
+                "/v1/files",
+                files={"file": (f"{tag}-chat.jsonl", _CHAT_ROW, "application/jsonl")},
+                data={"purpose": "fine-tune", "team": side.team},
+                headers=headers["admin"],
+            )
+            assert r.status_code == 200, r.text
+            side.ft_file_id = r.json()["id"]
+            r = client.post("/v1/fine_tuning/jobs", json=_ft_body(w, tag), headers=headers["admin"])
+            assert r.status_code == 200, r.text
+            side.ft_job_id = r.json()["id"]
+            side.secrets |= {side.ft_file_id, side.ft_job_id, f"{tag}-chat.jsonl"}
         yield w
     db.dispose()
 
@@ -307,6 +321,14 @@ def _eval_body(w: World, t: str) -> dict:
         "queue": w.sides[t].queue,
         "name": w.unique("iso-eval"),
     }
+
+
+_CHAT_ROW = b'{"messages": [{"role": "user", "content": "1+1"}, {"role": "assistant", "content": "2"}]}\n'
+
+
+def _ft_body(w: World, t: str) -> dict:
+    side = w.sides[t]
+    return {"model": "artifacts://models/tiny", "training_file": side.ft_file_id, "team": side.team}
 
 
 def _job_body(w: World, t: str) -> dict:
@@ -445,6 +467,15 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ("POST", "/v1/evals"): Rule(TEAM_BODY, WRITERS, frozenset({201}), _eval_body),
     ("GET", "/v1/evals"): Rule(GLOBAL, ALL),
     ("GET", "/v1/evals/{eval_id}"): Rule(TEAM_PATH, ALL),
+    # OpenAI's fine-tuning jobs (each one of the team's jobs): as jobs, created by the writers, read by every role
+    ("POST", "/v1/fine_tuning/jobs"): Rule(TEAM_BODY, WRITERS, body=_ft_body),
+    ("GET", "/v1/fine_tuning/jobs"): Rule(GLOBAL, ALL),
+    ("GET", "/v1/fine_tuning/jobs/{fine_tuning_job_id}"): Rule(TEAM_PATH, ALL),
+    ("POST", "/v1/fine_tuning/jobs/{fine_tuning_job_id}/cancel"): Rule(
+        TEAM_PATH, WRITERS, frozenset({200, 409})
+    ),
+    ("GET", "/v1/fine_tuning/jobs/{fine_tuning_job_id}/events"): Rule(TEAM_PATH, ALL),
+    ("GET", "/v1/fine_tuning/jobs/{fine_tuning_job_id}/checkpoints"): Rule(TEAM_PATH, ALL),
     # dashboard sign-in: a login code for one's own key; its exchange needs the code, not a key
     ("POST", "/v1/auth/login-codes"): Rule(GLOBAL, ALL, frozenset({201})),
     ("POST", "/v1/auth/sessions"): Rule(PUBLIC, ok=frozenset({401}), body=lambda w, t: {"code": "wrong"}),
@@ -495,6 +526,7 @@ def fill(w: World, method: str, template: str, rule: Rule, target: str) -> str:
         "file_id": _fresh_file(w, side) if method == "DELETE" and "{file_id}" in template else side.file_id,
         "upload_id": side.upload_id,
         "eval_id": side.eval_id,
+        "fine_tuning_job_id": side.ft_job_id,
         "node": "node-0",
         "path": "out.txt",
         "name": side.queue if template.startswith("/v1/queues") else "local",

@@ -327,6 +327,111 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/fine_tuning/jobs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Fine Tuning Jobs
+         * @description The team's fine-tuning jobs, newest first (an admin: every team's). `metadata[KEY]=VALUE` query
+         *     parameters (as the SDK sends `metadata={...}`): only jobs whose metadata holds these pairs.
+         */
+        get: operations["list_fine_tuning_jobs_v1_fine_tuning_jobs_get"];
+        put?: never;
+        /**
+         * Create Fine Tuning Job
+         * @description Fine-tune a model: `supervised` runs SFT, `reinforcement` GRPO with the grader's reward (string_check,
+         *     text_similarity fuzzy_match), as one of the team's jobs in its queue. The files are checked first: a
+         *     refusal names the field (`training_file`, `method.type`, ...) and writes nothing.
+         */
+        post: operations["create_fine_tuning_job_v1_fine_tuning_jobs_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/fine_tuning/jobs/{fine_tuning_job_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Retrieve Fine Tuning Job */
+        get: operations["retrieve_fine_tuning_job_v1_fine_tuning_jobs__fine_tuning_job_id__get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/fine_tuning/jobs/{fine_tuning_job_id}/cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Cancel Fine Tuning Job
+         * @description Cancel the job (as `POST /v1/jobs/{id}/cancel`): `cancelled` at once, its run stopped.
+         */
+        post: operations["cancel_fine_tuning_job_v1_fine_tuning_jobs__fine_tuning_job_id__cancel_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/fine_tuning/jobs/{fine_tuning_job_id}/checkpoints": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Fine Tuning Checkpoints
+         * @description The job's checkpoints, newest first, one per step saved, with the step's metrics.
+         */
+        get: operations["list_fine_tuning_checkpoints_v1_fine_tuning_jobs__fine_tuning_job_id__checkpoints_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/fine_tuning/jobs/{fine_tuning_job_id}/events": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Fine Tuning Events
+         * @description The job's events, newest first: its state changes and driver events, each step's training loss
+         *     (`type: metrics`), each checkpoint saved.
+         */
+        get: operations["list_fine_tuning_events_v1_fine_tuning_jobs__fine_tuning_job_id__events_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/internal/jobs/{job_id}/report": {
         parameters: {
             query?: never;
@@ -1283,6 +1388,33 @@ export interface components {
             /** Data */
             data: components["schemas"]["CheckpointPublic"][];
         };
+        /** DpoHyperparameters */
+        DpoHyperparameters: {
+            /**
+             * Batch Size
+             * @default auto
+             */
+            batch_size?: "auto" | number;
+            /**
+             * Beta
+             * @default auto
+             */
+            beta?: "auto" | number;
+            /**
+             * Learning Rate Multiplier
+             * @default auto
+             */
+            learning_rate_multiplier?: "auto" | number;
+            /**
+             * N Epochs
+             * @default auto
+             */
+            n_epochs?: "auto" | number;
+        };
+        /** DpoMethod */
+        DpoMethod: {
+            hyperparameters?: components["schemas"]["DpoHyperparameters"] | null;
+        };
         /** DrainResult */
         DrainResult: {
             /** Node */
@@ -1588,12 +1720,8 @@ export interface components {
             purpose: string;
             /** Sha256 */
             sha256: string;
-            /**
-             * Status
-             * @default processed
-             * @enum {string}
-             */
-            status: "uploaded" | "processed" | "error";
+            /** @default processed */
+            status: components["schemas"]["FileStatus"];
             /** Status Details */
             status_details?: string | null;
             /**
@@ -1609,6 +1737,13 @@ export interface components {
              */
             uri: string;
         };
+        /**
+         * FileStatus
+         * @description A stored file's. The platform stores a file whole before it answers, so its files are `processed`; the
+         *     other two are OpenAI's, kept for clients that switch on them.
+         * @enum {string}
+         */
+        FileStatus: "uploaded" | "processed" | "error";
         /** FilesPage */
         FilesPage: {
             /** Data */
@@ -1633,6 +1768,241 @@ export interface components {
              * @constant
              */
             object: "list";
+        };
+        /** FineTuningCheckpointMetrics */
+        FineTuningCheckpointMetrics: {
+            /** Full Valid Loss */
+            full_valid_loss?: number | null;
+            /** Full Valid Mean Token Accuracy */
+            full_valid_mean_token_accuracy?: number | null;
+            /** Step */
+            step?: number | null;
+            /** Train Loss */
+            train_loss?: number | null;
+            /** Train Mean Token Accuracy */
+            train_mean_token_accuracy?: number | null;
+            /** Valid Loss */
+            valid_loss?: number | null;
+            /** Valid Mean Token Accuracy */
+            valid_mean_token_accuracy?: number | null;
+        };
+        /** FineTuningJob */
+        FineTuningJob: {
+            /** Created At */
+            created_at: number;
+            error?: components["schemas"]["FineTuningJobError"] | null;
+            /** Estimated Finish */
+            estimated_finish?: number | null;
+            /**
+             * Fine Tuned Model
+             * @description ft:<base>:<team>:<suffix>:<job id> once succeeded; a model for a next job.
+             */
+            fine_tuned_model?: string | null;
+            /** Finished At */
+            finished_at?: number | null;
+            hyperparameters: components["schemas"]["FineTuningJobHyperparameters"];
+            /**
+             * Id
+             * @description The platform job's id (GET /v1/jobs/{id} shows it whole).
+             */
+            id: string;
+            /** Integrations */
+            integrations?: {
+                [key: string]: unknown;
+            }[] | null;
+            /** Metadata */
+            metadata?: {
+                [key: string]: string;
+            } | null;
+            /** Method */
+            method?: {
+                [key: string]: unknown;
+            } | null;
+            /** Model */
+            model: string;
+            /**
+             * Object
+             * @default fine_tuning.job
+             * @constant
+             */
+            object: "fine_tuning.job";
+            /**
+             * Organization Id
+             * @description The team's id.
+             */
+            organization_id: string;
+            /** Result Files */
+            result_files?: string[];
+            /** Seed */
+            seed: number;
+            /**
+             * Status
+             * @enum {string}
+             */
+            status: "validating_files" | "queued" | "running" | "succeeded" | "failed" | "cancelled";
+            /** Trained Tokens */
+            trained_tokens?: number | null;
+            /** Training File */
+            training_file: string;
+            /** Validation File */
+            validation_file?: string | null;
+        };
+        /** FineTuningJobCheckpoint */
+        FineTuningJobCheckpoint: {
+            /** Created At */
+            created_at: number;
+            /** Fine Tuned Model Checkpoint */
+            fine_tuned_model_checkpoint: string;
+            /** Fine Tuning Job Id */
+            fine_tuning_job_id: string;
+            /** Id */
+            id: string;
+            metrics: components["schemas"]["FineTuningCheckpointMetrics"];
+            /**
+             * Object
+             * @default fine_tuning.job.checkpoint
+             * @constant
+             */
+            object: "fine_tuning.job.checkpoint";
+            /** Step Number */
+            step_number: number;
+        };
+        /** FineTuningJobCheckpointsPage */
+        FineTuningJobCheckpointsPage: {
+            /** Data */
+            data: components["schemas"]["FineTuningJobCheckpoint"][];
+            /** First Id */
+            first_id?: string | null;
+            /** Has More */
+            has_more: boolean;
+            /** Last Id */
+            last_id?: string | null;
+            /**
+             * Object
+             * @default list
+             * @constant
+             */
+            object: "list";
+        };
+        /** FineTuningJobCreate */
+        FineTuningJobCreate: {
+            /** @description Legacy: the supervised method's hyperparameters. */
+            hyperparameters?: components["schemas"]["SupervisedHyperparameters"] | null;
+            /**
+             * Integrations
+             * @description Not taken: use the job's trackers through /v1/jobs.
+             */
+            integrations?: {
+                [key: string]: unknown;
+            }[] | null;
+            /** Metadata */
+            metadata?: {
+                [key: string]: string;
+            } | null;
+            /** @description Defaults to supervised. */
+            method?: components["schemas"]["FineTuningMethod"] | null;
+            /**
+             * Model
+             * @description An uploaded model (file id, purpose model), an artifacts:// path, or a fine_tuned_model this API returned.
+             */
+            model: string;
+            /** Seed */
+            seed?: number | null;
+            /** Suffix */
+            suffix?: string | null;
+            /**
+             * Team
+             * @description Admins: the team (name or id); a team's key: its own, or none.
+             */
+            team?: string | null;
+            /**
+             * Training File
+             * @description A file of purpose fine-tune: JSONL chat rows.
+             */
+            training_file: string;
+            /** Validation File */
+            validation_file?: string | null;
+        };
+        /** FineTuningJobError */
+        FineTuningJobError: {
+            /** Code */
+            code: string;
+            /** Message */
+            message: string;
+            /** Param */
+            param?: string | null;
+        };
+        /** FineTuningJobEvent */
+        FineTuningJobEvent: {
+            /** Created At */
+            created_at: number;
+            /** Data */
+            data?: {
+                [key: string]: unknown;
+            } | null;
+            /** Id */
+            id: string;
+            /**
+             * Level
+             * @enum {string}
+             */
+            level: "info" | "warn" | "error";
+            /** Message */
+            message: string;
+            /**
+             * Object
+             * @default fine_tuning.job.event
+             * @constant
+             */
+            object: "fine_tuning.job.event";
+            /** Type */
+            type?: ("message" | "metrics") | null;
+        };
+        /** FineTuningJobEventsPage */
+        FineTuningJobEventsPage: {
+            /** Data */
+            data: components["schemas"]["FineTuningJobEvent"][];
+            /** Has More */
+            has_more: boolean;
+            /**
+             * Object
+             * @default list
+             * @constant
+             */
+            object: "list";
+        };
+        /** FineTuningJobHyperparameters */
+        FineTuningJobHyperparameters: {
+            /** Batch Size */
+            batch_size?: "auto" | number | null;
+            /** Learning Rate Multiplier */
+            learning_rate_multiplier?: "auto" | number | null;
+            /** N Epochs */
+            n_epochs?: "auto" | number | null;
+        };
+        /** FineTuningJobsPage */
+        FineTuningJobsPage: {
+            /** Data */
+            data: components["schemas"]["FineTuningJob"][];
+            /** Has More */
+            has_more: boolean;
+            /**
+             * Object
+             * @default list
+             * @constant
+             */
+            object: "list";
+        };
+        /** FineTuningMethod */
+        FineTuningMethod: {
+            dpo?: components["schemas"]["DpoMethod"] | null;
+            reinforcement?: components["schemas"]["ReinforcementMethod"] | null;
+            supervised?: components["schemas"]["SupervisedMethod"] | null;
+            /**
+             * Type
+             * @enum {string}
+             */
+            type: "supervised" | "reinforcement" | "dpo";
         };
         /**
          * GpuGroup
@@ -2152,6 +2522,34 @@ export interface components {
                 [key: string]: string;
             } | null;
         };
+        /** OpenAIErrorBody */
+        OpenAIErrorBody: {
+            /** Code */
+            code: string | null;
+            /** Details */
+            details?: unknown;
+            /** Message */
+            message: string;
+            /**
+             * Param
+             * @description The request's field at fault (e.g. training_file, method.type).
+             */
+            param: string | null;
+            /** Request Id */
+            request_id?: string | null;
+            /**
+             * Type
+             * @description invalid_request_error, authentication_error, permission_error, ...
+             */
+            type: string;
+        };
+        /**
+         * OpenAIErrorEnvelope
+         * @description The error shape of OpenAI's API, on the /v1/fine_tuning routes.
+         */
+        OpenAIErrorEnvelope: {
+            error: components["schemas"]["OpenAIErrorBody"];
+        };
         /** PathGrantCreate */
         PathGrantCreate: {
             /**
@@ -2452,6 +2850,58 @@ export interface components {
             /** Data */
             data: components["schemas"]["QueuePublic"][];
         };
+        /** ReinforcementHyperparameters */
+        ReinforcementHyperparameters: {
+            /**
+             * Batch Size
+             * @default auto
+             */
+            batch_size?: "auto" | number;
+            /**
+             * Compute Multiplier
+             * @description Scales the samples per prompt (4 at 1.0, at least 2).
+             * @default auto
+             */
+            compute_multiplier?: "auto" | number;
+            /**
+             * Eval Interval
+             * @default auto
+             */
+            eval_interval?: "auto" | number;
+            /**
+             * Eval Samples
+             * @default auto
+             */
+            eval_samples?: "auto" | number;
+            /**
+             * Learning Rate Multiplier
+             * @default auto
+             */
+            learning_rate_multiplier?: "auto" | number;
+            /**
+             * N Epochs
+             * @default auto
+             */
+            n_epochs?: "auto" | number;
+            /**
+             * Reasoning Effort
+             * @description The responses' token budget: low 256, default/medium 1024, high 4096.
+             * @default default
+             * @enum {string}
+             */
+            reasoning_effort?: "default" | "low" | "medium" | "high";
+        };
+        /** ReinforcementMethod */
+        ReinforcementMethod: {
+            /**
+             * Grader
+             * @description OpenAI's grader: string_check (eq, ne, like, ilike) or text_similarity (fuzzy_match) run here; input {{sample.output_text}}, reference {{item.<field>}}.
+             */
+            grader: {
+                [key: string]: unknown;
+            };
+            hyperparameters?: components["schemas"]["ReinforcementHyperparameters"] | null;
+        };
         /**
          * Report
          * @description One batch from a job's driver: numbered per attempt from 0, resent unchanged until acknowledged.
@@ -2707,6 +3157,28 @@ export interface components {
             /** Team Name */
             team_name: string;
         };
+        /** SupervisedHyperparameters */
+        SupervisedHyperparameters: {
+            /**
+             * Batch Size
+             * @default auto
+             */
+            batch_size?: "auto" | number;
+            /**
+             * Learning Rate Multiplier
+             * @default auto
+             */
+            learning_rate_multiplier?: "auto" | number;
+            /**
+             * N Epochs
+             * @default auto
+             */
+            n_epochs?: "auto" | number;
+        };
+        /** SupervisedMethod */
+        SupervisedMethod: {
+            hyperparameters?: components["schemas"]["SupervisedHyperparameters"] | null;
+        };
         /** TeamCreate */
         TeamCreate: {
             /** Name */
@@ -2886,14 +3358,16 @@ export interface components {
             object: "upload";
             /** Purpose */
             purpose: string;
-            /**
-             * Status
-             * @enum {string}
-             */
-            status: "pending" | "completed" | "cancelled" | "expired";
+            status: components["schemas"]["UploadStatus"];
             /** Team Id */
             team_id: string;
         };
+        /**
+         * UploadStatus
+         * @description An upload in parts' (`/v1/uploads`).
+         * @enum {string}
+         */
+        UploadStatus: "pending" | "completed" | "cancelled" | "expired";
         /** ValidationError */
         ValidationError: {
             /** Context */
@@ -4943,6 +5417,594 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+        };
+    };
+    list_fine_tuning_jobs_v1_fine_tuning_jobs_get: {
+        parameters: {
+            query?: {
+                /** @description Id of the last job of the previous page. */
+                after?: string | null;
+                limit?: number;
+            };
+            header?: {
+                authorization?: string | null;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["FineTuningJobsPage"];
+                };
+            };
+            /** @description Invalid request; error.param names the field. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description No such job (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the job's state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit (answered before the route, in the platform's own error shape). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description A NUL character or a non-finite number in the request, refused before the route (in the platform's own error shape); every other refusal is a 400 here. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The database or the broker is unavailable. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+        };
+    };
+    create_fine_tuning_job_v1_fine_tuning_jobs_post: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["FineTuningJobCreate"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["FineTuningJob"];
+                };
+            };
+            /** @description Invalid request; error.param names the field. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description No such job (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the job's state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit (answered before the route, in the platform's own error shape). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description A NUL character or a non-finite number in the request, refused before the route (in the platform's own error shape); every other refusal is a 400 here. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The database or the broker is unavailable. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+        };
+    };
+    retrieve_fine_tuning_job_v1_fine_tuning_jobs__fine_tuning_job_id__get: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                fine_tuning_job_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["FineTuningJob"];
+                };
+            };
+            /** @description Invalid request; error.param names the field. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description No such job (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the job's state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit (answered before the route, in the platform's own error shape). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description A NUL character or a non-finite number in the request, refused before the route (in the platform's own error shape); every other refusal is a 400 here. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The database or the broker is unavailable. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+        };
+    };
+    cancel_fine_tuning_job_v1_fine_tuning_jobs__fine_tuning_job_id__cancel_post: {
+        parameters: {
+            query?: never;
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                fine_tuning_job_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["FineTuningJob"];
+                };
+            };
+            /** @description Invalid request; error.param names the field. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description No such job (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the job's state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit (answered before the route, in the platform's own error shape). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description A NUL character or a non-finite number in the request, refused before the route (in the platform's own error shape); every other refusal is a 400 here. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The database or the broker is unavailable. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+        };
+    };
+    list_fine_tuning_checkpoints_v1_fine_tuning_jobs__fine_tuning_job_id__checkpoints_get: {
+        parameters: {
+            query?: {
+                /** @description Id of the last checkpoint seen. */
+                after?: string | null;
+                limit?: number;
+            };
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                fine_tuning_job_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["FineTuningJobCheckpointsPage"];
+                };
+            };
+            /** @description Invalid request; error.param names the field. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description No such job (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the job's state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit (answered before the route, in the platform's own error shape). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description A NUL character or a non-finite number in the request, refused before the route (in the platform's own error shape); every other refusal is a 400 here. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The database or the broker is unavailable. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+        };
+    };
+    list_fine_tuning_events_v1_fine_tuning_jobs__fine_tuning_job_id__events_get: {
+        parameters: {
+            query?: {
+                /** @description Id of the last event seen. */
+                after?: string | null;
+                limit?: number;
+            };
+            header?: {
+                authorization?: string | null;
+            };
+            path: {
+                fine_tuning_job_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["FineTuningJobEventsPage"];
+                };
+            };
+            /** @description Invalid request; error.param names the field. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description Missing or unknown API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description The key may not do this. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description No such job (or not visible to the key). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description Conflicts with the job's state. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
+                };
+            };
+            /** @description The request body is over the API's limit (answered before the route, in the platform's own error shape). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description A NUL character or a non-finite number in the request, refused before the route (in the platform's own error shape); every other refusal is a 400 here. */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorEnvelope"];
+                };
+            };
+            /** @description The database or the broker is unavailable. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OpenAIErrorEnvelope"];
                 };
             };
         };
@@ -9501,13 +10563,18 @@ export const pathsV1WebhooksWebhook_idDeliveriesGetParametersQueryStateAnyOf0Val
 export const evalOutcomeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["EvalOutcome"]> = ["running", "passed", "failed", "error"];
 export const failureReasonValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FailureReason"]> = ["setup", "user_code", "no_resource", "controller", "lost"];
 export const filePublicKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FilePublic"]["kind"]> = ["file", "folder"];
-export const filePublicStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FilePublic"]["status"]> = ["uploaded", "processed", "error"];
+export const fileStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FileStatus"]> = ["uploaded", "processed", "error"];
+export const fineTuningJobStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FineTuningJob"]["status"]> = ["validating_files", "queued", "running", "succeeded", "failed", "cancelled"];
+export const fineTuningJobEventLevelValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FineTuningJobEvent"]["level"]> = ["info", "warn", "error"];
+export const fineTuningJobEventTypeAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FineTuningJobEvent"]["type"]> = ["message", "metrics"];
+export const fineTuningMethodTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FineTuningMethod"]["type"]> = ["supervised", "reinforcement", "dpo"];
 export const jobStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobStatus"]> = ["QUEUED", "ADMITTED", "STARTING", "RUNNING", "CANCELLING", "PREEMPTING", "SUCCEEDED", "FAILED", "CANCELLED"];
 export const launchScriptInLauncherAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["LaunchScriptIn"]["launcher"]> = ["python", "torchrun", "ray job submit"];
 export const pathGrantCreateModeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PathGrantCreate"]["mode"]> = ["ro", "rw"];
+export const reinforcementHyperparametersReasoning_effortValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ReinforcementHyperparameters"]["reasoning_effort"]> = ["default", "low", "medium", "high"];
 export const specIssueSeverityValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["SpecIssue"]["severity"]> = ["error", "warning"];
 export const thresholdInOpValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ThresholdIn"]["op"]> = [">=", ">", "<=", "<", "=="];
 export const thresholdPublicOpValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ThresholdPublic"]["op"]> = [">=", ">", "<=", "<", "=="];
-export const uploadPublicStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["UploadPublic"]["status"]> = ["pending", "completed", "cancelled", "expired"];
+export const uploadStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["UploadStatus"]> = ["pending", "completed", "cancelled", "expired"];
 export const verdictValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Verdict"]> = ["pending", "pass", "fail", "missing"];
 export const webhookDeliveryPublicStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["WebhookDeliveryPublic"]["state"]> = ["pending", "delivered", "failed"];
