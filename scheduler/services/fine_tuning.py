@@ -593,11 +593,23 @@ def model_name(job: Job) -> str:
 
 
 def trained_tokens(session: Session, job: Job) -> int | None:
-    """The tokens trained on, when the job reported them (`train/num_tokens` summed over its steps)."""
-    total = session.scalar(
-        sa.select(sa.func.sum(Metric.value)).where(Metric.job_id == job.id, Metric.name == "train/num_tokens")
+    """The tokens trained on (every step's batch, prompts included), from what each step reported: its
+    `perf/tokens_per_s` times its `perf/step_time` (a step run again after a restart counts once). None when
+    the job reported no step."""
+    rows = session.execute(
+        sa.select(Metric.step, Metric.name, Metric.value)
+        .where(Metric.job_id == job.id, Metric.name.in_(("perf/tokens_per_s", "perf/step_time")))
+        .order_by(Metric.id)
     )
-    return None if total is None else int(total)
+    by_step: dict[int, dict[str, float]] = {}
+    for step, name, value in rows:
+        by_step.setdefault(step, {})[name] = value
+    counts = [
+        m["perf/tokens_per_s"] * m["perf/step_time"]
+        for m in by_step.values()
+        if "perf/tokens_per_s" in m and "perf/step_time" in m
+    ]
+    return round(sum(counts)) if counts else None
 
 
 def public(session: Session, job: Job) -> dict[str, Any]:

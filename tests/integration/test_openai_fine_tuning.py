@@ -87,9 +87,8 @@ def _run_to_end(w: World, job_id: str, final: str = "SUCCEEDED", export: bool = 
         out = Path(job.output_dir)
         for step, loss in ((1, 2.5), (2, 1.25)):
             s.add(Metric(job_id=job_id, attempt=1, step=step, name="train/loss", value=loss, time=utcnow()))
-            s.add(
-                Metric(job_id=job_id, attempt=1, step=step, name="train/num_tokens", value=100, time=utcnow())
-            )
+            for name, value in (("perf/tokens_per_s", 50.0), ("perf/step_time", 2.0)):  # 100 tokens a step
+                s.add(Metric(job_id=job_id, attempt=1, step=step, name=name, value=value, time=utcnow()))
             fmt, folder = (
                 ("hf", out / "hf" / f"iter_{step}") if export else ("torch", out / "ckpt" / f"{step}")
             )
