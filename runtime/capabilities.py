@@ -8,12 +8,12 @@ submission (`spec.unsupported_by_backend`) and again by the driver."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from runtime.rollout.sglang import passthrough as sglang_passthrough
 from runtime.spec import RuntimeSpec
+from runtime.trackers import WANDB_PARAMETERS, wandb_installed
 
 # The `resource` roles the torch backend runs (runtime.roles.placement.Role; kept apart so the API
 # process importing this module does not import Ray).
@@ -85,16 +85,7 @@ COMMON_PARAMETERS: frozenset[str] = RuntimeSpec.field_names() | {
     "tb_project_name",
     "tb_experiment_name",
     "use_wandb",  # restricted below: where the wandb package is installed
-    "wandb_project",
-    "wandb_team",
-    "wandb_entity",
-    "wandb_group",
-    "wandb_exp_name",
-    "wandb_run_id",
-    "wandb_random_suffix",
-    "wandb_dir",
-    "wandb_save_dir",
-    "wandb_mode",
+    *WANDB_PARAMETERS,
 }
 
 # The torch backend reads nothing beyond the common parameters. (`distributed-timeout-minutes` is not
@@ -314,12 +305,6 @@ def _rm_type_ok(value: Any, values: Mapping[str, Any]) -> bool:
     return base in RM_TYPES or (base not in UNSUPPORTED_RM_TYPES and bool(values.get("rm_type_fallback")))
 
 
-def _wandb_installed() -> bool:
-    """W&B logging needs the `wandb` package (the optional extra relax-platform[wandb]); the platform's
-    processes and its clusters share one install, and the driver checks again where it runs."""
-    return importlib.util.find_spec("wandb") is not None
-
-
 # Relax rm-types with no implementation here (runtime.rewards.UNSUPPORTED_RM_TYPES says why)
 UNSUPPORTED_RM_TYPES = frozenset({"ifbench", "dapo-genrm"})
 
@@ -400,7 +385,9 @@ RESTRICTIONS: dict[str, Callable[[Any, Mapping[str, Any]], bool]] = {
     # servers, top-k log-probs) is not implemented, nor the top-k estimators (forward_kl, jsd)
     "opd_type": _one_of("megatron"),
     "opd_kl_type": _one_of("reverse_kl", "low_var_kl"),
-    "use_wandb": lambda value, _values: not value or _wandb_installed(),
+    # W&B logging needs the `wandb` package (the optional extra relax-platform[wandb]); the platform's processes
+    # and its clusters share one install, and the driver checks again where it runs
+    "use_wandb": lambda value, _values: not value or wandb_installed(),
 }
 
 

@@ -37,6 +37,19 @@ TENSORBOARD_SUBDIR = "tensorboard"
 WANDB_SUBDIR = "wandb"
 DEFAULT_WANDB_PROJECT = "relax"
 WANDB_MODES = ("online", "offline", "disabled")
+#: The W&B settings `wandb_settings` reads, besides `--use-wandb` (runtime/capabilities.py honours them).
+WANDB_PARAMETERS = (
+    "wandb_project",
+    "wandb_team",
+    "wandb_entity",
+    "wandb_group",
+    "wandb_exp_name",
+    "wandb_run_id",
+    "wandb_random_suffix",
+    "wandb_dir",
+    "wandb_save_dir",
+    "wandb_mode",
+)
 
 
 def wandb_installed() -> bool:

@@ -43,6 +43,7 @@ from pydantic import TypeAdapter
 from jobspec.spec import FIELDS, FieldSpec, JobSpec
 from runtime.capabilities import BACKEND_PARAMETERS, BACKENDS, RESTRICTIONS, unsupported_parameters
 from runtime.spec import RuntimeSpec, load_spec, read_spec_file
+from runtime.trackers import WANDB_PARAMETERS
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = {"torch": "grpo-arith.yaml", "megatron": "grpo-arith-megatron.yaml"}
@@ -837,20 +838,7 @@ EFFECTS: dict[str, Evidence | dict[str, Evidence]] = {
     "tb_project_name": Probe(trackers),
     "tb_experiment_name": Probe(trackers),
     "use_wandb": Probe(trackers),  # honoured only where wandb is installed (else refused: RESTRICTIONS)
-    **{
-        name: Probe(trackers, base=WANDB)
-        for name in (
-            "wandb_project",
-            "wandb_team",
-            "wandb_entity",
-            "wandb_group",
-            "wandb_exp_name",
-            "wandb_run_id",
-            "wandb_random_suffix",
-            "wandb_dir",
-            "wandb_save_dir",
-        )
-    },
+    **{name: Probe(trackers, base=WANDB) for name in WANDB_PARAMETERS if name != "wandb_mode"},
     "wandb_mode": Probe(trackers, base=WANDB, value="offline"),
     # -- trainer configuration (both backends build their trainer from TrainConfig) --
     "lr": Probe(train_config),
