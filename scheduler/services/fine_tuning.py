@@ -669,24 +669,29 @@ def events(session: Session, job: Job, *, after: str | None, limit: int) -> tupl
             (e.time, f"ftevent-e{e.id}", {"level": level, "message": message[:4000], "type": "message"})
         )
     total = job.total_steps or None
+    valid = _valid_losses(session, job)
+    rewards = _by_step(session, job, "rollout/reward")  # reinforcement: the mean reward of the step's samples
+    valid_rewards = _by_step(session, job, "eval/validation")  # and on the validation file
     loss_rows = session.execute(
         sa.select(Metric.step, Metric.value, Metric.time, Metric.id)
         .where(Metric.job_id == job.id, Metric.name == "train/loss")
         .order_by(Metric.id)
     ).all()
     for r in loss_rows:
-        of = f"/{total}" if total else ""
+        step = r.step + 1  # steps done (the runtime numbers its steps from 0)
+        data: dict[str, Any] = {"step": step, "train_loss": r.value, "total_steps": total}
+        text = f"Step {step}{f'/{total}' if total else ''}: training loss={r.value:.4f}"
+        if step in valid:
+            data["valid_loss"] = valid[step]
+            text += f", validation loss={valid[step]:.4f}"
+        if r.step in rewards:
+            data["train_reward_mean"] = rewards[r.step]
+            text += f", reward={rewards[r.step]:.4f}"
+        if step in valid_rewards:
+            data["valid_reward_mean"] = valid_rewards[step]
+            text += f", validation reward={valid_rewards[step]:.4f}"
         out.append(
-            (
-                r.time,
-                f"ftevent-m{r.id}",
-                {
-                    "level": "info",
-                    "message": f"Step {r.step}{of}: training loss={r.value:.4f}",
-                    "type": "metrics",
-                    "data": {"step": r.step, "train_loss": r.value, "total_steps": total},
-                },
-            )
+            (r.time, f"ftevent-m{r.id}", {"level": "info", "message": text, "type": "metrics", "data": data})
         )
     for c in session.scalars(
         sa.select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.id)
@@ -697,9 +702,9 @@ def events(session: Session, job: Job, *, after: str | None, limit: int) -> tupl
                 f"ftevent-c{c.id}",
                 {
                     "level": "info",
-                    "message": f"Checkpoint saved at step {c.step} ({c.format})",
+                    "message": f"Checkpoint saved at step {c.step + 1} ({c.format})",
                     "type": "message",
-                    "data": {"step": c.step, "format": c.format},
+                    "data": {"step": c.step + 1, "format": c.format},
                 },
             )
         )
@@ -711,45 +716,62 @@ def events(session: Session, job: Job, *, after: str | None, limit: int) -> tupl
     return _page(items, after, limit)
 
 
+def _by_step(session: Session, job: Job, name: str) -> dict[int, float]:
+    """One metric's values by step (a step reported again, after a restart: its last value)."""
+    rows = session.execute(
+        sa.select(Metric.step, Metric.value)
+        .where(Metric.job_id == job.id, Metric.name == name)
+        .order_by(Metric.id)
+    )
+    return {step: value for step, value in rows}
+
+
+def _valid_losses(session: Session, job: Job) -> dict[int, float]:
+    """The validation loss (`eval/loss`, on the validation file) by steps done: the runtime reports the
+    evaluation after step r (from 0) as step r + 1."""
+    return _by_step(session, job, "eval/loss")
+
+
 def checkpoints(
     session: Session, job: Job, *, after: str | None, limit: int
 ) -> tuple[list[dict[str, Any]], bool]:
     """OpenAI's `fine_tuning.job.checkpoint`s, newest first: one per step saved (its export when there is one),
-    with the step's metrics (train/loss, eval/loss)."""
+    with the step's metrics (train/loss; eval/loss as valid_loss). Steps are counted as OpenAI counts them,
+    steps done: the runtime's step r (from 0) is step_number r + 1."""
     by_step: dict[int, Checkpoint] = {}
     for c in session.scalars(
         sa.select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.id)
     ):
         if c.step not in by_step or c.format == "hf":
             by_step[c.step] = c
-    metrics: dict[tuple[str, int], float] = {}
+    losses: dict[int, float] = {}
     if by_step:
-        for name, step, value in session.execute(
-            sa.select(Metric.name, Metric.step, Metric.value).where(
-                Metric.job_id == job.id,
-                Metric.name.in_(("train/loss", "eval/loss")),
-                Metric.step.in_(list(by_step)),
-            )
+        for step, value in session.execute(
+            sa.select(Metric.step, Metric.value)
+            .where(Metric.job_id == job.id, Metric.name == "train/loss", Metric.step.in_(list(by_step)))
+            .order_by(Metric.id)
         ):
-            metrics[(name, step)] = value
+            losses[step] = value
+    valid = _valid_losses(session, job)
     base = model_name(job)
     items = []
     for step in sorted(by_step, reverse=True):
         c = by_step[step]
-        m: dict[str, Any] = {"step": float(step)}
-        if ("train/loss", step) in metrics:
-            m["train_loss"] = metrics[("train/loss", step)]
-        if ("eval/loss", step) in metrics:
-            m["valid_loss"] = metrics[("eval/loss", step)]
+        done = step + 1  # steps done (the runtime numbers its steps from 0)
+        m: dict[str, Any] = {"step": float(done)}
+        if step in losses:
+            m["train_loss"] = losses[step]
+        if done in valid:
+            m["valid_loss"] = valid[done]
         items.append(
             {
                 "id": f"ftckpt-{c.id}",
                 "object": "fine_tuning.job.checkpoint",
                 "created_at": _ts(c.time),
-                "fine_tuned_model_checkpoint": f"{base}:ckpt-step-{step}",
+                "fine_tuned_model_checkpoint": f"{base}:ckpt-step-{done}",
                 "fine_tuning_job_id": job.id,
                 "metrics": m,
-                "step_number": step,
+                "step_number": done,
             }
         )
     return _page(items, after, limit)

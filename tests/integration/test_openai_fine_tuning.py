@@ -85,8 +85,16 @@ def _run_to_end(w: World, job_id: str, final: str = "SUCCEEDED", export: bool = 
             assert svc.transition(job_id, JobStatus(dst), expected_from=JobStatus(src), reason=f"to {dst}")
         job = s.get(Job, job_id)
         out = Path(job.output_dir)
-        for step, loss in ((1, 2.5), (2, 1.25)):
+        for step, loss in (
+            (0, 2.5),
+            (1, 1.25),
+        ):  # the runtime's steps, from 0; its eval after step r is r + 1
             s.add(Metric(job_id=job_id, attempt=1, step=step, name="train/loss", value=loss, time=utcnow()))
+            s.add(
+                Metric(
+                    job_id=job_id, attempt=1, step=step + 1, name="eval/loss", value=loss + 1, time=utcnow()
+                )
+            )
             for name, value in (("perf/tokens_per_s", 50.0), ("perf/step_time", 2.0)):  # 100 tokens a step
                 s.add(Metric(job_id=job_id, attempt=1, step=step, name=name, value=value, time=utcnow()))
             fmt, folder = (
@@ -182,6 +190,9 @@ def test_supervised_job_through_the_sdk_is_an_sft_job_of_the_team(world: World) 
         e.object == "fine_tuning.job.event" for e in events
     )
     assert [e.data["train_loss"] for e in events if e.type == "metrics"] == [1.25, 2.5]
+    assert [e.message for e in events if e.type == "metrics"][-1] == (
+        "Step 1: training loss=2.5000, validation loss=3.5000"
+    )
     assert any(e.message.startswith("queued") for e in events)
     first = oc.fine_tuning.jobs.list_events(job.id, limit=2)
     assert (
@@ -191,13 +202,14 @@ def test_supervised_job_through_the_sdk_is_an_sft_job_of_the_team(world: World) 
     ckpts = oc.fine_tuning.jobs.checkpoints.list(job.id).data
     assert [c.step_number for c in ckpts] == [2, 1]
     assert ckpts[0].metrics.train_loss == 1.25 and ckpts[0].metrics.step == 2
+    assert ckpts[0].metrics.valid_loss == 2.25 and ckpts[1].metrics.valid_loss == 3.5
     assert ckpts[0].fine_tuned_model_checkpoint == f"{done.fine_tuned_model}:ckpt-step-2"
     assert ckpts[0].fine_tuning_job_id == job.id
 
     # the fine-tuned model is the next job's model: its export, by job://
     nxt = oc.fine_tuning.jobs.create(model=done.fine_tuned_model, training_file=train)
     spec = w.client.get(f"/v1/jobs/{nxt.id}", headers=w.as_("alpha")).json()["spec"]
-    assert spec["hf_checkpoint"].endswith("hf/iter_2") and nxt.model == done.fine_tuned_model
+    assert spec["hf_checkpoint"].endswith("hf/iter_1") and nxt.model == done.fine_tuned_model
     assert oc.fine_tuning.jobs.retrieve(nxt.id).status == "queued"
 
 
