@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.schemas import ErrorEnvelope
+from scheduler.services.fine_tuning import FineTuningJobStatus
 
 Auto = Literal["auto"]
 BatchSize = Auto | Annotated[int, Field(ge=1, le=4096)]
@@ -116,14 +117,14 @@ class FineTuningJob(BaseModel):
     organization_id: str = Field(description="The team's id.")
     result_files: list[str] = Field(default_factory=list)
     seed: int
-    status: Literal["validating_files", "queued", "running", "succeeded", "failed", "cancelled"]
+    status: FineTuningJobStatus
     trained_tokens: int | None = None
     training_file: str
     validation_file: str | None = None
     estimated_finish: int | None = None
-    integrations: list[dict[str, Any]] | None = None
+    integrations: None = Field(None, description="None here: integrations are not taken.")
     metadata: dict[str, str] | None = None
-    method: dict[str, Any] | None = None
+    method: FineTuningMethod | None = Field(None, description="As created, its `auto` values resolved.")
 
 
 class FineTuningJobsPage(BaseModel):

@@ -27,6 +27,7 @@ import re
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -557,16 +558,30 @@ def _has_metadata(job: Job, wanted: dict[str, str]) -> bool:
     return all(held.get(k) == v for k, v in wanted.items())
 
 
+class FineTuningJobStatus(StrEnum):
+    """A fine-tuning job's status as OpenAI names it (`validating_files` never shows: the files are checked when
+    the job is created)."""
+
+    VALIDATING_FILES = "validating_files"
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+_F = FineTuningJobStatus
+#: Our job's status -> OpenAI's.
 STATUS = {
-    JobStatus.QUEUED: "queued",
-    JobStatus.ADMITTED: "running",
-    JobStatus.STARTING: "running",
-    JobStatus.RUNNING: "running",
-    JobStatus.PREEMPTING: "running",
-    JobStatus.CANCELLING: "cancelled",
-    JobStatus.SUCCEEDED: "succeeded",
-    JobStatus.FAILED: "failed",
-    JobStatus.CANCELLED: "cancelled",
+    JobStatus.QUEUED: _F.QUEUED,
+    JobStatus.ADMITTED: _F.RUNNING,
+    JobStatus.STARTING: _F.RUNNING,
+    JobStatus.RUNNING: _F.RUNNING,
+    JobStatus.PREEMPTING: _F.RUNNING,
+    JobStatus.CANCELLING: _F.CANCELLED,
+    JobStatus.SUCCEEDED: _F.SUCCEEDED,
+    JobStatus.FAILED: _F.FAILED,
+    JobStatus.CANCELLED: _F.CANCELLED,
 }
 
 

@@ -44,7 +44,13 @@ TYPED = {
     "events": "EventItem",
 }
 #: Objects whose `status` is a concept of their own (OpenAI's shapes), each its declared component.
-OWN_STATUS = {"FilePublic": "FileStatus", "UploadPublic": "UploadStatus"}
+OWN_STATUS = {
+    "FilePublic": "FileStatus",
+    "UploadPublic": "UploadStatus",
+    "FineTuningJob": "FineTuningJobStatus",
+}
+#: Other properties of OpenAI's shapes that name a concept of their own, each its declared component.
+OWN_CONCEPTS = {("FineTuningJobCheckpoint", "metrics"): "FineTuningCheckpointMetrics"}
 #: The objects the API leaves free-form, each for a reason; a new one must be added here (or typed).
 FREE_FORM = {
     (
@@ -69,6 +75,12 @@ FREE_FORM = {
     ): "the request as stored (spec or args, launch_script) with warnings, derived, inputs",
     ("LaunchScriptIn", "runtime_env"): "Ray's --runtime-env-json, parsed: Ray's own format",
     ("ValidationError", "ctx"): "FastAPI's own validation error schema",
+    (
+        "ReinforcementMethod",
+        "grader",
+    ): "OpenAI's grader object, its fields by its type; judged by scheduler/services/fine_tuning.py",
+    ("FineTuningJobCreate", "integrations"): "OpenAI's integrations: refused when given",
+    ("FineTuningJobEvent", "data"): "an event's data: a metrics event's step and losses, a checkpoint's step",
 }
 
 
@@ -92,6 +104,8 @@ def test_each_concept_is_its_declared_component(openapi: dict[str, Any]) -> None
         for prop, spec in (schema.get("properties") or {}).items():
             if prop == "status" and name in OWN_STATUS:
                 assert _refs(spec) == {OWN_STATUS[name]}, (name, prop, spec)
+            elif (name, prop) in OWN_CONCEPTS:
+                assert _refs(spec) == {OWN_CONCEPTS[name, prop]}, (name, prop, spec)
             elif prop in TYPED:
                 assert _refs(spec) == {TYPED[prop]}, (name, prop, spec)
                 seen.add(prop)

@@ -1806,18 +1806,17 @@ export interface components {
              * @description The platform job's id (GET /v1/jobs/{id} shows it whole).
              */
             id: string;
-            /** Integrations */
-            integrations?: {
-                [key: string]: unknown;
-            }[] | null;
+            /**
+             * Integrations
+             * @description None here: integrations are not taken.
+             */
+            integrations?: null;
             /** Metadata */
             metadata?: {
                 [key: string]: string;
             } | null;
-            /** Method */
-            method?: {
-                [key: string]: unknown;
-            } | null;
+            /** @description As created, its `auto` values resolved. */
+            method?: components["schemas"]["FineTuningMethod"] | null;
             /** Model */
             model: string;
             /**
@@ -1835,11 +1834,7 @@ export interface components {
             result_files?: string[];
             /** Seed */
             seed: number;
-            /**
-             * Status
-             * @enum {string}
-             */
-            status: "validating_files" | "queued" | "running" | "succeeded" | "failed" | "cancelled";
+            status: components["schemas"]["FineTuningJobStatus"];
             /** Trained Tokens */
             trained_tokens?: number | null;
             /** Training File */
@@ -1980,6 +1975,13 @@ export interface components {
             /** N Epochs */
             n_epochs?: "auto" | number | null;
         };
+        /**
+         * FineTuningJobStatus
+         * @description A fine-tuning job's status as OpenAI names it (`validating_files` never shows: the files are checked when
+         *     the job is created).
+         * @enum {string}
+         */
+        FineTuningJobStatus: "validating_files" | "queued" | "running" | "succeeded" | "failed" | "cancelled";
         /** FineTuningJobsPage */
         FineTuningJobsPage: {
             /** Data */
@@ -10564,9 +10566,9 @@ export const evalOutcomeValues: ReadonlyArray<FlattenedDeepRequired<components>[
 export const failureReasonValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FailureReason"]> = ["setup", "user_code", "no_resource", "controller", "lost"];
 export const filePublicKindValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FilePublic"]["kind"]> = ["file", "folder"];
 export const fileStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FileStatus"]> = ["uploaded", "processed", "error"];
-export const fineTuningJobStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FineTuningJob"]["status"]> = ["validating_files", "queued", "running", "succeeded", "failed", "cancelled"];
 export const fineTuningJobEventLevelValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FineTuningJobEvent"]["level"]> = ["info", "warn", "error"];
 export const fineTuningJobEventTypeAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FineTuningJobEvent"]["type"]> = ["message", "metrics"];
+export const fineTuningJobStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FineTuningJobStatus"]> = ["validating_files", "queued", "running", "succeeded", "failed", "cancelled"];
 export const fineTuningMethodTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FineTuningMethod"]["type"]> = ["supervised", "reinforcement", "dpo"];
 export const jobStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["JobStatus"]> = ["QUEUED", "ADMITTED", "STARTING", "RUNNING", "CANCELLING", "PREEMPTING", "SUCCEEDED", "FAILED", "CANCELLED"];
 export const launchScriptInLauncherAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["LaunchScriptIn"]["launcher"]> = ["python", "torchrun", "ray job submit"];
