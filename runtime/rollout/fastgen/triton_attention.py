@@ -1,4 +1,4 @@
-"""Decode attention as one Triton kernel (`decode_attention="triton"`): one program per (row, KV head).
+"""Decode attention as Triton kernels (`decode_attention="triton"`): one program per (row, KV head).
 
 Each program holds its row's G query heads of one KV head (G = heads / KV heads, padded to 16 rows for the
 tensor cores) and walks the cache positions 0..lengths[b] in blocks with an online softmax (running max and
@@ -8,6 +8,10 @@ merge of two softmax parts, and no window rounded up past the row's own length. 
 the row's group's first slot, `src[b]`, and the rest from its own slot: rows of a group are neighbouring
 programs, so the prefix they share is read from HBM about once and from L2 after. Positions at and past
 `prefix` come from slot b itself. Without sharing, `prefix` is 0.
+
+The row kernel's second version (`_row_kernel`, the default; `RELAX_FASTGEN_TRITON_FUSED=0` selects the
+first) also stores the step's new key and value into the cache (the model then skips its own index_put per
+layer) and can hold several KV heads per program (`CONFIG["heads"]`).
 
 Numerics: q.k in fp32 accumulation (the eager paths round the scores to the activation dtype first), the
 softmax in fp32, the probabilities cast to the cache's dtype for p.v (as the eager paths), the output cast
