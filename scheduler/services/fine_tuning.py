@@ -302,11 +302,15 @@ def _export(session: Session, job: Job) -> str | None:
 
 
 def _lines(files: Files, row: StoredFile) -> Iterator[bytes]:
+    """The file's lines, each at most MAX_LINE_BYTES + 1 bytes (a longer one is cut there, and refused)."""
     store = files.store
     local = store.local_path(row.key) if store.name == row.store else None
     if local is not None:
         with open(local, "rb") as fh:
-            yield from fh
+            while line := fh.readline(
+                MAX_LINE_BYTES + 1
+            ):  # a line over the bound is refused, never held whole
+                yield line
         return
     from scheduler.services.filestore import store_for
 

@@ -348,3 +348,39 @@ def test_another_team_sees_none_of_it(world: World) -> None:
     with pytest.raises(openai.NotFoundError):
         oc.fine_tuning.jobs.retrieve(plain.json()["id"])
     assert [j.id for j in oc.fine_tuning.jobs.list()] == [job.id]
+
+
+# The S3 store: the training file is read from the bucket, in chunks, when the job is created ----------------------
+s3 = pytest.importorskip("tests.integration.test_files_s3").s3
+
+
+@pytest.fixture
+def s3_world(s3: str, tmp_path: Path) -> Iterator[World]:
+    from scheduler.db.migrate import upgrade
+    from scheduler.settings import FileSettings
+
+    url = f"sqlite:///{tmp_path / 'relax.db'}"
+    upgrade(url)
+    files = FileSettings(
+        store="s3", s3_endpoint_url=s3, s3_bucket="relax-files", s3_prefix="team-files", s3_region="us-east-1",
+        s3_access_key_id="k", s3_secret_access_key="s", max_file_bytes=4_000_000,
+    )  # fmt: skip
+    w = make_world(url, tmp_path, files)
+    with w.client:
+        seed_area(w.settings.artifacts, w.teams["alpha"])
+        yield w
+    w.db.dispose()
+
+
+def test_a_training_file_in_s3_is_checked_line_by_line(s3_world: World) -> None:
+    w = s3_world
+    oc = sdk(w)
+    rows = SFT_ROWS * 800  # 1.3 MB: the store's reads come in 1 MiB chunks, a line spans two
+    train = _upload(oc, rows)
+    job = oc.fine_tuning.jobs.create(model="artifacts://models/tiny", training_file=train)
+    assert job.status == "queued" and job.hyperparameters.batch_size == 8
+    broken = _jsonl(rows[:8000]) + b'{"messages": "no"}\n' + _jsonl(rows[8000:])  # past the first chunk
+    err = _refused(
+        w, openai.BadRequestError, {"model": "artifacts://models/tiny", "training_file": _upload(oc, broken)}
+    )
+    assert err.body["param"] == "training_file" and "line 8001" in err.body["message"]
