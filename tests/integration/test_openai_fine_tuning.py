@@ -309,6 +309,10 @@ def test_refusals_are_the_sdks_typed_errors_naming_the_field(world: World) -> No
         == "training_file"
     )
     assert param(ok | {"hyperparameters": {"n_epochs": 0}}) == "hyperparameters.n_epochs"
+    twice = {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1}}}
+    assert param(ok | {"hyperparameters": {"n_epochs": 2}, "method": twice}) == "hyperparameters"
+    wandb = [{"type": "wandb", "wandb": {"project": "p"}}]
+    assert param(ok | {"integrations": wandb}) == "integrations"
     assert (
         param(ok | {"hyperparameters": {"batch_size": 99}}) == "method.supervised.hyperparameters.batch_size"
     )
