@@ -26,7 +26,7 @@ import json
 import re
 import secrets
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -96,7 +96,6 @@ class FineTuningRequest:
     method: dict[str, Any] | None = None
     hyperparameters: dict[str, Any] | None = None  # the legacy top-level ones (supervised)
     team: str | None = None  # admins: the team (name or id)
-    extra_labels: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -169,7 +168,7 @@ def create_job(
     sub = Submission(
         name=(f"ft-{suffix}" if suffix else f"ft-{kind}")[:100],
         team=req.team,
-        labels={**req.extra_labels, LABEL: kind},
+        labels={LABEL: kind},
         spec=spec,
     )
     reader = JobSubmission(reads, artifact_root=artifact_root, home=home)
