@@ -76,6 +76,13 @@ COMMON_PARAMETERS: frozenset[str] = RuntimeSpec.field_names() | {
     # from the job's latest checkpoint, at most --max-global-restart times with --use-fault-tolerance
     "use_fault_tolerance",
     "max_global_restart",
+    # the rollout engines' health check (runtime/roles/engine_health.py): a hung or dead engine server of the
+    # job's own is replaced on the role's capacity with the current weights, its requests generated again;
+    # replacements count against --max-global-restart
+    "use_health_check",
+    "rollout_health_check_interval",
+    "rollout_health_check_timeout",
+    "rollout_health_check_first_wait",
     # the platform's webhooks (scheduler/services/webhooks.py): every status change of the job is POSTed to
     # each http(s) URL, signed with the job's own secret (docs/reference/webhooks.md)
     "notify_urls",

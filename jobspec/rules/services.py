@@ -217,11 +217,13 @@ def slime_router_options(ctx: RuleContext) -> None:
 )
 def max_global_restart_needs_health_check(ctx: RuleContext) -> None:
     # On the platform, --use-fault-tolerance makes it the number of times a lost driver is resumed from the
-    # job's checkpoint (scheduler/recovery.py).
+    # job's checkpoint (scheduler/recovery.py); --use-health-check, the number of rollout engines the driver
+    # replaces when hung or dead (runtime/roles/engine_health.py).
     if ctx.non_default("max_global_restart") and not (ctx.use_health_check or ctx.use_fault_tolerance):
         ctx.warn(
             "--max-global-restart only applies with --use-health-check or --use-fault-tolerance",
-            "add --use-fault-tolerance (the platform resumes a lost driver at most this many times)",
+            "add --use-health-check (hung or dead rollout engines are replaced at most this many times) or "
+            "--use-fault-tolerance (the platform resumes a lost driver at most this many times)",
         )
 
 

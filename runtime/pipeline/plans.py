@@ -21,6 +21,7 @@ from runtime.data.prompts import DatasetConfig
 from runtime.devices import Device
 from runtime.roles.groups import CriticPlan, RolePlan, engine_kind_from_env
 from runtime.roles.placement import Role, critic_world_size, spec_demand, train_world_size
+from runtime.rollout.health import HealthCheckConfig
 from runtime.rollout.sglang.passthrough import server_argv
 from runtime.spec import RuntimeSpec
 from runtime.train.base import is_multi_rank
@@ -243,6 +244,7 @@ def role_plan(spec: RuntimeSpec, total: int, device: Device | None = None) -> Ro
         # without `resource` the runtime runs DEFAULT_RESOURCE, not Relax's legacy 8-GPU actor
         demand=spec_demand(spec.values()) if spec.resource else None,
         gpu_nodes=gpu_nodes(spec.extra.get(PLACEMENT_KEY) or ()),
+        health=HealthCheckConfig.from_values(spec.values()) if spec.generates else None,
     )
 
 

@@ -228,6 +228,8 @@ class RLPipeline(PipelineBase):
                 metrics.update(opd_metrics(student, batch.teacher_log_probs, batch.loss_mask, opd))
         metrics.update({f"train/{k}": v for k, v in train_metrics.items() if k != "optimizer_steps"})
         metrics.update(self.step_perf(timer, batch, samples))
+        if self.roles.rollout is not None:  # `--use-health-check`: replacements so far, engines healthy now
+            metrics.update(self.roles.rollout.health_metrics())
         self.finish_step(rollout_id, metrics)
 
     def stop_producing(self) -> None:

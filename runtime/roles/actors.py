@@ -250,7 +250,12 @@ class HttpEngineActor(SGLangEngineActor):
 
     def ready(self) -> dict[str, Any]:
         info = super().ready()
-        info.update(role="rollout", threads=torch.get_num_threads(), placement_group=_placement_group_id())
+        info.update(
+            role="rollout",
+            threads=torch.get_num_threads(),
+            placement_group=_placement_group_id(),
+            node_id=ray.get_runtime_context().get_node_id(),  # where a health check reaps its server
+        )
         return info
 
 

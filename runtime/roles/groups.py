@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -24,9 +25,11 @@ from runtime.roles.actors import (
     TrainActor,
     free_loopback_port,
 )
+from runtime.roles.engine_health import EngineFactory, EngineSupervisor, settled
 from runtime.roles.logs import start_log_sink
 from runtime.roles.placement import Role, Topology, plan_topology, release, reserve
 from runtime.rollout.backend import BACKEND_ENV, backend_from_env
+from runtime.rollout.health import HealthCheckConfig, Verdict
 from runtime.rollout.params import GenerationResult, SamplingParams
 from runtime.rollout.sglang.engine_actor import engine_secret, external_engine_actors
 from runtime.train.checkpoint import CheckpointRecord
@@ -128,11 +131,21 @@ class TrainGroup(RankGroup):
 
 class RolloutGroup:
     """The rollout engines. `generate` splits the requests into contiguous shares, one per engine, and
-    returns the results in request order; engine i samples with seed + i."""
+    returns the results in request order; engine i samples with seed + i.
+
+    With a `supervisor` (`--use-health-check`, `runtime.roles.engine_health`), an engine may be replaced
+    while the job runs: a share whose engine is condemned (hung, dead) is generated again, whole, on a
+    healthy engine (same seed), and only the answer of the share's current dispatch is kept, so a batch
+    never loses or doubles a sample; weight pushes and offload/onload do not fail on a dying engine (its
+    replacement gets the current weights and state)."""
 
     def __init__(self, actors: list[ActorHandle]) -> None:
         self.actors = actors
         self._weight_version = 0
+        self._weights_ref: ray.ObjectRef | None = None  # kept only under a supervisor, for replacements
+        self._offloaded = False
+        self.lock = threading.RLock()  # a replacement's weight load and swap vs. a weight push
+        self.supervisor: EngineSupervisor | None = None
 
     @property
     def weight_version(self) -> int:
@@ -141,6 +154,8 @@ class RolloutGroup:
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, budgets: list[int] | None = None
     ) -> list[GenerationResult]:
+        if self.supervisor is not None:
+            return self._generate_supervised(prompts, params, budgets, self.supervisor)
         shares = split_evenly(len(prompts), len(self.actors))
         refs, start = [], 0
         for index, (actor, size) in enumerate(zip(self.actors, shares, strict=True)):
@@ -155,20 +170,130 @@ class RolloutGroup:
             start += size
         return [result for part in ray.get(refs) for result in part]
 
+    def _generate_supervised(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        budgets: list[int] | None,
+        supervisor: EngineSupervisor,
+    ) -> list[GenerationResult]:
+        supervisor.raise_if_fatal()
+        shares: list[tuple[int, int, int]] = []  # (start, size, seed offset): each answered exactly once
+        start = 0
+        for index, size in enumerate(split_evenly(len(prompts), len(self.actors))):
+            if size:
+                shares.append((start, size, index))
+            start += size
+        answers: dict[int, list[GenerationResult]] = {}
+        pending: dict[ray.ObjectRef, tuple[int, int, ActorHandle]] = {}  # ref -> (share, engine, actor)
+        waiting = list(range(len(shares)))  # shares with no live dispatch
+        load: dict[int, int] = {}
+
+        def dispatch(share: int) -> bool:
+            healthy = supervisor.healthy()
+            if not healthy:
+                return False
+            first, size, offset = shares[share]
+            preferred = offset if offset in healthy else min(healthy, key=lambda i: (load.get(i, 0), i))
+            actor = self.actors[preferred]
+            seed = None if params.seed is None else params.seed + offset
+            part = None if budgets is None else budgets[first : first + size]
+            ref = actor.generate.remote(
+                prompts[first : first + size], dataclasses.replace(params, seed=seed), part
+            )
+            pending[ref] = (share, preferred, actor)
+            load[preferred] = load.get(preferred, 0) + 1
+            return True
+
+        while len(answers) < len(shares):
+            supervisor.raise_if_fatal()
+            waiting = [share for share in waiting if not dispatch(share)]
+            for ref, (share, engine, actor) in list(pending.items()):
+                if engine in supervisor.failed or self.actors[engine] is not actor:  # condemned meanwhile
+                    del pending[ref]
+                    load[engine] -= 1
+                    waiting.append(share)
+                    log.warning("rollout share %d moved off engine %d: it is being replaced", share, engine)
+            if not pending:
+                time.sleep(0.1)  # every engine is being replaced
+                continue
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=0.2)
+            for ref in done:
+                share, engine, actor = pending.pop(ref)
+                load[engine] -= 1
+                try:
+                    answers[share] = ray.get(ref)
+                except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+                    supervisor.condemn(
+                        engine, actor, f"dead: its actor died during a request ({_first_line(exc)})"
+                    )
+                    waiting.append(share)
+                except ray.exceptions.RayTaskError as exc:
+                    verdict = supervisor.check(engine)
+                    if verdict is Verdict.HEALTHY:
+                        raise  # the request, not the engine: the job's own error
+                    supervisor.condemn(
+                        engine, actor, f"{verdict.value}: a request to it failed ({_first_line(exc)})"
+                    )
+                    waiting.append(share)
+        return [result for share in range(len(shares)) for result in answers[share]]
+
+    def load_current_weights(self, actor: ActorHandle) -> int:
+        """A replacement engine takes the weights the others hold (call with `lock` held): the current
+        object-store reference, as version `weight_version`, which the engine must then report. None
+        pushed yet: the engine keeps the checkpoint it loaded (version 0, as the others)."""
+        version = self._weight_version
+        if self._weights_ref is not None:
+            loaded = ray.get(actor.load_weights.remote(self._weights_ref, version))
+            if int(loaded) != version:
+                raise RuntimeError(f"the new engine loaded weight version {loaded}, expected {version}")
+            reported = ray.get(actor.server_info.remote()).get("weight_version")
+            if str(reported) != str(version):
+                raise RuntimeError(
+                    f"the new engine's server reports weight version {reported!r}, expected {version}"
+                )
+        if self._offloaded:
+            ray.get(actor.offload.remote())
+        return version
+
     def async_load_weights(self, weights_ref: ray.ObjectRef, version: int) -> list[ray.ObjectRef]:
         """Every engine reads the same stored object; Ray resolves the ref inside each engine process.
         An engine applies it after the generate calls already queued on it (actor calls run in order)."""
-        self._weight_version = version
-        return [a.load_weights.remote(weights_ref, version) for a in self.actors]
+        with self.lock:
+            self._weight_version = version
+            if self.supervisor is None:
+                return [a.load_weights.remote(weights_ref, version) for a in self.actors]
+            self._weights_ref = weights_ref
+            return [settled(a.load_weights.remote(weights_ref, version)) for a in self.actors]
 
     def load_weights(self, weights_ref: ray.ObjectRef, version: int) -> None:
         ray.get(self.async_load_weights(weights_ref, version))
 
     def offload(self) -> None:
-        ray.get([a.offload.remote() for a in self.actors])
+        with self.lock:
+            self._offloaded = True
+            refs = [a.offload.remote() for a in self.actors]
+            ray.get(refs if self.supervisor is None else [settled(r) for r in refs])
 
     def onload(self) -> None:
-        ray.get([a.onload.remote() for a in self.actors])
+        with self.lock:
+            self._offloaded = False
+            refs = [a.onload.remote() for a in self.actors]
+            ray.get(refs if self.supervisor is None else [settled(r) for r in refs])
+
+    def health_metrics(self) -> dict[str, float]:
+        """`rollout/engine_replacements` (so far in this run) and `rollout/healthy_engines` under a
+        supervisor (raises the error that ended it, e.g. `--max-global-restart` exceeded); else nothing."""
+        return {} if self.supervisor is None else self.supervisor.metrics()
+
+    def close(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.stop()
+
+
+def _first_line(exc: BaseException) -> str:
+    """Ray's errors run to many lines (the actor's id, pid, the usual causes): the first says what."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
 
 
 class CriticGroup(RankGroup):
@@ -257,6 +382,8 @@ class Roles:
         return actors + (self.critic.actors if self.critic else [])
 
     def shutdown(self) -> None:
+        if self.rollout is not None:
+            self.rollout.close()  # before the actors go: a health check must not replace them
         for actor in self.all_actors() + ([self.log_sink] if self.log_sink is not None else []):
             try:
                 ray.kill(actor)
@@ -345,6 +472,9 @@ class RolePlan:
     # role -> the Ray node id of each of its GPUs, as the scheduling pass allocated them (`jobspec.demand.
     # gpu_nodes`): each placement-group bundle is pinned there; empty: Ray places them (standalone runs)
     gpu_nodes: dict[str, list[str | None]] = field(default_factory=dict)
+    # `--use-health-check`: the rollout engines are probed and replaced when hung or dead (the job's own
+    # HTTP engines only: `runtime.roles.engine_health`); None: no health check
+    health: HealthCheckConfig | None = None
 
 
 def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | None = None) -> Roles:
@@ -369,6 +499,8 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
     runtime_env = {"env_vars": env_vars} if env_vars else None
     started: list[ActorHandle] = []
     sink = None
+    factory: EngineFactory | None = None
+    rollout: RolloutGroup | None = None
 
     def start(actor_class: type, role: Role, *args: Any, **kwargs: Any) -> list[ActorHandle]:
         actors = [
@@ -441,6 +573,14 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
             engine_actors = start(
                 _ENGINE_ACTORS[plan.engine_kind], Role.ROLLOUT, plan.hf_checkpoint, **common, **http
             )
+            if plan.health is not None and engine_actors and plan.engine_kind is EngineKind.HTTP:
+                factory = EngineFactory(
+                    _ENGINE_ACTORS[plan.engine_kind],
+                    (plan.hf_checkpoint,),
+                    {**common, **http},
+                    [slot.ray_options(pgs, device) for slot in topology.role_slots(Role.ROLLOUT)],
+                    runtime_env=runtime_env,
+                )
         critic_actors: list[ActorHandle] = []
         if plan.critic is not None:
             critic_ranks: dict[str, Any] = {}
@@ -470,7 +610,28 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
             for role, path in plan.separate.items()
         }
         infos = ray.get([a.ready.remote() for a in started])
+        rollout = RolloutGroup(engine_actors) if engine_actors else None
+        if rollout is not None and plan.health is not None:
+            if factory is None:
+                log.warning(
+                    "--use-health-check: only the job's own engine servers are checked and replaced "
+                    "(%s here): no rollout health check",
+                    "external engines"
+                    if plan.external_engines
+                    else f"{ENGINE_KIND_ENV}={plan.engine_kind.value}",
+                )
+            else:
+                rollout.supervisor = EngineSupervisor(
+                    rollout,
+                    factory,
+                    plan.health,
+                    ray.get([a.ready.remote() for a in engine_actors]),
+                    api_key=factory.kwargs.get("api_key"),
+                )
+                rollout.supervisor.start()
     except BaseException:
+        if rollout is not None:
+            rollout.close()
         for actor in started:
             ray.kill(actor)
         release(pgs)
@@ -492,7 +653,7 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
         topology=topology,
         placement_groups=pgs,
         train=TrainGroup(train_actors) if train_actors else None,
-        rollout=RolloutGroup(engine_actors) if engine_actors else None,
+        rollout=rollout,
         forward=forward,
         critic=CriticGroup(critic_actors) if critic_actors else None,
         log_sink=sink,

@@ -1001,6 +1001,16 @@ EFFECTS: dict[str, Evidence | dict[str, Evidence]] = {
     "max_global_restart": ExistingTest(
         "tests/integration/test_recovery_reconcile_fake_ray.py::test_use_fault_tolerance_sets_the_limit_with_max_global_restart"
     ),
+    # -- the rollout engines' health check (runtime/roles/engine_health.py) --
+    "use_health_check": Probe(plan),
+    **{
+        name: Probe(plan, base={"use_health_check": True}, value=7.0)
+        for name in (
+            "rollout_health_check_interval",
+            "rollout_health_check_timeout",
+            "rollout_health_check_first_wait",
+        )
+    },
     # -- rewards --
     "rm_type": Probe(rewards, value="gsm8k"),
     "rm_type_fallback": Probe(rewards, value="zero"),

@@ -303,7 +303,7 @@ RELAX_PPO_SCRIPT = [
 def test_relax_ppo_script_is_refused_only_for_what_the_platform_does_not_run() -> None:
     """PPO without --use-rollout-logprobs, and the critic on 8 GPUs in the actor's layout (TP=2, SP, DP=4),
     pass; what is left is refused for other reasons: engines of 2 GPUs (the built-in engine and the SGLang
-    client run one GPU per engine), ClearML and Relax's health-check service."""
+    client run one GPU per engine) and ClearML. (`--use-health-check` runs: runtime/roles/engine_health.py.)"""
     from jobspec import FIELDS, normalize
 
     res = normalize(argv=RELAX_PPO_SCRIPT)
@@ -316,7 +316,6 @@ def test_relax_ppo_script_is_refused_only_for_what_the_platform_does_not_run() -
         == [
             "rollout_num_gpus_per_engine=2",
             "use_clearml",
-            "use_health_check",  # --use-fault-tolerance runs: the platform resumes a lost driver (scheduler/recovery.py)
         ]
     )
     assert critic_world_size(values["resource"], 2, GPU) == 8  # the critic's ranks: TP=2 x DP=4

@@ -1,0 +1,208 @@
+"""`--use-health-check` on a real local Ray with real engine servers (the tiny model, CPU): an engine whose
+server is SIGSTOPped (hung) and one whose actor is SIGKILLed (dead) are replaced mid-run with the current
+weights, their requests generated again elsewhere; the run finishes every step with complete batches and
+still learns. Past `--max-global-restart`, the job fails naming the engine and the count."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from runtime import driver
+from tests.ray.conftest import read_metrics, read_reports
+from tests.ray.test_driver_grpo import grpo_spec
+
+pytestmark = pytest.mark.ray
+
+SERVER_MODULE = "runtime.rollout.sglang.server"
+
+
+def engine_servers() -> list[psutil.Process]:
+    """This machine's engine server processes of the built-in launcher (their command line names the
+    module and the actor that launched them, `--relax-watch-pid`)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmd = proc.info["cmdline"] or []
+        if (
+            SERVER_MODULE in cmd
+            and "--relax-watch-pid" in cmd
+            and proc.info["status"] != psutil.STATUS_ZOMBIE
+        ):
+            found.append(proc)
+    return found
+
+
+def launcher_pid(server: psutil.Process) -> int:
+    cmd = server.cmdline()
+    return int(cmd[cmd.index("--relax-watch-pid") + 1])
+
+
+def steps_done(out: Path) -> int:
+    folder = out / "ckpt" / "rollout_result" / "train"
+    return len(list(folder.glob("*.jsonl"))) if folder.is_dir() else 0
+
+
+class Faults:
+    """Runs `plan` (a list of (when, what)) in a thread while the driver runs: `when(out)` is polled."""
+
+    def __init__(self, out: Path, plan: list[tuple[Callable[[Path], bool], Callable[[], str]]]) -> None:
+        self.out = out
+        self.plan = plan
+        self.done: list[str] = []
+        self.stopped: list[psutil.Process] = []
+        self.error: BaseException | None = None
+        self._quit = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            for when, what in self.plan:
+                while not when(self.out):
+                    if self._quit.wait(0.1):
+                        return
+                self.done.append(what())
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+
+    def __enter__(self) -> Faults:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._quit.set()
+        self._thread.join(timeout=10)
+        for proc in self.stopped:  # never leave a stopped server behind, whatever happened
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+
+
+@pytest.fixture
+def no_stray_servers() -> Iterator[None]:
+    before = {p.pid for p in engine_servers()}
+    yield
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and {p.pid for p in engine_servers()} - before:
+        time.sleep(0.2)
+    assert not {p.pid for p in engine_servers()} - before, "engine servers outlived the job"
+
+
+def health_spec(artifacts: dict[str, Path], out: Path, **overrides) -> dict:
+    spec = grpo_spec(
+        artifacts,
+        out,
+        **{
+            "colocate": False,
+            "resource": {"actor": [1, 1], "rollout": [1, 2]},
+            "num-rollout": 30,
+            "save-interval": None,
+            "save-hf": None,
+            "eval-interval": None,
+            "eval-prompt-data": None,
+            "use-kl-loss": False,
+            "kl-loss-coef": 0.0,
+            "lr-warmup-iters": 2,
+            "use-health-check": True,
+            "rollout-health-check-interval": 1.0,
+            "rollout-health-check-timeout": 2.0,
+            "max-global-restart": 3,
+            **overrides,
+        },
+    )
+    return {k: v for k, v in spec.items() if v is not None}
+
+
+def run_job(spec: dict, out: Path, name: str) -> int:
+    spec_file = out / f"{name}.json"
+    spec_file.write_text(json.dumps({"name": name, "spec": spec}))
+    return driver.main(["--spec-file", str(spec_file)])
+
+
+def test_a_hung_and_a_dead_engine_are_replaced_and_the_run_learns(
+    ray_local, artifacts: dict[str, Path], tmp_path: Path, no_stray_servers: None
+) -> None:
+    state: dict[str, psutil.Process] = {}
+
+    def stop_one() -> str:  # a hung engine: its server process stopped, its actor alive
+        server = min(engine_servers(), key=lambda p: p.pid)
+        server.send_signal(signal.SIGSTOP)
+        faults.stopped.append(server)
+        state["stopped"] = server
+        return f"SIGSTOP server {server.pid}"
+
+    def kill_another() -> str:  # a dead engine: its actor SIGKILLed (its server follows it)
+        others = [p for p in engine_servers() if p.pid != state["stopped"].pid]
+        actor = launcher_pid(min(others, key=lambda p: p.pid))
+        os.kill(actor, signal.SIGKILL)
+        return f"SIGKILL actor {actor}"
+
+    # the second fault while the first engine is still being replaced: for a while no engine is healthy,
+    # and the step waits for a replacement (never for the dead)
+    plan = [(lambda out: steps_done(out) >= 2, stop_one), (lambda out: steps_done(out) >= 4, kill_another)]
+    with Faults(tmp_path, plan) as faults:
+        began = time.monotonic()
+        code = run_job(health_spec(artifacts, tmp_path), tmp_path, "health")
+        took = time.monotonic() - began
+    assert faults.error is None, faults.error
+    assert code == 0
+    assert len(faults.done) == 2, faults.done
+
+    metrics = read_metrics(tmp_path / "report")
+    steps = range(30)
+    replacements = [metrics["rollout/engine_replacements"][s] for s in steps]
+    assert replacements[:2] == [0, 0] and replacements[-1] == 2, replacements
+    assert replacements == sorted(replacements)
+    healthy = [metrics["rollout/healthy_engines"][s] for s in steps]
+    assert healthy[0] == 2 and healthy[-1] == 2 and min(healthy) < 2, healthy
+    # every step's batch is whole: 16 prompts x 8 samples, each prompt exactly 8 times
+    for step in steps:
+        rows = [
+            json.loads(line)
+            for line in (tmp_path / "ckpt" / "rollout_result" / "train" / f"{step}.jsonl")
+            .read_text()
+            .splitlines()
+        ]
+        per_prompt = collections.Counter(row["prompt"] for row in rows)
+        assert len(rows) == 128 and set(per_prompt.values()) == {8}, (step, len(rows), per_prompt)
+    # the replacements took the current weights: engine and trainer agree on every step's log-probs
+    assert max(metrics["rollout/logprob_abs_diff"].values()) < 1e-3
+    assert [metrics["rollout/weight_version"][s] for s in steps] == list(steps)
+    reward = [metrics["rollout/reward"][s] for s in steps]
+    first, last = sum(reward[:5]) / 5, sum(reward[-5:]) / 5
+    assert last > first + 0.1, f"reward did not rise: first {first:.3f} last {last:.3f}"
+    logs = [item["message"] for r in read_reports(tmp_path / "report") for item in r.get("logs", [])]
+    replaced = [m for m in logs if "replaced in" in m and m.startswith("rollout engine")]
+    assert len(replaced) == 2, replaced
+    print(f"faulted run: {took:.1f} s, faults {faults.done}, reward {first:.3f} -> {last:.3f}")
+
+
+def test_replacements_past_max_global_restart_fail_the_job(
+    ray_local, artifacts: dict[str, Path], tmp_path: Path, no_stray_servers: None
+) -> None:
+    def kill_both() -> str:
+        actors = sorted(launcher_pid(p) for p in engine_servers())
+        for pid in actors:
+            os.kill(pid, signal.SIGKILL)
+        return f"SIGKILL actors {actors}"
+
+    spec = health_spec(artifacts, tmp_path, **{"num-rollout": 30, "max-global-restart": 1})
+    with Faults(tmp_path, [(lambda out: steps_done(out) >= 1, kill_both)]) as faults:
+        code = run_job(spec, tmp_path, "health-budget")
+    assert faults.error is None, faults.error
+    assert code == 1
+    events = [e for r in read_reports(tmp_path / "report") for e in r.get("events", [])]
+    failed = [e["message"] for e in events if e["kind"] == "failed"]
+    assert len(failed) == 1, events
+    assert "RestartBudgetExceeded" in failed[0] and "past --max-global-restart=1" in failed[0], failed
+    assert "replacement 2 of this run" in failed[0]
+    assert steps_done(tmp_path) < 30
