@@ -66,6 +66,8 @@ GRADER_REWARDS = {
     ("string_check", "ilike"): "runtime.rewards.graders.string_check_ilike",
     ("text_similarity", "fuzzy_match"): "runtime.rewards.graders.fuzzy_match",
 }
+#: `ft:<base>:<team>:<suffix>:<job id>[:ckpt-step-<N>]`: a fine-tuned model, or one of its checkpoints.
+_FT_MODEL = re.compile(r"ft:.{0,300}:(job_[0-9a-z]{1,40})(?::ckpt-step-([1-9][0-9]{0,8}))?")
 _SAMPLE_TEXT = re.compile(r"\{\{\s*sample\.output_text\s*\}\}")
 _ITEM_FIELD = re.compile(r"\{\{\s*item\.([A-Za-z_][A-Za-z0-9_]{0,99})\s*\}\}")
 #: At most this many lines of a file are checked.
@@ -246,24 +248,28 @@ def _grader(grader: Any) -> tuple[dict[str, Any], str]:
 
 def _model(session: Session, team: Team, model: str) -> tuple[str, str]:
     """(the base model's short name, the spec's hf-checkpoint) for `model`: a file of purpose model
-    (`file-...` or `file://<id>`), an `artifacts://` path, or a fine-tuned model this API returned."""
+    (`file-...` or `file://<id>`), an `artifacts://` path, or a fine-tuned model (or one of its checkpoints,
+    `...:ckpt-step-<N>`) this API returned."""
     hint = (
         "a model your team may read: an uploaded file id (purpose model), an artifacts:// path "
         "(e.g. artifacts://models/tiny), or the fine_tuned_model of one of your succeeded jobs"
     )
     if model.startswith(FT_PREFIX):
-        job_id = model.rsplit(":", 1)[-1]
-        job = session.get(Job, job_id) if len(job_id) <= 40 else None
+        found = _FT_MODEL.fullmatch(model)
+        job = session.get(Job, found.group(1)) if found else None
         if job is None or job.team_id != team.id or LABEL not in (job.labels or {}):
             raise invalid(
                 "model", f"no fine-tuned model {model[:200]!r} of your team", hint, "model_not_found"
             )
-        export = _export(session, job)
-        if job.status != JobStatus.SUCCEEDED or export is None:
+        assert found is not None
+        step = int(found.group(2)) - 1 if found.group(2) else None  # steps done -> the runtime's step
+        export = _export(session, job, step=step)
+        if export is None or (step is None and job.status != JobStatus.SUCCEEDED):
+            what = f"no checkpoint of step {step + 1}" if step is not None else f"status {job.status}"
             raise invalid(
                 "model",
-                f"job {job.id} has not produced its model (status {job.status})",
-                hint,
+                f"job {job.id} has not produced this model ({what})",
+                hint + "; a checkpoint: a fine_tuned_model_checkpoint of its checkpoints list",
                 "model_not_found",
             )
         base = str((job.submitted or {}).get(SUBMITTED_KEY, {}).get("base") or "model")
@@ -284,18 +290,18 @@ def _model(session: Session, team: Team, model: str) -> tuple[str, str]:
     raise invalid("model", f"{model[:200]!r} is not a model here", hint, "model_not_found")
 
 
-def _export(session: Session, job: Job) -> str | None:
-    """The job's newest Hugging Face export, as a path under its output folder."""
-    rows = session.execute(
-        sa.select(Checkpoint.path)
-        .where(Checkpoint.job_id == job.id, Checkpoint.format == "hf")
-        .order_by(Checkpoint.step.desc(), Checkpoint.id.desc())
-        .limit(1)
-    ).all()
-    if not rows:
+def _export(session: Session, job: Job, *, step: int | None = None) -> str | None:
+    """The job's newest Hugging Face export (`step`: that step's export, else the model folder of that step's
+    checkpoint), as a path under its output folder; None when there is none."""
+    q = sa.select(Checkpoint.path, Checkpoint.format).where(Checkpoint.job_id == job.id)
+    q = q.where(Checkpoint.format == "hf") if step is None else q.where(Checkpoint.step == step)
+    rows = session.execute(q.order_by(Checkpoint.step.desc(), Checkpoint.id.desc())).all()
+    chosen = next((r for r in rows if r.format == "hf"), None) or next(iter(rows), None)
+    if chosen is None:
         return None
+    folder = Path(chosen.path) if chosen.format == "hf" else Path(chosen.path) / "model"
     try:
-        return Path(rows[0].path).relative_to(job.output_dir).as_posix()
+        return folder.relative_to(job.output_dir).as_posix()
     except ValueError:
         return None
 

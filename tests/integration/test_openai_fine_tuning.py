@@ -211,6 +211,14 @@ def test_supervised_job_through_the_sdk_is_an_sft_job_of_the_team(world: World) 
     spec = w.client.get(f"/v1/jobs/{nxt.id}", headers=w.as_("alpha")).json()["spec"]
     assert spec["hf_checkpoint"].endswith("hf/iter_1") and nxt.model == done.fine_tuned_model
     assert oc.fine_tuning.jobs.retrieve(nxt.id).status == "queued"
+    # and so is one of its checkpoints (step 1's export), by its fine_tuned_model_checkpoint
+    from_ckpt = oc.fine_tuning.jobs.create(model=ckpts[1].fine_tuned_model_checkpoint, training_file=train)
+    spec = w.client.get(f"/v1/jobs/{from_ckpt.id}", headers=w.as_("alpha")).json()["spec"]
+    assert spec["hf_checkpoint"].endswith("hf/iter_0")
+    err = _refused(
+        w, openai.BadRequestError, {"model": f"{done.fine_tuned_model}:ckpt-step-9", "training_file": train}
+    )
+    assert err.body["param"] == "model" and "no checkpoint of step 9" in err.body["message"]
 
 
 def test_reinforcement_job_is_grpo_with_the_graders_reward(world: World) -> None:
