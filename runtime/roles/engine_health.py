@@ -154,6 +154,12 @@ class EngineSupervisor:
         if self.fatal is not None:
             raise self.fatal
 
+    def raise_if_stopped(self) -> None:
+        """A generation waiting for replacements must not outlive the check (the job is closing)."""
+        self.raise_if_fatal()
+        if self._stop:
+            raise RuntimeError("the rollout engines are shutting down: no replacement will come")
+
     def condemn(self, index: int, actor: ActorHandle | None, reason: str) -> None:
         """Mark engine `index` for replacement (once; a report about an actor already replaced is stale)."""
         with self._wake:

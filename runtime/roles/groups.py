@@ -206,7 +206,7 @@ class RolloutGroup:
             return True
 
         while len(answers) < len(shares):
-            supervisor.raise_if_fatal()
+            supervisor.raise_if_stopped()
             waiting = [share for share in waiting if not dispatch(share)]
             for ref, (share, engine, actor) in list(pending.items()):
                 if engine in supervisor.failed or self.actors[engine] is not actor:  # condemned meanwhile
