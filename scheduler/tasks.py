@@ -224,7 +224,9 @@ def launch_job(ctx: WorkerContext, job_id: str) -> None:
             # only the attempt's one-time bootstrap secret, which the driver exchanges for the attempt's
             # token as its first call (scheduler/services/job_tokens.py); a copy read later is refused.
             bootstrap = bootstrap_secret(ctx.settings.signing_key(), job_id, attempt)
-            submitted = launcher_for(address, ctx.settings.ray_token(pool_name)).submit(
+            launcher = launcher_for(address, ctx.settings.ray_token(pool_name))
+            _end_earlier_attempts(launcher, job_id, attempt)
+            submitted = launcher.submit(
                 sub_id,
                 driver_entrypoint(python, job_id, ctx.settings.public_url),
                 env={
@@ -241,6 +243,7 @@ def launch_job(ctx: WorkerContext, job_id: str) -> None:
                 "submitted" if submitted else "already on Ray",
                 address,
             )
+            _stop_if_moved_on(ctx, launcher, job_id, attempt, sub_id)
             return
         except OSError as err:  # the pool's Ray does not answer (refused, reset)
             if time.monotonic() >= deadline:
@@ -262,6 +265,63 @@ def launch_job(ctx: WorkerContext, job_id: str) -> None:
         except Exception as err:  # the cluster refused the job
             _launch_failed(ctx, job_id, address, err)
             return
+
+
+# One driver per job at a time. A submission can take seconds to answer (Ray's dashboard starting again after a
+# restart), and meanwhile the job can move on: preempted, its Ray job found gone, requeued and admitted as the
+# next attempt (a chaos trial: Ray killed while the job was queued; attempt 1's submission answered 4.5 s later,
+# after attempt 2's admission, and both drivers ran). Each launch therefore ends what an earlier attempt's late
+# submission left on Ray before it submits its own, and a launch whose job moved on while it was submitting stops
+# what it submitted.
+EARLIER_ATTEMPT_STOP_SECONDS = 10.0
+
+
+def _end_earlier_attempts(launcher: RayJobLauncher, job_id: str, attempt: int) -> None:
+    """Stop every earlier attempt's Ray job that is not over and wait (at most EARLIER_ATTEMPT_STOP_SECONDS) until
+    Ray says it is over: normally each ended before its attempt was requeued, and this costs a status call each."""
+    for earlier in range(1, attempt):
+        sub = submission_id(job_id, earlier)
+        try:
+            info = launcher.status(sub)
+        except OSError:
+            raise  # Ray does not answer: the launch tries again
+        except Exception as err:  # noqa: BLE001 - an answer it cannot read: the attempt's driver is fenced anyway
+            log.warning("job %s: attempt %s's Ray job %s: %s", job_id, earlier, sub, err)
+            continue
+        if info is None or info.status.is_terminal():
+            continue
+        log.warning(
+            "job %s: attempt %s's Ray job %s is still %s: stopping it first",
+            job_id,
+            earlier,
+            sub,
+            info.status,
+        )
+        launcher.stop(sub)
+        deadline = time.monotonic() + EARLIER_ATTEMPT_STOP_SECONDS
+        while time.monotonic() < deadline:
+            info = launcher.status(sub)
+            if info is None or info.status.is_terminal():
+                break
+            time.sleep(0.2)
+
+
+def _stop_if_moved_on(
+    ctx: WorkerContext, launcher: RayJobLauncher, job_id: str, attempt: int, sub_id: str
+) -> None:
+    """Stop the Ray job just submitted when its job is no longer this attempt's STARTING or RUNNING one."""
+    with ctx.db.session(read_only=True) as s:
+        job = s.get(Job, job_id)
+        current = (
+            job is not None
+            and job.attempt == attempt
+            and job.status in (JobStatus.STARTING, JobStatus.RUNNING)
+        )
+    if not current:
+        log.warning(
+            "job %s moved on while its attempt %s was submitted: stopping Ray job %s", job_id, attempt, sub_id
+        )
+        launcher.stop(sub_id)
 
 
 EMBEDDED_POOL = "local"  # the pool whose Ray the embedded platform's supervisor runs (api/embedded.py)

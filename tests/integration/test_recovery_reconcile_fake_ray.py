@@ -47,6 +47,8 @@ class FakeRay:
         self.info: dict[str, RayJobInfo] = {}
         self.stopped: list[str] = []
         self.down = False
+        self.calls: list[str] = []  # submissions, in order with `stopped`
+        self.on_submit = lambda: None
 
     def status(self, sub_id: str) -> RayJobInfo | None:
         if self.down:
@@ -55,6 +57,16 @@ class FakeRay:
 
     def stop(self, sub_id: str) -> bool:
         self.stopped.append(sub_id)
+        if sub_id in self.info:
+            self.info[sub_id] = RayJobInfo(RAY_STOPPED, "stopped")
+        return True
+
+    def submit(self, sub_id: str, entrypoint: str, *, env: dict, metadata: dict) -> bool:
+        self.calls.append(f"submit {sub_id}")
+        self.on_submit()  # what happens while Ray takes its time to answer
+        if sub_id in self.info:
+            return False
+        self.info[sub_id] = RayJobInfo(RAY_RUNNING, None)
         return True
 
     def logs_tail(self, sub_id: str, lines: int = 200) -> list[str]:
@@ -324,3 +336,42 @@ def test_the_reconciler_records_each_answer_and_silence_of_the_pools_ray(world, 
         PROCESS.get_sample_value("relax_pool_ray_last_contact_timestamp_seconds", {"pool": "local"})
         == contact
     )
+
+
+def test_a_late_submission_of_an_earlier_attempt_is_stopped_before_the_next_one_starts(world) -> None:  # type: ignore[no-untyped-def]
+    """A chaos trial (Ray killed while the job waited): attempt 1's submission was answered 4.5 s late, after the
+    job had been found gone, requeued and admitted again, and both attempts' drivers ran. The next attempt's
+    launch stops what an earlier attempt left running on Ray before it submits its own."""
+    ctx, ray, _ = world
+    job_id, sub_1 = _running(ctx, ray)
+    del ray.info[sub_1]
+    tasks.reconcile_pool(ctx, "local")
+    assert _job(ctx, job_id)[0].status == JobStatus.QUEUED
+    ray.info[sub_1] = RayJobInfo(RAY_RUNNING, None)  # the late submission of attempt 1 arrives
+    assert job_id in run_scheduling_pass(ctx.db, ctx.dispatcher).admitted
+    stop_first: list[str] = []
+    ray.on_submit = lambda: stop_first.extend(ray.stopped)
+    tasks.launch_job(ctx, job_id)
+    job = _job(ctx, job_id)[0]
+    assert job.attempt == 2 and job.status == JobStatus.STARTING
+    assert stop_first == [sub_1] and ray.calls == [f"submit {job_id}-a2"]
+    assert ray.info[sub_1].status == RAY_STOPPED and ray.info[f"{job_id}-a2"].status == RAY_RUNNING
+
+
+def test_a_launch_whose_job_moved_on_while_it_submitted_stops_what_it_submitted(world) -> None:  # type: ignore[no-untyped-def]
+    ctx, ray, _ = world
+    with ctx.db.session() as s:
+        job, _ = JobSubmission(s, artifact_root=ctx.settings.artifacts, home=ctx.settings.home).submit(
+            ADMIN, Submission(spec=grpo_spec())
+        )
+        job_id = job.id
+    assert job_id in run_scheduling_pass(ctx.db, ctx.dispatcher).admitted
+
+    def node_lost() -> None:  # the job is preempted while Ray takes its time to answer the submission
+        with ctx.db.session() as s:
+            JobLifecycle(s).preempt(job_id, "node local/vm is down", force=True)
+
+    ray.on_submit = node_lost
+    tasks.launch_job(ctx, job_id)
+    assert ray.calls == [f"submit {job_id}-a1"] and ray.stopped[-1] == f"{job_id}-a1"
+    assert ray.info[f"{job_id}-a1"].status == RAY_STOPPED
