@@ -53,6 +53,18 @@ class EngineFactory:
     runtime_env: dict[str, Any] | None = None
     ready_timeout_s: float = 300.0
 
+    def bundle_node(self, index: int) -> str | None:
+        """The Ray node engine `index`'s placement-group bundle is reserved on now (None: unplaced, or
+        no placement group). Ray moves the bundles of a lost node to live nodes where it can."""
+        strategy = self.slot_options[index].get("scheduling_strategy")
+        pg = getattr(strategy, "placement_group", None)
+        if pg is None:
+            return None
+        table = ray.util.placement_group_table(pg)
+        bundle = getattr(strategy, "placement_group_bundle_index", 0)
+        node = (table.get("bundles_to_node_id") or {}).get(max(0, bundle))
+        return str(node) if node else None
+
     def start(self, index: int, *, on_bundle: bool) -> ActorHandle:
         options = dict(self.slot_options[index])
         if not on_bundle:  # the bundle's node is gone: the same resources wherever they are free
@@ -230,12 +242,14 @@ class EngineSupervisor:
         futures = {i: pool.submit(self.check, i) for i in indexes}
         verdicts = {i: f.result() for i, f in futures.items()}
         for index, verdict in self.monitor.condemned(verdicts).items():
-            self.condemn(
-                index,
-                actors[index],
-                f"{verdict.value}: /health_generate {'gave no answer within' if verdict is Verdict.HUNG else 'failed under'}"
-                f" {self.config.timeout_s:g} s",
-            )
+            self.condemn(index, actors[index], f"{verdict.value}: {self._why(verdict)}")
+
+    def _why(self, verdict: Verdict) -> str:
+        if verdict is Verdict.HUNG:
+            return f"/health_generate gave no answer within {self.config.timeout_s:g} s"
+        if verdict is Verdict.DEAD:
+            return "/health_generate: connection refused or reset (its server, actor or node is gone)"
+        return "/health_generate answered an error status"
 
     def _replace(self, index: int, number: int) -> None:
         reason = self.failed[index]
@@ -251,7 +265,7 @@ class EngineSupervisor:
         )
         started = time.perf_counter()
         self._kill(old, info)
-        on_bundle = _node_alive(info.get("node_id"))
+        on_bundle = self._bundle_usable(index, info.get("node_id"))
         new = self.factory.start(index, on_bundle=on_bundle)
         with self._wake:
             self._starting[index] = new
@@ -292,6 +306,24 @@ class EngineSupervisor:
             number,
             self.config.max_restarts,
         )
+
+    def _bundle_usable(self, index: int, node_id: str | None, wait_s: float = 15.0) -> bool:
+        """The engine's bundle, while its node lives, or once Ray has moved it to a live node; else (the
+        bundle pinned to the lost node, or no room for it) free capacity elsewhere in the pool."""
+        if _node_alive(node_id):
+            return True
+        deadline = time.monotonic() + wait_s
+        while not self._stop:
+            try:
+                node = self.factory.bundle_node(index)
+            except Exception:  # noqa: BLE001 - no table: treat as unplaced
+                node = None
+            if node and node != node_id and _node_alive(node):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
+        return False
 
     def _kill(self, actor: ActorHandle, info: dict[str, Any]) -> None:
         try:
