@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     before_s = next(r for r in sampler if r["per"] == 1)
     print(f"sampler: before {before_s['us']:.1f} us per step, best {best_s['us']:.1f}: {best_s}")
     lines = [f"export RELAX_FASTGEN_TRITON_SAMPLER_{n.upper()}={best_s[n]}" for n in ("per", "warps")]
+    lines.append("export RELAX_FASTGEN_TRITON_FUSED=1")  # the fused row kernel (its settings below)
     _write(args.env, lines)  # now, and again with attention's: a run cut short keeps the sampler's
     attention = attention_rows([int(s) for s in args.steps.split(",")])
     best_a = min((r for r in attention if r["fused"]), key=lambda r: r["us"])

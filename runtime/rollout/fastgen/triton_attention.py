@@ -9,8 +9,8 @@ the row's group's first slot, `src[b]`, and the rest from its own slot: rows of 
 programs, so the prefix they share is read from HBM about once and from L2 after. Positions at and past
 `prefix` come from slot b itself. Without sharing, `prefix` is 0.
 
-The row kernel's second version (`_row_kernel`, the default; `RELAX_FASTGEN_TRITON_FUSED=0` selects the
-first) also stores the step's new key and value into the cache (the model then skips its own index_put per
+The row kernel's second version (`_row_kernel`, opt-in with `RELAX_FASTGEN_TRITON_FUSED=1` until it is timed
+on a GPU; CPU-tested under the interpreter) also stores the step's new key and value into the cache (the model then skips its own index_put per
 layer) and can hold several KV heads per program (`CONFIG["heads"]`).
 
 Numerics: q.k in fp32 accumulation (the eager paths round the scores to the activation dtype first), the
@@ -38,15 +38,16 @@ except ImportError:  # pragma: no cover - exercised where triton is missing
 # kernels. On an H100 at the GRPO shape (docs/benchmarks.md) the step took 36 us (row kernel) + 12 us (prefix
 # kernel) per layer with these, and 8 warps were slower (3.36 vs 3.28 ms per decode step); not tuned further
 #
-# `fused` (1, the default) selects the second row kernel, `_row_kernel`: it writes the step's new key and value
+# `fused=1` selects the second row kernel, `_row_kernel`: it writes the step's new key and value
 # into the cache itself (no separate index_put per layer) and attends to them from registers, finds a row's
 # group slot itself (no arange / div / mul kernels per layer), and holds `heads` KV heads per program (their
 # query heads as one block, each row of it zero outside its own head's columns, so one dot serves both).
-# `fused=0` is the kernel measured before it (`_decode_attention_kernel`), kept for before/after runs.
+# `fused=0` (the default until the second is timed on a GPU: bench/gpu_fastgen_kernels.py) is the kernel
+# measured on the H100 (`_decode_attention_kernel`).
 CONFIG = {
     name: int(os.environ.get(f"RELAX_FASTGEN_TRITON_{name.upper()}", default))
     for name, default in (
-        ("block", 64), ("chunk", 128), ("warps", 4), ("stages", 3), ("fused", 1), ("heads", 1),
+        ("block", 64), ("chunk", 128), ("warps", 4), ("stages", 3), ("fused", 0), ("heads", 1),
     )
 }  # fmt: skip
 MAX_GROUP_QUERIES = 128  # a group's query heads per prefix program (padded); larger groups read it per row

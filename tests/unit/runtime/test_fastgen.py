@@ -499,7 +499,10 @@ os.environ["RELAX_FASTGEN_TRITON_SAMPLER"] = "0"  # the reference: torch's sampl
 ref = FastGenEngine(model, device=cpu, max_batch_size=8, window_quantum=16, decode_attention="sdpa")
 os.environ["RELAX_FASTGEN_TRITON_SAMPLER"] = "1"
 assert ref._block_stats is None
-for batch, work in ((8, group), (2, prompts)):
+from runtime.rollout.fastgen import triton_attention, triton_sampler
+for fused, per, batch, work in ((0, 1, 8, group), (0, 1, 2, prompts), (1, 8, 8, group), (1, 8, 2, prompts)):
+    triton_attention.CONFIG["fused"] = fused  # 0: the row kernel measured first; 1: the fused one
+    triton_sampler.CONFIG.update(per=per, warps=8 if per > 1 else 4)
     got = FastGenEngine(model, device=cpu, max_batch_size=batch, window_quantum=8, decode_attention="triton")
     assert got._block_stats is not None
     a, b = ref.generate(work, params), got.generate(work, params)
@@ -538,7 +541,7 @@ for fused, heads, write, H, n_cases in variants:  # the last: the first n_cases 
             v = torch.cat([c[1, first, :, :prefix], c[1, b, :, prefix : int(lengths[b]) + 1]], dim=1)
             want = (torch.einsum("hgd,htd->hgt", q[b], k) * D**-0.5).softmax(-1) @ v
             assert float((got[b] - want).abs().max()) < 1e-5, (fused, heads, H, prefix, n, b)
-triton_attention.CONFIG.update(fused=1, heads=1)
+triton_attention.CONFIG.update(fused=0, heads=1)
 
 # the sampler's kernel against its torch reference (151,936 ids: 128 blocks of 1,187)
 from runtime.rollout.fastgen import triton_sampler as ts
