@@ -26,7 +26,9 @@ from runtime.rollout.health import (
 
 def test_config_from_values_is_none_without_the_flag_and_relax_defaults_with_it() -> None:
     assert HealthCheckConfig.from_values({}) is None
-    assert HealthCheckConfig.from_values({"use_health_check": False, "rollout_health_check_interval": 1}) is None
+    assert (
+        HealthCheckConfig.from_values({"use_health_check": False, "rollout_health_check_interval": 1}) is None
+    )
     assert HealthCheckConfig.from_values({"use_health_check": True}) == HealthCheckConfig(30.0, 30.0, 0.0, 3)
     config = HealthCheckConfig.from_values(
         {
@@ -152,3 +154,25 @@ def test_probe_asks_health_generate_with_the_key_within_the_timeout(servers: dic
     began = time.monotonic()
     assert probe(servers["silent"], api_key="k", timeout_s=0.5) is Verdict.HUNG
     assert 0.4 < time.monotonic() - began < 3.0  # the timeout bounds the wait
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("rollout-health-check-interval", 0),
+        ("rollout-health-check-timeout", -1.0),
+        ("rollout-health-check-first-wait", -2.0),
+        ("max-global-restart", -1),
+    ],
+)
+def test_submission_refuses_bad_health_check_values_naming_the_field(flag: str, value: float) -> None:
+    """Caught at submission (the spec's field ranges), not when the driver starts: an error naming the
+    flag, with a hint."""
+    from tests.unit.jobspec.test_rules import run
+
+    res, issues = run({"use-health-check": True, flag: value})
+    assert res is None
+    (issue,) = [i for i in issues if i.is_error]
+    assert issue.code == "spec.out_of_range" and flag in issue.fields and issue.hint, str(issue)
+    res, _ = run({"use-health-check": True, flag: 1})
+    assert res is not None
