@@ -164,3 +164,19 @@ def test_wandb_offline_run_gets_every_point(tmp_path: Path, monkeypatch: pytest.
             step = int(items.pop("_step"))
             logged |= {(step, k): v for k, v in items.items() if not k.startswith("_")}
     assert logged == stored_points(tmp_path / "report")
+
+
+def test_use_wandb_is_refused_at_submission_where_wandb_is_not_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The platform's processes and its clusters share one install: without the extra, `--use-wandb` is refused
+    by name with the hint, before any GPU is spent (the suite installs the extra: its absence is simulated)."""
+    from runtime import capabilities
+    from scheduler.services.submission import backend_refusals
+
+    values = {"train_backend": "torch", "use_wandb": True}
+    assert backend_refusals(values) == []
+    monkeypatch.setattr(capabilities, "wandb_installed", lambda: False)
+    [issue] = backend_refusals(values)
+    assert issue["code"] == "spec.unsupported_by_backend" and issue["field"] == "use-wandb"
+    assert "relax-platform[wandb]" in issue["hint"]
