@@ -490,6 +490,46 @@ class RelaxClient:
                 raise TimeoutError(f"eval {eval_id} still running after {timeout:.0f}s (job {ev['job_id']})")
             time.sleep(poll_s)
 
+    # OpenAI-compatible fine-tuning (`/v1/fine_tuning/jobs`; docs/reference/fine-tuning.md): each one is a job of
+    # the team, so `get_job` and the job routes read it too. The official `openai` SDK speaks the same routes.
+    def create_fine_tuning_job(self, *, model: str, training_file: str, **fields: Any) -> dict[str, Any]:
+        """`fields`: OpenAI's (validation_file, suffix, seed, metadata, method={"type": "supervised" |
+        "reinforcement", ...}, hyperparameters) and the platform's `team` (an admin's)."""
+        return self._request(
+            "POST", "/v1/fine_tuning/jobs", json={"model": model, "training_file": training_file, **fields}
+        )
+
+    def list_fine_tuning_jobs(self, *, after: str | None = None, limit: int = 20) -> dict[str, Any]:
+        """A page, newest first: `data`, `has_more` (pass the last id as `after`)."""
+        params = {"after": after, "limit": limit}
+        return self._request(
+            "GET", "/v1/fine_tuning/jobs", params={k: v for k, v in params.items() if v is not None}
+        )
+
+    def get_fine_tuning_job(self, job_id: str) -> dict[str, Any]:
+        return self._request("GET", f"/v1/fine_tuning/jobs/{job_id}")
+
+    def cancel_fine_tuning_job(self, job_id: str) -> dict[str, Any]:
+        return self._request("POST", f"/v1/fine_tuning/jobs/{job_id}/cancel")
+
+    def fine_tuning_events(self, job_id: str, *, after: str | None = None, limit: int = 20) -> dict[str, Any]:
+        params = {"after": after, "limit": limit}
+        return self._request(
+            "GET",
+            f"/v1/fine_tuning/jobs/{job_id}/events",
+            params={k: v for k, v in params.items() if v is not None},
+        )
+
+    def fine_tuning_checkpoints(
+        self, job_id: str, *, after: str | None = None, limit: int = 10
+    ) -> dict[str, Any]:
+        params = {"after": after, "limit": limit}
+        return self._request(
+            "GET",
+            f"/v1/fine_tuning/jobs/{job_id}/checkpoints",
+            params={k: v for k, v in params.items() if v is not None},
+        )
+
     def login_code(self) -> dict[str, Any]:
         """A one-time code (`code`, `expires_in` s) that signs a browser in to the dashboard as this key:
         `<url>/#code=<code>` (what `relaxctl dashboard` opens)."""

@@ -396,3 +396,30 @@ def test_a_training_file_in_s3_is_checked_line_by_line(s3_world: World) -> None:
         w, openai.BadRequestError, {"model": "artifacts://models/tiny", "training_file": _upload(oc, broken)}
     )
     assert err.body["param"] == "training_file" and "line 8001" in err.body["message"]
+
+
+def test_the_platforms_own_sdk_speaks_the_fine_tuning_routes(world: World) -> None:
+    """client/sdk.py's fine-tuning methods over the real app: create, list, get, events, cancel, checkpoints, and
+    a refusal as its ApiError naming the field (OpenAI's error shape read as the platform's)."""
+    from client.sdk import ApiError, RelaxClient
+
+    w = world
+    train = _upload(sdk(w), SFT_ROWS)
+    c = RelaxClient("http://testserver", "unused")
+    c._http = w.client  # the TestClient is an httpx.Client over the app
+    w.client.headers.update(w.as_("alpha"))
+    job = c.create_fine_tuning_job(
+        model="artifacts://models/tiny", training_file=train, method={"type": "supervised"}
+    )
+    assert job["object"] == "fine_tuning.job" and job["status"] == "queued"
+    page = c.list_fine_tuning_jobs(limit=5)
+    assert [j["id"] for j in page["data"]] == [job["id"]] and page["has_more"] is False
+    assert c.get_fine_tuning_job(job["id"])["training_file"] == train
+    assert c.fine_tuning_events(job["id"])["object"] == "list"
+    assert c.cancel_fine_tuning_job(job["id"])["status"] == "cancelled"
+    assert c.fine_tuning_checkpoints(job["id"])["data"] == []
+    with pytest.raises(ApiError) as err:
+        c.create_fine_tuning_job(
+            model="artifacts://models/tiny", training_file=train, method={"type": "nope"}
+        )
+    assert err.value.status == 400 and "method.type" in err.value.message + str(err.value.details)
