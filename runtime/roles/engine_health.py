@@ -274,7 +274,7 @@ class EngineSupervisor:
             if self._stop:
                 raise RuntimeError("the job is closing")
             with self.group.lock:
-                version = self.group.load_current_weights(new)
+                version = self.group.load_current_weights(new, self.factory.ready_timeout_s)
                 with self._wake:
                     self.group.actors[index] = new
                     self.infos[index] = ready

@@ -238,22 +238,23 @@ class RolloutGroup:
                     waiting.append(share)
         return [result for share in range(len(shares)) for result in answers[share]]
 
-    def load_current_weights(self, actor: ActorHandle) -> int:
+    def load_current_weights(self, actor: ActorHandle, timeout_s: float = 300.0) -> int:
         """A replacement engine takes the weights the others hold (call with `lock` held): the current
         object-store reference, as version `weight_version`, which the engine must then report. None
-        pushed yet: the engine keeps the checkpoint it loaded (version 0, as the others)."""
+        pushed yet: the engine keeps the checkpoint it loaded (version 0, as the others). Each call is
+        bounded by `timeout_s` (the lock holds weight pushes back meanwhile)."""
         version = self._weight_version
         if self._weights_ref is not None:
-            loaded = ray.get(actor.load_weights.remote(self._weights_ref, version))
+            loaded = ray.get(actor.load_weights.remote(self._weights_ref, version), timeout=timeout_s)
             if int(loaded) != version:
                 raise RuntimeError(f"the new engine loaded weight version {loaded}, expected {version}")
-            reported = ray.get(actor.server_info.remote()).get("weight_version")
+            reported = ray.get(actor.server_info.remote(), timeout=timeout_s).get("weight_version")
             if str(reported) != str(version):
                 raise RuntimeError(
                     f"the new engine's server reports weight version {reported!r}, expected {version}"
                 )
         if self._offloaded:
-            ray.get(actor.offload.remote())
+            ray.get(actor.offload.remote(), timeout=timeout_s)
         return version
 
     def async_load_weights(self, weights_ref: ray.ObjectRef, version: int) -> list[ray.ObjectRef]:
