@@ -236,7 +236,9 @@ if triton is not None:
                 q, K + offs, V + offs, loadable, pos < src_prefix, m, total, acc, scale
             )  # fmt: skip
         base = b * stride_ks + ch[None, :] * stride_kh + d[None, :]
-        end = length if WRITE else length + 1
+        end = length + 1
+        if WRITE:  # position `length` comes from registers below
+            end = length
         for start in range(own_start, end, BLOCK):  # the row's own positions
             pos = start + n
             offs = base + pos[:, None] * stride_kt
