@@ -325,8 +325,33 @@ def record_job_transition(
     """The deliveries a job's new status makes, added to the session (sent after it commits). Returns their
     ids. `endpoints`: the team's enabled endpoints when the caller read them already in this transaction
     (a submission reads them with the platform's small tables: a round trip less)."""
-    status = JobStatus(job.status)
-    event_type = wh.job_event_type(status)
+    event_type = wh.job_event_type(JobStatus(job.status))
+    return _record(
+        session, job, event_type, lambda now: job_payload(job, event_type, now, previous), endpoints
+    )
+
+
+def record_eval_completed(session: Session, job: Job, data: dict[str, Any]) -> list[str]:
+    """The `eval.completed` deliveries of an eval's result (`data`: what the message says of the eval), added to
+    the session (sent after it commits): one per enabled endpoint of the team that wants the type, and one per
+    `--notify-urls` URL of the eval's job (signed with the job's secret, as its status changes are)."""
+    event_type = wh.EVAL_COMPLETED
+
+    def payload(now: datetime) -> dict[str, Any]:
+        return {"type": event_type, "timestamp": now.isoformat().replace("+00:00", "Z"), "data": data}
+
+    return _record(session, job, event_type, payload, None)
+
+
+def _record(
+    session: Session,
+    job: Job,
+    event_type: str,
+    payload_at: Callable[[datetime], dict[str, Any]],
+    endpoints: Endpoints | None,
+) -> list[str]:
+    """A delivery of the message `payload_at(now)` gives for each enabled endpoint of the job's team that wants
+    `event_type` and for each of the job's `--notify-urls`, added to the session; sent after it commits."""
     if endpoints is None:
         endpoints = _enabled_endpoints(session, job.team_id)
     targets: list[tuple[str | None, str]] = [
@@ -336,7 +361,7 @@ def record_job_transition(
     if not targets:
         return []
     now = utcnow()
-    payload = job_payload(job, event_type, now, previous)
+    payload = payload_at(now)
     ids = []
     for endpoint_id, url in targets:
         delivery_id = new_id("msg")
@@ -360,46 +385,6 @@ def record_job_transition(
     return ids
 
 
-def record_eval_completed(session: Session, job: Job, data: dict[str, Any]) -> list[str]:
-    """The `eval.completed` deliveries of an eval's result (`data`: what the message says of the eval), added to
-    the session (sent after it commits): one per enabled endpoint of the team that wants the type, and one per
-    `--notify-urls` URL of the eval's job (signed with the job's secret, as its status changes are)."""
-    event_type = wh.EVAL_COMPLETED
-    targets: list[tuple[str | None, str]] = [
-        (endpoint_id, url)
-        for endpoint_id, url, patterns in _enabled_endpoints(session, job.team_id)
-        if wh.matches(patterns, event_type)
-    ]
-    targets += [(None, url) for url in notify_urls(job.spec)[:MAX_NOTIFY_URLS] if wh.url_problem(url) is None]
-    if not targets:
-        return []
-    now = utcnow()
-    payload = {"type": event_type, "timestamp": now.isoformat().replace("+00:00", "Z"), "data": data}
-    ids = []
-    for endpoint_id, url in targets:
-        delivery_id = new_id("msg")
-        ids.append(delivery_id)
-        session.add(
-            WebhookDelivery(
-                id=delivery_id,
-                endpoint_id=endpoint_id,
-                team_id=job.team_id,
-                job_id=job.id,
-                url=url,
-                event_type=event_type,
-                payload=payload,
-                state=PENDING,
-                attempts=0,
-                next_attempt_at=now,
-                created_at=now,
-            )
-        )
-    after_commit(session, lambda: _kick(ids))
-    return ids
-
-
-@sa.event.listens_for(Session, "after_commit")
-@sa.event.listens_for(Session, "after_rollback")
 def _forget_endpoints(session: Session) -> None:
     """The endpoints read for one transaction are read again in the next (another may have changed them)."""
     session.info.pop(_CACHE, None)
