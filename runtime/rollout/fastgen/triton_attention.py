@@ -9,9 +9,9 @@ the row's group's first slot, `src[b]`, and the rest from its own slot: rows of 
 programs, so the prefix they share is read from HBM about once and from L2 after. Positions at and past
 `prefix` come from slot b itself. Without sharing, `prefix` is 0.
 
-The row kernel's second version (`_row_kernel`, opt-in with `RELAX_FASTGEN_TRITON_FUSED=1` until it is timed
-on a GPU; CPU-tested under the interpreter) also stores the step's new key and value into the cache (the model then skips its own index_put per
-layer) and can hold several KV heads per program (`CONFIG["heads"]`).
+The row kernel's second version (`_row_kernel`, the default since it was timed on an H100: 41 against 59 us a
+layer; `RELAX_FASTGEN_TRITON_FUSED=0` selects the first) also stores the step's new key and value into the cache
+(the model then skips its own index_put per layer) and can hold several KV heads per program (`CONFIG["heads"]`).
 
 Numerics: q.k in fp32 accumulation (the eager paths round the scores to the activation dtype first), the
 softmax in fp32, the probabilities cast to the cache's dtype for p.v (as the eager paths), the output cast
@@ -36,18 +36,21 @@ except ImportError:  # pragma: no cover - exercised where triton is missing
 # launch parameters; RELAX_FASTGEN_TRITON_<NAME> overrides one: `block` cache positions per loop iteration,
 # `chunk` prefix positions per prefix program, `warps` / `stages` triton's num_warps / num_stages for both
 # kernels. On an H100 at the GRPO shape (docs/benchmarks.md) the step took 36 us (row kernel) + 12 us (prefix
-# kernel) per layer with these, and 8 warps were slower (3.36 vs 3.28 ms per decode step); not tuned further
+# kernel) per layer with the first row kernel at 3 stages, and 8 warps were slower (3.36 vs 3.28 ms per decode
+# step).
 #
-# `fused=1` selects the second row kernel, `_row_kernel`: it writes the step's new key and value
+# `fused=1` (the default) selects the second row kernel, `_row_kernel`: it writes the step's new key and value
 # into the cache itself (no separate index_put per layer) and attends to them from registers, finds a row's
 # group slot itself (no arange / div / mul kernels per layer), and holds `heads` KV heads per program (their
 # query heads as one block, each row of it zero outside its own head's columns, so one dot serves both).
-# `fused=0` (the default until the second is timed on a GPU: bench/gpu_fastgen_kernels.py) is the kernel
-# measured on the H100 (`_decode_attention_kernel`).
+# `bench/gpu_fastgen_kernels.py` on an H100 at the GRPO shape (2026-12-06): row + prefix kernels 58.6 us a layer
+# with the first kernel (fused=0 heads=1 stages=3), 41.2 us with fused=1 heads=2 block=64 warps=4 stages=2, the
+# defaults; the decode step 3.28 -> 2.93 ms (docs/benchmarks.md). `fused=0` is the first kernel
+# (`_decode_attention_kernel`).
 CONFIG = {
     name: int(os.environ.get(f"RELAX_FASTGEN_TRITON_{name.upper()}", default))
     for name, default in (
-        ("block", 64), ("chunk", 128), ("warps", 4), ("stages", 3), ("fused", 0), ("heads", 1),
+        ("block", 64), ("chunk", 128), ("warps", 4), ("stages", 2), ("fused", 1), ("heads", 2),
     )
 }  # fmt: skip
 MAX_GROUP_QUERIES = 128  # a group's query heads per prefix program (padded); larger groups read it per row

@@ -9,10 +9,10 @@ first index holding it, and s_j = sum(exp(x - m_j)) (x = logits / T in fp32). Th
 M = max_j m_j, the greedy token (the first maximum, as `argmax`), the block masses s_j * exp(m_j - M), and
 draws as `sampler` does: the same token as the full-vocabulary inverse CDF from the same uniform number, up
 to rounding, and the log-prob under softmax(logits / T). Only the plain mode (no top-k, top-p or suppressed
-stop ids). A program takes `CONFIG["per"]` consecutive blocks as one [per, 2,048] tile. The default, a
-program per (row, block) (`per=1`), is what was measured on an H100: 191 us for 512 rows, 65,536 programs
-of 1,187 entries, latency-bound against the ~50 us its bytes need; `per` > 1 (e.g.
-RELAX_FASTGEN_TRITON_SAMPLER_PER=8 ..._WARPS=8) is CPU-tested under the interpreter, not yet timed on a GPU.
+stop ids). A program takes `CONFIG["per"]` consecutive blocks as one [per, 2,048] tile. A program per (row,
+block) (`per=1`) took 191 us for 512 rows on an H100 (65,536 programs of 1,187 entries, latency-bound against the
+~50 us its bytes need); `bench/gpu_fastgen_kernels.py` there (2026-12-06): 180.7 us at per=1, 141.7 us at the
+default per=2 (4 warps).
 
 `block_stats_reference` is the same pass in torch (the CPU, and the tests' reference for the kernel).
 """
@@ -77,11 +77,11 @@ if triton is not None:
 
 
 # launch parameters; RELAX_FASTGEN_TRITON_SAMPLER_<NAME> overrides one: `per` vocabulary blocks per program
-# (a power of two), `warps` triton's num_warps. The defaults, PER=1 WARPS=4, are the kernel measured on an
-# H100 (a program per (row, block): 65,536 programs of 1,187 ids for 512 rows, latency-bound at 191 us)
+# (a power of two), `warps` triton's num_warps. The defaults, PER=2 WARPS=4, were the fastest of
+# bench/gpu_fastgen_kernels.py's settings on an H100 (141.7 us for 512 rows; PER=1, the first launch, 180.7 us)
 CONFIG = {
     name: int(os.environ.get(f"RELAX_FASTGEN_TRITON_SAMPLER_{name.upper()}", default))
-    for name, default in (("per", 1), ("warps", 4))
+    for name, default in (("per", 2), ("warps", 4))
 }
 
 
