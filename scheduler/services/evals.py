@@ -33,7 +33,7 @@ from scheduler.services.auth import Principal, team_for
 from scheduler.services.eval_verdicts import EVAL_LABEL, Threshold, parse_threshold
 from scheduler.services.paths import JOB, MAX_EVAL_CONFIG_BYTES, resolve_paths, team_storage
 from scheduler.services.platform import granted_priority_classes
-from scheduler.services.submission import JobSubmission, Submission
+from scheduler.services.submission import Submission, judge_and_submit
 
 #: Relax parameters an eval may set beside its own fields (normalized names). What makes it eval-only (the
 #: model, the eval sets, the rollout counts, the mode) is the platform's.
@@ -154,11 +154,8 @@ def create_eval(
         labels={**req.labels, EVAL_LABEL: eval_id},
         spec=spec,
     )
-    reader = JobSubmission(reads, artifact_root=artifact_root, home=home)
-    svc = JobSubmission(session, artifact_root=artifact_root, home=home)
     try:
-        judged = reader.judge(principal, sub)
-        job, _ = svc.submit(principal, sub, judged)
+        job = judge_and_submit(session, reads, principal, sub, artifact_root=artifact_root, home=home)
     except InvalidSpec as err:
         raise _renamed(
             err,

@@ -41,7 +41,7 @@ from scheduler.domain.roles import Action
 from scheduler.services.auth import Principal, team_for
 from scheduler.services.files import FILE_SCHEME, Files
 from scheduler.services.paths import JOB
-from scheduler.services.submission import JobSubmission, Submission
+from scheduler.services.submission import Submission, judge_and_submit
 
 #: The label that marks a job made by this API (its value: the method's type).
 LABEL = "fine_tuning"
@@ -173,11 +173,8 @@ def create_job(
         labels={LABEL: kind},
         spec=spec,
     )
-    reader = JobSubmission(reads, artifact_root=artifact_root, home=home)
-    svc = JobSubmission(session, artifact_root=artifact_root, home=home)
     try:
-        judged = reader.judge(principal, sub)
-        job, _ = svc.submit(principal, sub, judged)
+        job = judge_and_submit(session, reads, principal, sub, artifact_root=artifact_root, home=home)
     except InvalidSpec as err:
         raise _renamed(err, kind) from err
     method_out: dict[str, Any] = {"type": kind, kind: {"hyperparameters": resolved}}

@@ -706,6 +706,23 @@ class JobSubmission:
         )
 
 
+def judge_and_submit(
+    session: Session,
+    reads: Session,
+    principal: Principal,
+    sub: Submission,
+    *,
+    artifact_root: Path,
+    home: Path | None,
+) -> Job:
+    """A job submitted on behalf of another API (evals, fine-tuning): judged in the read-only unit of work `reads`
+    (on SQLite no write lock while the spec is normalized), stored in `session`. Raises what `submit` raises."""
+    reader = JobSubmission(reads, artifact_root=artifact_root, home=home)
+    judged = reader.judge(principal, sub)
+    job, _ = JobSubmission(session, artifact_root=artifact_root, home=home).submit(principal, sub, judged)
+    return job
+
+
 def backend_refusals(values: dict[str, Any]) -> list[dict[str, Any]]:
     """Issues for parameters the job's training backend does not implement (the runtime declares
     what each backend honours): refused at submission, before any GPU is spent, never ignored.
