@@ -311,13 +311,10 @@ def test_relax_ppo_script_is_refused_only_for_what_the_platform_does_not_run() -
     assert values["train_backend"] == "megatron" and values["advantage_estimator"] == "ppo"
     assert not values["use_rollout_logprobs"] and values["resource"]["critic"] == [1, 8]
     defaults = {name: getattr(f, "default", None) for name, f in FIELDS.items()}
-    assert (
-        unsupported_parameters(values, defaults)
-        == [
-            "rollout_num_gpus_per_engine=2",
-            "use_clearml",
-        ]
-    )
+    assert unsupported_parameters(values, defaults) == [
+        "rollout_num_gpus_per_engine=2",
+        "use_clearml",
+    ]
     assert critic_world_size(values["resource"], 2, GPU) == 8  # the critic's ranks: TP=2 x DP=4
     # the GPUs the scheduler reserves (the colocated rollout spans actor + critic) are the slots the roles take
     from jobspec.demand import compute_demand
