@@ -144,11 +144,13 @@ def create_app(
     app.add_middleware(RequestMetrics)  # outermost: the whole request's time
     install_error_handlers(app)
     install_audit(app)
-    for module in (health, jobs, specs, platform, grants, sessions, webhooks, evals, internal):
-        app.include_router(module.router)
-    app.include_router(files.router)
-    app.include_router(files.uploads_router)
-    app.include_router(fine_tuning.router)
+    for router in (
+        *(m.router for m in (health, jobs, specs, platform, grants, sessions, webhooks, evals, internal)),
+        files.router,
+        files.uploads_router,
+        fine_tuning.router,
+    ):
+        app.include_router(router)
 
     if (WEB_DIST / "index.html").exists():
         app.mount("/", StaticFiles(directory=WEB_DIST, html=True), name="dashboard")

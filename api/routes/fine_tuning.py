@@ -24,6 +24,7 @@ from api.deps import (
     ReadSessionDep,
     SessionDep,
 )
+from api.routes import jobs
 from api.routes.files import _files
 from api.schemas.fine_tuning import (
     OPENAI_ERROR_RESPONSES,
@@ -35,7 +36,6 @@ from api.schemas.fine_tuning import (
     FineTuningJobEventsPage,
     FineTuningJobsPage,
 )
-from scheduler.domain.jobs import JobStatus
 from scheduler.domain.roles import Action
 from scheduler.services import fine_tuning as ft
 from scheduler.transactions import after_commit
@@ -236,12 +236,8 @@ def cancel_fine_tuning_job(
     session = svc.session
     principal.require(Action.JOB_CANCEL)  # the role first: it names no job
     ft.get_job(session, principal, fine_tuning_job_id)
-    job = svc.cancel(fine_tuning_job_id, principal)
+    job = jobs.cancel(svc, dispatcher, fine_tuning_job_id, principal)
     audit.note(target=job.id, team=job.team_id)
-    if job.status == JobStatus.CANCELLING:
-        after_commit(session, lambda: dispatcher.stop(job.id, job.pool))
-    else:
-        after_commit(session, dispatcher.request_pass)
     session.refresh(job)
     return _public(session, job)
 

@@ -53,11 +53,13 @@ from api.schemas.jobs import (
     RolloutsPage,
 )
 from jobspec.bounds import MAX_PATH_LENGTH
-from scheduler.db.models import BIGINT_MAX, INTEGER_MAX, INTEGER_MIN
+from scheduler.db.models import BIGINT_MAX, INTEGER_MAX, INTEGER_MIN, Job
+from scheduler.dispatch import Dispatcher
 from scheduler.domain.errors import DomainError, NotFound
 from scheduler.domain.jobs import JobStatus
 from scheduler.services.audit import AuditEntry
 from scheduler.services.auth import Principal, authenticate
+from scheduler.services.lifecycle import JobLifecycle
 from scheduler.services.outputs import JobOutputs
 from scheduler.services.stream import MAX_ID_LENGTH, JobStream, StreamCursor
 from scheduler.services.submission import JobSubmission, Submission
@@ -208,12 +210,18 @@ def get_job(job_id: str, svc: JobOutputsDep, principal: PrincipalDep) -> Respons
 def cancel_job(
     job_id: str, svc: JobLifecycleDep, principal: PrincipalDep, dispatcher: DispatcherDep
 ) -> JobPublic:
+    return JobPublic.model_validate(cancel(svc, dispatcher, job_id, principal))
+
+
+def cancel(svc: JobLifecycle, dispatcher: Dispatcher, job_id: str, principal: Principal) -> Job:
+    """Cancel the job; once committed, its Ray job is stopped (a job on the cluster) or a pass frees its place
+    (one that was not). The routes that cancel a job (this one, `POST /v1/fine_tuning/jobs/{id}/cancel`) share it."""
     job = svc.cancel(job_id, principal)
     if job.status == JobStatus.CANCELLING:
         after_commit(svc.session, lambda: dispatcher.stop(job.id, job.pool))
     else:
         after_commit(svc.session, dispatcher.request_pass)
-    return JobPublic.model_validate(job)
+    return job
 
 
 @router.get("/{job_id}/events", response_model=JobEventsPage)
