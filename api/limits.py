@@ -121,7 +121,6 @@ class RequestLimits:
         """An upload's body, passed on as it arrives: 413 up front when its Content-Length is over the limit, or
         as soon as the bytes received pass it (the route keeps nothing of a body it did not finish reading)."""
         limit = self.settings.max_upload_body_bytes
-        declared = dict(scope["headers"]).get(b"content-length")
 
         async def too_large() -> None:
             response = envelope(
@@ -133,7 +132,7 @@ class RequestLimits:
             )
             await response(scope, _replay(b"", None), send)
 
-        if declared is not None and declared.isdigit() and int(declared) > limit:
+        if _declared_over(scope, limit):
             await too_large()
             return
         size = 0
@@ -161,8 +160,7 @@ class RequestLimits:
 
     @staticmethod
     async def _read(scope: Scope, receive: Receive, limit: int) -> bytes:
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
+        if _declared_over(scope, limit):
             raise BodyTooLarge
         chunks: list[bytes] = []
         size = 0
@@ -213,6 +211,12 @@ def _is_json(scope: Scope) -> bool:
     """FastAPI parses a body as JSON when its type says so, or when it has no type."""
     content_type = dict(scope["headers"]).get(b"content-type", b"").split(b";")[0].strip().lower()
     return not content_type or content_type == b"application/json" or content_type.endswith(b"+json")
+
+
+def _declared_over(scope: Scope, limit: int) -> bool:
+    """Whether the request's Content-Length says its body is over `limit` bytes."""
+    declared = dict(scope["headers"]).get(b"content-length")
+    return declared is not None and declared.isdigit() and int(declared) > limit
 
 
 def _is_multipart(scope: Scope) -> bool:
