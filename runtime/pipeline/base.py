@@ -91,7 +91,7 @@ class PipelineBase(PipelineParts):
             return
         receivers: list[Any] = []
         if engines and self.roles.rollout is not None:
-            self.roles.use_for_rollout()
+            self.roles.before_engine_push()
             receivers.append(self.roles.rollout)
         if self.roles.actor_fwd is not None:
             receivers.append(self.roles.actor_fwd)

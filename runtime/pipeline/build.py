@@ -82,7 +82,11 @@ def build_pipeline(
         roles=roles,
         total_rollouts=total,
         checkpoints=checkpoints,
-        weight_sync=create_weight_sync(WeightSyncBackend.OBJECT_STORE),
+        # engines in the trainer's ranks take the weights in place; engines of their own, from Ray's
+        # object store
+        weight_sync=create_weight_sync(
+            WeightSyncBackend.IN_PLACE if roles.engines_in_trainer else WeightSyncBackend.OBJECT_STORE
+        ),
         relay=relay,
     )
     try:

@@ -7,6 +7,7 @@ these; they hold no state and start nothing.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 import math
 
@@ -18,8 +19,15 @@ from runtime.algos.advantages import AdvantageConfig
 from runtime.algos.losses import LossConfig
 from runtime.algos.opd import OPDConfig
 from runtime.data.prompts import DatasetConfig
-from runtime.devices import Device
-from runtime.roles.groups import CriticPlan, RolePlan, engine_kind_from_env
+from runtime.devices import Device, DeviceKind
+from runtime.roles.groups import (
+    DEFAULT_ENGINE_KIND,
+    ENGINE_KIND_ENV,
+    CriticPlan,
+    EngineKind,
+    RolePlan,
+    explicit_engine_kind,
+)
 from runtime.roles.placement import Role, critic_world_size, spec_demand, train_world_size
 from runtime.rollout.health import HealthCheckConfig
 from runtime.rollout.sglang.passthrough import server_argv
@@ -205,6 +213,61 @@ def _model_parallel_size(spec: RuntimeSpec) -> int:
     return model_parallel
 
 
+# train backends whose ranks yield their weights on the device (`iter_device_weights`) for an engine they host
+HOSTING_BACKENDS = ("torch", "megatron")
+
+
+def in_trainer_refusal(spec: RuntimeSpec, *, by_default: bool, sglang_runs: bool = False) -> str | None:
+    """Why this job's rollout engines cannot live in the trainer's rank actors (`EngineKind.IN_TRAINER`);
+    None: they can. `by_default`: nobody asked for it (`RELAX_ROLLOUT_ENGINE` unset), so what asks for
+    engine servers keeps them: `--sglang-*` server arguments, `--use-health-check` (it replaces servers),
+    SGLang itself where it runs (`sglang_runs`: importable, on CUDA)."""
+    values = spec.values()
+    if not spec.colocated:
+        return "the job is not colocated (--colocate, not hybrid or fully-async)"
+    if spec.is_sft or not spec.trains or not spec.starts_engines:
+        return "only an RL job that trains with engines of its own hosts them in its trainer"
+    if spec.train_backend not in HOSTING_BACKENDS:
+        return f"the {spec.train_backend} backend does not hand its weights over in place"
+    if int(values.get("pipeline_model_parallel_size") or 1) > 1:
+        return "pipeline-model-parallel-size > 1: a rank holds only its stage's weights"
+    if by_default:
+        if server_argv(spec.extra.get("sglang")):
+            return "the job's SGLang server arguments ask for engine servers"
+        if values.get("use_health_check"):
+            return "--use-health-check checks and replaces engine servers"
+        if sglang_runs:
+            return "SGLang is installed and CUDA present: its servers run the rollout"
+    return None
+
+
+def engine_kind(spec: RuntimeSpec, explicit: EngineKind | None, *, sglang_runs: bool = False) -> EngineKind:
+    """How the job's rollout engines run. A colocated RL job hosts the built-in engine in each trainer
+    rank's actor (`EngineKind.IN_TRAINER`: weights in place, no object store) unless
+    `RELAX_ROLLOUT_ENGINE` names another kind or `in_trainer_refusal` says why not; otherwise the kind
+    named, else engine servers (`DEFAULT_ENGINE_KIND`)."""
+    if explicit is not None and explicit is not EngineKind.IN_TRAINER:
+        return explicit
+    why = in_trainer_refusal(spec, by_default=explicit is None, sglang_runs=sglang_runs)
+    if why is None:
+        return EngineKind.IN_TRAINER
+    if explicit is EngineKind.IN_TRAINER and spec.generates:
+        log.warning("%s=in-trainer: %s; the engines run as servers of their own", ENGINE_KIND_ENV, why)
+    return DEFAULT_ENGINE_KIND
+
+
+def offload_flags(spec: RuntimeSpec) -> tuple[bool, bool]:
+    """`--offload-train`, `--offload-rollout`; unset: on when colocated (as jobspec derives them)."""
+    values = spec.values()
+    train, rollout = values.get("offload_train"), values.get("offload_rollout")
+    if values.get("offload"):
+        train = rollout = True
+    return (
+        spec.colocated if train is None else bool(train),
+        spec.colocated if rollout is None else bool(rollout),
+    )
+
+
 def role_plan(spec: RuntimeSpec, total: int, device: Device | None = None) -> RolePlan:
     """The roles a job runs, from `resource` and the mode."""
     resource = spec.resource or {}
@@ -234,7 +297,7 @@ def role_plan(spec: RuntimeSpec, total: int, device: Device | None = None) -> Ro
         need_ref=spec.needs_reference and Role.REFERENCE not in separate,
         separate=separate,
         log_probs_temperature=1.0 if spec.is_sft else spec.rollout_temperature,
-        engine_kind=engine_kind_from_env(),
+        engine_kind=engine_kind(spec, explicit_engine_kind(), sglang_runs=_sglang_runs(device)),
         engine_args=server_argv(spec.extra.get("sglang")),
         external_engines=tuple(spec.rollout_external_engine_addrs or ()) if spec.rollout_external else (),
         critic=critic_plan(spec, total, initial, device),
@@ -245,7 +308,15 @@ def role_plan(spec: RuntimeSpec, total: int, device: Device | None = None) -> Ro
         demand=spec_demand(spec.values()) if spec.resource else None,
         gpu_nodes=gpu_nodes(spec.extra.get(PLACEMENT_KEY) or ()),
         health=HealthCheckConfig.from_values(spec.values()) if spec.generates else None,
+        offload_train=offload_flags(spec)[0],
+        offload_rollout=offload_flags(spec)[1],
     )
+
+
+def _sglang_runs(device: Device | None) -> bool:
+    """SGLang's servers would run the rollout (the engine servers' default launcher): importable, CUDA."""
+    kind = (device or Device.for_roles()).kind
+    return kind is DeviceKind.CUDA and importlib.util.find_spec("sglang") is not None
 
 
 def _warmed_folders(spec: RuntimeSpec, initial: str) -> tuple[str, ...]:

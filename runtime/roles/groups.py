@@ -25,6 +25,7 @@ from runtime.roles.actors import (
     TrainActor,
     free_loopback_port,
 )
+from runtime.roles.colocated import ColocatedActor
 from runtime.roles.engine_health import EngineFactory, EngineSupervisor, settled
 from runtime.roles.logs import start_log_sink
 from runtime.roles.placement import Role, Topology, plan_topology, release, reserve
@@ -128,6 +129,26 @@ class TrainGroup(RankGroup):
     def export_hf(self, out_dir: str, step: int) -> CheckpointRecord:
         return self._leader_answer("export_hf", out_dir, step)
 
+    # -- ranks that host their rollout engine (`EngineKind.IN_TRAINER`, `runtime.roles.colocated`) ----------
+    def async_push_in_place(self, version: int, expected: int) -> list[ray.ObjectRef]:
+        """Every rank copies its weights into its own engine (a collective where the weights are gathered
+        over tensor-parallel ranks, so it goes to all ranks at once, in order)."""
+        return self._all("push_weights_in_place", version, expected)
+
+    def use_for_rollout(self) -> None:
+        ray.get(self._all("use_for_rollout"))
+
+    def use_for_training(self) -> None:
+        ray.get(self._all("use_for_training"))
+
+    def engine_weight_mismatch(self) -> float:
+        """The largest |trainer - engine| weight difference over the ranks (0.0: exactly equal)."""
+        return max(ray.get(self._all("engine_weight_mismatch")))
+
+    def memory_calls(self) -> list[list[str]]:
+        """Each rank's releases and resumes so far, in order."""
+        return ray.get(self._all("memory_calls"))
+
 
 class RolloutGroup:
     """The rollout engines. `generate` splits the requests into contiguous shares, one per engine, and
@@ -139,8 +160,11 @@ class RolloutGroup:
     never loses or doubles a sample; weight pushes and offload/onload do not fail on a dying engine (its
     replacement gets the current weights and state)."""
 
-    def __init__(self, actors: list[ActorHandle]) -> None:
+    def __init__(self, actors: list[ActorHandle], *, in_trainer: bool = False) -> None:
         self.actors = actors
+        # the engines live in the trainer's rank actors (`runtime.roles.colocated`): weights are pushed in
+        # place (`async_push_in_place`), turns are the trainer's (`Roles.use_for_rollout`)
+        self.in_trainer = in_trainer
         self._weight_version = 0
         self._weights_ref: ray.ObjectRef | None = None  # kept only under a supervisor, for replacements
         self._offloaded = False
@@ -270,17 +294,32 @@ class RolloutGroup:
     def load_weights(self, weights_ref: ray.ObjectRef, version: int) -> None:
         ray.get(self.async_load_weights(weights_ref, version))
 
+    def async_push_in_place(self, train: TrainGroup, version: int) -> list[ray.ObjectRef]:
+        """Engines hosted by the trainer's ranks take `version` in place; each must hold the version this
+        group last gave it (else the push fails, naming both)."""
+        if not self.in_trainer:
+            raise RuntimeError("in-place weight push to engines that are actors of their own")
+        with self.lock:
+            expected, self._weight_version = self._weight_version, version
+            return train.async_push_in_place(version, expected)
+
     def offload(self) -> None:
+        self._not_in_trainer("offload")
         with self.lock:
             self._offloaded = True
             refs = [a.offload.remote() for a in self.actors]
             ray.get(refs if self.supervisor is None else [settled(r) for r in refs])
 
     def onload(self) -> None:
+        self._not_in_trainer("onload")
         with self.lock:
             self._offloaded = False
             refs = [a.onload.remote() for a in self.actors]
             ray.get(refs if self.supervisor is None else [settled(r) for r in refs])
+
+    def _not_in_trainer(self, call: str) -> None:
+        if self.in_trainer:  # the actor's own offload/onload are the trainer's
+            raise RuntimeError(f"{call}: the engines live in the trainer's ranks; use Roles.use_for_rollout")
 
     def health_metrics(self) -> dict[str, float]:
         """`rollout/engine_replacements` (so far in this run) and `rollout/healthy_engines` under a
@@ -346,6 +385,9 @@ class Roles:
     # `colocate` with external engines: the servers hold no slot of ours (the topology is not colocated),
     # but they share the trainer's devices, so the roles still take turns (offload/onload = release/resume)
     external_colocated: bool = False
+    # the rollout engines live in the trainer's rank actors (`EngineKind.IN_TRAINER`): `rollout.actors` are
+    # `train.actors`, weights go in place, and each actor takes its own turns
+    engines_in_trainer: bool = False
 
     @property
     def takes_turns(self) -> bool:
@@ -364,20 +406,33 @@ class Roles:
         return self.forward.get(Role.ACTOR_FWD)
 
     def use_for_rollout(self) -> None:
-        if self.takes_turns:
+        if self.engines_in_trainer:
+            assert self.train is not None
+            self.train.use_for_rollout()  # per `--offload-train` / `--offload-rollout`
+        elif self.takes_turns:
             assert self.train is not None and self.rollout is not None
             self.train.offload()
             self.rollout.onload()
 
     def use_for_training(self) -> None:
-        if self.takes_turns:
+        if self.engines_in_trainer:
+            assert self.train is not None
+            self.train.use_for_training()
+        elif self.takes_turns:
             assert self.train is not None and self.rollout is not None
             self.rollout.offload()
             self.train.onload()
 
+    def before_engine_push(self) -> None:
+        """Before the engines take new weights: engines of their own take them in their turn (onloaded,
+        the trainer offloaded); engines the trainer hosts take them with both sides resident, and the
+        push itself hands the device to the rollout."""
+        if not self.engines_in_trainer:
+            self.use_for_rollout()
+
     def all_actors(self) -> list[ActorHandle]:
         actors = list(self.train.actors) if self.train else []
-        actors += self.rollout.actors if self.rollout else []
+        actors += self.rollout.actors if self.rollout and not self.engines_in_trainer else []
         for group in self.forward.values():
             actors += group.actors
         return actors + (self.critic.actors if self.critic else [])
@@ -401,7 +456,11 @@ class EngineKind(StrEnum):
     # a server speaking SGLang's HTTP protocol, driven through the SGLang client: real SGLang where it
     # imports and CUDA is present, else the built-in engine's server (runtime.rollout.sglang.server)
     HTTP = "http"
-    IN_PROCESS = "in-process"  # the built-in torch engine inside the actor, called directly
+    IN_PROCESS = "in-process"  # the built-in torch engine inside a rollout actor of its own, called directly
+    # colocated jobs: the built-in engine (fastgen on CUDA, else HF) inside each trainer rank's actor, its
+    # weights copied in place after every step (`runtime.roles.colocated`); the default where it applies
+    # (`pipeline.plans.engine_kind`)
+    IN_TRAINER = "in-trainer"
 
 
 ENGINE_KIND_ENV = "RELAX_ROLLOUT_ENGINE"
@@ -409,9 +468,14 @@ DEFAULT_ENGINE_KIND = EngineKind.HTTP
 
 
 def engine_kind_from_env() -> EngineKind:
+    return explicit_engine_kind() or DEFAULT_ENGINE_KIND
+
+
+def explicit_engine_kind() -> EngineKind | None:
+    """`$RELAX_ROLLOUT_ENGINE` as a kind; None when unset (the job's layout decides)."""
     value = os.environ.get(ENGINE_KIND_ENV, "").strip()
     try:
-        return EngineKind(value) if value else DEFAULT_ENGINE_KIND
+        return EngineKind(value) if value else None
     except ValueError:
         raise ValueError(
             f"{ENGINE_KIND_ENV}={value!r}: use one of {', '.join(k.value for k in EngineKind)}"
@@ -476,6 +540,22 @@ class RolePlan:
     # `--use-health-check`: the rollout engines are probed and replaced when hung or dead (the job's own
     # HTTP engines only: `runtime.roles.engine_health`); None: no health check
     health: HealthCheckConfig | None = None
+    # `--offload-train` / `--offload-rollout`, as the engines hosted in the trainer's ranks honour them
+    # (EngineKind.IN_TRAINER): the idle side releases its device memory during the other's turn
+    offload_train: bool = True
+    offload_rollout: bool = True
+
+
+def hosts_engines(topology: Topology) -> str | None:
+    """Why the trainer's rank actors cannot host the rollout engines in this layout (None: they can):
+    each rank must sit alone on its device, with the one engine that device runs."""
+    ranks = [slot.bundle_index for slot in topology.role_slots(Role.ACTOR)]
+    engines = [slot.bundle_index for slot in topology.role_slots(Role.ROLLOUT)]
+    if not topology.colocate:
+        return "the roles are not colocated"
+    if sorted(ranks) != sorted(engines) or len(set(ranks)) != len(ranks):
+        return f"trainer ranks on devices {ranks}, engines on {engines}: not one engine per rank's device"
+    return None
 
 
 def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | None = None) -> Roles:
@@ -492,6 +572,16 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
         critic_world=plan.critic.world if plan.critic is not None else None,
         demand=plan.demand,
     )
+    kind = plan.engine_kind
+    in_trainer = (
+        kind is EngineKind.IN_TRAINER and plan.with_train and plan.with_rollout and not plan.external_engines
+    )
+    if kind is EngineKind.IN_TRAINER:
+        why = hosts_engines(topology) if in_trainer else "no trainer or no engines of the job's own"
+        if why is not None:
+            if in_trainer:
+                log.warning("rollout engines stay out of the trainer's ranks (%s): engine servers", why)
+            in_trainer, kind = False, DEFAULT_ENGINE_KIND
     pgs = reserve(topology, nodes=plan.gpu_nodes)
     if os.environ.get(BACKEND_ENV, "").strip():  # which model code the engine servers run: they inherit it
         env_vars = {**(env_vars or {}), BACKEND_ENV: backend_from_env().value}
@@ -516,9 +606,10 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
     def _per_actor(role: Role, index: int) -> dict[str, Any]:
         if role is Role.ROLLOUT:
             return {"engine_index": index}
+        hosted = {"engine_index": index} if role is Role.ACTOR and in_trainer else {}
         if role is Role.CRITIC or (role is Role.ACTOR and plan.train_world is not None):
-            return {"rank": index}
-        return {}
+            return {"rank": index, **hosted}
+        return hosted
 
     def rendezvous(role: Role, avoid: tuple[int, ...] = ()) -> tuple[str, int]:
         """A port for the role's process group, picked on its rank 0's node before any rank starts (and
@@ -544,23 +635,26 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
                 "master_port": master_port,
                 "values": plan.values,
             }
+        hosted = (
+            {"offload_train": plan.offload_train, "offload_rollout": plan.offload_rollout}
+            if in_trainer
+            else {}
+        )
         train_actors = start(
-            TrainActor, Role.ACTOR, plan.backend, plan.hf_checkpoint, plan.train_config,
-            need_ref=plan.need_ref, **ranks, **common,
+            ColocatedActor if in_trainer else TrainActor, Role.ACTOR, plan.backend, plan.hf_checkpoint,
+            plan.train_config, need_ref=plan.need_ref, **ranks, **hosted, **common,
         )  # fmt: skip
-        if (
-            plan.engine_args
-            and plan.with_rollout
-            and (plan.external_engines or plan.engine_kind is not EngineKind.HTTP)
-        ):
+        if plan.engine_args and plan.with_rollout and (plan.external_engines or kind is not EngineKind.HTTP):
             log.warning(
                 "the job's SGLang server arguments are not used (%s): %s",
                 "external engines are already running"
                 if plan.external_engines
-                else f"{ENGINE_KIND_ENV}={plan.engine_kind.value}",
+                else f"{ENGINE_KIND_ENV}={kind.value}",
                 " ".join(plan.engine_args),
             )
-        if plan.with_rollout and plan.external_engines:
+        if in_trainer:
+            engine_actors = list(train_actors)  # the same actors: each rank's engine
+        elif plan.with_rollout and plan.external_engines:
             engine_actors = external_engine_actors(plan.external_engines, runtime_env=runtime_env)
             started.extend(engine_actors)
         else:
@@ -568,15 +662,13 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
             # actors as an argument (through Ray, which wants its own token), never put in an environment.
             http = (
                 {"api_key": engine_secret(), "server_args": plan.engine_args}
-                if plan.engine_kind is EngineKind.HTTP
+                if kind is EngineKind.HTTP
                 else {}
             )
-            engine_actors = start(
-                _ENGINE_ACTORS[plan.engine_kind], Role.ROLLOUT, plan.hf_checkpoint, **common, **http
-            )
-            if plan.health is not None and engine_actors and plan.engine_kind is EngineKind.HTTP:
+            engine_actors = start(_ENGINE_ACTORS[kind], Role.ROLLOUT, plan.hf_checkpoint, **common, **http)
+            if plan.health is not None and engine_actors and kind is EngineKind.HTTP:
                 factory = EngineFactory(
-                    _ENGINE_ACTORS[plan.engine_kind],
+                    _ENGINE_ACTORS[kind],
                     (plan.hf_checkpoint,),
                     {**common, **http},
                     [slot.ray_options(pgs, device) for slot in topology.role_slots(Role.ROLLOUT)],
@@ -611,15 +703,13 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
             for role, path in plan.separate.items()
         }
         infos = ray.get([a.ready.remote() for a in started])
-        rollout = RolloutGroup(engine_actors) if engine_actors else None
+        rollout = RolloutGroup(engine_actors, in_trainer=in_trainer) if engine_actors else None
         if rollout is not None and plan.health is not None:
             if factory is None:
                 log.warning(
                     "--use-health-check: only the job's own engine servers are checked and replaced "
                     "(%s here): no rollout health check",
-                    "external engines"
-                    if plan.external_engines
-                    else f"{ENGINE_KIND_ENV}={plan.engine_kind.value}",
+                    "external engines" if plan.external_engines else f"{ENGINE_KIND_ENV}={kind.value}",
                 )
             else:
                 rollout.supervisor = EngineSupervisor(
@@ -644,7 +734,7 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
         "placement groups %s",
         len(train_actors),
         len(engine_actors),
-        f"external {list(plan.external_engines)}" if plan.external_engines else plan.engine_kind.value,
+        f"external {list(plan.external_engines)}" if plan.external_engines else kind.value,
         len(critic_actors),
         {str(r): len(g.actors) for r, g in forward.items()} or "no forward-only roles",
         topology.colocate or (plan.colocate and bool(plan.external_engines)),
@@ -662,4 +752,5 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
         external_colocated=bool(
             plan.colocate and plan.with_train and engine_actors and plan.external_engines
         ),
+        engines_in_trainer=in_trainer,
     )

@@ -86,12 +86,26 @@ class TorchRolloutEngine:
         self.model.to(self.device.torch_device)
         self.offloaded = False
 
+    @property
+    def torch_device(self) -> torch.device:
+        """Where the weights live while onloaded (`runtime.weight_sync.in_place` hands tensors over there)."""
+        return self.device.torch_device
+
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> None:
-        """Replace the weights (names as in the HF state dict) and record their version."""
-        missing, unexpected = self.model.load_state_dict(dict(named_tensors), strict=False)
-        missing = [name for name in missing if not self._is_tied(name)]
+        """Replace the weights (names as in the HF state dict), copied into the model's own tensors, and
+        record their version. A missing, unknown or misshapen tensor is refused, naming it, before
+        anything is copied: a refused update leaves the engine as it was."""
+        own = self.model.state_dict()
+        missing = [name for name in own if name not in named_tensors and not self._is_tied(name)]
+        unexpected = [name for name in named_tensors if name not in own]
         if missing or unexpected:
             raise ValueError(f"weight sync mismatch: missing={missing[:5]} unexpected={unexpected[:5]}")
+        for name, tensor in named_tensors.items():
+            if tuple(tensor.shape) != tuple(own[name].shape):
+                raise ValueError(
+                    f"weight sync: {name!r} has shape {tuple(tensor.shape)}, expected {tuple(own[name].shape)}"
+                )
+        self.model.load_state_dict(dict(named_tensors), strict=False)
         self.weight_version = version
 
     def _is_tied(self, name: str) -> bool:

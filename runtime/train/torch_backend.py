@@ -8,7 +8,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -295,6 +295,14 @@ class TorchTrainBackend(OptimizerStepper):
             for name, tensor in self.model.state_dict().items()
             if not (tied and name == "lm_head.weight")
         }
+
+    def iter_device_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy's HF state dict as its live tensors (detached, on the device): what a rollout engine
+        in this process copies in place (`runtime.weight_sync.in_place`)."""
+        tied = getattr(self.model.config, "tie_word_embeddings", False)
+        for name, tensor in self.model.state_dict().items():
+            if not (tied and name == "lm_head.weight"):
+                yield name, tensor.detach()
 
     def parameter_checksum(self) -> float:
         return float(sum(p.detach().double().abs().sum() for p in self.model.parameters()))

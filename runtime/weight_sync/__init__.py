@@ -1,6 +1,6 @@
 """Weight sync from the trainer to the rollout engines, behind one interface with registered backends."""
 
-from runtime.weight_sync import object_store  # noqa: F401 - registers the built-in backend
+from runtime.weight_sync import in_trainer, object_store  # noqa: F401 - register the built-in backends
 from runtime.weight_sync.base import WEIGHT_SYNC_BACKENDS, WeightSync, WeightSyncBackend
 
 

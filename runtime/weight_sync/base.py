@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # ray only for annotations: the package imports without it (i
 
 class WeightSyncBackend(StrEnum):
     OBJECT_STORE = "object_store"  # trainer puts its state dict in Ray's object store once; engines read it
+    IN_PLACE = "in_place"  # engines hosted in the trainer's rank actors: copied in place, device to device
     # later: "nccl" (broadcast from the trainer rank to engine ranks), "disk" (HF folder on shared storage)
 
 

@@ -9,7 +9,9 @@ round trip, no HTTP, no object store.
 
 What it guarantees:
 - **version**: the push names the version it brings; the engine takes only the one after its own
-  (`weight_version + 1`) and refuses any other, naming both.
+  (`weight_version + 1`) and refuses any other, naming both. A caller with versions of its own (the driver's
+  policy versions, which repeat at the first push and skip under `update-weights-interval`) names the
+  version it last gave the engine (`expected`): the engine must hold exactly that.
 - **completeness**: every tensor the engine holds must come. Unbucketed (the default), the whole set is
   checked (names, shapes) before anything is copied, so a refused push leaves the engine as it was.
   Bucketed (`bucket_bytes`, for models whose second copy would not fit), each bucket is checked before it
@@ -81,27 +83,45 @@ class InPlaceWeightSync:
             )
         return tensor.detach()
 
-    def push(self, weights: Iterable[tuple[str, torch.Tensor]], *, version: int) -> InPlaceUpdate:
+    def push(
+        self, weights: Iterable[tuple[str, torch.Tensor]], *, version: int, expected: int | None = None
+    ) -> InPlaceUpdate:
         """Copy `weights` ((Hugging Face name, tensor) pairs on the engine's device) into the engine as
         `version`; raises (see the module docstring) on a wrong version, an unknown, missing or misshapen
-        tensor, or a tensor on another device."""
+        tensor, or a tensor on another device.
+
+        `expected`: the version the caller last gave this engine (the driver's policy versions, which may
+        repeat or skip: `update-weights-interval`, a resume); the engine must hold exactly that, and
+        `version` may not go back. None: `version` must be the engine's next (`weight_version + 1`)."""
         started = time.perf_counter()
         engine = self.engine
-        if version != engine.weight_version + 1:  # before reading any weight
+        current = engine.weight_version
+        if expected is not None:  # before reading any weight
+            if current != expected:
+                raise ValueError(
+                    f"in-place weight update to version {version}: the engine holds {current}, "
+                    f"the driver expected it to hold {expected}"
+                )
+            if version < expected:
+                raise ValueError(
+                    f"in-place weight update to version {version}: older than the engine's {current}"
+                )
+        elif version != current + 1:
             raise ValueError(
-                f"in-place weight update to version {version}: the engine holds {engine.weight_version}, "
-                f"expected {engine.weight_version + 1}"
+                f"in-place weight update to version {version}: the engine holds {current}, "
+                f"expected {current + 1}"
             )
+        step = current + 1  # what the engine's own check takes; `version` is recorded once the push is whole
         count = size = buckets = 0
         if self.bucket_bytes is None:
             named: dict[str, torch.Tensor] = {}
             for name, tensor in weights:
                 named[name] = self._checked(name, tensor)
-            engine.load_weights(named, version)  # checks everything before copying anything
+            engine.load_weights(named, step)  # checks everything before copying anything
             count, buckets = len(named), 1
             size = sum(t.numel() * t.element_size() for t in named.values())
         else:
-            engine.start_weight_update(version)
+            engine.start_weight_update(step)
             bucket: dict[str, torch.Tensor] = {}
             held = 0
             for name, tensor in weights:
@@ -115,8 +135,9 @@ class InPlaceWeightSync:
                 engine.load_weight_bucket(bucket)
                 count, size, buckets = count + len(bucket), size + held, buckets + 1
             engine.finish_weight_update()  # refuses a missing tensor; only then takes the version
-        if engine.weight_version != version:
+        if engine.weight_version != step:
             raise RuntimeError(
-                f"in-place weight update: the engine reports {engine.weight_version}, not {version}"
+                f"in-place weight update: the engine reports {engine.weight_version}, not {step}"
             )
+        engine.weight_version = version
         return InPlaceUpdate(version, count, size, buckets, time.perf_counter() - started)
