@@ -1,24 +1,54 @@
-"""The embedded platform the end-to-end tests run against: one per test module, with the tiny model."""
+"""The embedded platform the end-to-end tests run against, with the tiny model: one platform shared by the
+modules that use this `platform` fixture and run one after another on the same pytest worker (a module that
+needs a platform of its own, configured or killed by its tests, defines its own `platform`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
-from bench.harness import start_platform, stop_platform
+from bench.harness import RunningPlatform, start_platform, stop_platform
+
+# Starting a platform (API, Celery worker and beat, a Ray head; `relaxctl models tiny`) and stopping it takes
+# 15-30 s on two busy cores: the modules below share one as long as they follow each other, and the lanes of
+# tests/conftest.py put them next to each other. The platform stops when the next test on this worker does
+# not use it (pytest's `nextitem`, known to xdist's workers too), so it never idles beside the light tests.
+_SHARED: dict[str, RunningPlatform] = {}
+_NEXT: dict[str, pytest.Item | None] = {}
+SHARED_FIXTURE = "_e2e_shared_platform"
+
+
+def uses_shared_platform(item: pytest.Item | None) -> bool:
+    return item is not None and SHARED_FIXTURE in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    _NEXT["item"] = nextitem  # read by the fixture's teardown below, which runs inside this hook's call
 
 
 @pytest.fixture(scope="module")
-def platform(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    """A fresh embedded platform in a temporary home, `relaxctl models tiny` done; stopped after the
-    module, which must take under 45 s."""
-    p = start_platform(tmp_path_factory.mktemp("platform") / "home")
-    try:
+def _e2e_shared_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningPlatform]:
+    p = _SHARED.get("platform")
+    if p is None or p.proc.poll() is not None:
+        p = start_platform(tmp_path_factory.mktemp("platform") / "home")
+        _SHARED["platform"] = p
         r = p.relaxctl("models", "tiny")
         assert r.returncode == 0, r.stdout + r.stderr
-        yield p
-    finally:
+    yield p
+    if not uses_shared_platform(_NEXT.pop("item", None)):
+        _SHARED.pop("platform", None)
         took = stop_platform(p)
         assert took < 45, f"the platform took {took:.0f}s to stop"
+
+
+@pytest.fixture(scope="module")
+def platform(_e2e_shared_platform: RunningPlatform) -> RunningPlatform:
+    """An embedded platform in a temporary home, `relaxctl models tiny` done, shared with the neighbouring
+    modules that use it (stopping it must take under 45 s). Its jobs are the other modules' too: look jobs
+    up by id, or by a name no other module uses."""
+    return _e2e_shared_platform
 
 
 def log_problems(client, job_id: str) -> list[str]:  # type: ignore[no-untyped-def]
