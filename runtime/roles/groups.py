@@ -449,7 +449,8 @@ class Roles:
 
 
 class EngineKind(StrEnum):
-    """How the job's own rollout engines run (`RELAX_ROLLOUT_ENGINE`; default `DEFAULT_ENGINE_KIND`). Which
+    """How the job's own rollout engines run (`RELAX_ROLLOUT_ENGINE`; unset: `IN_TRAINER` for a colocated RL
+    job that can host them, else `DEFAULT_ENGINE_KIND`, as `pipeline.plans.engine_kind` decides). Which
     model code an HTTP engine's server runs (fastgen or HF generate) is `RELAX_ROLLOUT_BACKEND`
     (runtime/rollout/backend.py), passed from the driver's environment to the actors and their servers."""
 
