@@ -1,11 +1,24 @@
-# Production image of the platform's control plane: API, scheduler beat, pool workers.
-# The pipeline itself runs on the Ray clusters (their image needs the `runtime` extra).
-#   docker build -t relax-platform .
+# Images of the platform (docs/deploy.md; compose.yaml runs them all):
+#   target `platform` (the default): the control plane (API with the dashboard, scheduler beat, pool workers)
+#   target `ray`: a Ray cluster's node for the pipeline itself: the platform plus its `runtime` extra (torch, ...)
+#   docker build -t relax-platform .                 docker build --target ray -t relax-ray .
 #   docker run -e RELAX_DATABASE_URL=postgresql+psycopg://relax@db/relax \
 #              -e RELAX_BROKER_URL=redis://redis:6379/0 -e RELAX_SECRET_KEY=... \
 #              -e RELAX_ARTIFACT_ROOT=/shared/artifacts -p 8400:8400 relax-platform api
 #   ... relax-platform scheduler            # beat + scheduling passes
 #   ... -e RELAX_RAY_ADDRESS=http://ray-head:8265 relax-platform worker local   # one per pool
+#   ... relax-ray ray-head | ray-worker     # docker/entrypoint.sh lists every role
+
+# The dashboard (web/dist), which the API serves at / when it is there (api/app.py::WEB_DIST)
+FROM node:20-slim AS web
+WORKDIR /src/web
+COPY web/package.json web/package-lock.json ./
+RUN npm ci --no-audit --no-fund
+COPY web ./
+# the Submit page's example spec is read from ../examples at build time
+COPY examples /src/examples
+RUN npm run build
+
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md alembic.ini ./
@@ -18,7 +31,7 @@ COPY migrations ./migrations
 COPY bench ./bench
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
-FROM python:3.11-slim
+FROM python:3.11-slim AS platform
 ENV PYTHONUNBUFFERED=1 \
     RELAX_ENVIRONMENT=production \
     RELAX_HOME=/var/lib/relax \
@@ -27,9 +40,24 @@ ENV PYTHONUNBUFFERED=1 \
 RUN useradd --create-home --uid 10001 relax && mkdir -p /var/lib/relax && chown relax /var/lib/relax
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
+# api/app.py serves <site-packages>/web/dist: the built dashboard, linked there
+COPY --from=web /src/web/dist /opt/relax/web/dist
+RUN ln -s /opt/relax/web "$(python -c 'import api, pathlib; print(pathlib.Path(api.__file__).resolve().parents[1])')/web"
 COPY docker/entrypoint.sh /usr/local/bin/relax-entrypoint
+COPY docker/register_pool.py /usr/local/bin/register_pool.py
 USER relax
 EXPOSE 8400
 HEALTHCHECK --interval=30s --timeout=5s CMD python -c "import urllib.request,os;urllib.request.urlopen('http://127.0.0.1:'+os.environ.get('RELAX_PORT','8400')+'/healthz')"
 ENTRYPOINT ["relax-entrypoint"]
 CMD ["api"]
+
+# A Ray node (head or worker): the drivers and the pipeline's roles run here, so the `runtime` extra too. Its
+# torch pin (pyproject.toml) takes PyPI's default Linux build of that version (with CUDA).
+FROM platform AS ray
+USER root
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir "$(ls /wheels/relax_platform-*.whl)[runtime]" && rm -rf /wheels
+USER relax
+EXPOSE 6379 8265
+HEALTHCHECK NONE
+CMD ["ray-head"]
