@@ -112,6 +112,8 @@ HEAVY_LANES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tests/e2e/test_evals.py",
             "tests/e2e/test_openai_fine_tuning.py",
             "tests/integration/test_celery_worker.py",  # a real Celery worker process (and Redis's flushdb)
+            # compose.yaml's services as processes: 2 APIs, 2 schedulers, a pool worker (and Redis's flushdb)
+            "tests/integration/test_compose_topology.py",
             "tests/browser/",
         ),
     ),
