@@ -118,7 +118,7 @@ def run_eval(
     name: Annotated[str | None, typer.Option(help="The eval's name (default: eval-<model>).")] = None,
     queue: Annotated[str | None, typer.Option(help="Queue (default: your team's first).")] = None,
     priority_class: Annotated[
-        str | None, typer.Option("--priority-class", help="Default: your team's highest granted class.")
+        str | None, typer.Option("--priority-class", help="Default: eval (before your team's training jobs).")
     ] = None,
     wait: Annotated[
         bool, typer.Option("--wait", "-w", help="Wait for the verdict; exit 0 passed, 1 failed, 2 error.")

@@ -32,11 +32,13 @@ from scheduler.db.models import (
     utcnow,
 )
 from scheduler.dispatch import Dispatcher
+from scheduler.domain.evals import EVAL_PRIORITY_CLASS
 from scheduler.domain.jobs import HOLDING_SLOTS, JobStatus
 from scheduler.observability import observe_pass
 from scheduler.policy.invariants import check
 from scheduler.policy.placement import gangs_of
 from scheduler.services.lifecycle import JobLifecycle
+from scheduler.services.platform import eval_rank_beyond_quota
 from scheduler.transactions import after_commit
 
 log = logging.getLogger(__name__)
@@ -115,6 +117,8 @@ _JOB_COLUMNS = (
     sa.cast(Job.demand, sa.Text).label("demand"),  # as text: see _gangs_of_text
     Job.priority,
     Job.preemptible,
+    Job.priority_class,
+    Job.team_id,
     Job.launched_at,
     Job.admitted_at,
     Job.queued_at,
@@ -145,7 +149,8 @@ def _load(session: Session, now: datetime) -> tuple[P.Snapshot, dict[str, _Row]]
         )
         for n in session.scalars(sa.select(Node).order_by(Node.pool, Node.name))
     )
-    teams = dict(session.execute(sa.select(Team.id, Team.name)).all())
+    team_rows = list(session.scalars(sa.select(Team)))
+    teams = {t.id: t.name for t in team_rows}
     queues = tuple(
         P.Queue(
             name=q.name,
@@ -158,10 +163,12 @@ def _load(session: Session, now: datetime) -> tuple[P.Snapshot, dict[str, _Row]]
         )
         for q in session.scalars(sa.select(Queue))
     )
+    class_rows = list(session.scalars(sa.select(PriorityClass)))
     classes = tuple(
-        P.PriorityClass(name=c.name, value=c.value, preemptible=c.preemptible)
-        for c in session.scalars(sa.select(PriorityClass))
+        P.PriorityClass(name=c.name, value=c.value, preemptible=c.preemptible) for c in class_rows
     )
+    # an eval job's rank beyond its queue's quota: its team's highest training class (docs/adr/0011)
+    eval_rank = {t.id: eval_rank_beyond_quota(class_rows, t) for t in team_rows}
     active_statuses = list(_POLICY_STATE)
     active = session.execute(
         sa.select(*_JOB_COLUMNS)
@@ -204,6 +211,7 @@ def _load(session: Session, now: datetime) -> tuple[P.Snapshot, dict[str, _Row]]
                 submit_time=j.created_at.timestamp(),
                 demand=_gangs_of_text(j.demand),
                 priority=j.priority,
+                borrow_priority=eval_rank.get(j.team_id) if j.priority_class == EVAL_PRIORITY_CLASS else None,
                 preemptible=j.preemptible,
                 state=_POLICY_STATE[status],  # type: ignore[arg-type]
                 placement=P.Placement(tuple(placed)) if placed else None,

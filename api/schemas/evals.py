@@ -85,7 +85,9 @@ class EvalCreate(BaseModel):
     )
     queue: str | None = None
     priority_class: str | None = Field(
-        None, description="Default: the team's highest granted preemptible class (an eval is high priority)."
+        None,
+        description="Default: `eval`, the eval jobs' class (before the team's training jobs, within its "
+        "quota; no grant needed). Or a class the team is granted, e.g. `low` for an eval that may wait.",
     )
     labels: Labels | None = None
 

@@ -137,8 +137,9 @@ def schedule(snapshot: Snapshot, *, config: PolicyConfig = DEFAULT_CONFIG) -> De
 def admission_order(p: PoolPass, now: float, config: PolicyConfig) -> list[JobView]:
     """Queued jobs of a pool, first to be served first.
 
-    1. rank: priority class, then service tier (`ranking.tier_function`) lowered by aging: among
-       equals, jobs that have had the least service go first;
+    1. rank: priority class (`borrow_priority` instead for a job that has one and would borrow), then
+       service tier (`ranking.tier_function`) lowered by aging: among equals, jobs that have had the least
+       service go first;
     2. smaller jobs first (fewer GPUs): most jobs are small, a wait hurts a short job most, and a
        big job's GPUs would keep many small ones waiting (aging bounds what big jobs pay);
     3. jobs that stay within their queue's nominal quota before jobs that would borrow;
@@ -163,8 +164,11 @@ def admission_order(p: PoolPass, now: float, config: PolicyConfig) -> list[JobVi
             tier -= min(int((now - since) // step), boost_cap)
         size = job.total_gpus
         borrows = used[q] + size > nominal[q]
+        prio = job.priority
+        if borrows and job.borrow_priority is not None:
+            prio = job.borrow_priority  # a class that counts within the queue's quota only
         return (
-            -job.priority,
+            -prio,
             tier,
             size if size_first else borrows,
             borrows if size_first else size,
@@ -299,7 +303,7 @@ def _preempt_for(
     if starving and config.starving_uses_aging:
         tier -= aging_boost(job, now, config)
     # Who may be taken depends on these alone; whether they suffice also on the demand.
-    rights = (job.queue, job.priority, tier, reclaim, starving)
+    rights = (job.queue, job.priority, _rank_beyond_queue(p, job), tier, reclaim, starving)
     key = (rights, job.demand, job.node_selector)
     if rights in failed or key in failed:
         return None
@@ -347,6 +351,15 @@ def _use_nomination(
     return "dropped"
 
 
+def _rank_beyond_queue(p: PoolPass, job: JobView) -> int:
+    """The job's priority against other queues' jobs: its class's, unless the class counts only within its
+    queue's quota (`borrow_priority`) and the job would borrow."""
+    bp = job.borrow_priority
+    if bp is None or p.quota.within_nominal(job.queue, job.total_gpus):
+        return job.priority
+    return bp
+
+
 def _may_reclaim(p: PoolPass, job: JobView, now: float, config: PolicyConfig) -> bool:
     return (
         config.preempt_to_reclaim
@@ -374,7 +387,10 @@ def _victims(
     """Victims for a blocked job, each with the reason, or None.
 
     Only preemptible jobs of the job's own queue, or of queues running on borrowed quota, are
-    ever taken (a queue within its nominal quota keeps its jobs). Among those, a job may take:
+    ever taken (a queue within its nominal quota keeps its jobs). Against other queues' jobs a job
+    with a `borrow_priority` that would borrow ranks at it, not at its class (`_rank_beyond_queue`: an
+    eval preempts its team's jobs by class, and takes back its queue's lent quota by class, but never
+    preempts another team's job by class to borrow). Among those, a job may take:
     - jobs of a lower priority class, at once;
     - jobs of its class at least `preempt_tier_gap` service tiers above its own (they have run
       more);
@@ -390,7 +406,8 @@ def _victims(
     quota = p.quota
     by_rank = config.preempt_for_priority
     facts = p.victim_facts(lambda running: _victim_facts(running, now, config))
-    prio = job.priority
+    own_prio = job.priority
+    other_prio = _rank_beyond_queue(p, job)
     own = job.queue
     borrowing = {q for q in quota.queues if q != own and quota.borrowing(q) > 0}
     respect_service = config.reclaim_respects_service
@@ -403,6 +420,7 @@ def _victims(
         if q != own and q not in borrowing:
             continue
         v_prio = v.priority
+        prio = own_prio if q == own else other_prio
         if by_rank and v_prio < prio:
             rules[v.id] = "class"
         elif loss > loss_bound or loss == _NEVER:

@@ -127,6 +127,11 @@ class JobView:
     submit_time: float
     demand: tuple[Gang, ...]
     priority: int = 0
+    # The job's rank beyond its queue's nominal quota, when its class counts only within it (None: `priority`
+    # everywhere). An eval job (docs/adr/0011-eval-priority-class.md) has the eval class's `priority` against
+    # its own queue's jobs and while it stays within nominal quota; where it would borrow, in the pool's order
+    # and against other queues' jobs, it ranks at this (its team's highest training class).
+    borrow_priority: int | None = None
     preemptible: bool = True
     state: JobState = "queued"
     placement: Placement | None = None

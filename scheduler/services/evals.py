@@ -1,8 +1,10 @@
 """CI evals (`/v1/evals`; docs/reference/evals.md): a model, eval sets with Relax's eval semantics and thresholds on
 their metrics, run as an eval-only job submitted through the job submission service (queue, scheduler, runtime
-as any job), at the team's highest granted class. The job's spec is Relax's run with no rollout left
-(`debug-rollout-only`, `start-rollout-id` = `num-rollout` = 1: it evaluates once, `runtime.eval.eval_only`); its
-paths (the model included: `artifacts://`, `job://`, uploads, grants) are resolved by the submission as any job's.
+as any job), at the built-in `eval` priority class (docs/adr/0011-eval-priority-class.md: before the team's
+training jobs, and preempting them, within the team's quota) unless the request names a class it is granted. The
+job's spec is Relax's run with no rollout left (`debug-rollout-only`, `start-rollout-id` = `num-rollout` = 1: it
+evaluates once, `runtime.eval.eval_only`); its paths (the model included: `artifacts://`, `job://`, uploads,
+grants) are resolved by the submission as any job's.
 
 Everything is checked before anything is written: a threshold on a metric the eval will not produce is refused
 naming the field, with the metrics it will produce. The verdict comes when the job ends
@@ -25,14 +27,13 @@ from sqlalchemy.orm import Session
 
 from scheduler.db.models import Checkpoint, Eval, Job, Team
 from scheduler.domain.errors import InvalidRequest, InvalidSpec, NotFound
-from scheduler.domain.evals import EvalOutcome, Verdict
+from scheduler.domain.evals import EVAL_PRIORITY_CLASS, EvalOutcome, Verdict
 from scheduler.domain.ids import new_id
 from scheduler.domain.jobs import JobStatus
 from scheduler.domain.roles import Action
 from scheduler.services.auth import Principal, team_for
 from scheduler.services.eval_verdicts import EVAL_LABEL, Threshold, parse_threshold
 from scheduler.services.paths import JOB, MAX_EVAL_CONFIG_BYTES, resolve_paths, team_storage
-from scheduler.services.platform import granted_priority_classes
 from scheduler.services.submission import Submission, judge_and_submit
 
 #: Relax parameters an eval may set beside its own fields (normalized names). What makes it eval-only (the
@@ -145,14 +146,15 @@ def create_eval(
         spec["eval_prompt_data"] = list(req.eval_prompt_data or [])
     eval_id = new_id("ev")
     name = req.name or _default_name(model)
-    classes = granted_priority_classes(reads, team)
     sub = Submission(
         name=name,
         team=req.team,
         queue=req.queue,
-        priority_class=req.priority_class or (classes[0] if classes else None),
+        # the eval class (no grant needed; docs/adr/0011-eval-priority-class.md), or a class the team is granted
+        priority_class=req.priority_class or EVAL_PRIORITY_CLASS,
         labels={**req.labels, EVAL_LABEL: eval_id},
         spec=spec,
+        eval_job=True,
     )
     try:
         job = judge_and_submit(session, reads, principal, sub, artifact_root=artifact_root, home=home)

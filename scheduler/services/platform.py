@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from scheduler.db.models import Allocation, Job, Node, Pool, PriorityClass, Queue, Team
 from scheduler.domain.errors import Conflict, InvalidRequest, NotFound
+from scheduler.domain.evals import EVAL_PRIORITY_CLASS
 from scheduler.domain.ids import new_id
 from scheduler.domain.jobs import HOLDING_SLOTS, JobStatus
 from scheduler.domain.roles import Action
@@ -232,18 +233,33 @@ def create_team(session: Session, principal: Principal, name: str) -> Team:
 
 # Teams and what they may use --------------------------------------------------------------------
 def granted_priority_classes(session: Session, team: Team) -> list[str]:
-    """The classes the team may submit at: its grant, or (none set) every preemptible class. A class
-    that is never preempted is only reachable by an admin's grant."""
+    """The classes the team may submit jobs at: its grant, or (none set) every preemptible class. A class
+    that is never preempted is only reachable by an admin's grant. The eval class is never among them: every
+    team's evals have it, and no plain job may use it (docs/adr/0011-eval-priority-class.md)."""
     return granted_among(list(session.scalars(sa.select(PriorityClass))), team)
 
 
 def granted_among(classes: list[PriorityClass], team: Team) -> list[str]:
     """`granted_priority_classes` from the classes read already (every one), highest value first."""
-    classes = sorted(classes, key=lambda c: c.value, reverse=True)
+    classes = sorted(
+        (c for c in classes if c.name != EVAL_PRIORITY_CLASS), key=lambda c: c.value, reverse=True
+    )
     if team.allowed_priority_classes is None:
         return [c.name for c in classes if c.preemptible]
     allowed = set(team.allowed_priority_classes)
     return [c.name for c in classes if c.name in allowed]
+
+
+def eval_rank_beyond_quota(classes: list[PriorityClass], team: Team) -> int | None:
+    """The priority an eval job of `team` has beyond its queue's nominal quota (`JobView.borrow_priority`):
+    its team's highest granted training class, never above the eval class (none granted: the lowest class).
+    None when there is no eval class."""
+    by_name = {c.name: c.value for c in classes}
+    top = by_name.get(EVAL_PRIORITY_CLASS)
+    if top is None:
+        return None
+    granted = [by_name[n] for n in granted_among(classes, team)]
+    return min(top, max(granted) if granted else min(by_name.values()))
 
 
 def granted_queues(session: Session, team: Team) -> list[str]:
@@ -295,7 +311,16 @@ def update_team(session: Session, principal: Principal, ref: str, changes: dict)
     if changes.get("allowed_priority_classes") is not None:
         known = set(session.scalars(sa.select(PriorityClass.name)))
         for name in changes["allowed_priority_classes"]:
-            if name not in known:
+            if name == EVAL_PRIORITY_CLASS:
+                issues.append(
+                    _field_issue(
+                        "allowed_priority_classes",
+                        f"the class {name!r} is not granted: every team's evals run at it, and jobs may not",
+                        "leave it out; a team's evals use it without a grant (POST /v1/evals), and may ask "
+                        "for a lower class they are granted",
+                    )
+                )
+            elif name not in known:
                 issues.append(
                     _field_issue(
                         "allowed_priority_classes",

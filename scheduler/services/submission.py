@@ -36,6 +36,7 @@ from scheduler.domain.errors import (
     NotFound,
     PermissionDenied,
 )
+from scheduler.domain.evals import EVAL_PRIORITY_CLASS
 from scheduler.domain.ids import new_id
 from scheduler.domain.jobs import JobStatus
 from scheduler.domain.roles import Action
@@ -236,6 +237,8 @@ class Submission:
     idempotency_key: str | None = None
     # Where `args` came from when the client resolved a launch script (provenance; never run here).
     launch_script: dict[str, Any] | None = None
+    # An eval's job (services/evals.py): the only submission that may run at the eval class.
+    eval_job: bool = False
 
 
 @dataclass(frozen=True)
@@ -280,7 +283,7 @@ class JobSubmission:
             return None
         queue = self._queue_for(principal, team, sub.queue)
         pool = PoolRef(queue.pool)
-        pclass = self._priority_class(principal, team, sub.priority_class)
+        pclass = self._priority_class(principal, team, sub.priority_class, eval_job=sub.eval_job)
         max_node = self._max_node(pool)
         normalized, submitted = self._normalize_spec(sub, max_node)
         self._refuse_what_cannot_run(normalized, pool)
@@ -322,7 +325,7 @@ class JobSubmission:
                 return existing, False
             queue = self._queue_for(principal, team, sub.queue)
             pool = PoolRef(queue.pool)
-            pclass = self._priority_class(principal, team, sub.priority_class)
+            pclass = self._priority_class(principal, team, sub.priority_class, eval_job=sub.eval_job)
 
             max_node = self._max_node(pool)
             if judged is not None and (judged.pool, judged.max_gpus_per_node) == (pool.name, max_node):
@@ -598,11 +601,33 @@ class JobSubmission:
             "fits_some_pool": any(fits_in[name] for name in nodes),
         }
 
-    def _priority_class(self, principal: Principal, team: Team, name: str | None) -> ClassRow:
+    def _priority_class(
+        self, principal: Principal, team: Team, name: str | None, *, eval_job: bool = False
+    ) -> ClassRow:
         """The class to submit at: one the team was granted (platform.granted_priority_classes), or
         403 naming it. Without a name: `normal`, or the team's highest granted class when `normal` is
-        not granted. Admins are not bound by a team's grant (they set it; the audit log shows it)."""
+        not granted. Admins are not bound by a team's grant (they set it; the audit log shows it). The eval
+        class is an eval job's without a grant, and no other job's, an admin's neither (422)."""
         classes = self._read_platform(team).classes  # one read for all, with the nodes and the grants
+        if name == EVAL_PRIORITY_CLASS and name in classes:
+            if eval_job:
+                return classes[name]
+            message = f"the priority class {name!r} is for eval jobs only"
+            raise InvalidRequest(
+                message,
+                code="priority_class.eval_only",
+                details={
+                    "issues": [
+                        {
+                            "code": "priority_class.eval_only",
+                            "field": "priority_class",
+                            "message": message,
+                            "hint": "run an eval with POST /v1/evals (`relaxctl eval`), which submits its job "
+                            "at this class; give a job a class the team is granted (GET /v1/teams/<team>)",
+                        }
+                    ]
+                },
+            )
         allowed = [] if principal.is_admin else granted_among(list(classes.values()), team)
         if name is None and not principal.is_admin and "normal" not in allowed and allowed:
             name = allowed[0]

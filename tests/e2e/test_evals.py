@@ -29,7 +29,7 @@ EVAL = [
 
 def test_an_eval_passes_and_one_fails_with_junit(platform: RunningPlatform, tmp_path: Path) -> None:
     c = RelaxClient(platform.url, platform.key)
-    # the team was granted `high` (never preempted, ahead of the queue's normal jobs): its evals run at it
+    # a team with an explicit grant (which cannot name `eval`): its evals still run at the eval class (ADR 0011)
     c.update_team("default", allowed_priority_classes=["high", "normal", "low"])
     started = time.monotonic()
     junit = tmp_path / "pass.xml"
@@ -52,7 +52,7 @@ def test_an_eval_passes_and_one_fails_with_junit(platform: RunningPlatform, tmp_
     score, pass2 = ev["metric_values"]["eval/arith"], ev["metric_values"]["eval/arith-pass@2"]
     assert 0.0 <= score <= 1.0 and pass2 >= score - 1e-9  # real rewards: pass@2 is at least the mean
     job = c.get_job(ev["job_id"])
-    assert job["spec"]["debug_rollout_only"] is True and job["priority_class"] == "high"
+    assert job["spec"]["debug_rollout_only"] is True and job["priority_class"] == "eval"
     rollouts = c.rollouts(ev["job_id"])
     assert rollouts and rollouts[0]["split"] == "eval" and rollouts[0]["num_samples"] > 0
     print(f"eval (tiny model, arith test, n=2) passed in {took:.1f}s: eval/arith={score:.3f}")

@@ -11,10 +11,15 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from scheduler.db.models import AuditEvent, Checkpoint, Eval, Job, Metric, PriorityClass, Team, utcnow
+from scheduler.dispatch import CeleryDispatcher
 from scheduler.domain import webhooks as wh
+from scheduler.domain.errors import InvalidRequest
 from scheduler.domain.jobs import FailureReason, JobStatus
+from scheduler.scheduling import run_scheduling_pass
+from scheduler.services import platform
+from scheduler.services.auth import Principal
 from scheduler.services.lifecycle import JobLifecycle
-from tests.factories import seed_area
+from tests.factories import grpo_spec, make_broker_app, make_job, seed_area
 from tests.integration import test_webhooks
 from tests.integration.test_webhooks import Receiver, World, _deliver_due
 
@@ -23,6 +28,7 @@ world = test_webhooks.world
 receiver = test_webhooks.receiver
 
 RUN = [("QUEUED", "ADMITTED"), ("ADMITTED", "STARTING"), ("STARTING", "RUNNING")]
+ADMIN = Principal(key_id="key_test", role="admin", team_id=None)
 
 
 def _seed(w: World, team: str) -> Path:
@@ -92,13 +98,10 @@ def test_an_eval_runs_as_a_high_priority_eval_only_job_and_ends_passed(
     assert spec["n_samples_per_eval_prompt"] == 4 and spec["log_passrate"] is True
     assert spec["rm_type"] == "math" and spec["eval_temperature"] == 0.0
     assert job["labels"]["relax.eval"] == ev["id"]
-    with w.db.session(read_only=True) as s:  # the team's highest granted class (preemptible: no grant needed)
-        classes = s.execute(
-            sa.select(PriorityClass.name, PriorityClass.value, PriorityClass.preemptible)
-        ).all()
-    highest = max((c for c in classes if c.preemptible), key=lambda c: c.value)
-    assert highest.value > min(c.value for c in classes)
-    assert (job["priority_class"], job["priority"]) == (highest.name, highest.value)
+    with w.db.session(read_only=True) as s:  # the eval class: above the classes a team trains at by default
+        classes = dict(s.execute(sa.select(PriorityClass.name, PriorityClass.value)).all())
+    assert (job["priority_class"], job["priority"]) == ("eval", classes["eval"])
+    assert classes["eval"] > max(classes[c] for c in ("low", "normal"))
 
     with w.db.session(read_only=True) as s:
         audit = s.scalars(sa.select(AuditEvent).where(AuditEvent.path == "/v1/evals")).all()
@@ -304,3 +307,78 @@ def test_the_eval_jobs_notify_urls_get_its_result_too(world: World, receiver: Re
     assert json.loads(got[0].body)["data"]["outcome"] == "passed"
     # and the job's status changes, as any job's --notify-urls
     assert {json.loads(g.body)["type"] for g in receiver.got} >= {"job.queued", "job.succeeded"}
+
+
+def _pass(w: World):  # type: ignore[no-untyped-def]
+    return run_scheduling_pass(w.db, CeleryDispatcher(make_broker_app(w.settings.broker_url, w.home)))
+
+
+def test_an_eval_preempts_the_teams_training_job_holding_its_slot_and_runs_first(world: World) -> None:
+    """docs/adr/0011: pool `local` of 2 slots; alpha's training job holds alpha's one (its nominal quota), omega's
+    the other. Alpha's eval, at the eval class, preempts alpha's job at once (it has run a moment, no checkpoint),
+    never omega's (within its quota), and runs first; the training job waits behind it."""
+    w = world
+    _seed(w, "alpha")
+    train = make_job(w.db, queue="alpha-q", name="train", artifact_root=w.settings.artifacts)
+    other = make_job(w.db, queue="omega-q", name="other", artifact_root=w.settings.artifacts)
+    assert set(_pass(w).admitted) == {train, other}
+    with w.db.session() as s:
+        svc = JobLifecycle(s)
+        for src, dst in RUN[1:]:
+            assert svc.transition(train, JobStatus(dst), expected_from=JobStatus(src), reason=f"to {dst}")
+    r = w.client.post("/v1/evals", json=_body(), headers=w.as_("alpha"))
+    assert r.status_code == 201, r.text
+    ev_job = r.json()["job_id"]
+    r = _pass(w)
+    assert r.preempted == [train] and ev_job in r.waiting and "preempting" in r.waiting[ev_job], r
+    with w.db.session() as s:
+        assert s.get(Job, other).status == JobStatus.ADMITTED
+        JobLifecycle(s).transition(
+            train, JobStatus.QUEUED, expected_from=JobStatus.PREEMPTING, reason="stopped"
+        )
+    r = _pass(w)
+    assert r.admitted == [ev_job] and not r.preempted and train in r.waiting, r
+    with w.db.session(read_only=True) as s:
+        assert (
+            s.get(Job, ev_job).status == JobStatus.ADMITTED and s.get(Job, train).status == JobStatus.QUEUED
+        )
+    # an eval may still ask for a lower class it is granted: it then waits as any job of that class
+    r = w.client.post("/v1/evals", json=_body(priority_class="low"), headers=w.as_("alpha"))
+    assert r.status_code == 201, r.text
+    low = w.client.get(f"/v1/jobs/{r.json()['job_id']}", headers=w.as_("alpha")).json()
+    assert (low["priority_class"], low["priority"]) == ("low", -100)
+    assert not _pass(w).preempted
+
+
+def test_the_eval_class_is_for_eval_jobs_only(world: World) -> None:
+    w = world
+    _seed(w, "alpha")
+    before = _counts(w)
+    r = w.client.post(
+        "/v1/jobs",
+        json={"name": "sneaky", "queue": "alpha-q", "priority_class": "eval", "spec": grpo_spec()},
+        headers=w.as_("alpha"),
+    )
+    assert r.status_code == 422, r.text
+    issue = r.json()["error"]["details"]["issues"][0]
+    assert (issue["field"], issue["code"]) == ("priority_class", "priority_class.eval_only")
+    assert "POST /v1/evals" in issue["hint"]
+    assert _counts(w) == before
+    # a team sees the classes it may submit jobs at: not the eval class, which its evals have without a grant
+    team = w.client.get("/v1/teams/alpha", headers=w.as_("alpha")).json()
+    assert "eval" not in team["priority_classes"] and "normal" in team["priority_classes"]
+    # an admin grants training classes; the eval class is not granted (every team's evals have it)
+    with w.db.session() as s:
+        try:
+            platform.update_team(s, ADMIN, "alpha", {"allowed_priority_classes": ["normal", "eval"]})
+            raise AssertionError("granted the eval class")
+        except InvalidRequest as err:
+            assert err.details["issues"][0]["field"] == "allowed_priority_classes"
+    with w.db.session() as s:  # a team with an explicit grant (without the eval class) still evals at it
+        platform.update_team(s, ADMIN, "alpha", {"allowed_priority_classes": ["low"]})
+    r = w.client.post("/v1/evals", json=_body(), headers=w.as_("alpha"))
+    assert r.status_code == 201, r.text
+    job = w.client.get(f"/v1/jobs/{r.json()['job_id']}", headers=w.as_("alpha")).json()
+    assert job["priority_class"] == "eval"
+    r = w.client.post("/v1/evals", json=_body(priority_class="normal"), headers=w.as_("alpha"))
+    assert r.status_code == 403 and r.json()["error"]["details"]["issues"][0]["field"] == "priority_class"

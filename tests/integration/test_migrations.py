@@ -149,3 +149,48 @@ def test_the_status_checks_list_the_members_of_job_status(db_url: str) -> None:
     assert set(found) == declared
     for values in found.values():
         assert sorted(values) == sorted(s.value for s in JobStatus)
+
+
+def test_0012_seeds_the_eval_class_and_down_moves_its_jobs_to_normal(db_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """0012 seeds the built-in `eval` priority class (docs/adr/0011); down, the jobs of that class move to
+    `normal` (keeping their stored value) and the class goes; an admin's class of that name takes its values."""
+    from scheduler.db.engine import Database
+    from tests.factories import bootstrap, make_job
+
+    def classes() -> dict:
+        engine = sa.create_engine(db_url)
+        try:
+            with engine.connect() as conn:
+                rows = conn.execute(sa.text("SELECT name, value, preemptible FROM priority_classes")).all()
+                return {r[0]: (r[1], bool(r[2])) for r in rows}
+        finally:
+            engine.dispose()
+
+    assert classes()["eval"] == (50, True)
+    assert classes()["eval"][0] > max(classes()[c][0] for c in ("low", "normal"))
+    db = Database(db_url)
+    try:
+        bootstrap(db, tmp_path)
+        job = make_job(db, priority_class="eval", artifact_root=tmp_path)
+    finally:
+        db.dispose()
+    downgrade(db_url, "0011")
+    assert "eval" not in classes()
+    engine = sa.create_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            row = conn.execute(
+                sa.text("SELECT priority_class, priority FROM jobs WHERE id = :j"), {"j": job}
+            ).one()
+            assert tuple(row) == ("normal", 50)
+            conn.execute(
+                sa.text(
+                    "INSERT INTO priority_classes (name, value, preemptible, created_at) "
+                    "VALUES ('eval', 7, false, CURRENT_TIMESTAMP)"
+                )
+            )
+    finally:
+        engine.dispose()
+    upgrade(db_url)
+    assert classes()["eval"] == (50, True)
+    assert _diff(db_url) == []

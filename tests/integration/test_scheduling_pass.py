@@ -258,3 +258,40 @@ def test_the_driver_gets_the_pass_allocations_on_their_ray_nodes(cluster: Databa
     # the actor's 16 GPUs replica by replica on the nodes the pass chose; the colocated rollout holds none of its own
     assert nodes == {"actor": [f"ray-{a.node}" for a in own for _ in range(a.gpus)]}
     assert {p["role"] for p in spec[PLACEMENT_KEY] if p["shared"]} == {"rollout"}
+
+
+@pytest.mark.parametrize("grant", [None, ["high", "normal"]], ids=["default-grant", "high-granted"])
+def test_an_eval_job_preempts_its_teams_training_job_and_borrows_only_as_its_training_class(
+    cluster: Database, tmp_path: Path, grant: list[str] | None
+) -> None:
+    """docs/adr/0011: the eval class ranks above the team's training jobs within its queue; where the eval would
+    borrow, it ranks at its team's highest granted training class against other queues' jobs (read by the pass
+    from the team's grant), so it never takes another team's borrowed job its training class could not."""
+    from scheduler.services.platform import update_queue, update_team
+
+    with cluster.session() as s:  # 8 of the 32 GPUs are nobody's: vision borrows them
+        for q in ("math", "vision"):
+            update_queue(s, ADMIN, q, {"nominal_gpus": 12})
+        update_team(s, ADMIN, "math", {"allowed_priority_classes": grant})
+    math = [make_job(cluster, queue="math", gpus_per_replica=4, name=f"m{i}") for i in range(3)]
+    vision = [
+        make_job(cluster, queue="vision", gpus_per_replica=g, name=f"v{g}-{i}")
+        for i, g in enumerate((8, 8, 4))
+    ]
+    r = run_scheduling_pass(cluster, _dispatcher(tmp_path))
+    assert set(r.admitted) == {*math, *vision}, r
+    # math at its nominal 12, vision borrowing 8, the pool full: math's eval would borrow 4
+    ev = make_job(cluster, queue="math", gpus_per_replica=4, priority_class="eval", name="eval")
+    r = run_scheduling_pass(cluster, _dispatcher(tmp_path))
+    assert ev in r.waiting and len(r.preempted) == 1, r
+    if grant is None:  # training at `normal`: vision's `normal` jobs are not its to take, its own team's are
+        assert r.preempted[0] in math
+    else:  # math may train at `high`: beyond its quota the eval ranks at min(eval, high) = eval
+        assert r.preempted == [vision[2]]
+    with cluster.session() as s:
+        JobLifecycle(s).transition(
+            r.preempted[0], "QUEUED", expected_from="PREEMPTING", reason="test: stopped"
+        )
+    r = run_scheduling_pass(cluster, _dispatcher(tmp_path))
+    assert r.admitted == [ev] and not r.preempted, r
+    _booked(cluster)

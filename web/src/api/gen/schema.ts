@@ -1488,7 +1488,7 @@ export interface components {
             pass_at_k?: boolean | null;
             /**
              * Priority Class
-             * @description Default: the team's highest granted preemptible class (an eval is high priority).
+             * @description Default: `eval`, the eval jobs' class (before the team's training jobs, within its quota; no grant needed). Or a class the team is granted, e.g. `low` for an eval that may wait.
              */
             priority_class?: string | null;
             /** Queue */
