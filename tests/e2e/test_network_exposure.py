@@ -173,8 +173,10 @@ def test_nothing_listens_beyond_loopback_and_nothing_answers_without_credentials
     ]
     request.addfinalizer(lambda: [a.kill() for a in attempts if a.poll() is None])
 
-    # A job whose roles are up: trainer and engine server (the built-in SGLang-protocol server).
+    # A job whose roles are up: trainer and engine server (the built-in SGLang-protocol server). Not colocated:
+    # a colocated job hosts its engine inside the trainer's actor, with no server to probe.
     spec = dict(yaml.safe_load((ROOT / "examples" / "grpo-arith.yaml").read_text())["spec"])
+    spec["colocate"] = False
     for key in ("save", "save-interval", "save-hf", "eval-interval", "eval-prompt-data"):
         spec.pop(key)
     spec |= {"hf-checkpoint": "artifacts://models/tiny", "ref-load": "artifacts://models/tiny"}
