@@ -80,6 +80,26 @@ def environment(service: dict[str, Any]) -> dict[str, str]:
     return {k: "" if v is None else str(v) for k, v in env.items()}
 
 
+def image_env(target: str) -> dict[str, str]:
+    """The `ENV` of a Dockerfile stage and of the stages it is built `FROM` (a container's environment before
+    the service's own)."""
+    stages: dict[str, tuple[str, dict[str, str]]] = {}
+    current = None
+    for line in (ROOT / "Dockerfile").read_text().replace("\\\n", " ").splitlines():
+        m = re.match(r"FROM (\S+) AS (\S+)", line)
+        if m:
+            current = m.group(2)
+            stages[current] = (m.group(1), {})
+        elif line.startswith("ENV ") and current:
+            stages[current][1].update(re.findall(r"(\w+)=(\S+)", line))
+    env: dict[str, str] = {}
+    while target in stages:
+        base, own = stages[target]
+        env = own | env
+        target = base
+    return env
+
+
 def entrypoint_roles() -> set[str]:
     """The roles docker/entrypoint.sh's `case` knows (its `a|b)` arms), without the catch-all."""
     text = ENTRYPOINT.read_text()

@@ -28,7 +28,7 @@ import redis
 import sqlalchemy as sa
 
 from api.app import WEB_DIST
-from tests.compose_spec import ENTRYPOINT, ROOT, environment, load, read_env_file
+from tests.compose_spec import ENTRYPOINT, ROOT, environment, image_env, load, read_env_file
 from tests.conftest import REDIS_URL, _drop_schema, _postgres_schema_url
 from tests.factories import grpo_spec, seed_area
 
@@ -121,7 +121,9 @@ class Topology:
         env["PATH"] = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
         hosts = {"http://proxy:8400": self.url("api-1"), "http://api-1:8400": self.url("api-1")}
         hosts |= {"http://api-2:8400": self.url("api-2"), "http://ray-head:8265": CLOSED_PORT}
-        for key, value in environment(self.services[name]).items():
+        service = self.services[name]
+        # the image's ENV, then the service's environment
+        for key, value in (image_env(service["build"]["target"]) | environment(service)).items():
             if key == "RELAX_DATABASE_URL":
                 assert "@postgres:5432/" in value, value
                 value = self.db_url
@@ -259,21 +261,23 @@ def test_two_apis_and_two_schedulers_never_double_book(topology: Topology) -> No
         assert r.status_code == 201, r.text
         return str(r.json()["id"])
 
-    with ThreadPoolExecutor(8) as pool:
-        ids = list(pool.map(submit, range(JOBS)))
-    # each is admitted, launched on the pool's (absent) Ray by the worker, fails there and frees its slots
-    deadline = time.time() + 90
-    with engine.connect() as conn:
-        while time.time() < deadline:
-            ended = conn.execute(
-                sa.text("SELECT count(*) FROM jobs WHERE status IN ('FAILED', 'CANCELLED', 'SUCCEEDED')")
-            ).scalar_one()
-            conn.commit()
-            if ended == JOBS:
-                break
-            time.sleep(0.3)
-    stop.set()
-    poller.join(5)
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            ids = list(pool.map(submit, range(JOBS)))
+        # each is admitted, launched on the pool's (absent) Ray by the worker, fails there and frees its slots
+        deadline = time.time() + 90
+        with engine.connect() as conn:
+            while time.time() < deadline:
+                ended = conn.execute(
+                    sa.text("SELECT count(*) FROM jobs WHERE status IN ('FAILED', 'CANCELLED', 'SUCCEEDED')")
+                ).scalar_one()
+                conn.commit()
+                if ended == JOBS:
+                    break
+                time.sleep(0.3)
+    finally:
+        stop.set()
+        poller.join(5)
     print(
         f"startup {t_submit - t0:.1f} s, {JOBS} jobs through both APIs to their ends {time.time() - t_submit:.1f} s"
     )
