@@ -388,6 +388,9 @@ class Roles:
     # the rollout engines live in the trainer's rank actors (`EngineKind.IN_TRAINER`): `rollout.actors` are
     # `train.actors`, weights go in place, and each actor takes its own turns
     engines_in_trainer: bool = False
+    # `--offload-train` / `--offload-rollout`: which side releases its memory during the other's turn
+    offload_train: bool = True
+    offload_rollout: bool = True
 
     @property
     def takes_turns(self) -> bool:
@@ -411,8 +414,10 @@ class Roles:
             self.train.use_for_rollout()  # per `--offload-train` / `--offload-rollout`
         elif self.takes_turns:
             assert self.train is not None and self.rollout is not None
-            self.train.offload()
-            self.rollout.onload()
+            if self.offload_train:
+                self.train.offload()
+            if self.offload_rollout:
+                self.rollout.onload()
 
     def use_for_training(self) -> None:
         if self.engines_in_trainer:
@@ -420,8 +425,10 @@ class Roles:
             self.train.use_for_training()
         elif self.takes_turns:
             assert self.train is not None and self.rollout is not None
-            self.rollout.offload()
-            self.train.onload()
+            if self.offload_rollout:
+                self.rollout.offload()
+            if self.offload_train:
+                self.train.onload()
 
     def before_engine_push(self) -> None:
         """Before the engines take new weights: engines of their own take them in their turn (onloaded,
@@ -754,4 +761,6 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
             plan.colocate and plan.with_train and engine_actors and plan.external_engines
         ),
         engines_in_trainer=in_trainer,
+        offload_train=plan.offload_train,
+        offload_rollout=plan.offload_rollout,
     )

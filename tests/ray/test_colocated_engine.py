@@ -125,3 +125,32 @@ def test_engine_in_the_trainer_matches_the_separate_engine(
     ):
         assert ours[name] == pytest.approx(theirs[name], rel=1e-6, abs=1e-7), name
     assert max(ours["rollout/logprob_abs_diff"].values()) < 1e-3
+
+
+def test_fastgen_in_the_trainer_takes_every_push_exactly(
+    ray_local, artifacts: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine a CUDA rank hosts by default (fastgen: flat weight buffer, offloaded to host and back
+    each turn), here on CPU: the same hand-over, version by version, exact."""
+    monkeypatch.delenv("RELAX_ROLLOUT_ENGINE", raising=False)
+    monkeypatch.setenv("RELAX_ROLLOUT_BACKEND", "fastgen")
+    raw = {**colocated_spec(artifacts, tmp_path), "num-rollout": 3, "update-weights-interval": 2}
+    spec = driver.load_job_spec(raw, name="fastgen", normalized=False)
+    reporter = LocalReporter(tmp_path / "report")
+    pipeline = build_pipeline(spec, reporter)
+    try:
+        assert isinstance(pipeline, RLPipeline) and pipeline.roles.train is not None
+        assert ray.get(pipeline.roles.train.actors[0].ready.remote())["engine"] == "FastGenEngine"
+        check = WeightCheck(pipeline)
+        reporter.add_sink(check)  # type: ignore[arg-type]
+        driver.run_rl(pipeline, pipeline.resume())
+        # pushed after step 1 only (every 2 rollouts; the version skips to 2): exact then, stale otherwise
+        assert check.versions == {0: 0, 1: 2, 2: 2}
+        assert check.mismatch[1] == 0.0 and check.mismatch[0] > 0.0
+        (calls,) = pipeline.roles.train.memory_calls()
+        assert calls[:1] == ["train.offload"] and calls.count("engine.offload") == 3
+    finally:
+        pipeline.close()
+        reporter.close(timeout=5, final="exit 0: finished")
+    metrics = read_metrics(tmp_path / "report")
+    assert metrics["rollout/weight_version"] == {0: 0, 1: 0, 2: 2}
