@@ -245,6 +245,16 @@ def test_two_apis_and_two_schedulers_never_double_book(topology: Topology) -> No
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
     t_submit = time.time()
+    # meanwhile, the schedulers' health check as compose runs it (`$$` is `$` once interpolated)
+    kind, check = top.services["scheduler-1"]["healthcheck"]["test"]
+    assert kind == "CMD-SHELL"
+    health = subprocess.Popen(
+        ["sh", "-c", check],
+        cwd=ROOT,
+        env=top.env("scheduler-1"),
+        stdout=open(top.tmp / "healthcheck.log", "wb"),
+        stderr=subprocess.STDOUT,
+    )
 
     # many jobs of 1-3 slots at once, half through each replica
     def submit(i: int) -> str:
@@ -306,6 +316,7 @@ def test_two_apis_and_two_schedulers_never_double_book(topology: Topology) -> No
     holders = {p.holder for p in passes}
     schedulers = {f"{host}:{top.procs[n].pid}" for n in ("scheduler-1", "scheduler-2")}
     assert holders == schedulers, (holders, schedulers)
+    assert health.wait(60) == 0, (top.tmp / "healthcheck.log").read_text()
 
     # the ledger is no instrument that cannot fail: a slot handed twice is caught
     with engine.begin() as conn:
