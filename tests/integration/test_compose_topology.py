@@ -317,6 +317,9 @@ def test_two_apis_and_two_schedulers_never_double_book(topology: Topology) -> No
     schedulers = {f"{host}:{top.procs[n].pid}" for n in ("scheduler-1", "scheduler-2")}
     assert holders == schedulers, (holders, schedulers)
     assert health.wait(60) == 0, (top.tmp / "healthcheck.log").read_text()
+    # and either replica finds the platform ready: database, broker, the schedulers' and the worker's heartbeats
+    ready = httpx.get(top.url("api-2") + "/readyz", timeout=10)
+    assert ready.status_code == 200 and ready.json()["database"] == "postgresql", ready.text
 
     # the ledger is no instrument that cannot fail: a slot handed twice is caught
     with engine.begin() as conn:
