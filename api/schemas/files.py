@@ -3,13 +3,24 @@ shapes (ids, `object`, unix-second times), with the platform's own fields beside
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from scheduler.db.models import FileUpload, FileUploadPart, StoredFile
 from scheduler.domain.files import FileStatus, UploadStatus
 from scheduler.services.files import upload_status
+
+
+def _named(row: StoredFile | FileUpload) -> dict[str, Any]:
+    """The fields a file and an upload show alike: its id, size, creation time, name and purpose."""
+    return {
+        "id": row.id,
+        "bytes": row.bytes,
+        "created_at": int(row.created_at.timestamp()),
+        "filename": row.filename,
+        "purpose": row.purpose,
+    }
 
 
 class FilePublic(BaseModel):
@@ -38,11 +49,7 @@ class FilePublic(BaseModel):
     def of(cls, row: StoredFile) -> FilePublic:
         folder = row.archive_entries is not None
         return cls(
-            id=row.id,
-            bytes=row.bytes,
-            created_at=int(row.created_at.timestamp()),
-            filename=row.filename,
-            purpose=row.purpose,
+            **_named(row),
             team_id=row.team_id,
             content_type=row.content_type,
             sha256=row.sha256,
@@ -101,11 +108,7 @@ class UploadPublic(BaseModel):
     @classmethod
     def of(cls, row: FileUpload, file: StoredFile | None = None) -> UploadPublic:
         return cls(
-            id=row.id,
-            bytes=row.bytes,
-            created_at=int(row.created_at.timestamp()),
-            filename=row.filename,
-            purpose=row.purpose,
+            **_named(row),
             status=upload_status(row),
             expires_at=int(row.expires_at.timestamp()),
             mime_type=row.mime_type,
