@@ -2,6 +2,7 @@
 // (`#/evals?model=<model_key>`). Evals are run by CI with `relaxctl eval --wait --junit`.
 import { useQuery } from "@tanstack/react-query";
 import { type EvalPublic, evalsQuery } from "../api/evals";
+import { DataTable } from "../components/common/DataTable";
 import { ErrorPanel } from "../components/common/ErrorPanel";
 import { Loading } from "../components/common/Loading";
 import { MetricChart } from "../components/jobs/MetricChart";
@@ -34,39 +35,39 @@ function ModelsView() {
       {evals.isError ? <ErrorPanel error={evals.error} /> : null}
       {evals.data && !models.length ? <p className="muted">No eval yet.</p> : null}
       {models.length ? (
-        <div className="panel table-wrap" style={{ padding: 0 }}>
-          <table data-testid="eval-models">
-            <caption className="sr-only">Models and their latest eval</caption>
-            <thead>
-              <tr>
-                <th scope="col">Model</th>
-                <th scope="col">Latest</th>
-                <th scope="col">Thresholds</th>
-                <th scope="col" className="num">Passed</th>
-                <th scope="col" className="num">Failed</th>
-                <th scope="col" className="num">Error</th>
-                <th scope="col">When</th>
-              </tr>
-            </thead>
-            <tbody>
-              {models.map((m) => (
-                <tr key={m.model}>
-                  <td className="mono">
-                    <a href={buildHash(["evals"], { model: m.model })}>{m.model}</a>
-                  </td>
-                  <td>
-                    <Outcome outcome={m.latest.outcome} />
-                  </td>
-                  <td className="small">{m.latest.thresholds.map(describeThreshold).join("; ")}</td>
-                  <td className="num">{m.counts.passed}</td>
-                  <td className="num">{m.counts.failed}</td>
-                  <td className="num">{m.counts.error}</td>
-                  <td className="nowrap small">{formatTime(m.latest.created_at)}</td>
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </div>
+        <DataTable
+          className="panel table-wrap"
+          style={{ padding: 0 }}
+          testId="eval-models"
+          caption="Models and their latest eval"
+          head={
+            <>
+              <th scope="col">Model</th>
+              <th scope="col">Latest</th>
+              <th scope="col">Thresholds</th>
+              <th scope="col" className="num">Passed</th>
+              <th scope="col" className="num">Failed</th>
+              <th scope="col" className="num">Error</th>
+              <th scope="col">When</th>
+            </>
+          }
+        >
+          {models.map((m) => (
+            <tr key={m.model}>
+              <td className="mono">
+                <a href={buildHash(["evals"], { model: m.model })}>{m.model}</a>
+              </td>
+              <td>
+                <Outcome outcome={m.latest.outcome} />
+              </td>
+              <td className="small">{m.latest.thresholds.map(describeThreshold).join("; ")}</td>
+              <td className="num">{m.counts.passed}</td>
+              <td className="num">{m.counts.failed}</td>
+              <td className="num">{m.counts.error}</td>
+              <td className="nowrap small">{formatTime(m.latest.created_at)}</td>
+            </tr>
+          ))}
+        </DataTable>
       ) : null}
     </div>
   );
@@ -102,56 +103,56 @@ function ModelHistoryView({ model }: { model: string }) {
         </section>
       ) : null}
       {history.length ? (
-        <div className="panel table-wrap" style={{ padding: 0 }}>
-          <table data-testid="eval-history">
-            <caption className="sr-only">Evals of {model}, newest first</caption>
-            <thead>
-              <tr>
-                <th scope="col">When</th>
-                <th scope="col">Eval</th>
-                {withSteps ? <th scope="col" className="num">Step</th> : null}
-                <th scope="col">Verdict</th>
-                <th scope="col">Thresholds</th>
-                <th scope="col">Metrics</th>
-                <th scope="col">Job</th>
-              </tr>
-            </thead>
-            <tbody>
-              {[...history].reverse().map((ev) => (
-                <tr key={ev.id}>
-                  <td className="nowrap small">{formatTime(ev.created_at)}</td>
-                  <td>
-                    {ev.name} <span className="muted small mono">{ev.id}</span>
-                  </td>
-                  {withSteps ? <td className="num">{stepOf(ev) ?? "—"}</td> : null}
-                  <td>
-                    <Outcome outcome={ev.outcome} />
-                    {ev.reason ? <div className="muted small">{ev.reason}</div> : null}
-                  </td>
-                  <td className="small">
-                    {ev.thresholds.map((t) => (
-                      <div key={`${t.metric}${t.op}${t.value}`}>
-                        <span className={`status status-${t.verdict === "pass" ? "SUCCEEDED" : t.verdict === "pending" ? "QUEUED" : "FAILED"}`}>
-                          {t.verdict}
-                        </span>{" "}
-                        {describeThreshold(t)}
-                      </div>
-                    ))}
-                  </td>
-                  <td className="small mono">
-                    {Object.entries(ev.metric_values)
-                      .filter(([name]) => !name.includes("/", "eval/".length))
-                      .map(([name, value]) => `${name}=${formatMetric(value)}`)
-                      .join(", ") || "—"}
-                  </td>
-                  <td className="mono small">
-                    <a href={buildHash(["jobs", ev.job_id])}>{ev.job_id}</a>
-                  </td>
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </div>
+        <DataTable
+          className="panel table-wrap"
+          style={{ padding: 0 }}
+          testId="eval-history"
+          caption={<>Evals of {model}, newest first</>}
+          head={
+            <>
+              <th scope="col">When</th>
+              <th scope="col">Eval</th>
+              {withSteps ? <th scope="col" className="num">Step</th> : null}
+              <th scope="col">Verdict</th>
+              <th scope="col">Thresholds</th>
+              <th scope="col">Metrics</th>
+              <th scope="col">Job</th>
+            </>
+          }
+        >
+          {[...history].reverse().map((ev) => (
+            <tr key={ev.id}>
+              <td className="nowrap small">{formatTime(ev.created_at)}</td>
+              <td>
+                {ev.name} <span className="muted small mono">{ev.id}</span>
+              </td>
+              {withSteps ? <td className="num">{stepOf(ev) ?? "—"}</td> : null}
+              <td>
+                <Outcome outcome={ev.outcome} />
+                {ev.reason ? <div className="muted small">{ev.reason}</div> : null}
+              </td>
+              <td className="small">
+                {ev.thresholds.map((t) => (
+                  <div key={`${t.metric}${t.op}${t.value}`}>
+                    <span className={`status status-${t.verdict === "pass" ? "SUCCEEDED" : t.verdict === "pending" ? "QUEUED" : "FAILED"}`}>
+                      {t.verdict}
+                    </span>{" "}
+                    {describeThreshold(t)}
+                  </div>
+                ))}
+              </td>
+              <td className="small mono">
+                {Object.entries(ev.metric_values)
+                  .filter(([name]) => !name.includes("/", "eval/".length))
+                  .map(([name, value]) => `${name}=${formatMetric(value)}`)
+                  .join(", ") || "—"}
+              </td>
+              <td className="mono small">
+                <a href={buildHash(["jobs", ev.job_id])}>{ev.job_id}</a>
+              </td>
+            </tr>
+          ))}
+        </DataTable>
       ) : null}
     </div>
   );

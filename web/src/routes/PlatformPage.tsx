@@ -2,6 +2,7 @@
 import { useQuery } from "@tanstack/react-query";
 import { poolsQuery, queuesQuery } from "../api/platform";
 import { Bar } from "../components/common/Bar";
+import { DataTable } from "../components/common/DataTable";
 import { ErrorPanel } from "../components/common/ErrorPanel";
 import { Loading } from "../components/common/Loading";
 import { buildHash } from "../lib/router";
@@ -54,62 +55,59 @@ export function PlatformPage() {
               Ray: <code>{p.ray_address}</code>
             </div>
           ) : null}
-          <div className="table-wrap">
-            <table>
-              <caption className="sr-only">Nodes of {p.name}</caption>
-              <thead>
-                <tr>
-                  <th scope="col">Node</th>
-                  <th scope="col">State</th>
-                  <th scope="col" className="num">Allocated</th>
-                  <th scope="col" style={{ width: "30%" }}>
-                    Usage
-                  </th>
-                  <th scope="col">Jobs</th>
-                  <th scope="col">Labels</th>
-                </tr>
-              </thead>
-              <tbody>
-                {p.nodes.map((n) => {
-                  const st = nodeState(n);
-                  return (
-                    <tr key={n.name}>
-                      <td className="mono">{n.name}</td>
-                      <td>
-                        <span className={`status status-${st.cls}`}>{st.text}</span>
-                      </td>
-                      <td className="num">
-                        {n.allocated_gpus} / {n.gpus}
-                      </td>
-                      <td>
-                        <Bar value={n.allocated_gpus} max={n.gpus} label={`${n.name} usage`} />
-                      </td>
-                      <td className="mono small">
-                        {(n.jobs ?? []).length || n.other_gpus
-                          ? (n.jobs ?? []).map((j, i) => (
-                              <span key={j.job_id}>
-                                {i ? ", " : null}
-                                <a href={buildHash(["jobs", j.job_id])}>{j.job_id}</a> ({j.gpus})
-                              </span>
-                            ))
-                          : "—"}
-                        {n.other_gpus ? (
-                          <span className="muted" data-testid="other-gpus">
-                            {(n.jobs ?? []).length ? ", " : null}other teams ({n.other_gpus})
+          <DataTable
+            caption={<>Nodes of {p.name}</>}
+            head={
+              <>
+                <th scope="col">Node</th>
+                <th scope="col">State</th>
+                <th scope="col" className="num">Allocated</th>
+                <th scope="col" style={{ width: "30%" }}>
+                  Usage
+                </th>
+                <th scope="col">Jobs</th>
+                <th scope="col">Labels</th>
+              </>
+            }
+          >
+            {p.nodes.map((n) => {
+              const st = nodeState(n);
+              return (
+                <tr key={n.name}>
+                  <td className="mono">{n.name}</td>
+                  <td>
+                    <span className={`status status-${st.cls}`}>{st.text}</span>
+                  </td>
+                  <td className="num">
+                    {n.allocated_gpus} / {n.gpus}
+                  </td>
+                  <td>
+                    <Bar value={n.allocated_gpus} max={n.gpus} label={`${n.name} usage`} />
+                  </td>
+                  <td className="mono small">
+                    {(n.jobs ?? []).length || n.other_gpus
+                      ? (n.jobs ?? []).map((j, i) => (
+                          <span key={j.job_id}>
+                            {i ? ", " : null}
+                            <a href={buildHash(["jobs", j.job_id])}>{j.job_id}</a> ({j.gpus})
                           </span>
-                        ) : null}
-                      </td>
-                      <td className="mono small">
-                        {Object.entries(n.labels ?? {})
-                          .map(([k, v]) => `${k}=${v}`)
-                          .join(", ") || "—"}
-                      </td>
-                    </tr>
-                  );
-                })}
-              </tbody>
-            </table>
-          </div>
+                        ))
+                      : "—"}
+                    {n.other_gpus ? (
+                      <span className="muted" data-testid="other-gpus">
+                        {(n.jobs ?? []).length ? ", " : null}other teams ({n.other_gpus})
+                      </span>
+                    ) : null}
+                  </td>
+                  <td className="mono small">
+                    {Object.entries(n.labels ?? {})
+                      .map(([k, v]) => `${k}=${v}`)
+                      .join(", ") || "—"}
+                  </td>
+                </tr>
+              );
+            })}
+          </DataTable>
         </section>
       ))}
 
@@ -117,58 +115,58 @@ export function PlatformPage() {
       {queues.isPending ? <Loading /> : null}
       {queues.isError ? <ErrorPanel error={queues.error} /> : null}
       {queues.data ? (
-        <div className="panel table-wrap" style={{ padding: 0 }}>
-          <table data-testid="queues">
-            <caption className="sr-only">Queues</caption>
-            <thead>
-              <tr>
-                <th scope="col">Queue</th>
-                <th scope="col">Team</th>
-                <th scope="col">Pool</th>
-                <th scope="col" className="num">Used / nominal</th>
-                <th scope="col" style={{ width: "22%" }}>
-                  Quota
-                </th>
-                <th scope="col" className="num">Borrow limit</th>
-                <th scope="col" className="num">Lend limit</th>
-                <th scope="col" className="num">Weight</th>
-                <th scope="col" className="num">Running</th>
-                <th scope="col" className="num">Queued jobs (GPUs)</th>
-              </tr>
-            </thead>
-            <tbody>
-              {queues.data.map((q) => (
-                <tr key={q.name}>
-                  <td>
-                    <a href={buildHash(["jobs"], { queue: q.name })}>{q.name}</a>
-                  </td>
-                  <td>{q.team}</td>
-                  <td>{q.pool}</td>
-                  <td className="num">
-                    {q.used_gpus} / {q.nominal_gpus}
-                  </td>
-                  <td>
-                    <Bar value={q.used_gpus} max={q.nominal_gpus} label={`${q.name} quota use`} />
-                    {q.borrowed_gpus > 0 ? <span className="small muted">borrowing {q.borrowed_gpus}</span> : null}
-                  </td>
-                  <td className="num">{q.borrowing_limit ?? "none"}</td>
-                  <td className="num">{q.lending_limit ?? "none"}</td>
-                  <td className="num">{q.weight}</td>
-                  <td className="num">{q.running_jobs}</td>
-                  <td className="num">
-                    {q.queued_jobs ? (
-                      <a href={buildHash(["jobs"], { queue: q.name, status: ["QUEUED"] })}>
-                        {q.queued_jobs} ({q.queued_gpus})
-                      </a>
-                    ) : (
-                      0
-                    )}
-                  </td>
-                </tr>
-              ))}
-            </tbody>
-          </table>
-        </div>
+        <DataTable
+          className="panel table-wrap"
+          style={{ padding: 0 }}
+          testId="queues"
+          caption="Queues"
+          head={
+            <>
+              <th scope="col">Queue</th>
+              <th scope="col">Team</th>
+              <th scope="col">Pool</th>
+              <th scope="col" className="num">Used / nominal</th>
+              <th scope="col" style={{ width: "22%" }}>
+                Quota
+              </th>
+              <th scope="col" className="num">Borrow limit</th>
+              <th scope="col" className="num">Lend limit</th>
+              <th scope="col" className="num">Weight</th>
+              <th scope="col" className="num">Running</th>
+              <th scope="col" className="num">Queued jobs (GPUs)</th>
+            </>
+          }
+        >
+          {queues.data.map((q) => (
+            <tr key={q.name}>
+              <td>
+                <a href={buildHash(["jobs"], { queue: q.name })}>{q.name}</a>
+              </td>
+              <td>{q.team}</td>
+              <td>{q.pool}</td>
+              <td className="num">
+                {q.used_gpus} / {q.nominal_gpus}
+              </td>
+              <td>
+                <Bar value={q.used_gpus} max={q.nominal_gpus} label={`${q.name} quota use`} />
+                {q.borrowed_gpus > 0 ? <span className="small muted">borrowing {q.borrowed_gpus}</span> : null}
+              </td>
+              <td className="num">{q.borrowing_limit ?? "none"}</td>
+              <td className="num">{q.lending_limit ?? "none"}</td>
+              <td className="num">{q.weight}</td>
+              <td className="num">{q.running_jobs}</td>
+              <td className="num">
+                {q.queued_jobs ? (
+                  <a href={buildHash(["jobs"], { queue: q.name, status: ["QUEUED"] })}>
+                    {q.queued_jobs} ({q.queued_gpus})
+                  </a>
+                ) : (
+                  0
+                )}
+              </td>
+            </tr>
+          ))}
+        </DataTable>
       ) : null}
     </div>
   );

@@ -3,6 +3,7 @@ import { usePoolAccelerators } from "../../api/platform";
 import type { JobDetail } from "../../api/types";
 import { describeFailure, formatDuration, formatProgress, formatRelative, formatTime, isTerminal, parseTime, runDuration, slotNoun, waitDuration } from "../../lib/format";
 import { Bar } from "../common/Bar";
+import { DataTable } from "../common/DataTable";
 import { StatusBadge } from "../common/StatusBadge";
 import { useNow } from "../common/useNow";
 
@@ -128,29 +129,28 @@ export function JobHeader({ job }: { job: JobDetail }) {
           ) : null}
         </dl>
         {(job.allocations ?? []).length ? (
-          <div className="table-wrap" style={{ marginTop: 12 }}>
-            <table>
-              <caption style={{ textAlign: "left", fontWeight: 600, paddingBottom: 4 }}>Allocation</caption>
-              <thead>
-                <tr>
-                  <th scope="col">Pool</th>
-                  <th scope="col">Node</th>
-                  <th scope="col">Role</th>
-                  <th scope="col" className="num">{slotNoun(accelerator)}</th>
-                </tr>
-              </thead>
-              <tbody>
-                {(job.allocations ?? []).map((a, i) => (
-                  <tr key={i}>
-                    <td>{a.pool}</td>
-                    <td>{a.node}</td>
-                    <td>{a.role}</td>
-                    <td className="num">{a.gpus}</td>
-                  </tr>
-                ))}
-              </tbody>
-            </table>
-          </div>
+          <DataTable
+            style={{ marginTop: 12 }}
+            caption="Allocation"
+            captionStyle={{ textAlign: "left", fontWeight: 600, paddingBottom: 4 }}
+            head={
+              <>
+                <th scope="col">Pool</th>
+                <th scope="col">Node</th>
+                <th scope="col">Role</th>
+                <th scope="col" className="num">{slotNoun(accelerator)}</th>
+              </>
+            }
+          >
+            {(job.allocations ?? []).map((a, i) => (
+              <tr key={i}>
+                <td>{a.pool}</td>
+                <td>{a.node}</td>
+                <td>{a.role}</td>
+                <td className="num">{a.gpus}</td>
+              </tr>
+            ))}
+          </DataTable>
         ) : null}
       </div>
     </div>
