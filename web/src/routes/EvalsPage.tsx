@@ -36,8 +36,7 @@ function ModelsView() {
       {evals.data && !models.length ? <p className="muted">No eval yet.</p> : null}
       {models.length ? (
         <DataTable
-          className="panel table-wrap"
-          style={{ padding: 0 }}
+          panel
           testId="eval-models"
           caption="Models and their latest eval"
           head={
@@ -104,8 +103,7 @@ function ModelHistoryView({ model }: { model: string }) {
       ) : null}
       {history.length ? (
         <DataTable
-          className="panel table-wrap"
-          style={{ padding: 0 }}
+          panel
           testId="eval-history"
           caption={<>Evals of {model}, newest first</>}
           head={

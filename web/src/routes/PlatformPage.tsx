@@ -116,8 +116,7 @@ export function PlatformPage() {
       {queues.isError ? <ErrorPanel error={queues.error} /> : null}
       {queues.data ? (
         <DataTable
-          className="panel table-wrap"
-          style={{ padding: 0 }}
+          panel
           testId="queues"
           caption="Queues"
           head={

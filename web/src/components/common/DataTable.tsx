@@ -1,5 +1,6 @@
 // A table in its scrolling wrapper: a caption (for screen readers only, unless it is given a style), a header
-// row and the body's rows. Pages' tables share it so that each writes only its own cells.
+// row and the body's rows; `panel`: on a panel of its own, edge to edge. Pages' tables share it so that each
+// writes only its own cells.
 import type { CSSProperties, ReactNode } from "react";
 
 export function DataTable({
@@ -8,7 +9,7 @@ export function DataTable({
   head,
   children,
   testId,
-  className = "table-wrap",
+  panel = false,
   style,
 }: {
   caption: ReactNode;
@@ -16,11 +17,11 @@ export function DataTable({
   head: ReactNode;
   children: ReactNode;
   testId?: string;
-  className?: string;
+  panel?: boolean;
   style?: CSSProperties;
 }) {
   return (
-    <div className={className} style={style}>
+    <div className={panel ? "panel table-wrap" : "table-wrap"} style={panel ? { padding: 0, ...style } : style}>
       <table data-testid={testId}>
         <caption className={captionStyle ? undefined : "sr-only"} style={captionStyle}>
           {caption}
