@@ -156,6 +156,20 @@ def flags_of(*names: str) -> tuple[str, ...]:
     return tuple(FIELDS[n].flag for n in names)
 
 
+def exclusive(code: str, a: str, b: str, *, message: str, summary: str, rl_only: bool = False) -> Rule:
+    """A rule that refuses flags `a` and `b` set together: the error `message`, hinting to keep one of them.
+
+    rl_only: an SFT job is not checked (the flags mean nothing there).
+    """
+    a_name, b_name = FIELDS_BY_FLAG[a], FIELDS_BY_FLAG[b]
+
+    def refuse_both(ctx: RuleContext) -> None:
+        if not (rl_only and ctx.is_sft) and ctx.values[a_name] and ctx.values[b_name]:
+            ctx.error(message, "keep one of them")
+
+    return rule(code, a, b, summary=summary)(refuse_both)
+
+
 def defaults_to(code: str, target: str, source: str, *, only_if_set: bool = False) -> Rule:
     """A rule that derives an unset `target` (a flag) from `source`'s value: ``--target defaults to --source``.
 

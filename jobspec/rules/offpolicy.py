@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jobspec.rules.context import RuleContext, rule
+from jobspec.rules.context import RuleContext, exclusive, rule
 
 
 @rule(
@@ -16,18 +16,14 @@ def get_mismatch_metrics_needs_tis_function(ctx: RuleContext) -> None:
         ctx.error("--get-mismatch-metrics needs --custom-tis-function-path", "set --custom-tis-function-path")
 
 
-@rule(
+rollout_logprobs_and_tis_exclusive = exclusive(
     "rule.rollout_logprobs_and_tis_exclusive",
     "use-rollout-logprobs",
     "use-tis",
+    message="--use-rollout-logprobs and --use-tis are both set (TIS corrects toward the actor's log-probs)",
     summary="--use-rollout-logprobs and --use-tis cannot both be set.",
+    rl_only=True,
 )
-def rollout_logprobs_and_tis_exclusive(ctx: RuleContext) -> None:
-    if not ctx.is_sft and ctx.use_rollout_logprobs and ctx.use_tis:
-        ctx.error(
-            "--use-rollout-logprobs and --use-tis are both set (TIS corrects toward the actor's log-probs)",
-            "keep one of them",
-        )
 
 
 @rule(
@@ -55,19 +51,15 @@ def rollout_routing_replay_implies_routing_replay(ctx: RuleContext) -> None:
         ctx.derive("use_routing_replay", True)
 
 
-@rule(
+partial_rollout_and_rollout_routing_replay = exclusive(
     "rule.partial_rollout_and_rollout_routing_replay",
     "partial-rollout",
     "use-rollout-routing-replay",
+    message="--partial-rollout (partly off-policy samples) and --use-rollout-routing-replay (exact "
+    "train/inference routing) cannot be combined",
     summary="--partial-rollout and --use-rollout-routing-replay are mutually exclusive.",
+    rl_only=True,
 )
-def partial_rollout_and_rollout_routing_replay(ctx: RuleContext) -> None:
-    if not ctx.is_sft and ctx.partial_rollout and ctx.use_rollout_routing_replay:
-        ctx.error(
-            "--partial-rollout (partly off-policy samples) and --use-rollout-routing-replay (exact train/inference "
-            "routing) cannot be combined",
-            "keep one of them",
-        )
 
 
 @rule(
@@ -87,14 +79,10 @@ def partial_rollout_options(ctx: RuleContext) -> None:
         )
 
 
-@rule(
+freeze_lists_exclusive = exclusive(
     "rule.freeze_lists_exclusive",
     "only-train-params-name-list",
     "freeze-params-name-list",
+    message="--only-train-params-name-list and --freeze-params-name-list are both set",
     summary="--only-train-params-name-list and --freeze-params-name-list are mutually exclusive.",
 )
-def freeze_lists_exclusive(ctx: RuleContext) -> None:
-    if ctx.only_train_params_name_list and ctx.freeze_params_name_list:
-        ctx.error(
-            "--only-train-params-name-list and --freeze-params-name-list are both set", "keep one of them"
-        )
