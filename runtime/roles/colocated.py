@@ -81,6 +81,9 @@ class ColocatedActor(TrainActor):
         self.engine_index = engine_index
         self.engine = colocated_engine(hf_checkpoint, device=Device.detect(), max_batch_size=max_batch_size)
         self.sync = InPlaceWeightSync(self.engine)
+        from runtime.rollout.engine import TorchRolloutEngine
+
+        self._seeds_torch = isinstance(self.engine, TorchRolloutEngine)
         self.offload_train = offload_train
         self.offload_rollout = offload_rollout
         self._calls: list[str] = []
@@ -104,8 +107,10 @@ class ColocatedActor(TrainActor):
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, budgets: list[int] | None = None
     ) -> list[GenerationResult]:
-        # the engine seeds torch's generator per call: the trainer's random stream stays its own, as when
-        # the engine has a process of its own
+        if not self._seeds_torch:  # fastgen draws from generators of its own (and may replay CUDA graphs)
+            return self.engine.generate(prompts, params, budgets)
+        # the HF engine seeds torch's global generators per call: the trainer's random stream stays its
+        # own, as when the engine has a process of its own
         cuda = self.engine.torch_device.type == "cuda"
         with torch.random.fork_rng(devices=[self.engine.torch_device] if cuda else []):
             return self.engine.generate(prompts, params, budgets)
