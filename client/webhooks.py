@@ -67,20 +67,28 @@ def webhooks_delete(c: RelaxClient, webhook_id: str) -> None:
     cmd.out.print(f"deleted {w['id']} ({w['url']})")
 
 
+def _set_disabled(c: RelaxClient, webhook_id: str, disabled: bool) -> None:
+    w = c.update_webhook(webhook_id, disabled=disabled)
+    cmd.out.print(f"{'disabled' if disabled else 'enabled'} {w['id']} ({w['url']})")
+
+
 @webhooks_app.command("disable")
 @api_call()
 def webhooks_disable(c: RelaxClient, webhook_id: str) -> None:
     """Stop sending to an endpoint (what it has pending fails); `enable` resumes."""
-    w = c.update_webhook(webhook_id, disabled=True)
-    cmd.out.print(f"disabled {w['id']} ({w['url']})")
+    _set_disabled(c, webhook_id, True)
 
 
 @webhooks_app.command("enable")
 @api_call()
 def webhooks_enable(c: RelaxClient, webhook_id: str) -> None:
     """Send to a disabled endpoint again (events from now on)."""
-    w = c.update_webhook(webhook_id, disabled=False)
-    cmd.out.print(f"enabled {w['id']} ({w['url']})")
+    _set_disabled(c, webhook_id, False)
+
+
+# the options of both delivery listings
+DeliveryStateOpt = Annotated[str | None, typer.Option(help="pending, delivered or failed.")]
+DeliveryLimitOpt = Annotated[int, typer.Option(min=1, max=500, help="How many, newest first.")]
 
 
 def _deliveries_table(data: list[dict], *, urls: bool = False) -> Table:  # type: ignore[type-arg]
@@ -118,8 +126,8 @@ def _deliveries_table(data: list[dict], *, urls: bool = False) -> Table:  # type
 def webhooks_deliveries(
     c: RelaxClient,
     webhook_id: str,
-    state: Annotated[str | None, typer.Option(help="pending, delivered or failed.")] = None,
-    limit: Annotated[int, typer.Option(min=1, max=500, help="How many, newest first.")] = 50,
+    state: DeliveryStateOpt = None,
+    limit: DeliveryLimitOpt = 50,
 ) -> Table:
     """The endpoint's messages, newest first: attempts, last answer, next try."""
     return _deliveries_table(c.webhook_deliveries(webhook_id, state=state, limit=limit)["data"])
@@ -142,8 +150,8 @@ def webhooks_job(c: RelaxClient, job_id: str) -> None:
 def webhooks_job_deliveries(
     c: RelaxClient,
     job_id: str,
-    state: Annotated[str | None, typer.Option(help="pending, delivered or failed.")] = None,
-    limit: Annotated[int, typer.Option(min=1, max=500, help="How many, newest first.")] = 50,
+    state: DeliveryStateOpt = None,
+    limit: DeliveryLimitOpt = 50,
 ) -> Table:
     """The messages to a job's --notify-urls, newest first: URL, attempts, last answer, next try."""
     data = c.job_notification_deliveries(job_id, state=state, limit=limit)["data"]
