@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 
 from api.deps import AuditDep, PrincipalDep, SessionDep, SettingsDep
 from api.schemas import ERROR_RESPONSES
@@ -29,6 +29,15 @@ DeliveryCursor = Annotated[
     str | None, Query(max_length=40, description="Id of the last delivery of the previous page.")
 ]
 PageLimit = Annotated[int, Query(ge=1, le=500)]
+
+
+def _delivery_query(
+    state: DeliveryState = None, after: DeliveryCursor = None, limit: PageLimit = 50
+) -> dict[str, Any]:
+    return {"state": state, "after": after, "limit": limit}
+
+
+DeliveryQuery = Annotated[dict[str, Any], Depends(_delivery_query)]
 
 
 @router.post("", status_code=201, response_model=WebhookCreated)
@@ -76,18 +85,11 @@ def get_job_notifications(
 
 @router.get("/jobs/{job_id}/deliveries", response_model=WebhookDeliveriesPage)
 def list_job_notification_deliveries(
-    job_id: str,
-    session: SessionDep,
-    principal: PrincipalDep,
-    state: DeliveryState = None,
-    after: DeliveryCursor = None,
-    limit: PageLimit = 50,
+    job_id: str, session: SessionDep, principal: PrincipalDep, query: DeliveryQuery
 ) -> WebhookDeliveriesPage:
     """The messages to the job's --notify-urls, newest first: each one's URL, payload, attempts and how it
     ended."""
-    rows, cursor = webhooks.list_job_deliveries(
-        session, principal, job_id, state=state, after=after, limit=limit
-    )
+    rows, cursor = webhooks.list_job_deliveries(session, principal, job_id, **query)
     return _deliveries_page(rows, cursor)
 
 
@@ -122,17 +124,10 @@ def delete_webhook(
 
 @router.get("/{webhook_id}/deliveries", response_model=WebhookDeliveriesPage)
 def list_webhook_deliveries(
-    webhook_id: str,
-    session: SessionDep,
-    principal: PrincipalDep,
-    state: DeliveryState = None,
-    after: DeliveryCursor = None,
-    limit: PageLimit = 50,
+    webhook_id: str, session: SessionDep, principal: PrincipalDep, query: DeliveryQuery
 ) -> WebhookDeliveriesPage:
     """The endpoint's messages, newest first: each one's payload, attempts and how it ended."""
-    rows, cursor = webhooks.list_deliveries(
-        session, principal, webhook_id, state=state, after=after, limit=limit
-    )
+    rows, cursor = webhooks.list_deliveries(session, principal, webhook_id, **query)
     return _deliveries_page(rows, cursor)
 
 
