@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query
 
@@ -33,11 +33,11 @@ PageLimit = Annotated[int, Query(ge=1, le=500)]
 
 def _delivery_query(
     state: DeliveryState = None, after: DeliveryCursor = None, limit: PageLimit = 50
-) -> dict[str, Any]:
-    return {"state": state, "after": after, "limit": limit}
+) -> webhooks.DeliveryQuery:
+    return webhooks.DeliveryQuery(state=state, after=after, limit=limit)
 
 
-DeliveryQuery = Annotated[dict[str, Any], Depends(_delivery_query)]
+DeliveryQuery = Annotated[webhooks.DeliveryQuery, Depends(_delivery_query)]
 
 
 @router.post("", status_code=201, response_model=WebhookCreated)
@@ -89,7 +89,7 @@ def list_job_notification_deliveries(
 ) -> WebhookDeliveriesPage:
     """The messages to the job's --notify-urls, newest first: each one's URL, payload, attempts and how it
     ended."""
-    rows, cursor = webhooks.list_job_deliveries(session, principal, job_id, **query)
+    rows, cursor = webhooks.list_job_deliveries(session, principal, job_id, query)
     return _deliveries_page(rows, cursor)
 
 
@@ -127,7 +127,7 @@ def list_webhook_deliveries(
     webhook_id: str, session: SessionDep, principal: PrincipalDep, query: DeliveryQuery
 ) -> WebhookDeliveriesPage:
     """The endpoint's messages, newest first: each one's payload, attempts and how it ended."""
-    rows, cursor = webhooks.list_deliveries(session, principal, webhook_id, **query)
+    rows, cursor = webhooks.list_deliveries(session, principal, webhook_id, query)
     return _deliveries_page(rows, cursor)
 
 

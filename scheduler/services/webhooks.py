@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -189,31 +190,34 @@ def delete_endpoint(session: Session, principal: Principal, endpoint_id: str) ->
     return endpoint
 
 
+@dataclass(frozen=True)
+class DeliveryQuery:
+    """A page of a delivery log: its deliveries of `state` (all, if None), newest first, older than the id
+    `after` (the last of the previous page), at most `limit`."""
+
+    state: str | None = None
+    after: str | None = None
+    limit: int = 50
+
+
 def list_deliveries(
-    session: Session,
-    principal: Principal,
-    endpoint_id: str,
-    *,
-    state: str | None = None,
-    after: str | None = None,
-    limit: int = 50,
+    session: Session, principal: Principal, endpoint_id: str, query: DeliveryQuery = DeliveryQuery()
 ) -> tuple[list[WebhookDelivery], str | None]:
-    """An endpoint's deliveries, newest first; `after` is the last id of the previous page."""
+    """A page of an endpoint's deliveries, and the next page's cursor."""
     endpoint = get_endpoint(session, principal, endpoint_id)
-    return _deliveries_page(
-        session, WebhookDelivery.endpoint_id == endpoint.id, state=state, after=after, limit=limit
-    )
+    return _deliveries_page(session, WebhookDelivery.endpoint_id == endpoint.id, query)
 
 
 def _deliveries_page(
-    session: Session, where: sa.ColumnElement[bool], *, state: str | None, after: str | None, limit: int
+    session: Session, where: sa.ColumnElement[bool], query: DeliveryQuery
 ) -> tuple[list[WebhookDelivery], str | None]:
-    """A page of the deliveries `where` picks (of `state`, if given), newest first, and the next page's cursor."""
+    """The `query`'s page of the deliveries `where` picks, and the next page's cursor."""
+    limit = query.limit
     q = sa.select(WebhookDelivery).where(where).order_by(WebhookDelivery.id.desc()).limit(limit + 1)
-    if state is not None:
-        q = q.where(WebhookDelivery.state == state)
-    if after is not None:
-        q = q.where(WebhookDelivery.id < after)
+    if query.state is not None:
+        q = q.where(WebhookDelivery.state == query.state)
+    if query.after is not None:
+        q = q.where(WebhookDelivery.id < query.after)
     rows = list(session.scalars(q))
     return rows[:limit], rows[limit - 1].id if len(rows) > limit else None
 
@@ -288,18 +292,12 @@ def job_notifications(
 
 
 def list_job_deliveries(
-    session: Session,
-    principal: Principal,
-    job_id: str,
-    *,
-    state: str | None = None,
-    after: str | None = None,
-    limit: int = 50,
+    session: Session, principal: Principal, job_id: str, query: DeliveryQuery = DeliveryQuery()
 ) -> tuple[list[WebhookDelivery], str | None]:
-    """The messages to a job's `--notify-urls`, newest first; `after` is the last id of the previous page."""
+    """A page of the messages to a job's `--notify-urls`, and the next page's cursor."""
     job = _notified_job(session, principal, job_id)
     where = sa.and_(WebhookDelivery.job_id == job.id, WebhookDelivery.endpoint_id.is_(None))
-    return _deliveries_page(session, where, state=state, after=after, limit=limit)
+    return _deliveries_page(session, where, query)
 
 
 def job_payload(job: Job, event_type: str, at: datetime, previous: JobStatus | None) -> dict[str, Any]:
