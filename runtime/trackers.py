@@ -26,7 +26,7 @@ import os
 import secrets
 import string
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -206,23 +206,25 @@ class Trackers:
     def _close_tensorboard(self) -> None:
         tb, self._tb = self._tb, None
         if tb is not None:
-            try:
-                tb.close()
-            except Exception as err:  # noqa: BLE001
-                log.warning("TensorBoard: closing failed (%s)", err)
+            _quietly(tb.close, "TensorBoard: closing")
 
     def _close_wandb(self) -> None:
         run, self._wandb_run = self._wandb_run, None
         if run is not None:
-            try:
-                run.finish()
-            except Exception as err:  # noqa: BLE001
-                log.warning("W&B: finishing the run failed (%s)", err)
+            _quietly(run.finish, "W&B: finishing the run")
 
     def close(self) -> None:
         with self._lock:
             self._close_tensorboard()
             self._close_wandb()
+
+
+def _quietly(close: Callable[[], Any], what: str) -> None:
+    """Run `close`; a failure is only logged (`what` failed), as nothing is lost that the API lacks."""
+    try:
+        close()
+    except Exception as err:  # noqa: BLE001
+        log.warning("%s failed (%s)", what, err)
 
 
 def open_trackers(
