@@ -151,6 +151,8 @@ def create_app(
         fine_tuning.router,
     ):
         app.include_router(router)
+    if not settings.api.otel:  # FastAPI's telemetry spans the handler the fast path leaves out
+        jobs.install_submit_fast_path(app)
 
     if (WEB_DIST / "index.html").exists():
         app.mount("/", StaticFiles(directory=WEB_DIST, html=True), name="dashboard")

@@ -157,3 +157,54 @@ def test_list_filters(api, query: str, names: list[str]) -> None:  # type: ignor
     assert [j["name"] for j in first["data"]] == ["c", "b"] and first["next_cursor"] == ids["b"]
     rest = client.get(f"/v1/jobs?limit=2&after={first['next_cursor']}").json()
     assert [j["name"] for j in rest["data"]] == ["a"] and rest["next_cursor"] is None
+
+
+def test_submit_fast_path_answers_as_fastapis_handler(api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`POST /v1/jobs` with a plain JSON body is served past FastAPI's handler (api.routes.jobs
+    `_fast_submit_app`); any other body goes through it. Both give the same answers: 201 with the job, 200 for a
+    repeated Idempotency-Key, and the same 422 for a refused body (its field named)."""
+    import json
+
+    from api.routes import jobs
+
+    client, _, _ = api
+    member = _member(client)
+    fast: list[bool] = []
+    judged = jobs._fast_fields
+    monkeypatch.setattr(jobs, "_fast_fields", lambda s, b: fast.append((r := judged(s, b)) is not None) or r)
+
+    def post(body: object, content_type: str, key: str | None = None):  # type: ignore[no-untyped-def]
+        headers = {**member, "Content-Type": content_type} | ({"Idempotency-Key": key} if key else {})
+        return client.post("/v1/jobs", content=json.dumps(body), headers=headers)
+
+    answers = {}
+    for i, content_type in enumerate(("application/json", "application/json; charset=utf-8")):
+        fast.clear()
+        created = post({"spec": grpo_spec(), "name": f"j{i}"}, content_type, key=content_type)
+        again = post({"spec": grpo_spec(), "name": f"j{i}"}, content_type, key=content_type)
+        refused = post({"spec": grpo_spec(), "nmae": "j"}, content_type)
+        long_key = post({"spec": grpo_spec()}, content_type, key="k" * 201)
+        no_key = client.post(
+            "/v1/jobs",
+            content=json.dumps({"spec": grpo_spec()}),
+            headers={"Content-Type": content_type, "Authorization": ""},
+        )
+        assert fast == (
+            [True, True, False, False, True] if content_type == "application/json" else [False] * 5
+        )
+        assert (created.status_code, again.status_code) == (201, 200), created.text
+        assert again.json()["id"] == created.json()["id"]
+        assert created.headers["content-type"] == "application/json" and created.headers.get("x-request-id")
+        answers[content_type] = (
+            sorted(created.json()),
+            created.json()["spec"] == again.json()["spec"],
+            refused.status_code,
+            {k: v for k, v in refused.json()["error"].items() if k != "request_id"},
+            long_key.status_code,
+            long_key.json()["error"]["details"],
+            no_key.status_code,
+            no_key.json()["error"]["code"],
+        )
+    assert answers["application/json"] == answers["application/json; charset=utf-8"]
+    assert answers["application/json"][2] == 422 and answers["application/json"][4] == 422
+    assert answers["application/json"][6] == 401
