@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -27,6 +27,8 @@ from scheduler.domain.jobs import JobStatus
 from scheduler.domain.roles import Action
 from scheduler.services.auth import Principal, team_for
 from scheduler.transactions import after_commit
+
+_Row = TypeVar("_Row", WebhookEndpoint, Job)
 
 log = logging.getLogger("relax.webhooks")
 
@@ -134,12 +136,17 @@ def list_endpoints(
     return list(session.scalars(q))
 
 
-def get_endpoint(session: Session, principal: Principal, endpoint_id: str) -> WebhookEndpoint:
+def _managed(session: Session, principal: Principal, model: type[_Row], row_id: str, what: str) -> _Row:
+    """The `model` row `row_id` of a team the caller manages webhooks of; else `<what>.not_found`."""
     principal.require(MANAGE)
-    endpoint = session.get(WebhookEndpoint, endpoint_id)
-    if endpoint is None or not principal.can_see_team(endpoint.team_id):
-        raise NotFound(f"webhook {endpoint_id} not found", code="webhook.not_found")
-    return endpoint
+    row = session.get(model, row_id)
+    if row is None or not principal.can_see_team(row.team_id):
+        raise NotFound(f"{what} {row_id} not found", code=f"{what}.not_found")
+    return row
+
+
+def get_endpoint(session: Session, principal: Principal, endpoint_id: str) -> WebhookEndpoint:
+    return _managed(session, principal, WebhookEndpoint, endpoint_id, "webhook")
 
 
 def update_endpoint(
@@ -274,11 +281,7 @@ def notify_urls(spec: dict[str, Any] | None) -> list[str]:
 
 
 def _notified_job(session: Session, principal: Principal, job_id: str) -> Job:
-    principal.require(MANAGE)
-    job = session.get(Job, job_id)
-    if job is None or not principal.can_see_team(job.team_id):
-        raise NotFound(f"job {job_id} not found", code="job.not_found")
-    return job
+    return _managed(session, principal, Job, job_id, "job")
 
 
 def job_notifications(
