@@ -89,6 +89,12 @@ class RuleContext:
         """Those of these fields whose value is not their default, in the order given."""
         return [n for n in names if self.non_default(n)]
 
+    def warn_unless(self, needs: str, *names: str, **how: Any) -> None:
+        """`warn_ignored` for those of `names` (fields) not at their default, unless the flag --`needs` is on;
+        `how`: warn_ignored's why, hint, rule_fields."""
+        if not self.values[FIELDS_BY_FLAG[needs]]:
+            self.warn_ignored(self.non_defaults(*names), needs, **how)
+
     def warn_ignored(
         self,
         used: list[str],

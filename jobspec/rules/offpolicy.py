@@ -70,13 +70,13 @@ partial_rollout_and_rollout_routing_replay = exclusive(
     summary="Partial-rollout options need --partial-rollout (warning).",
 )
 def partial_rollout_options(ctx: RuleContext) -> None:
-    if not ctx.partial_rollout:
-        ctx.warn_ignored(
-            ctx.non_defaults("partial_rollout_max_aborted_count", "mask_offpolicy_in_partial_rollout"),
-            "partial-rollout",
-            hint="add --partial-rollout or remove them",
-            rule_fields=True,
-        )
+    ctx.warn_unless(
+        "partial-rollout",
+        "partial_rollout_max_aborted_count",
+        "mask_offpolicy_in_partial_rollout",
+        hint="add --partial-rollout or remove them",
+        rule_fields=True,
+    )
 
 
 freeze_lists_exclusive = exclusive(

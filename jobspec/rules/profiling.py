@@ -34,7 +34,8 @@ def sglang_profile_steps(ctx: RuleContext) -> None:
             "add the missing bound",
             fields=("sglang-profile-step-start", "sglang-profile-step-end"),
         )
-    names = (
+    ctx.warn_unless(
+        "sglang-profile",
         "sglang_profile_steps",
         "sglang_profile_step_start",
         "sglang_profile_step_end",
@@ -45,8 +46,6 @@ def sglang_profile_steps(ctx: RuleContext) -> None:
         "sglang_profile_with_stack",
         "sglang_profile_record_shapes",
     )
-    if not ctx.sglang_profile:
-        ctx.warn_ignored(ctx.non_defaults(*names), "sglang-profile")
 
 
 @rule(
@@ -63,7 +62,8 @@ def profile_step_range(ctx: RuleContext) -> None:
             "(both inclusive)",
             "use start <= end",
         )
-    names = (
+    ctx.warn_unless(
+        "use-pytorch-profiler",
         "profile_step_start",
         "profile_step_end",
         "profile_target",
@@ -71,8 +71,6 @@ def profile_step_range(ctx: RuleContext) -> None:
         "profile_with_memory",
         "profile_with_flops",
     )
-    if not ctx.use_pytorch_profiler:
-        ctx.warn_ignored(ctx.non_defaults(*names), "use-pytorch-profiler")
 
 
 @rule(
@@ -83,8 +81,6 @@ def profile_step_range(ctx: RuleContext) -> None:
     summary="Memory snapshot options need --record-memory-history (warning).",
 )
 def memory_snapshot_needs_history(ctx: RuleContext) -> None:
-    if not ctx.record_memory_history:
-        ctx.warn_ignored(
-            ctx.non_defaults("memory_snapshot_num_steps", "memory_snapshot_dir", "memory_snapshot_path"),
-            "record-memory-history",
-        )
+    ctx.warn_unless(
+        "record-memory-history", "memory_snapshot_num_steps", "memory_snapshot_dir", "memory_snapshot_path"
+    )

@@ -53,14 +53,15 @@ def conversation_key_map_needs_no_label_key(ctx: RuleContext) -> None:
     summary="--prefetch-* options only apply with --use-streaming-dataset (warning).",
 )
 def prefetch_needs_streaming_dataset(ctx: RuleContext) -> None:
-    if not ctx.use_streaming_dataset:
-        ctx.warn_ignored(
-            ctx.non_defaults("prefetch_chunk_size", "prefetch_max_cached", "prefetch_num_workers"),
-            "use-streaming-dataset",
-            why="only apply with --use-streaming-dataset (multimodal data)",
-            hint="add --use-streaming-dataset or remove them",
-            rule_fields=True,
-        )
+    ctx.warn_unless(
+        "use-streaming-dataset",
+        "prefetch_chunk_size",
+        "prefetch_max_cached",
+        "prefetch_num_workers",
+        why="only apply with --use-streaming-dataset (multimodal data)",
+        hint="add --use-streaming-dataset or remove them",
+        rule_fields=True,
+    )
 
 
 @rule(
@@ -188,18 +189,14 @@ def sticky_routing_needs_slime_router(ctx: RuleContext) -> None:
     summary="SlimeRouter options need --use-slime-router, and the sticky idle timeout needs sticky routing (warning).",
 )
 def slime_router_options(ctx: RuleContext) -> None:
-    names = (
+    ctx.warn_unless(
+        "use-slime-router",
         "slime_router_middleware_paths",
         "slime_router_timeout",
         "slime_router_max_connections",
         "slime_router_health_check_failure_threshold",
+        hint="add --use-slime-router or remove them",
     )
-    if not ctx.use_slime_router:
-        ctx.warn_ignored(
-            ctx.non_defaults(*names),
-            "use-slime-router",
-            hint="add --use-slime-router or remove them",
-        )
     if ctx.non_default("slime_router_sticky_idle_secs") and not ctx.slime_router_sticky:
         ctx.warn(
             "--slime-router-sticky-idle-secs only applies with --slime-router-sticky",
