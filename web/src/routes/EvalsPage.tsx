@@ -5,6 +5,7 @@ import { type EvalPublic, evalsQuery } from "../api/evals";
 import { DataTable } from "../components/common/DataTable";
 import { ErrorPanel } from "../components/common/ErrorPanel";
 import { Loading } from "../components/common/Loading";
+import { PageHead } from "../components/common/PageHead";
 import { MetricChart } from "../components/jobs/MetricChart";
 import { describeThreshold, groupByModel, metricSeries, verdictClass } from "../lib/evals";
 import { formatMetric, formatTime } from "../lib/format";
@@ -24,13 +25,11 @@ function ModelsView() {
   const models = groupByModel(evals.data ?? []);
   return (
     <div>
-      <div className="page-head">
-        <h1>Evals</h1>
-        <span className="spacer" />
+      <PageHead title="Evals">
         <span className="muted small">
           run by CI: <code>relaxctl eval … --wait --junit out.xml</code>
         </span>
-      </div>
+      </PageHead>
       {evals.isPending ? <Loading /> : null}
       {evals.isError ? <ErrorPanel error={evals.error} /> : null}
       {evals.data && !models.length ? <p className="muted">No eval yet.</p> : null}
@@ -81,13 +80,15 @@ function ModelHistoryView({ model }: { model: string }) {
   const withSteps = history.some((ev) => stepOf(ev) !== null); // a job's exports and checkpoints
   return (
     <div>
-      <div className="page-head">
-        <h1>
-          Evals of <code>{model}</code>
-        </h1>
-        <span className="spacer" />
+      <PageHead
+        title={
+          <>
+            Evals of <code>{model}</code>
+          </>
+        }
+      >
         <a href={buildHash(["evals"])}>All models</a>
-      </div>
+      </PageHead>
       {evals.isPending ? <Loading /> : null}
       {evals.isError ? <ErrorPanel error={evals.error} /> : null}
       {evals.data && !history.length ? <p className="muted">No eval of this model.</p> : null}

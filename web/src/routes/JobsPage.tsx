@@ -5,6 +5,7 @@ import { jobsListQuery } from "../api/jobs";
 import { JOB_STATUSES, type JobStatus } from "../api/types";
 import { ErrorPanel } from "../components/common/ErrorPanel";
 import { Loading } from "../components/common/Loading";
+import { PageHead } from "../components/common/PageHead";
 import { useNow } from "../components/common/useNow";
 import { JobsTable } from "../components/jobs/JobsTable";
 import { formatRelative } from "../lib/format";
@@ -58,9 +59,7 @@ export function JobsPage({ route }: { route: Route }) {
 
   return (
     <div>
-      <div className="page-head">
-        <h1>Jobs</h1>
-        <span className="spacer" />
+      <PageHead title="Jobs">
         <label className="check small">
           <input type="checkbox" checked={live} onChange={(e) => go({ live: e.target.checked ? undefined : "0" }, { keepPage: true })} />
           Auto-refresh
@@ -75,7 +74,7 @@ export function JobsPage({ route }: { route: Route }) {
         <a className="button" href="#/submit">
           Submit a job
         </a>
-      </div>
+      </PageHead>
 
       <div className="panel" style={{ marginBottom: 14 }}>
         <form className="toolbar" onSubmit={onSearch} style={{ marginBottom: 8 }} role="search" aria-label="Filter jobs">

@@ -5,6 +5,7 @@ import { Bar } from "../components/common/Bar";
 import { DataTable } from "../components/common/DataTable";
 import { ErrorPanel } from "../components/common/ErrorPanel";
 import { Loading } from "../components/common/Loading";
+import { PageHead } from "../components/common/PageHead";
 import { buildHash } from "../lib/router";
 
 function nodeState(n: { alive: boolean; cordoned: boolean }): { text: string; cls: string } {
@@ -18,11 +19,9 @@ export function PlatformPage() {
   const queues = useQuery(queuesQuery());
   return (
     <div>
-      <div className="page-head">
-        <h1>Pools &amp; queues</h1>
-        <span className="spacer" />
+      <PageHead title="Pools & queues">
         <span className="muted small">refreshes every 5 s</span>
-      </div>
+      </PageHead>
 
       <h2>Pools</h2>
       {pools.isPending ? <Loading /> : null}

@@ -8,6 +8,7 @@ import { queuesQuery, usePoolAccelerators } from "../api/platform";
 import { useValidateSpec } from "../api/specs";
 import type { JobCreate, SpecValidate, SpecValidation } from "../api/types";
 import { ErrorPanel, IssueList } from "../components/common/ErrorPanel";
+import { PageHead } from "../components/common/PageHead";
 import { DemandView } from "../components/jobs/DemandView";
 import { buildSubmission, type EditorMode, jobDocument } from "../lib/submission";
 import { buildHash, navigate, type Route } from "../lib/router";
@@ -163,11 +164,9 @@ export function SubmitPage({ route }: { route: Route }) {
 
   return (
     <div onKeyDown={onKey}>
-      <div className="page-head">
-        <h1>Submit a job</h1>
-        <span className="spacer" />
+      <PageHead title="Submit a job">
         <span className="muted small">Ctrl+Enter validates · Ctrl+Shift+Enter submits</span>
-      </div>
+      </PageHead>
       <div className="grid-2">
         <div className="panel">
           <div className="toolbar">
