@@ -6,12 +6,23 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install run test test-unit test-integration test-e2e lint bench clean
 
+# A GPU host (docs/benchmarks.md, "Through the platform on one GPU"): where $(PYTHON) already imports a CUDA
+# torch, or a wheel folder is given (`make run WHEELS=DIR`, staged by tools/stage_gpu_wheels.sh for an offline
+# host), .venv is made over that Python with its torch kept and the platform installed beside it
+# (tools/host_venv.sh; offline from WHEELS). `HOST_TORCH=` (empty) forces the CPU install below.
+WHEELS ?=
+HOST_TORCH ?= $(shell $(PYTHON) -c 'import torch; print("cuda" if torch.version.cuda else "")' 2>/dev/null)
+
 $(STAMP): pyproject.toml constraints.txt
+ifneq ($(WHEELS)$(HOST_TORCH),)
+	bash tools/host_venv.sh $(VENV) $(PYTHON) $(WHEELS)
+else
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: the CPU build installs from local disk; see constraints.txt
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -c constraints.txt -e ".[runtime,megatron,dev]"
+endif
 	touch $(STAMP)
 
 install: $(STAMP)

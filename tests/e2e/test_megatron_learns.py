@@ -69,3 +69,24 @@ def test_grpo_megatron_tp2_learns(platform: RunningPlatform, sft_arith: dict, tm
     # Checkpoints registered, and the Hugging Face export written.
     ckpts = c.checkpoints(job["id"])
     assert ckpts and all(ck["size_bytes"] > 0 for ck in ckpts)
+
+
+@pytest.mark.timeout(300)  # ~25 s alone
+def test_gpu_platform_bench_tiny(platform: RunningPlatform) -> None:
+    """`python -m bench.gpu_platform --tiny`'s platform row on this module's platform: bench.gpu_grpo's workload
+    (tiny shape) as a job spec (a random model folder, digit prompts, the even-id reward hook, the on-policy
+    loss hook, megatron backend colocated) submitted over HTTP succeeds, and every step's step time comes back
+    through the job's event stream, equal to what the metrics route stores."""
+    from bench.gpu_grpo import parse, workload
+    from bench.gpu_platform import run_job, summarize_platform
+
+    work = workload(parse(["--tiny", "--rows", "ours"]))
+    res = run_job(platform, work, steps=2, cuda=False, timeout=240, log=print)
+    assert res["status"] == "SUCCEEDED", res.get("log_tail")
+    assert res["pool"]["name"] == "local" and res["pool"]["total_gpus"] >= 1
+    assert res["stream_error"] is None
+    steps = res["streamed"]["perf/step_time"]
+    assert len(steps) == 2 and steps == res["stored"]["perf/step_time"]
+    row = summarize_platform(work, res, warmup=1)
+    assert row["steps"] == 2 and row["step_s"] > 0 and row["gen_tokens_per_s"] > 0
+    assert set(row["parts_s"]) >= {"rollout", "log_probs", "train", "weight_sync"}
