@@ -22,14 +22,13 @@ spec `job_spec` builds: bench.gpu_grpo's workload, expressed with existing spec 
   the training pass's own log-probs, detached: the bench's and TRL's choice), GRPO advantages, no KL, one
   optimizer step per rollout (`global-batch-size` = prompts x samples), the bench's lr, Adam betas, clip and seed;
 - megatron backend with padded rows (`qkv-format: bshd`), micro-batches of `--micro-batch` rows; the built-in
-  engine (fastgen on CUDA) colocated on the one GPU, taking every sample in one batch
-  (`sglang-max-running-requests`).
+  engine (fastgen on CUDA) colocated on the one GPU, hosted in the trainer's actor (no `--sglang-*` argument:
+  one would keep it in a server actor of its own).
 
 What the platform still does that the bench does not: colocated, the megatron backend offloads (the trainer's
 weights and optimizer leave the GPU during generation, the engine's during training; the spec refuses
 `--no-offload-train` there), its driver recomputes the old log-probs in a forward pass
-of the trainer (`perf/log_probs_time`; the loss then ignores them), and the trainer and the engine are separate
-Ray actors whose weights cross by Ray's object store (`perf/weight_sync_time`), not in place.
+of the trainer (`perf/log_probs_time`; the loss then ignores them).
 
 It reads the step times back while the job runs from the job's event stream (`RelaxClient.stream`, the metric
 rows as they arrive: `perf/step_time`, `perf/rollout_time`, ...) and prints them beside `python -m
@@ -157,7 +156,9 @@ def job_spec(work: Any, inputs: dict[str, str], *, steps: int) -> dict[str, Any]
         # colocated, the megatron backend always offloads (offload-train/offload-rollout derived true; false
         # is refused): each side's memory is released while the other works, which the bench does not do
         "resource": {"actor": [1, 1], "rollout": [1, 1]},
-        "sglang": {"max_running_requests": work.rows},  # every sample in one batch, as the bench's engine
+        # No `--sglang-*` argument: any keeps the engine in HTTP servers of its own actor; without, a colocated RL
+        # job hosts the engine in the trainer's actor, weights handed over in place (runtime/roles/colocated.py).
+        # The spec measured on 2026-12-06 had `sglang: {max_running_requests: rows}` (servers; docs/benchmarks.md).
     }
 
 
