@@ -239,6 +239,9 @@ def ray_environment(token_path: Path) -> dict[str, str]:
     env.pop(SUPERVISOR_STATE_ENV, None)
     env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")  # stop at once on SIGTERM
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # a node that stops answering (a joined raylet SIGKILLed) is held dead after ~5 s instead of Ray's ~15 s
+    env.setdefault("RAY_health_check_period_ms", "1000")
+    env.setdefault("RAY_health_check_failure_threshold", "5")
     env |= {
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN_PATH": str(token_path),
@@ -257,6 +260,7 @@ class RayHead:
     settings: Settings
     pool: str = LOCAL_POOL
     address: str = ""
+    gcs_address: str = ""  # where another raylet joins (`ray start --address`): `python -m api.embedded join`
 
     @property
     def token(self) -> str | None:
@@ -302,10 +306,15 @@ class RayHead:
             "true",
             "--disable-usage-stats",
             "--no-monitor",  # no autoscaling on one machine; its metrics server would answer anyone
+            # Ray names its node as the pool does (`bootstrap`), so that its node list binds the pool's node by
+            # name even when other raylets joined before the first sync (`platform.sync_ray_nodes`)
+            "--node-name",
+            local_node_name(),
         ]
         for flag, port in ports.items():
             argv += [flag, str(port)]
         self.address = f"http://127.0.0.1:{ports['--dashboard-port']}"
+        self.gcs_address = f"127.0.0.1:{ports['--port']}"
         return argv, ray_environment(token_path)
 
     def answers(self, timeout: float = 2) -> bool:
@@ -327,6 +336,96 @@ class RayHead:
                 raise RuntimeError(f"Ray exited with code {proc.returncode}; see {logs / 'ray.log'}")
             time.sleep(0.5)
         raise RuntimeError(f"Ray did not come up in {timeout:.0f} s; see {logs / 'ray.log'}")
+
+
+def local_node_name() -> str:
+    """The name of the embedded pool's node (this host's), which the embedded Ray head's node carries too."""
+    return socket.gethostname() or "local"
+
+
+def head_file(settings: Settings) -> Path:
+    """`$RELAX_HOME/run/ray-head.json`: the embedded Ray head's addresses, for raylets that join it."""
+    return settings.home / "run" / "ray-head.json"
+
+
+def write_head_file(settings: Settings, head: RayHead) -> None:
+    path = head_file(settings)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({"gcs_address": head.gcs_address, "jobs_address": head.address}))
+    os.replace(tmp, path)
+
+
+def join_command(
+    settings: Settings, *, name: str, slots: int, accelerator: str = "cpu"
+) -> tuple[list[str], dict[str, str]]:
+    """The arguments of `ray start` (`run_ray_join`) and its environment: `--address=<the embedded head> --block`
+    of one more raylet of pool `local` on this machine:
+    a node of its own named `name` that advertises `slots` slots (GPUs; on a CPU pool, CPUs: what the driver's
+    bundles ask for), with the pool's token, the head's temp dir (so that the platform's stop and clean-up
+    reach it) and free ports. The pool's reconciler adds it from Ray's node list within a tick."""
+    head = json.loads(head_file(settings).read_text())
+    flags = (
+        "--node-manager-port",
+        "--object-manager-port",
+        "--dashboard-agent-listen-port",
+        "--dashboard-agent-grpc-port",
+        "--runtime-env-agent-port",
+        "--metrics-export-port",
+    )
+    ports = dict(zip(flags, free_ports(len(flags), avoid=frozenset({settings.api.port})), strict=True))
+    argv = [
+        "--block",
+        "--address",
+        head["gcs_address"],
+        "--node-ip-address",
+        "127.0.0.1",
+        "--node-name",
+        name,
+        "--temp-dir",
+        str(ray_temp_dir(settings)),
+        "--disable-usage-stats",
+    ]
+    argv += ["--num-cpus", str(slots)] if accelerator == "cpu" else ["--num-gpus", str(slots)]
+    for flag, port in ports.items():
+        argv += [flag, str(port)]
+    env = ray_environment(settings.ray_token_path(LOCAL_POOL))
+    env.setdefault(
+        "RAY_agent_register_timeout_ms", "120000"
+    )  # a busy machine starts the node's agents slowly
+    return argv, env
+
+
+def run_ray_join(argv: list[str]) -> None:
+    """Run `ray start <argv>` (a node joining a head) in this process, in Ray's single-machine mode
+    (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, as the head: the node's address and listeners stay 127.0.0.1). Ray's
+    CLI refuses to join a node in that mode, and outside it replaces every loopback address (the head's, the
+    node's own) by the machine's network address, where the head does not listen: both are turned off here."""
+    import ray._private.ray_constants as ray_constants
+    import ray._private.services as ray_services
+    from ray.scripts.scripts import cli
+
+    ray_constants.ENABLE_RAY_CLUSTER = True  # past the CLI's refusal
+    ray_services.resolve_ip_for_localhost = lambda host: host  # 127.0.0.1 stays 127.0.0.1
+    cli.main(args=["start", *argv], prog_name="ray")
+
+
+def join_main(args: list[str]) -> None:
+    """`python -m api.embedded join NAME [SLOTS]`: this process becomes one more raylet of the embedded
+    platform of `RELAX_HOME` (it runs until stopped; SIGTERM stops its Ray processes)."""
+    if not args or len(args) > 2 or not (len(args) == 1 or args[1].isdigit()):
+        print("usage: python -m api.embedded join NAME [SLOTS]", file=sys.stderr)
+        sys.exit(2)
+    settings = get_settings()
+    if not head_file(settings).exists():
+        print(f"no embedded Ray head runs on RELAX_HOME={settings.home}", file=sys.stderr)
+        sys.exit(1)
+    accelerator, slots = detect_slots(settings)
+    argv, env = join_command(
+        settings, name=args[0], slots=int(args[1]) if len(args) == 2 else slots, accelerator=accelerator
+    )
+    os.environ.clear()
+    os.environ.update(env)  # before Ray is imported: it reads its settings from the environment
+    run_ray_join(argv)
 
 
 def start_ray(children: Children, settings: Settings, pool: str = LOCAL_POOL) -> str:
@@ -402,7 +501,7 @@ def bootstrap(settings: Settings, ray_address: str | None) -> tuple[str, int]:
                 LocalPool(
                     name=LOCAL_POOL,
                     accelerator=accelerator,
-                    node=socket.gethostname() or "local",
+                    node=local_node_name(),
                     slots=slots,
                     ray_address=ray_address,
                     python=sys.executable,
@@ -731,6 +830,7 @@ def main() -> None:
 
             def ray_restarted() -> None:
                 bootstrap(settings, head.address)  # the pool's new address; its jobs are resumed
+                write_head_file(settings, head)
                 log.warning(
                     "Ray head restarted at %s; the jobs it ran are resumed from their checkpoints",
                     head.address,
@@ -749,6 +849,7 @@ def main() -> None:
             )
             sup.start("ray")
             ray_address = head.address
+            write_head_file(settings, head)
         accelerator, slots = bootstrap(settings, ray_address)
         queues = f"{SCHEDULER_QUEUE},{pool_queue(LOCAL_POOL)}"
         worker = worker_argv(queues, name=f"relax-{LOCAL_POOL}@%h", threads=4)
@@ -805,4 +906,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["join"]:
+        join_main(sys.argv[2:])
+    else:
+        main()

@@ -69,8 +69,53 @@ _STARTED: dict[int, RunningPlatform] = {}
 
 
 def _stop_started() -> None:
+    for node in list(_NODES):
+        stop_node(node)
     for platform in list(_STARTED.values()):
         stop_platform(platform, timeout=30)
+
+
+# Raylets joined to a platform's Ray head (`join_node`) and not stopped yet.
+_NODES: list[subprocess.Popen[bytes]] = []
+
+
+def join_node(platform: RunningPlatform, name: str, slots: int) -> subprocess.Popen[bytes]:
+    """One more raylet of the platform's pool `local` on this machine (`python -m api.embedded join`, which
+    becomes `ray start --address=<head> --block`), in a session of its own: its process group is that node's
+    Ray processes. Its output goes to `<home>/logs/node-<name>.log`."""
+    logs = platform.home / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / f"node-{name}.log", "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "api.embedded", "join", name, str(slots)],
+            cwd=ROOT,
+            env=os.environ | {"RELAX_HOME": str(platform.home)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    _NODES.append(proc)
+    return proc
+
+
+def stop_node(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 20) -> None:
+    """`sig` to the joined node's process group (SIGTERM: `ray start --block` stops its Ray processes; SIGKILL:
+    the node is lost at once), then SIGKILL to whatever of it is left."""
+    if proc in _NODES:
+        _NODES.remove(proc)
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 atexit.register(_stop_started)

@@ -40,6 +40,7 @@ class RayJobInfo:
     # entrypoint's exit code (negative: killed by that signal; 128+N from the shell: killed by signal N)
     error_type: str | None = None
     exit_code: int | None = None
+    ended_at: float | None = None  # when it ended (epoch seconds), for an ended job
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", RayJobStatus(self.status))
@@ -122,11 +123,13 @@ class RayJobLauncher:
                 return None
             raise
         error_type = getattr(info, "error_type", None)
+        end_ms = getattr(info, "end_time", None)
         return RayJobInfo(
             status=RayJobStatus(str(info.status.value if hasattr(info.status, "value") else info.status)),
             message=info.message,
             error_type=str(getattr(error_type, "value", error_type)) if error_type else None,
             exit_code=getattr(info, "driver_exit_code", None),
+            ended_at=end_ms / 1000 if end_ms else None,
         )
 
     def stop(self, sub_id: str) -> bool:

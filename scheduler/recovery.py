@@ -16,7 +16,9 @@ once.
 from __future__ import annotations
 
 import logging
+import re
 import signal
+import time
 from typing import Any
 
 import sqlalchemy as sa
@@ -46,6 +48,28 @@ _SETUP_ERROR_TYPES = frozenset(
         "JOB_ENTRYPOINT_COMMAND_START_ERROR",
     }
 )
+
+# Ray's errors of a driver whose actor went away with its process or node (a raylet SIGKILLed, a machine lost): not
+# the job's code. Such a driver ends within a second or two, before Ray holds the node dead (its health checks:
+# seconds) and the pool's node sync marks it down; its job is judged only `ACTOR_LOSS_SETTLE_SECONDS` after, so
+# that a lost node is marked down first (its jobs are then preempted and placed on the nodes left, not requeued
+# onto the dead node while the pool still counts it).
+_ACTOR_LOSS = re.compile(
+    r"\b(ActorDiedError|ActorUnavailableError|NodeDiedError|OwnerDiedError|ObjectLostError|RayActorError)\b"
+)
+ACTOR_LOSS_SETTLE_SECONDS = 20.0
+
+
+def lost_an_actor(info: RayJobInfo) -> bool:
+    """Whether the Ray job FAILED on a Ray error saying that one of its actors (or their node) went away."""
+    return info.status == RayJobStatus.FAILED and bool(_ACTOR_LOSS.search(info.message or ""))
+
+
+def settling(info: RayJobInfo, now: float | None = None) -> bool:
+    """A driver that failed on a lost actor less than `ACTOR_LOSS_SETTLE_SECONDS` ago: not judged yet."""
+    if not lost_an_actor(info) or info.ended_at is None:
+        return False
+    return (now if now is not None else time.time()) - info.ended_at < ACTOR_LOSS_SETTLE_SECONDS
 
 
 def killed_by(exit_code: int | None) -> str | None:
@@ -82,6 +106,10 @@ def judge_ended(sub_id: str, info: RayJobInfo) -> Verdict:
         )
     if info.error_type in _LOST_ERROR_TYPES:
         return Verdict(True, f"Ray job {sub_id} ended FAILED: {head or info.error_type}")
+    if lost_an_actor(info):
+        return Verdict(
+            True, f"Ray job {sub_id} ended FAILED: an actor of it was lost with its process or node ({head})"
+        )
     if info.error_type in _SETUP_ERROR_TYPES:
         return Verdict(
             False, f"Ray job {sub_id} could not start: {head or info.error_type}", FailureReason.SETUP

@@ -468,6 +468,8 @@ def _reconcile_job(
 ) -> bool:
     """One job through the reconcile table: the facts it asks for, one at a time in its order, then its move.
     Returns whether the job moved (its slots may be free)."""
+    if job.status in (JobStatus.STARTING, JobStatus.RUNNING) and info is not None and recovery.settling(info):
+        return False  # its actor was lost: the node sync first (`recovery.ACTOR_LOSS_SETTLE_SECONDS`)
     preempt_grace = timedelta(seconds=ctx.settings.scheduler.preempt_grace_seconds)
     facts = Facts(
         ours=job.status,

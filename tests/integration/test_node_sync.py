@@ -91,7 +91,7 @@ def test_nodes_follow_ray_and_a_lost_node_requeues_its_jobs(world) -> None:  # t
     ray.listed.append(_node("bb" * 28, "10.0.0.2"))
     change = tasks.sync_pool_nodes(ctx, "local")
     assert change is not None and change.added == ("10.0.0.2",)
-    assert _nodes(ctx.db)["10.0.0.2"] == ("bb" * 28, 0, True)
+    assert _nodes(ctx.db)["10.0.0.2"] == ("bb" * 28, 8, True)  # on a CPU pool, as many slots as its CPUs
 
     # Ray loses the head: the node is down, and the next pass requeues the job running there
     ray.listed[0] = _node(HEAD, "127.0.0.1", alive=False)
