@@ -527,9 +527,10 @@ def sync_ray_nodes(session: Session, pool_name: str, ray_nodes: Sequence[RayNode
     """Bring a pool's nodes in step with its Ray cluster's node list. Each Ray node is the pool's node with its
     Ray id; failing that, the one named as Ray names it (or by its IP); failing that, in a pool of one node
     Ray does not list, with one alive Ray node no other matches (the embedded pool: its node is named after
-    the host, Ray's by its IP; or its Ray restarted), that node. A node Ray lists as dead, or no longer
-    lists, is marked down (the pass requeues its jobs); a node Ray holds alive is up, with as many GPUs as it
-    advertises (a CPU pool keeps its slots). A Ray node the pool lacks is added, named as Ray names it, unless
+    the host, Ray's by its IP; or its Ray restarted), that node; a node whose Ray id is dead or gone is the alive
+    Ray node of its name (a raylet restarted). A node Ray lists as dead, or no longer lists, is marked down (the
+    pass requeues its jobs); a node Ray holds alive is up, with as many GPUs as it advertises (a CPU pool keeps
+    its slots; one added gets as many as its CPUs). A Ray node the pool lacks is added, named as Ray names it, unless
     the pool has nodes registered by a name Ray does not use (it may be one of them: `NodeSync.skipped`); those
     nodes are left as they are. Flushes, never commits."""
     pool = session.get(Pool, pool_name)
@@ -551,13 +552,21 @@ def sync_ray_nodes(session: Session, pool_name: str, ray_nodes: Sequence[RayNode
         unbound.pop(nodes[0].name, None)
     named = {r.name for r in ray_nodes} | {r.ip for r in ray_nodes}
     unmatched_hostnames = [n for n in unbound.values() if n.name not in named and n not in by_id.values()]
+    # a node whose Ray id Ray holds dead or no longer lists, named as a Ray node alive under a new id: its raylet
+    # came back (restarted with the same `--node-name`)
+    alive_ids = {r.node_id for r in ray_nodes if r.alive}
+    returned = {n.name: n for n in nodes if n.ray_node_id and n.ray_node_id not in alive_ids}
     added: list[str] = []
     skipped: list[str] = []
     down: list[str] = []
     up: list[str] = []
     seen: set[str] = set()
-    for r in ray_nodes:
+    for r in sorted(ray_nodes, key=lambda r: not r.alive):  # the alive first: a node back under a new id
         node = by_id.get(r.node_id) or unbound.get(r.name) or unbound.get(r.ip)
+        if node is None and r.alive and r.node_id not in by_id:
+            node = returned.pop(r.name, None)
+        if node is not None and not r.alive and node.name in seen:
+            continue  # its old id: the node is back under its new one
         if node is None:
             if not r.alive:
                 continue  # a node Ray lost before the pool knew it
@@ -567,7 +576,10 @@ def sync_ray_nodes(session: Session, pool_name: str, ray_nodes: Sequence[RayNode
                 skipped.append(r.name)
                 continue
             name = r.name if session.get(Node, (pool_name, r.name)) is None else r.node_id
-            node = Node(pool=pool_name, name=name, gpus=0, labels={}, alive=True)
+            # its slots: the GPUs it advertises, or on a CPU pool its CPUs (a slot is one CPU there: what the
+            # driver's bundles ask for)
+            slots = r.resources.get("GPU" if pool.accelerator != "cpu" else "CPU", 0)
+            node = Node(pool=pool_name, name=name, gpus=int(slots), labels={}, alive=True)
             session.add(node)
             added.append(name)
         node.ray_node_id = r.node_id
