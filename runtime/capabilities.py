@@ -269,11 +269,12 @@ def _colocated(values: Mapping[str, Any]) -> bool:
 
 
 def _offload_ok(value: Any, values: Mapping[str, Any]) -> bool:
-    """`offload-train` / `offload-rollout`: colocated roles offload and onload at every turn, and only
-    they do, so on exactly when colocated (unset: derived)."""
-    if value is None or values.get("debug_rollout_only"):
+    """`offload-train` / `offload-rollout`: colocated roles release the idle side's device memory at every
+    turn unless the flag turns it off (unset: on, as Relax derives it); roles on devices of their own have
+    nothing to release, so on is refused there."""
+    if value is None or not value or values.get("debug_rollout_only"):
         return True
-    return bool(value) == _colocated(values)
+    return _colocated(values)
 
 
 def _offload_all_ok(value: Any, values: Mapping[str, Any]) -> bool:
@@ -494,8 +495,8 @@ def render_markdown() -> str:
 RESTRICTION_DOCS: dict[str, str | dict[str, str]] = {
     "train_backend": "torch, megatron",
     "offload": "only with --colocate (colocated roles offload at every turn, and only they)",
-    "offload_train": "on exactly when colocated (colocated roles offload at every turn, and only they)",
-    "offload_rollout": "on exactly when colocated (colocated roles offload at every turn, and only they)",
+    "offload_train": "on or off when colocated (the idle side releases its device memory at each turn); off otherwise",
+    "offload_rollout": "on or off when colocated (the idle side releases its device memory at each turn); off otherwise",
     "true_on_policy_mode": "with one optimizer step per rollout (global batch = the rollout's samples), where "
     "the old log-probs computed before the update are the train forward's, as Relax derives it in fully-async "
     "mode",

@@ -10,6 +10,8 @@ import dataclasses
 import importlib.util
 import logging
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -310,7 +312,17 @@ def role_plan(spec: RuntimeSpec, total: int, device: Device | None = None) -> Ro
         health=HealthCheckConfig.from_values(spec.values()) if spec.generates else None,
         offload_train=offload_flags(spec)[0],
         offload_rollout=offload_flags(spec)[1],
+        rollout_samples=rollout_samples(spec.values()),
     )
+
+
+def rollout_samples(values: Mapping[str, Any]) -> int:
+    """The samples one rollout asks the engines for: `--rollout-batch-size` prompts (or
+    `--over-sampling-batch-size`, when larger) x `--n-samples-per-prompt`."""
+    prompts = max(
+        int(values.get("rollout_batch_size") or 1), int(values.get("over_sampling_batch_size") or 0)
+    )
+    return prompts * max(1, int(values.get("n_samples_per_prompt") or 1))
 
 
 def _sglang_runs(device: Device | None) -> bool:

@@ -47,6 +47,16 @@ def colocated_engine(hf_checkpoint: str, *, device: Device, max_batch_size: int 
     return TorchRolloutEngine(hf_checkpoint, device=device, max_batch_size=max_batch_size)
 
 
+# the largest decode batch a hosted engine is given slots for (more requests than that wait for a slot)
+MAX_HOSTED_BATCH = 1024
+
+
+def hosted_batch_size(samples: int, engines: int) -> int:
+    """KV slots for each hosted engine: one for every sample of a rollout that lands on it (`samples`
+    spread over the `engines`), at most `MAX_HOSTED_BATCH`."""
+    return max(1, min(MAX_HOSTED_BATCH, -(-samples // max(1, engines))))
+
+
 def engine_weights(engine: Any) -> dict[str, torch.Tensor]:
     """The engine's weights by Hugging Face name (views of its own storage)."""
     weights = getattr(engine, "weights", None)

@@ -25,7 +25,7 @@ from runtime.roles.actors import (
     TrainActor,
     free_loopback_port,
 )
-from runtime.roles.colocated import ColocatedActor
+from runtime.roles.colocated import ColocatedActor, hosted_batch_size
 from runtime.roles.engine_health import EngineFactory, EngineSupervisor, settled
 from runtime.roles.logs import start_log_sink
 from runtime.roles.placement import Role, Topology, plan_topology, release, reserve
@@ -552,6 +552,9 @@ class RolePlan:
     # (EngineKind.IN_TRAINER): the idle side releases its device memory during the other's turn
     offload_train: bool = True
     offload_rollout: bool = True
+    # the samples one rollout asks for (prompts x `--n-samples-per-prompt`): the engines hosted in the
+    # trainer's ranks keep a KV slot for each of their share (`colocated.hosted_batch_size`)
+    rollout_samples: int = 256
 
 
 def hosts_engines(topology: Topology) -> str | None:
@@ -644,7 +647,13 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
                 "values": plan.values,
             }
         hosted = (
-            {"offload_train": plan.offload_train, "offload_rollout": plan.offload_rollout}
+            {
+                "offload_train": plan.offload_train,
+                "offload_rollout": plan.offload_rollout,
+                "max_batch_size": hosted_batch_size(
+                    plan.rollout_samples, len(topology.role_slots(Role.ACTOR))
+                ),
+            }
             if in_trainer
             else {}
         )

@@ -1075,8 +1075,12 @@ EFFECTS: dict[str, Evidence | dict[str, Evidence]] = {
     # -- platform-level --
     "train_backend": Probe(plan),
     "offload": Derived(("colocate",), "colocated roles offload and onload at every turn, and only they do"),
-    "offload_train": Derived(("colocate",), "Relax derives it from --colocate; colocated roles offload"),
-    "offload_rollout": Derived(("colocate",), "Relax derives it from --colocate; colocated roles offload"),
+    "offload_train": ExistingTest(
+        "tests/unit/runtime/test_colocated_wiring.py::test_the_role_plan_carries_the_kind_and_the_offload_flags"
+    ),
+    "offload_rollout": ExistingTest(
+        "tests/unit/runtime/test_colocated_wiring.py::test_the_role_plan_carries_the_kind_and_the_offload_flags"
+    ),
     "balance_data": ExistingTest(
         "tests/unit/runtime/test_megatron_backend.py::test_balance_data_balances_the_data_parallel_shares"
     ),

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from runtime.devices import Device, DeviceKind
-from runtime.pipeline.plans import engine_kind, in_trainer_refusal, offload_flags, role_plan
+from runtime.pipeline.plans import engine_kind, in_trainer_refusal, offload_flags, role_plan, rollout_samples
+from runtime.roles.colocated import MAX_HOSTED_BATCH, hosted_batch_size
 from runtime.roles.groups import EngineKind, hosts_engines
 from runtime.roles.placement import plan_topology
 from runtime.rollout.engine import TorchRolloutEngine
@@ -95,6 +96,19 @@ def test_the_role_plan_carries_the_kind_and_the_offload_flags(monkeypatch: pytes
         True,
         True,
     )
+    # a colocated job that keeps both sides resident: the hosted engines are told so
+    resident = role_plan(
+        dataclasses.replace(COLOCATED, extra={"offload_train": False, "offload_rollout": False}), 3, CPU
+    )
+    assert (resident.offload_train, resident.offload_rollout) == (False, False)
+    # each hosted engine keeps a KV slot for every sample of its share of a rollout
+    assert rollout_samples({"rollout_batch_size": 64, "n_samples_per_prompt": 8}) == 512
+    assert (
+        rollout_samples({"rollout_batch_size": 4, "over_sampling_batch_size": 6, "n_samples_per_prompt": 2})
+        == 12
+    )
+    assert hosted_batch_size(512, 1) == 512 and hosted_batch_size(513, 2) == 257
+    assert hosted_batch_size(100_000, 1) == MAX_HOSTED_BATCH and hosted_batch_size(0, 4) == 1
 
 
 @pytest.mark.parametrize(

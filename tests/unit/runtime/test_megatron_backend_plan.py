@@ -114,13 +114,19 @@ def test_megatron_arguments_are_spec_parameters_and_read_by_the_model() -> None:
         ({"reward_num_workers": 4}, "reward_num_workers=4"),
         ({"colocate": False, "offload_train": True}, "offload_train=True"),
         ({"colocate": False, "offload": True}, "offload=True"),
-        ({"offload_rollout": False}, "offload_rollout=False"),  # colocated roles always offload
     ],
 )
 def test_accepted_and_ignored_parameters_are_now_refused(backend: str, overrides: dict, refused: str) -> None:
     example = "grpo-arith-megatron.yaml" if backend == "megatron" else "grpo-arith.yaml"
     values = {**_values(example), **overrides}
     assert refused in unsupported_parameters(values, parameter_defaults() or {})
+
+
+def test_colocated_roles_may_keep_both_sides_resident() -> None:
+    # the idle side's release at each turn is optional when colocated (both sides stay on the device)
+    for example in ("grpo-arith.yaml", "grpo-arith-megatron.yaml"):
+        values = {**_values(example), "offload_train": False, "offload_rollout": False}
+        assert values["colocate"] and unsupported_parameters(values, parameter_defaults() or {}) == []
 
 
 def test_log_probs_max_tokens_per_gpu_is_read_by_both_backends() -> None:
