@@ -25,10 +25,9 @@ spec `job_spec` builds: bench.gpu_grpo's workload, expressed with existing spec 
   engine (fastgen on CUDA) colocated on the one GPU, hosted in the trainer's actor (no `--sglang-*` argument:
   one would keep it in a server actor of its own).
 
-What the platform still does that the bench does not: colocated, the megatron backend offloads (the trainer's
-weights and optimizer leave the GPU during generation, the engine's during training; the spec refuses
-`--no-offload-train` there), its driver recomputes the old log-probs in a forward pass
-of the trainer (`perf/log_probs_time`; the loss then ignores them).
+Both sides stay resident (`offload-train: false`, `offload-rollout: false`), as in the bench. What the platform
+still does that the bench does not: its driver recomputes the old log-probs in a forward pass of the trainer
+(`perf/log_probs_time`; the loss then ignores them).
 
 It reads the step times back while the job runs from the job's event stream (`RelaxClient.stream`, the metric
 rows as they arrive: `perf/step_time`, `perf/rollout_time`, ...) and prints them beside `python -m
@@ -153,8 +152,9 @@ def job_spec(work: Any, inputs: dict[str, str], *, steps: int) -> dict[str, Any]
         "hidden-dropout": 0.0,
         "attention-dropout": 0.0,
         "colocate": True,
-        # colocated, the megatron backend always offloads (offload-train/offload-rollout derived true; false
-        # is refused): each side's memory is released while the other works, which the bench does not do
+        # both sides stay on the GPU, as in the bench (colocated jobs release the idle side's memory by default)
+        "offload-train": False,
+        "offload-rollout": False,
         "resource": {"actor": [1, 1], "rollout": [1, 1]},
         # No `--sglang-*` argument: any keeps the engine in HTTP servers of its own actor; without, a colocated RL
         # job hosts the engine in the trainer's actor, weights handed over in place (runtime/roles/colocated.py).
