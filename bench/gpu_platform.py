@@ -25,9 +25,11 @@ spec `job_spec` builds: bench.gpu_grpo's workload, expressed with existing spec 
   engine (fastgen on CUDA) colocated on the one GPU, hosted in the trainer's actor (no `--sglang-*` argument:
   one would keep it in a server actor of its own).
 
-Both sides stay resident (`offload-train: false`, `offload-rollout: false`), as in the bench. What the platform
-still does that the bench does not: its driver recomputes the old log-probs in a forward pass of the trainer
-(`perf/log_probs_time`; the loss then ignores them).
+Both sides stay resident (`offload-train: false`, `offload-rollout: false`), as in the bench, and with
+`true-on-policy-mode: true` the driver does not recompute the old log-probs in a forward pass of the trainer (the
+loss takes the training pass's, detached, as the bench does): `perf/log_probs_time` is only the stage's building
+of the batch. What the platform still does that the bench does not: it moves the rollout's samples through its
+stages (the batch built from the samples, rewards per sample, metrics) and reports each step to the platform.
 
 It reads the step times back while the job runs from the job's event stream (`RelaxClient.stream`, the metric
 rows as they arrive: `perf/step_time`, `perf/rollout_time`, ...) and prints them beside `python -m
@@ -133,6 +135,9 @@ def job_spec(work: Any, inputs: dict[str, str], *, steps: int) -> dict[str, Any]
         "rollout-temperature": 1.0,
         "rollout-seed": work.seed,
         "global-batch-size": work.rows,  # one optimizer step per rollout
+        # pi_old = the train forward's own log-probs (detached), as the bench and TRL take it: the driver does
+        # not ask the trainer for a recompute (runtime.pipeline.plans.old_log_probs_from_train_forward)
+        "true-on-policy-mode": True,
         "micro-batch-size": work.micro_batch,
         "qkv-format": "bshd",
         "seq-length": work.seq,  # as the bench's backend (bench.gpu_train.backend_values)

@@ -444,13 +444,17 @@ def unsupported_parameters(values: Mapping[str, Any], defaults: Mapping[str, Any
         return [f"train_backend={backend!r}"]
     values = {**values, "train_backend": backend}
     problems = []
-    for name, value in values.items():
-        if name in honoured:
-            check = RESTRICTIONS.get(name)
-            if check is not None and not check(value, values):
+    # only the restricted names the backend honours are checked, and only the names it does not honour are
+    # compared with their defaults (a set difference, not a walk over every value)
+    for name, check in RESTRICTIONS.items():
+        if name in honoured and name in values:
+            value = values[name]
+            if not check(value, values):
                 itemized = PROBLEM_NAMES.get(name)
                 problems += itemized(value) if itemized else [f"{name}={value!r}"]
-        elif name in defaults and value is not None and value != defaults[name]:
+    for name in values.keys() - honoured:
+        value = values[name]
+        if name in defaults and value is not None and value != defaults[name]:
             problems.append(name)
     return sorted(problems)
 
@@ -499,7 +503,10 @@ RESTRICTION_DOCS: dict[str, str | dict[str, str]] = {
     "offload_rollout": "on or off when colocated (the idle side releases its device memory at each turn); off otherwise",
     "true_on_policy_mode": "with one optimizer step per rollout (global batch = the rollout's samples), where "
     "the old log-probs computed before the update are the train forward's, as Relax derives it in fully-async "
-    "mode",
+    "mode: the trainer does not recompute them and the loss takes the train forward's, detached, unless "
+    "something reads them before the loss (kl-coef reward shaping or on-policy distillation without "
+    "--use-rollout-logprobs, an actor_fwd role, --rollout-data-postprocess-path, --save-debug-train-data), "
+    "which keeps the recompute",
     "sglang": (
         f"every server argument of SGLang {sglang_passthrough.SGLANG_VERSION} (`--sglang-X v` reaches the "
         "engine servers as `--X v`): SGLang's server takes them all; the built-in engine's server reads "

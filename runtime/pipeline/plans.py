@@ -33,7 +33,7 @@ from runtime.roles.groups import (
 from runtime.roles.placement import Role, critic_world_size, spec_demand, train_world_size
 from runtime.rollout.health import HealthCheckConfig
 from runtime.rollout.sglang.passthrough import server_argv
-from runtime.spec import RuntimeSpec
+from runtime.spec import KL_SHAPED_ESTIMATORS, RuntimeSpec
 from runtime.train.base import is_multi_rank
 from runtime.train.checkpoint import resolve_model_folder
 from runtime.train.critic import CriticConfig
@@ -46,7 +46,7 @@ log = logging.getLogger("runtime.pipeline")
 
 def train_config_from(spec: RuntimeSpec, total_rollouts: int) -> TrainConfig:
     gbs = spec.effective_global_batch_size
-    steps_per_rollout = math.ceil(spec.samples_per_rollout / gbs) if gbs else 1
+    steps_per_rollout = _optimizer_steps_per_rollout(spec)
     style = DecayStyle(spec.lr_decay_style)
     schedule = LRSchedule(
         lr=spec.lr,
@@ -79,6 +79,7 @@ def train_config_from(spec: RuntimeSpec, total_rollouts: int) -> TrainConfig:
         only_train_params=tuple(spec.only_train_params_name_list or ()),
         freeze_params=tuple(spec.freeze_params_name_list or ()),
         owner=owner_of(spec),
+        old_log_probs_from_forward=old_log_probs_from_train_forward(spec),
     )
 
 
@@ -131,6 +132,41 @@ def student_log_probs(spec: RuntimeSpec, batch: RolloutBatch) -> torch.Tensor | 
     """pi_old of the sampled tokens, as the advantages stage reads it (KL shaping, OPD's advantage mode and
     `opd/kl`): the engine's with `use-rollout-logprobs`, else the trainer's recompute."""
     return batch.rollout_log_probs if spec.use_rollout_logprobs else batch.old_log_probs
+
+
+def old_log_probs_readers(spec: RuntimeSpec) -> list[str]:
+    """What reads the old log-probs (`batch.old_log_probs`) before or outside the policy loss, so that
+    the log-probs stage must recompute them even in true-on-policy mode; [] when only the loss reads them
+    (the ratio's pi_old, TIS's train side, the OPD loss's ratio, `use-unbiased-kl`, a custom loss or TIS
+    function: all served by the train forward's own log-probs, detached)."""
+    readers = []
+    if _optimizer_steps_per_rollout(spec) > 1:
+        readers.append("more than one optimizer step per rollout (later steps need the pre-update policy)")
+    if Role.ACTOR_FWD in (spec.resource or {}):
+        readers.append("an actor_fwd role computes them")
+    if not spec.use_rollout_logprobs:  # `student_log_probs` is the trainer's: the advantages stage reads it
+        if spec.kl_coef != 0 and spec.advantage_estimator in KL_SHAPED_ESTIMATORS:
+            readers.append("kl-coef reward shaping (the advantages stage)")
+        if spec.has_teacher:
+            readers.append("on-policy distillation's advantages and opd/* metrics")
+    if spec.rollout_data_postprocess_path:
+        readers.append("rollout-data-postprocess-path (the hook sees the batch)")
+    if spec.save_debug_train_data:
+        readers.append("save-debug-train-data (the dumped batch carries them)")
+    return readers
+
+
+def old_log_probs_from_train_forward(spec: RuntimeSpec) -> bool:
+    """True-on-policy mode (`true-on-policy-mode`) with one optimizer step per rollout and nothing
+    reading the old log-probs before the loss (`old_log_probs_readers`): the trainer is not asked for them
+    and the loss takes the train forward's log-probs, detached, as pi_old (the same values: the weights
+    have not moved yet; the ratio is 1 and the surrogate's gradient is unchanged)."""
+    return spec.true_on_policy_mode and not spec.is_sft and not old_log_probs_readers(spec)
+
+
+def _optimizer_steps_per_rollout(spec: RuntimeSpec) -> int:
+    gbs = spec.effective_global_batch_size
+    return math.ceil(spec.samples_per_rollout / gbs) if gbs else 1
 
 
 def advantage_config(spec: RuntimeSpec, *, rewards_normalization: bool) -> AdvantageConfig:

@@ -17,7 +17,12 @@ from runtime.data.source import DataSourceInit
 from runtime.eval import eval_metrics, load_eval_datasets
 from runtime.observability import StepTimer
 from runtime.pipeline.base import PipelineBase, PipelineParts
-from runtime.pipeline.plans import advantage_config, opd_config, student_log_probs
+from runtime.pipeline.plans import (
+    advantage_config,
+    old_log_probs_from_train_forward,
+    opd_config,
+    student_log_probs,
+)
 from runtime.plugins import DataPostprocessFn, DataSource, RolloutFn, load_hook
 from runtime.reporter import EventKind, RolloutSplit
 from runtime.rewards import RewardModel
@@ -73,15 +78,20 @@ class RLPipeline(PipelineBase):
     def log_probs(self, rollout: RolloutOutput) -> RolloutBatch:
         """The batch with the estimator's rewards (`custom-reward-post-process-path`), old (policy) and
         reference log-probs, from the trainer or the forward-only roles; then
-        `rollout-data-postprocess-path`. Old log-probs are always the trainer's recompute (the engine's
-        stay in `rollout_log_probs`; `use-rollout-logprobs` picks between them in the loss)."""
+        `rollout-data-postprocess-path`. Old log-probs are the trainer's recompute (the engine's stay in
+        `rollout_log_probs`; `use-rollout-logprobs` picks between them in the loss), or actor_fwd's; none
+        in true-on-policy mode where only the loss reads them (`old_log_probs_from_train_forward`: the
+        loss takes the train forward's, and this stage computes only what else is due, if anything)."""
         batch = RolloutBatch.from_samples(rollout.samples, self.tokenizer.pad_token_id)
         if self.reward is not None and self.reward.replaces_reward_normalization:
             batch.rewards = torch.tensor(self.reward.post_process(rollout.samples), dtype=torch.float32)
         if self.roles.train is not None:
-            self.roles.use_for_training()
             fwd, ref = self.roles.actor_fwd, self.roles.reference
-            batch = self.roles.train.compute_log_probs(batch, old=fwd is None, ref=ref is None)
+            old = fwd is None and not old_log_probs_from_train_forward(self.spec)
+            trainer_ref = ref is None and self.spec.needs_reference
+            if old or trainer_ref or self.spec.has_teacher:
+                self.roles.use_for_training()
+                batch = self.roles.train.compute_log_probs(batch, old=old, ref=ref is None)
             if fwd is not None:
                 batch.old_log_probs = fwd.log_probs(batch)
             if ref is not None and self.spec.needs_reference:

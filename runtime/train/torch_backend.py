@@ -90,6 +90,10 @@ class TrainConfig(OptimizerConfig):
     # `only-train-params-name-list` / `freeze-params-name-list`: regexes over the HF parameter names
     only_train_params: tuple[str, ...] = ()
     freeze_params: tuple[str, ...] = ()
+    # true-on-policy mode with one optimizer step per rollout and no reader of the old log-probs before the
+    # loss (`runtime.pipeline.plans.old_log_probs_from_train_forward`): nobody recomputes them, and a batch
+    # without them takes the train forward's own log-probs, detached, as pi_old (`policy_loss_inputs`)
+    old_log_probs_from_forward: bool = False
 
 
 @dataclass
@@ -254,6 +258,7 @@ class TorchTrainBackend(OptimizerStepper):
                     micro,
                     token_log_probs(logits, micro.tokens.to(logits.device), temperature),
                     token_entropy(logits if live_entropy else logits.detach(), temperature),
+                    old_from_forward=self.config.old_log_probs_from_forward,
                 )
                 loss, metrics = loss_fn(inputs, self.config.loss)
                 (loss * weight).backward()
@@ -467,19 +472,29 @@ def policy_loss_inputs(
     entropy: torch.Tensor,
     *,
     move: Callable[[torch.Tensor, torch.device], torch.Tensor] = torch.Tensor.to,
+    old_from_forward: bool = False,
 ) -> LossInputs:
     """The policy loss's inputs for one micro-batch: the trainer's `log_probs` and `entropy` [B, T] and the
-    batch's mask and rollout-side tensors moved to their device by `move` (megatron's queues the copy)."""
+    batch's mask and rollout-side tensors moved to their device by `move` (megatron's queues the copy).
+
+    `old_from_forward` (`TrainConfig.old_log_probs_from_forward`, true-on-policy mode): a batch without old
+    log-probs takes these `log_probs`, detached and masked as a recompute's, as pi_old: the weights have not
+    moved since the rollout's log-probs stage, so they are the same values, and every loss (TIS, custom
+    ones) sees them as it would the recompute's."""
     device = log_probs.device
 
     def put(tensor: torch.Tensor | None) -> torch.Tensor | None:
         return None if tensor is None else move(tensor, device)
 
+    loss_mask = move(batch.loss_mask, device)
+    old = put(batch.old_log_probs)
+    if old is None and old_from_forward:
+        old = log_probs.detach() * loss_mask
     return LossInputs(
         log_probs=log_probs,
         entropy=entropy,
-        loss_mask=move(batch.loss_mask, device),
-        old_log_probs=put(batch.old_log_probs),
+        loss_mask=loss_mask,
+        old_log_probs=old,
         ref_log_probs=put(batch.ref_log_probs),
         advantages=put(batch.advantages),
         rollout_log_probs=put(batch.rollout_log_probs),

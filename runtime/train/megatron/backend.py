@@ -1080,7 +1080,13 @@ class MegatronTrainBackend(MegatronModelRunner):
         log_probs, entropy = self._token_stats(micro, gpt, hidden)
         if self.config.loss.entropy_coef == 0:
             entropy = entropy.detach()
-        inputs = policy_loss_inputs(micro.batch, log_probs, entropy, move=to_device)
+        inputs = policy_loss_inputs(
+            micro.batch,
+            log_probs,
+            entropy,
+            move=to_device,
+            old_from_forward=self.config.old_log_probs_from_forward,
+        )
         loss, metrics = loss_fn(inputs, self.config.loss)
         # (value, weight) pairs, read after the whole step (`_reduce_metrics`): a float() here would make the
         # host wait for the device after every micro-batch instead of queueing the next one
