@@ -444,17 +444,13 @@ def unsupported_parameters(values: Mapping[str, Any], defaults: Mapping[str, Any
         return [f"train_backend={backend!r}"]
     values = {**values, "train_backend": backend}
     problems = []
-    # only the restricted names the backend honours are checked, and only the names it does not honour are
-    # compared with their defaults (a set difference, not a walk over every value)
-    for name, check in RESTRICTIONS.items():
-        if name in honoured and name in values:
-            value = values[name]
-            if not check(value, values):
+    for name, value in values.items():
+        if name in honoured:
+            check = RESTRICTIONS.get(name)
+            if check is not None and not check(value, values):
                 itemized = PROBLEM_NAMES.get(name)
                 problems += itemized(value) if itemized else [f"{name}={value!r}"]
-    for name in values.keys() - honoured:
-        value = values[name]
-        if name in defaults and value is not None and value != defaults[name]:
+        elif name in defaults and value is not None and value != defaults[name]:
             problems.append(name)
     return sorted(problems)
 
