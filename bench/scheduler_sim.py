@@ -1,11 +1,19 @@
 """Trace-driven scheduler simulator: replays a GPU job trace through the real policy on a virtual clock.
 
     python -m bench.scheduler_sim [--trace PATH] [--policies fifo,fifo_backfill,ours] [--limit N] [--json]
+    python -m bench.scheduler_sim --elastic [--limit N]   # elastic rollout: preemptions with and without shrink
 
 The policies are the functions in `scheduler.policy` called exactly as the scheduling pass calls
 them, on a Snapshot rebuilt at every pass. The simulator alone knows each job's true duration; the
 policy sees submit, start and checkpoint times only. A preemption costs what it would for real: the
 work since the job's last checkpoint (one every 30 minutes of progress) plus a 5-minute restart.
+
+`--elastic`: the trace's jobs of 4 to 8 GPUs are RL jobs (`elastic_demand`: a trainer of half the GPUs
+and 1-GPU rollout engines, down to 1 and up to twice as many); the policy may take engines back instead
+of preempting (`PolicyConfig.elastic_shrink`) and grow jobs into idle GPUs (`elastic_grow`). Such a job
+progresses in proportion to the GPUs it holds (its trace GPUs: full speed), and a resize is applied at
+once (a real scale-in waits for its engines to drain, seconds). The table compares `ours` without
+elasticity (the same RL-shaped demands, rigid), with shrink, and with shrink and grow.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler.policy import POLICIES, Decision, Gang, JobView, Node, PolicyConfig, Queue, Snapshot
+from scheduler.policy.types import demand_gpus
 
 DEFAULT_TRACE = (
     Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "traces" / "itp" / "all_clusters.csv"
@@ -76,6 +85,20 @@ def demand_for(gpus: int, gpus_per_node: int = GPUS_PER_NODE) -> tuple[Gang, ...
     return (Gang("worker", gpus_per_node, math.ceil(gpus / gpus_per_node), True),)
 
 
+@functools.cache
+def elastic_demand(gpus: int, gpus_per_node: int = GPUS_PER_NODE) -> tuple[Gang, ...]:
+    """A job of 4 to a node's GPUs as an RL job: a trainer of half its GPUs on one node and 1-GPU rollout
+    engines for the rest (elastic from 1 to twice as many); any other job as `demand_for`."""
+    if not 4 <= gpus <= gpus_per_node:
+        return demand_for(gpus, gpus_per_node)
+    actor = gpus // 2
+    engines = gpus - actor
+    return (
+        Gang("actor", actor, 1, True),
+        Gang("rollout", 1, engines, True, min_count=1, max_count=2 * engines, base_count=engines),
+    )
+
+
 def tenant_queues(jobs: list[TraceJob], capacity: int) -> tuple[Queue, ...]:
     """One queue per tenant; nominal quota proportional to the tenant's GPU-hours in the trace.
 
@@ -112,6 +135,17 @@ class _SimJob:
     service_gpu_s: float = 0.0  # GPU-seconds of earlier runs, as the platform would record them
     allocated_gpu_s: float = 0.0
     completion: float = 0.0
+    # progress of the current run, in full-speed seconds: a resized job runs at held / trace GPUs
+    rate: float = 1.0
+    held: int = 0
+    segment_start: float = 0.0  # since when `rate` and `held` hold
+    run_work: float = 0.0  # work done by `segment_start`
+    checkpoint_work: float = 0.0  # work done at the run's latest checkpoint
+    end: float = 0.0
+    next_checkpoint: float = 0.0
+
+    def work(self, now: float) -> float:
+        return self.run_work + max(0.0, now - max(self.segment_start, self.work_start)) * self.rate
 
     def rebuilt_view(self, **fields: Any) -> JobView:
         """A fresh view of this job (no nomination) with its preemptions and attained service, and `fields`."""
@@ -151,21 +185,23 @@ def simulate(
     window_s: float = 0.0,
     beat_s: float = 300.0,
     check: Callable[[Snapshot, Decision], list[str]] | None = None,
+    elastic: bool = False,
 ) -> SimResult:
     """Replay `trace` and measure it.
 
     A pass runs after every instant at which a job arrived or ended (or once per `window_s` of
     such instants), and every `beat_s` while jobs wait, as the platform's periodic beat does:
-    aging and reclaim grace depend on time alone. No pass runs while nothing is queued.
+    aging and reclaim grace depend on time alone. No pass runs while nothing is queued (with `elastic`,
+    RL-shaped demands, `elastic_demand`, and a pass at every such instant: idle GPUs grow jobs).
     """
     t0 = time.perf_counter()
     c0 = time.process_time()
     node_list = tuple(Node(f"n{i:04d}", POOL, gpus_per_node) for i in range(nodes))
     queues = queues if queues is not None else tenant_queues(trace, nodes * gpus_per_node)
     free = {n.name: n.gpus for n in node_list}
+    shape = elastic_demand if elastic else demand_for
     sim = [
-        _SimJob(t, JobView(t.id, t.tenant, t.submit, demand_for(t.gpus, gpus_per_node)), t.duration)
-        for t in trace
+        _SimJob(t, JobView(t.id, t.tenant, t.submit, shape(t.gpus, gpus_per_node)), t.duration) for t in trace
     ]
     events: list[tuple[float, int, int, int, int]] = []
     seq = 0
@@ -180,6 +216,7 @@ def simulate(
     passes = 0
     pass_time = 0.0
     preemptions = 0
+    shrinks = grows = engines_back = 0
     by_kind: dict[str, int] = {}
     violations: list[str] = []
 
@@ -196,7 +233,6 @@ def simulate(
             if free[node] < 0:
                 raise AssertionError(f"{node} over-allocated admitting {j.trace.id}")
         j.state = "running"
-        j.token += 1
         j.run_start = now
         j.work_start = now + (RESTART_DELAY_S if j.preemptions else 0.0)
         j.queued_total += now - j.queued_since
@@ -209,34 +245,71 @@ def simulate(
             last_checkpoint_at=j.last_checkpoint,
             queued_at=j.view.queued_at,
         )
-        end = j.work_start + j.remaining
-        push(end, _FINISH, i, j.token)
-        first_ckpt = j.work_start + CHECKPOINT_INTERVAL_S
-        if first_ckpt < end:
-            push(first_ckpt, _CHECKPOINT, i, j.token)
+        j.run_work = j.checkpoint_work = 0.0
+        j.next_checkpoint = j.work_start + CHECKPOINT_INTERVAL_S
+        set_speed(j, now, demand_gpus(j.view.demand))
+
+    def set_speed(j: _SimJob, now: float, held: int) -> None:
+        """From `now` the job holds `held` GPUs: its progress rate, finish and next checkpoint follow."""
+        if j.held:
+            j.allocated_gpu_s += (now - j.segment_start) * j.held
+            j.run_work = j.work(now)
+        j.segment_start = now
+        # full speed on the GPUs its spec asks for (the trace's count, as a rigid job holds it)
+        full = demand_gpus(elastic_demand(j.trace.gpus, gpus_per_node)) if elastic else held
+        j.held = round(j.trace.gpus * held / full)
+        j.rate = held / full
+        j.token += 1
+        i = active[j.trace.id]
+        j.end = max(now, j.work_start) + (j.remaining - j.run_work) / j.rate
+        push(j.end, _FINISH, i, j.token)
+        if j.next_checkpoint < j.end:
+            push(j.next_checkpoint, _CHECKPOINT, i, j.token)
+
+    def resize(r, now: float) -> None:
+        nonlocal shrinks, grows, engines_back
+        j = sim[active[r.job_id]]
+        assert j.view.placement is not None
+        for node, g in j.view.placement.node_gpus:
+            free[node] += g
+        for node, g in r.placement.node_gpus:
+            free[node] -= g
+            if free[node] < 0:
+                raise AssertionError(f"{node} over-allocated growing {r.job_id}")
+        if r.after < r.before:
+            shrinks += 1
+            engines_back += r.before - r.after
+        else:
+            grows += 1
+        j.view = views[r.job_id] = dataclasses.replace(j.view, demand=r.demand, placement=r.placement)
+        set_speed(j, now, demand_gpus(r.demand))
 
     def stop(i: int, now: float) -> None:
         j = sim[i]
         assert j.view.placement is not None
         for node, g in j.view.placement.node_gpus:
             free[node] += g
-        j.allocated_gpu_s += (now - j.run_start) * j.trace.gpus
+        j.allocated_gpu_s += (now - j.segment_start) * j.held
         j.service_gpu_s += (now - j.run_start) * j.trace.gpus
+        j.held = 0
         j.token += 1
 
     def preempt(i: int, now: float) -> None:
         nonlocal queued, preemptions
         j = sim[i]
         stop(i, now)
-        done = max(0.0, now - j.work_start)
         # Progress survives only up to the last checkpoint of this run.
-        j.remaining -= math.floor(done / CHECKPOINT_INTERVAL_S) * CHECKPOINT_INTERVAL_S
+        j.remaining -= j.checkpoint_work
         j.state = "queued"
         j.preemptions += 1
         preemptions += 1
         j.queued_since = now
         queued += 1
         j.view = views[j.trace.id] = j.rebuilt_view(last_checkpoint_at=j.last_checkpoint, queued_at=now)
+        if elastic:  # it comes back with the engines its spec asks for
+            j.view = views[j.trace.id] = dataclasses.replace(
+                j.view, demand=elastic_demand(j.trace.gpus, gpus_per_node)
+            )
 
     beat_at = -1.0
     nominated: set[str] = set()
@@ -249,7 +322,7 @@ def simulate(
             else:
                 pass_pending = False
             for _round in range(4):
-                if not queued:
+                if not queued and not elastic:
                     break
                 snap = Snapshot(now, node_list, queues, tuple(views.values()))
                 p0 = time.perf_counter()
@@ -258,6 +331,8 @@ def simulate(
                 passes += 1
                 if check is not None:
                     violations.extend(check(snap, decision))
+                for r in decision.resize:
+                    resize(r, now)
                 for job_id, reason in decision.preempt:
                     kind = preemption_kind(reason)
                     by_kind[kind] = by_kind.get(kind, 0) + 1
@@ -290,6 +365,7 @@ def simulate(
             continue  # a finish or checkpoint of a run that was preempted
         elif kind == _CHECKPOINT:
             j.last_checkpoint = now
+            j.checkpoint_work = j.work(now)
             j.view = views[j.trace.id] = j.rebuilt_view(
                 state="running",
                 placement=j.view.placement,
@@ -297,9 +373,9 @@ def simulate(
                 last_checkpoint_at=now,
                 queued_at=j.view.queued_at,
             )
-            nxt = now + CHECKPOINT_INTERVAL_S
-            if nxt < j.work_start + j.remaining:
-                push(nxt, _CHECKPOINT, i, j.token)
+            j.next_checkpoint = now + CHECKPOINT_INTERVAL_S
+            if j.next_checkpoint < j.end:
+                push(j.next_checkpoint, _CHECKPOINT, i, j.token)
             continue
         else:  # _FINISH
             stop(i, now)
@@ -307,13 +383,17 @@ def simulate(
             j.completion = now
             del active[j.trace.id]
             del views[j.trace.id]
-        if queued and not pass_pending:
+        if (queued or elastic) and not pass_pending:
             at = now if window_s <= 0 else math.ceil(now / window_s) * window_s
             push(at, _PASS, -1, 0)
             pass_pending = True
 
     metrics, per_tenant = compute_metrics(sim, nodes * gpus_per_node)
     metrics["preemptions"] = float(preemptions)
+    if elastic:
+        metrics["shrinks"] = float(shrinks)
+        metrics["engines_back"] = float(engines_back)
+        metrics["grows"] = float(grows)
     for kind, n in sorted(by_kind.items()):
         metrics[f"preemptions_{kind}"] = float(n)
     res = SimResult(
@@ -409,6 +489,18 @@ _ROWS = (
     ("jain_tenants", "Jain's fairness (tenants)", "{:.3f}"),
     ("preemptions", "preemptions", "{:.0f}"),
 )
+_ELASTIC_ROWS = (
+    ("shrinks", "engine scale-ins (jobs shrunk)", "{:.0f}"),
+    ("engines_back", "  engines taken back", "{:.0f}"),
+    ("grows", "engine scale-outs (jobs grown)", "{:.0f}"),
+)
+
+# --elastic: the same RL-shaped trace under `ours` without and with elastic rollout
+ELASTIC_VARIANTS = (
+    ("rigid", {"elastic_shrink": False, "elastic_grow": False}),
+    ("shrink", {"elastic_shrink": True, "elastic_grow": False}),
+    ("shrink+grow", {"elastic_shrink": True, "elastic_grow": True}),
+)
 
 
 def render_table(results: list[SimResult]) -> str:
@@ -417,7 +509,8 @@ def render_table(results: list[SimResult]) -> str:
     colw = max(14, *(len(c) for c in cols))
     lines = [f"{'metric':<{width}}  " + "  ".join(f"{c:>{colw}}" for c in cols)]
     lines.append("-" * len(lines[0]))
-    for key, label, fmt in _ROWS:
+    rows = _ROWS + (_ELASTIC_ROWS if any("shrinks" in r.metrics for r in results) else ())
+    for key, label, fmt in rows:
         lines.append(
             f"{label:<{width}}  "
             + "  ".join(f"{fmt.format(r.metrics.get(key, float('nan'))):>{colw}}" for r in results)
@@ -476,16 +569,33 @@ def main(argv: list[str] | None = None) -> int:
         "--config", default="", help="PolicyConfig overrides for ours, e.g. reservations=2,service_tiers=8/64"
     )
     ap.add_argument("--json", action="store_true", help="print the same numbers as JSON")
+    ap.add_argument(
+        "--elastic",
+        action="store_true",
+        help="jobs of 4-8 GPUs as elastic RL jobs; compare ours rigid, with shrink, with shrink and grow",
+    )
     args = ap.parse_args(argv)
     trace = load_trace(args.trace.resolve(), args.limit)
     queues = tenant_queues(trace, NODES * GPUS_PER_NODE)
     results = []
     config = parse_config(args.config)
-    for name in args.policies.split(","):
-        name = name.strip()
-        policy = functools.partial(POLICIES[name], config=config)
+    runs = (
+        [(f"ours {label}", "ours", dataclasses.replace(config, **knobs)) for label, knobs in ELASTIC_VARIANTS]
+        if args.elastic
+        else [(name.strip(), name.strip(), config) for name in args.policies.split(",")]
+    )
+    for label, name, cfg in runs:
+        policy = functools.partial(POLICIES[name], config=cfg)
         results.append(
-            simulate(trace, policy, policy_name=name, queues=queues, window_s=args.window, beat_s=args.beat)
+            simulate(
+                trace,
+                policy,
+                policy_name=label,
+                queues=queues,
+                window_s=args.window,
+                beat_s=args.beat,
+                elastic=args.elastic,
+            )
         )
     header = (
         f"{len(trace)} jobs from {args.trace.name} on {NODES} nodes x {GPUS_PER_NODE} GPUs; tenant = source cluster "
@@ -494,6 +604,12 @@ def main(argv: list[str] | None = None) -> int:
         f"pass at {'every event instant' if args.window <= 0 else f'{args.window:.0f}-s windows'}"
         f" and every {args.beat:.0f} s while jobs wait"
         + (f"; ours with {args.config}" if args.config else "")
+        + (
+            "; jobs of 4-8 GPUs are elastic RL jobs (trainer half, 1-GPU engines 1..2x), progress in "
+            "proportion to GPUs held"
+            if args.elastic
+            else ""
+        )
     )
     if args.json:
         out = {

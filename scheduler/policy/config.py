@@ -76,6 +76,12 @@ class PolicyConfig:
     restart_cost_s: float = 300.0
     # Order by size before quota standing (True), or serve jobs within nominal quota first.
     size_before_quota: bool = True
+    # A blocked job takes engines back from elastic jobs (`--autoscaler-config`) before it preempts
+    # anyone: no work is lost (scheduler/policy/elastic.py; bench.scheduler_sim --elastic measures it).
+    elastic_shrink: bool = True
+    # Elastic jobs grow into GPUs that no waiting job of the pool can use, up to their max engines (off:
+    # only back to the engines their spec asks for, after a shrink).
+    elastic_grow: bool = True
 
 
 DEFAULT_CONFIG = PolicyConfig()

@@ -51,6 +51,28 @@ def check(snapshot: Snapshot, decision: Decision) -> list[str]:
                 held[node] = held.get(node, 0) + gpus
             used[j.queue] = used.get(j.queue, 0) + j.total_gpus
 
+    resized: set[str] = set()
+    for job_id, job, r in _known(((r.job_id, r) for r in decision.resize), jobs, "resized", out):
+        if job_id in resized:
+            out.append(f"{job_id} resized twice")
+        resized.add(job_id)
+        gang = next((g for g in job.demand if g.role == r.role), None)
+        if job.state != "running" or job.placement is None:
+            out.append(f"resized {job_id} is {job.state}, not running")
+            continue
+        if gang is None or not gang.elastic or not gang.floor <= r.after <= gang.ceiling:
+            out.append(f"{job_id}: {r.role} resized to {r.after}, outside its elastic range")
+        after = JobView(job.id, job.queue, job.submit_time, r.demand, state="running", placement=r.placement)
+        out.extend(whole_placement_errors(after, r.placement))
+        for node, gpus in job.placement.node_gpus:
+            held[node] -= gpus
+        pool = queues[job.queue].pool if job.queue in queues else None
+        for node, gpus in r.placement.node_gpus:
+            held[node] = held.get(node, 0) + gpus
+            if node not in nodes or nodes[node].pool != pool:
+                out.append(f"{job_id} resized onto {node}, outside its pool {pool}")
+        used[job.queue] = used.get(job.queue, 0) - job.total_gpus + after.total_gpus
+
     used_before = dict(used)
     admitted: set[str] = set()
     for job_id, job, placement in _known(decision.admit, jobs, "admitted", out):
@@ -84,7 +106,7 @@ def check(snapshot: Snapshot, decision: Decision) -> list[str]:
         if node is not None and gpus > node.gpus:
             out.append(f"node {name} has {gpus} GPUs allocated of {node.gpus}")
 
-    admitting_queues = {jobs[j].queue for j in admitted if j in jobs}
+    admitting_queues = {jobs[j].queue for j in admitted | resized if j in jobs}
     # A queue may always fill its own nominal quota, even out of GPUs others had borrowed (they
     # are then the ones to reclaim from): for what may be lent, count such a queue as it was.
     lend_view = dict(used)

@@ -53,6 +53,12 @@ class PoolPass:
         del self.running[job_id]
         self._forgotten = True
 
+    def reset_running_views(self) -> None:
+        """Running jobs were resized (`policy.elastic`): what was worked out from their old views goes."""
+        self._facts = None
+        self._by_queue = None
+        self._forgotten = False
+
     def admit(self, job: JobView, placement: Placement, decision: Decision) -> None:
         decision.admit.append((job.id, placement))
         self.quota.add(job.queue, job.total_gpus)

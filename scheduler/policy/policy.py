@@ -6,6 +6,7 @@ from bisect import bisect_right
 from collections.abc import Callable
 
 from scheduler.policy.config import DEFAULT_CONFIG, PolicyConfig
+from scheduler.policy.elastic import as_resize, grow, plan_shrink, shrinkable_gpus
 from scheduler.policy.holds import can_be_overtaken, claim_incoming, hold_for_head, nodes_after
 from scheduler.policy.pass_state import PoolPass, prepare, report
 from scheduler.policy.preemption import plan_victims
@@ -200,6 +201,7 @@ def _schedule_pool(p: PoolPass, now: float, config: PolicyConfig, decision: Deci
     # just above the line forever.
     held_queues: dict[str, str] = {}
     tail_note: str | None = None
+    shrink = _Shrink(p, now, config, decision, tier_of)
     for i, job in enumerate(admission_order(p, now, config), start=1):
         holder = held_queues.get(job.queue)
         if holder is not None:
@@ -233,6 +235,8 @@ def _schedule_pool(p: PoolPass, now: float, config: PolicyConfig, decision: Deci
             quota.at_borrowing_limit(job.queue, job.total_gpus) or cap.free_total() >= job.total_gpus
         ):
             # Its queue's limits stop it, or lending limits keep the free GPUs for their owners.
+            if shrink.attempt(job, i, attempts):
+                continue
             if plans_left > 0 and config.preempt_for_priority:
                 outcome = _preempt_for(p, job, i, now, config, decision, plan_failed, tier_of)
                 if outcome is not None:
@@ -262,6 +266,8 @@ def _schedule_pool(p: PoolPass, now: float, config: PolicyConfig, decision: Deci
         if p.incoming and claim_incoming(p, job):
             waiting[job.id] = p.wait(job, i, "preempting", "GPUs being freed by preemptions are held for it")
             continue
+        if shrink.attempt(job, i, attempts):
+            continue
         if plans_left > 0:
             outcome = _preempt_for(p, job, i, now, config, decision, plan_failed, tier_of)
             if outcome is not None:
@@ -280,6 +286,54 @@ def _schedule_pool(p: PoolPass, now: float, config: PolicyConfig, decision: Deci
             holding = f"holds {len(held)} node{'s' if len(held) != 1 else ''} while they drain"
             note = f"{holding}; {note}" if note else holding
         waiting[job.id] = p.wait(job, i, "capacity", note)
+    if (config.elastic_grow or config.elastic_shrink) and not any(
+        w.code in ("capacity", "preempting", "behind_head") for j in p.queued if (w := waiting.get(j.id))
+    ):
+        # Nobody waiting can use the free GPUs: shrunk elastic jobs get their engines back, and grow on
+        # into them with `elastic_grow` (lent engines are the first taken back).
+        for before, after in grow(p.cap, quota, p.running.values(), beyond_base=config.elastic_grow):
+            decision.resize.append(as_resize(before, after, "idle GPUs in the pool"))
+            p.running[after.id] = after
+
+
+class _Shrink:
+    """Engines taken back from elastic jobs for a blocked job, before any preemption (`elastic.plan_shrink`).
+    A demand that could not be made room for is not tried again this pass."""
+
+    def __init__(self, p: PoolPass, now: float, config: PolicyConfig, decision: Decision, tier_of) -> None:
+        self.p, self.now, self.config, self.decision, self.tier_of = p, now, config, decision, tier_of
+        self.on = config.elastic_shrink and any(shrinkable_gpus(v) for v in p.running.values())
+        self.failed: set[tuple] = set()
+
+    def attempt(self, job: JobView, position: int, attempts: _Attempts) -> bool:
+        if not self.on:
+            return False
+        p, config = self.p, self.config
+        key = (job.queue, job.priority, job.demand, job.node_selector)
+        if key in self.failed:
+            return False
+        candidates = [v for v in p.running.values() if shrinkable_gpus(v)]
+        if not candidates:
+            self.on = False
+            return False
+        tier = self.tier_of(job, self.now)
+        # Taking engines loses no work: no settling, no reclaim grace, only the rights to the job.
+        reclaim = config.preempt_to_reclaim and p.quota.within_nominal(job.queue, job.total_gpus)
+        rules, tiers = _eligible(p, job, tier, reclaim, self.now, config, any_loss=True)
+        cost = {v.id: (v.priority, -tiers.get(v.id, 0), v.id) for v in candidates}
+        plan = plan_shrink(p.cap, p.quota, job, candidates, set(rules), cost)
+        if plan is None:
+            self.failed.add(key)
+            return False
+        for before, after in plan:
+            self.decision.resize.append(as_resize(before, after, f"{job.id} needs GPUs its engines hold"))
+            p.running[after.id] = after
+        p.reset_running_views()
+        placement = p.cap.place(job)
+        assert placement is not None, "plan_shrink made room"
+        p.admit(job, placement, self.decision)
+        attempts.freed()
+        return True
 
 
 def _preempt_for(
@@ -403,39 +457,13 @@ def _victims(
     Aging orders the queue but never makes a job a victim: waiting jobs of one tier must not take
     turns preempting each other.
     """
-    quota = p.quota
-    by_rank = config.preempt_for_priority
-    facts = p.victim_facts(lambda running: _victim_facts(running, now, config))
-    own_prio = job.priority
-    other_prio = _rank_beyond_queue(p, job)
-    own = job.queue
-    borrowing = {q for q in quota.queues if q != own and quota.borrowing(q) > 0}
-    respect_service = config.reclaim_respects_service
-    service_victim_tier = tier + config.preempt_tier_gap
-    loss_bound = _NEVER if config.max_victim_loss_s is None or starving else config.max_victim_loss_s
-    rules: dict[str, str] = {}
-    tiers: dict[str, int] = {}
-    for v, v_tier, loss in facts:
-        q = v.queue
-        if q != own and q not in borrowing:
-            continue
-        v_prio = v.priority
-        prio = own_prio if q == own else other_prio
-        if by_rank and v_prio < prio:
-            rules[v.id] = "class"
-        elif loss > loss_bound or loss == _NEVER:
-            continue
-        elif by_rank and v_prio == prio and v_tier >= service_victim_tier:
-            rules[v.id] = "service"
-        elif reclaim and q != own and (not respect_service or v_tier >= tier):
-            rules[v.id] = "reclaim"
-        else:
-            continue
-        tiers[v.id] = v_tier
+    rules, tiers = _eligible(p, job, tier, reclaim, now, config, starving)
     if not rules:
         return None  # nobody it may take: the same for every job with its rights
     running = p.running
     candidates = [running[i] for i in rules]
+    quota = p.quota
+    own = job.queue
 
     def still_eligible(v: JobView) -> bool:
         # A queue that stops borrowing as victims are taken stops being fair game.
@@ -455,6 +483,52 @@ def _victims(
     if not chosen:
         return []
     return [(v, _preempt_reason(rules[v.id], job, v, now)) for v in chosen]
+
+
+def _eligible(
+    p: PoolPass,
+    job: JobView,
+    tier: int,
+    reclaim: bool,
+    now: float,
+    config: PolicyConfig,
+    starving: bool = False,
+    any_loss: bool = False,
+) -> tuple[dict[str, str], dict[str, int]]:
+    """The running jobs `job` may take (`_victims` says which), each with its rule and service tier.
+    `any_loss`: whatever they would lose (taking engines back from an elastic job loses nothing)."""
+    quota = p.quota
+    by_rank = config.preempt_for_priority
+    facts = p.victim_facts(lambda running: _victim_facts(running, now, config))
+    own_prio = job.priority
+    other_prio = _rank_beyond_queue(p, job)
+    own = job.queue
+    borrowing = {q for q in quota.queues if q != own and quota.borrowing(q) > 0}
+    respect_service = config.reclaim_respects_service
+    service_victim_tier = tier + config.preempt_tier_gap
+    loss_bound = _NEVER if config.max_victim_loss_s is None or starving else config.max_victim_loss_s
+    if any_loss:
+        loss_bound = _NEVER
+    rules: dict[str, str] = {}
+    tiers: dict[str, int] = {}
+    for v, v_tier, loss in facts:
+        q = v.queue
+        if q != own and q not in borrowing:
+            continue
+        v_prio = v.priority
+        prio = own_prio if q == own else other_prio
+        if by_rank and v_prio < prio:
+            rules[v.id] = "class"
+        elif loss > loss_bound or (loss == _NEVER and not any_loss):
+            continue
+        elif by_rank and v_prio == prio and v_tier >= service_victim_tier:
+            rules[v.id] = "service"
+        elif reclaim and q != own and (not respect_service or v_tier >= tier):
+            rules[v.id] = "reclaim"
+        else:
+            continue
+        tiers[v.id] = v_tier
+    return rules, tiers
 
 
 def _victim_facts(running, now: float, config: PolicyConfig) -> list[tuple[JobView, int, float]]:

@@ -61,6 +61,11 @@ class Gang:
     consumes no GPUs of its own, its replicas are laid onto the host role's placement, from the host's
     GPU `colocate_at` on (in the host's replica order; `jobspec.demand.role_layout`: colocated PPO's
     critic starts after the actor's GPUs).
+    `min_count` / `max_count`: an elastic gang (the rollout engines of a job with `--autoscaler-config`):
+    `count` is how many replicas it holds now, `base_count` how many its spec asks (what admission
+    places; None: `count`). The policy grows it up to `max_count` into idle GPUs, and takes replicas back
+    down to `min_count` instead of preempting a job: those above `base_count` from any job that needs
+    them, the others only from a job that could preempt this one (`scheduler.policy.elastic`).
     """
 
     role: str
@@ -69,15 +74,48 @@ class Gang:
     one_node: bool = True
     colocate_with: str | None = None
     colocate_at: int = 0
+    min_count: int | None = None
+    max_count: int | None = None
+    base_count: int | None = None
     # Demands are dict keys in every pass (identical demands share one placement attempt): hash once.
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.min_count is not None or self.max_count is not None:
+            low = self.count if self.min_count is None else self.min_count
+            high = self.count if self.max_count is None else self.max_count
+            base = self.base
+            if self.colocate_with is not None or not (
+                1 <= low <= min(self.count, base) and high >= max(self.count, base)
+            ):
+                raise ValueError(
+                    f"elastic gang {self.role}: needs 1 <= min_count ({low}) <= count ({self.count}) and "
+                    f"base_count ({base}) <= max_count ({high}), on GPUs of its own"
+                )
         object.__setattr__(
             self,
             "_hash",
             hash((self.role, self.gpus, self.count, self.one_node, self.colocate_with, self.colocate_at)),
         )
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_count is not None or self.max_count is not None
+
+    @property
+    def floor(self) -> int:
+        """The fewest replicas it runs with (`count` for a rigid gang)."""
+        return self.count if self.min_count is None else self.min_count
+
+    @property
+    def base(self) -> int:
+        """The replicas its spec asks for (admission's size)."""
+        return self.count if self.base_count is None else self.base_count
+
+    @property
+    def ceiling(self) -> int:
+        """The most replicas it may grow to (`count` for a rigid gang)."""
+        return self.count if self.max_count is None else self.max_count
 
     def __hash__(self) -> int:
         return self._hash
@@ -268,3 +306,26 @@ class Decision:
     queues: dict[str, QueueUsage] = field(default_factory=dict)
     # pool -> node -> GPUs allocated once this decision's admissions are applied.
     pools: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Running elastic jobs to resize (`scheduler.policy.elastic`), applied before the admissions (a shrink
+    # frees the GPUs an admission of the same pass may use): the job's new demand and placement, and why.
+    resize: list[Resize] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Resize:
+    """One elastic gang of a running job resized: from `before` to `after` replicas (its engines scaled in
+    or out); `demand` and `placement` are the job's whole new ones."""
+
+    job_id: str
+    role: str
+    before: int
+    after: int
+    demand: tuple[Gang, ...]
+    placement: Placement
+    reason: str
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the job gains (> 0) or gives back (< 0)."""
+        gang = next(g for g in self.demand if g.role == self.role)
+        return (self.after - self.before) * gang.gpus

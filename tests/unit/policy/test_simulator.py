@@ -109,3 +109,27 @@ def test_command_line_prints_the_same_numbers_as_json(tmp_path, capsys):
     assert main(["--trace", str(path), "--policies", "ours"]) == 0
     table = capsys.readouterr().out
     assert "tenant = source cluster" in table and "mean slowdown" in table
+
+
+@pytest.mark.parametrize("shrink", [False, True])
+def test_an_elastic_job_gives_engines_back_instead_of_being_preempted(shrink):
+    # b (8 GPUs: an RL job of a 4-GPU trainer and 4 engines, --elastic) borrows the node; the owner's 2-GPU
+    # job a arrives at 2000. Rigid: b is preempted (as above: done at 5500). Elastic: 2 of b's engines go,
+    # b runs at 6/8 speed until a ends at 3000, gets them back, and ends at 2000 + 750 + 1250 = 4250.
+    trace = [TraceJob("b", 0, 8, 4000, "borrower"), TraceJob("a", 2000, 2, 1000, "owner")]
+    queues = (Queue("borrower", "shared", "t", 0), Queue("owner", "shared", "t", 8))
+    config = PolicyConfig(reclaim_after_s=0, elastic_shrink=shrink, elastic_grow=shrink)
+    res = simulate(
+        trace,
+        functools.partial(schedule, config=config),
+        nodes=1,
+        gpus_per_node=8,
+        queues=queues,
+        check=check,
+        elastic=True,
+    )
+    m = res.metrics
+    assert not res.notes
+    assert (m["preemptions"], m["shrinks"], m["engines_back"]) == ((0, 1, 2) if shrink else (1, 0, 0))
+    assert m["grows"] == (1 if shrink else 0)
+    assert m["avg_jct_h"] * 3600 == pytest.approx(((4250 if shrink else 5500) + 1000) / 2)
