@@ -20,7 +20,7 @@ class Stage(StrEnum):
     DATA = "data"  # next prompts (RL) or the next SFT batch
     ROLLOUT = "rollout"  # generation by the rollout engines
     REWARD = "reward"  # scoring samples
-    LOG_PROBS = "log_probs"  # trainer recomputes old (and reference) log-probs
+    LOG_PROBS = "log_probs"  # trainer recomputes old (unless true-on-policy) and reference log-probs
     VALUES = "values"  # PPO: the critic's values of the rollout (a no-op without a critic)
     ADVANTAGES = "advantages"  # advantage estimator
     TRAIN = "train"  # loss, backward, optimizer steps

@@ -1053,10 +1053,10 @@ EFFECTS: dict[str, Evidence | dict[str, Evidence]] = {
     ),
     "rollout_skip_special_tokens": Probe(skip_special_tokens),
     "max_staleness": Probe(wiring, base={"fully_async": True, "colocate": False}),
-    "true_on_policy_mode": Derived(
-        ("global_batch_size",),
-        "Relax derives it in fully-async mode; accepted only with one optimizer step per rollout, where the "
-        "old log-probs (computed before the update) are the train forward's, as the mode takes them",
+    # the trainer is not asked for the old log-probs and the update is the recomputing one's (torch here,
+    # megatron DP=2 in test_true_on_policy_megatron.py)
+    "true_on_policy_mode": ExistingTest(
+        "tests/unit/runtime/test_true_on_policy.py::test_no_recompute_and_the_same_update"
     ),
     "load_debug_rollout_data_subsample": Probe(
         wiring, base={"load_debug_rollout_data": str(FOLDER / "debug")}
