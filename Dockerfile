@@ -27,6 +27,7 @@ COPY scheduler ./scheduler
 COPY runtime ./runtime
 COPY jobspec ./jobspec
 COPY client ./client
+COPY wire ./wire
 COPY migrations ./migrations
 COPY bench ./bench
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .

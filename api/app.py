@@ -10,6 +10,7 @@ import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio.to_thread
 from fastapi import FastAPI
@@ -34,6 +35,7 @@ from api.routes import (
     specs,
     webhooks,
 )
+from api.schemas import EXTRA_COMPONENTS
 from runtime.redaction import install_log_redaction
 from scheduler.celery_app import make_celery
 from scheduler.db.engine import Database
@@ -153,6 +155,13 @@ def create_app(
         app.include_router(router)
     if not settings.api.otel:  # FastAPI's telemetry spans the handler the fast path leaves out
         jobs.install_submit_fast_path(app)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            FastAPI.openapi(app)["components"]["schemas"].update(EXTRA_COMPONENTS)
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     if (WEB_DIST / "index.html").exists():
         app.mount("/", StaticFiles(directory=WEB_DIST, html=True), name="dashboard")

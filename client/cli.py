@@ -47,6 +47,7 @@ from client.sdk import ApiError, RelaxClient
 from client.watch import follow as follow_stream
 from client.watch import watch_job
 from client.webhooks import webhooks_app
+from wire.jobs import JobStatus
 
 app = typer.Typer(
     help="Relax Platform: submit and watch LLM post-training jobs.",
@@ -132,7 +133,7 @@ def submit(
         cmd.out.print(f"  [yellow]warning[/yellow] {w.get('field', '')}: {w.get('message', '')}")
     if wait:
         final = watch_job(c, job["id"], cmd.out)
-        raise typer.Exit(0 if final == "SUCCEEDED" else 1)
+        raise typer.Exit(0 if final == JobStatus.SUCCEEDED else 1)
 
 
 HomeOpt = Annotated[
@@ -450,7 +451,7 @@ def jobs_list(
                 slots(j["total_gpus"], kinds.get(j["pool"])),
                 j["queue"],
                 full_time(j["created_at"]) if wide else short_time(j["created_at"]),
-                _brief(j["wait_reason"] if j["status"] == "QUEUED" else (j["status_reason"] or "")),
+                _brief(j["wait_reason"] if j["status"] == JobStatus.QUEUED else (j["status_reason"] or "")),
             ]
             for j in page["data"]
         ]
@@ -488,7 +489,7 @@ def jobs_get(c: RelaxClient, job_id: JobArg, *, as_json: bool, wide: bool) -> No
         f"attempt {job['attempt']}",
         highlight=False,
     )
-    if job["status"] == "QUEUED" and job["wait_reason"]:
+    if job["status"] == JobStatus.QUEUED and job["wait_reason"]:
         cmd.out.print(f"  waiting: #{job['queue_position']} — {job['wait_reason']}")
     if job["total_steps"]:
         cmd.out.print(
@@ -509,7 +510,7 @@ def jobs_watch(c: RelaxClient, job_id: JobArg) -> None:
     """Follow a job to its end, as `submit --wait` does: its events and one line per step (numbered as its
     log numbers them), in the order they happened. Exit code 0 if it succeeds."""
     final = watch_job(c, cmd.job_id(c, job_id), cmd.out)
-    raise typer.Exit(0 if final == "SUCCEEDED" else 1)
+    raise typer.Exit(0 if final == JobStatus.SUCCEEDED else 1)
 
 
 @jobs_app.command("cancel")

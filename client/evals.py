@@ -16,6 +16,7 @@ from client import commands as cmd
 from client.commands import Table, api_call
 from client.display import Col
 from client.sdk import RelaxClient
+from wire.jobs import JobStatus
 
 evals_app = typer.Typer(help="CI evals: a model's eval history, one eval's verdicts.", no_args_is_help=True)
 
@@ -230,7 +231,7 @@ def write_junit(ev: dict[str, Any], path: Path) -> None:
             ET.SubElement(case, "failure", message=message, type="threshold").text = message
         elif t["verdict"] != "pass":
             message = (
-                f"{t['metric']} was not reported" if ev["outcome"] != "error" or ev.get("job_status") == "SUCCEEDED"
+                f"{t['metric']} was not reported" if ev["outcome"] != "error" or ev.get("job_status") == JobStatus.SUCCEEDED
                 else str(ev.get("reason") or "the eval job failed")
             )  # fmt: skip
             ET.SubElement(case, "error", message=message, type="eval_error").text = message

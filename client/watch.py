@@ -34,10 +34,8 @@ from rich.text import Text
 
 from client.display import EVAL_PREFIX, event_reason, log_step
 from client.sdk import ApiError, RelaxClient
+from wire.jobs import JobStatus
 
-#: A job's terminal statuses: `scheduler.domain.jobs.TERMINAL`, which the CLI may not import (it talks HTTP
-#: only); tests/unit/api/test_wire_types.py holds this copy to it.
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 HEADLINE = ("rollout/reward", "train/loss", "eval/loss", "perf/step_time")
 #: Seconds an item waits before it is printed, for anything that happened before it to arrive: longer than
 #: the stream's poll interval (0.5 s, api/routes/jobs.py), since one poll's items arrive together.
@@ -268,7 +266,7 @@ def watch_job(client: RelaxClient, job_id: str, console: Console) -> str:
         transient=True,
         disable=not console.is_terminal,
     )
-    task = progress.add_task("job", total=None, status="QUEUED", info="")
+    task = progress.add_task("job", total=None, status=JobStatus.QUEUED.value, info="")
     messages: queue.Queue[tuple[str, Any]] = queue.Queue()
     threading.Thread(
         target=_read, args=(client, job_id, messages), name="relaxctl-watch", daemon=True
@@ -288,7 +286,7 @@ def watch_job(client: RelaxClient, job_id: str, console: Console) -> str:
                 if data.get("total_steps"):
                     lines.total = data["total_steps"]
                     progress.update(task, total=data["total_steps"], completed=data.get("progress_step") or 0)
-                info = data.get("wait_reason") if data["status"] == "QUEUED" else ""
+                info = data.get("wait_reason") if data["status"] == JobStatus.QUEUED else ""
                 progress.update(task, status=data["status"], info=info or "")
             elif kind == "event":
                 lines.event(data)
@@ -300,7 +298,8 @@ def watch_job(client: RelaxClient, job_id: str, console: Console) -> str:
     lines.flush()
     job = client.get_job(job_id)
     elapsed = time.time() - started
-    color = {"SUCCEEDED": "green", "FAILED": "red"}.get(job["status"], "yellow")
+    status = job["status"]
+    color = "green" if status == JobStatus.SUCCEEDED else "red" if status == JobStatus.FAILED else "yellow"
     summary = [f"[{color}]{job['status']}[/{color}] in {elapsed:.0f}s"]
     if job.get("total_steps"):
         summary.append(f"{job.get('progress_step') or 0}/{job['total_steps']} steps")
@@ -313,7 +312,7 @@ def watch_job(client: RelaxClient, job_id: str, console: Console) -> str:
     except ApiError:
         pass
     console.print(" · ".join(summary), highlight=False)
-    if job["status"] == "FAILED":
+    if job["status"] == JobStatus.FAILED:
         console.print(f"  reason: {escape(job.get('status_reason') or '')}", highlight=False)
         console.print(f"  logs:   relaxctl jobs logs {job_id}")
     console.print(f"  outputs: {job['output_dir']}", highlight=False, soft_wrap=True)

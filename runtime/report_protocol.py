@@ -107,13 +107,21 @@ class EventItem(TypedDict):
     message: NotRequired[Annotated[str, Field(default="")]]
 
 
+@with_config(_ITEM)
+class Progress(TypedDict):
+    """How far the run is: the step it reached and the steps it will take (either may be left out)."""
+
+    step: NotRequired[Integer]
+    total_steps: NotRequired[Integer]
+
+
 class Report(BaseModel):
     """One batch from a job's driver: numbered per attempt from 0, resent unchanged until acknowledged."""
 
     attempt: Count
     seq: Count
     phase: str | None = None  # a Phase; another value is taken and changes nothing
-    progress: dict[str, Integer] | None = None  # {"step", "total_steps"}
+    progress: Progress | None = None
     metrics: list[MetricItem] = Field(default_factory=list)
     logs: list[LogItem] = Field(default_factory=list)
     checkpoints: list[CheckpointItem] = Field(default_factory=list)

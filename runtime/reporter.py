@@ -29,6 +29,7 @@ from runtime.report_protocol import (  # Phase, EventKind, RolloutSplit: importe
     MetricItem,
     Phase,
     PredictionItem,
+    Progress,
     RolloutItem,
     RolloutSplit,
 )
@@ -125,7 +126,7 @@ class Reporter(ABC):
         self._queue: MemoryQueue | DiskSpool = MemoryQueue()
         self._pending = _Pending()
         self._unwritten: list[dict[str, Any]] = []  # numbered, not yet in the queue (a write failed)
-        self._progress: dict[str, int] | None = None
+        self._progress: Progress | None = None
         self._seq = 0
         self._last_sent = 0.0
         self._flush_now = False
@@ -251,7 +252,7 @@ class Reporter(ABC):
 
     def set_progress(self, step: int, total_steps: int) -> None:
         with self._cond:
-            self._progress = {"step": step, "total_steps": total_steps}
+            self._progress = Progress(step=step, total_steps=total_steps)
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Send everything pending now; True if it all was acknowledged within `timeout`."""

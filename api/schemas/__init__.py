@@ -6,16 +6,31 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 
+from jobspec.issues import SpecIssue
+from wire.jobs import JobStatus
+
 #: Labels of a job or a node: a few short names and values (they are shown, filtered on, stored as JSON).
 Labels = Annotated[
     dict[Annotated[str, Field(max_length=100)], Annotated[str, Field(max_length=1000)]], Field(max_length=64)
 ]
 
 
+class ErrorDetails(BaseModel):
+    """What an error adds to its message: the issues of an invalid request or spec, and keys of the error's own
+    (the service that is unavailable, the state that conflicts ...). No `extra="allow"` here, though other keys
+    come: a dataclass inside takes its model's config, and `SpecIssue` would become an open object everywhere."""
+
+    issues: list[SpecIssue] | None = Field(
+        None,
+        description="For validation errors: each problem, naming its field. A job spec's issues carry all six "
+        "keys; a request's carry code, field, message and hint.",
+    )
+
+
 class ErrorBody(BaseModel):
     code: str = Field(description="Stable machine-readable code, e.g. spec.invalid, job.not_found.")
     message: str
-    details: Any = Field(None, description="For validation errors: {issues: [{code, field, message, hint}]}.")
+    details: ErrorDetails | None = None
     request_id: str | None
 
 
@@ -40,5 +55,23 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         "model": ErrorEnvelope,
         "description": "service.unavailable: the database or the broker (details.service) cannot be reached "
         "now; retry after the Retry-After header's seconds.",
+    },
+}
+
+#: Components the OpenAPI document lists beside those the routes name: sets of the domain's values that the
+#: dashboard reads as lists (web/scripts/gen-api.sh generates each as `<name>Values`), taken from their one
+#: declaration (docs/adr/0012).
+EXTRA_COMPONENTS: dict[str, dict[str, Any]] = {
+    "TerminalJobStatus": {
+        "description": "The statuses a job ends in (`wire.jobs.TERMINAL`): no transition leaves them.",
+        "enum": [s.value for s in JobStatus if s.is_terminal()],
+        "title": "TerminalJobStatus",
+        "type": "string",
+    },
+    "SlotHoldingJobStatus": {
+        "description": "The statuses in which a job holds its slots on a pool (`wire.jobs.HOLDING_SLOTS`).",
+        "enum": [s.value for s in JobStatus if s.holds_slots()],
+        "title": "SlotHoldingJobStatus",
+        "type": "string",
     },
 }

@@ -16,8 +16,8 @@ from pydantic import TypeAdapter
 import jobspec
 from api.schemas.jobs import AllocationPublic, JobDetail, SpecValidation
 from jobspec.issues import SpecIssue
-from scheduler.domain.jobs import TERMINAL, FailureReason, JobStatus
 from tests.factories import grpo_spec
+from wire.jobs import TERMINAL, FailureReason, JobStatus
 
 ROOT = Path(__file__).resolve().parents[3]
 WEB_API = ROOT / "web" / "src" / "api"
@@ -35,6 +35,7 @@ TYPED = {
     "capacity": "Capacity",
     "warnings": "SpecIssue",
     "errors": "SpecIssue",
+    "issues": "SpecIssue",  # an error's details
     # a driver's report: the report protocol's items (runtime/report_protocol.py)
     "metrics": "MetricItem",
     "logs": "LogItem",
@@ -42,6 +43,7 @@ TYPED = {
     "rollouts": "RolloutItem",
     "predictions": "PredictionItem",
     "events": "EventItem",
+    "progress": "Progress",
 }
 #: Objects whose `status` is a concept of their own (OpenAI's shapes), each its declared component.
 OWN_STATUS = {
@@ -128,6 +130,9 @@ def test_the_enums_list_the_domain_values_in_its_order(openapi: dict[str, Any]) 
     assert schemas["JobStatus"]["enum"] == [s.value for s in JobStatus]
     assert schemas["FailureReason"]["enum"] == [r.value for r in FailureReason]
     assert schemas["SpecIssue"]["properties"]["severity"]["enum"] == ["error", "warning"]
+    # the error envelope's issues are the same component, not an open variant of it
+    assert _refs(schemas["ErrorDetails"]["properties"]["issues"]) == {"SpecIssue"}
+    assert "additionalProperties" not in schemas["SpecIssue"]
 
 
 def test_a_spec_issue_is_the_same_object_in_an_error_and_in_the_dry_run() -> None:
@@ -188,16 +193,55 @@ def test_a_demand_and_allocations_go_out_as_stored() -> None:
     assert isinstance(detail.allocations[0], AllocationPublic)
 
 
-def test_the_clients_terminal_statuses_are_the_domains() -> None:
-    """Copies the import contracts still require (the CLI may not import the scheduler; the OpenAPI document
-    carries no terminal flag), held to the domain's set until they can read it."""
-    from client.watch import TERMINAL as CLI_TERMINAL
+#: Where the job status is read: a list of its values written out there is a second declaration.
+PARTS = ("api", "scheduler", "runtime", "jobspec", "client")
+WEB_SRC = ROOT / "web" / "src"
 
-    terminal = {s.value for s in TERMINAL}
-    assert set(CLI_TERMINAL) == terminal == {s.value for s in JobStatus if s.is_terminal()}
-    web = (ROOT / "web" / "src" / "lib" / "format.ts").read_text()
-    listed = re.search(r"TERMINAL_STATUSES[^=]*=\s*\[([^\]]*)\]", web)
-    assert listed is not None and set(re.findall(r'"([A-Z]+)"', listed.group(1))) == terminal
+
+def _status_lists(text: str) -> list[str]:
+    """Lists, tuples and sets in `text` that name two or more job statuses as strings (a mapping of statuses to
+    something else, such as a colour, is no list of them)."""
+    values = "|".join(s.value for s in JobStatus)
+    return [
+        m.group(0)
+        for m in re.finditer(r"\[[^\[\]]*\]|\([^()]*\)|\{[^{}:]*\}", text)
+        if len(set(re.findall(rf"""["']({values})["']""", m.group(0)))) >= 2
+    ]
+
+
+def test_the_job_status_is_declared_once() -> None:
+    """`wire.jobs` is the one declaration (docs/adr/0012): the scheduler's names are the same objects, the CLI and
+    the dashboard read the terminal set from it (the dashboard through the generated `TerminalJobStatus`), and
+    no part of the platform writes out a list of statuses of its own."""
+    import client.watch
+    import scheduler.domain.jobs as domain
+    import wire.jobs
+
+    assert (domain.JobStatus, domain.TERMINAL, domain.FailureReason) == (
+        wire.jobs.JobStatus,
+        wire.jobs.TERMINAL,
+        wire.jobs.FailureReason,
+    )
+    assert client.watch.JobStatus is wire.jobs.JobStatus
+    assert TERMINAL == {s for s in JobStatus if s.is_terminal()}
+    generated = re.search(
+        r"export const terminalJobStatusValues\b[^=]*= (\[[^\]]*\]);",
+        (WEB_API / "gen" / "schema.ts").read_text(),
+    )
+    assert generated is not None and json.loads(generated.group(1)) == [
+        s.value for s in JobStatus if s in TERMINAL
+    ]
+    copies = {
+        str(path.relative_to(ROOT)): found
+        for part in PARTS
+        for path in (ROOT / part).rglob("*.py")
+        if (found := _status_lists(path.read_text()))
+    } | {
+        str(path.relative_to(ROOT)): found
+        for path in [*WEB_SRC.rglob("*.ts"), *WEB_SRC.rglob("*.tsx")]
+        if "gen" not in path.relative_to(WEB_SRC).parts and (found := _status_lists(path.read_text()))
+    }
+    assert not copies, f"statuses listed outside wire/jobs.py: {copies}"
 
 
 def test_the_dashboard_names_generated_types_only() -> None:

@@ -6,16 +6,6 @@ import type { components, paths } from "./gen/schema";
 
 export type Schemas = components["schemas"];
 
-/** One problem with one field, as the API reports it in `details.issues[]`. */
-export interface FieldIssue {
-  code?: string;
-  field?: string | null;
-  fields?: string[];
-  message: string;
-  hint?: string | null;
-  severity?: string;
-}
-
 /**
  * A failed API call: `{"error": {"code", "message", "details", "request_id"}}` from the API, or a
  * network failure (status 0).
@@ -36,9 +26,9 @@ export class ApiError extends Error {
   }
 
   /** `details.issues[]` when the API listed field problems (validation errors). */
-  get issues(): FieldIssue[] {
+  get issues(): Schemas["SpecIssue"][] {
     const d = this.details as { issues?: unknown } | null;
-    return Array.isArray(d?.issues) ? (d.issues as FieldIssue[]) : [];
+    return Array.isArray(d?.issues) ? (d.issues as Schemas["SpecIssue"][]) : [];
   }
 
   static fromResponse(response: Response, body: unknown): ApiError {

@@ -1,5 +1,5 @@
 // How the dashboard writes times, durations, sizes and numbers. Pure functions: unit-tested.
-import type { JobStatus } from "../api/types";
+import { TERMINAL_STATUSES } from "../api/types";
 
 /**
  * Parse an API timestamp. The API stores UTC; a value without a zone designator (SQLite returns
@@ -96,10 +96,7 @@ export interface JobTimes {
   finished_at: string | null;
 }
 
-/** `JobStatus.is_terminal()` of scheduler/domain/jobs.py: the API's schema has no such flag, so this copy is held
- * to the domain's set by tests/unit/api/test_wire_types.py. */
-export const TERMINAL_STATUSES: readonly JobStatus[] = ["SUCCEEDED", "FAILED", "CANCELLED"];
-
+/** `JobStatus.is_terminal()` (wire/jobs.py): the status is one of the generated `TerminalJobStatus`. */
 export function isTerminal(status: string): boolean {
   return (TERMINAL_STATUSES as readonly string[]).includes(status);
 }

@@ -2,13 +2,13 @@
 import { useQuery } from "@tanstack/react-query";
 import { type FormEvent, useEffect, useState } from "react";
 import { jobsListQuery } from "../api/jobs";
-import { JOB_STATUSES, type JobStatus } from "../api/types";
+import { JOB_STATUSES, type JobStatus, TERMINAL_STATUSES } from "../api/types";
 import { ErrorPanel } from "../components/common/ErrorPanel";
 import { Loading } from "../components/common/Loading";
 import { PageHead } from "../components/common/PageHead";
 import { useNow } from "../components/common/useNow";
 import { JobsTable } from "../components/jobs/JobsTable";
-import { formatRelative } from "../lib/format";
+import { formatRelative, isTerminal } from "../lib/format";
 import { buildHash, navigate, type Route } from "../lib/router";
 import { SearchField } from "../components/common/SearchField";
 
@@ -16,8 +16,8 @@ const PAGE_SIZE = 50;
 
 /** The statuses an operator usually wants together. */
 const PRESETS: Record<string, readonly JobStatus[]> = {
-  active: ["QUEUED", "ADMITTED", "STARTING", "RUNNING", "PREEMPTING", "CANCELLING"],
-  finished: ["SUCCEEDED", "FAILED", "CANCELLED"],
+  active: JOB_STATUSES.filter((s) => !isTerminal(s)),
+  finished: TERMINAL_STATUSES,
 };
 
 export function JobsPage({ route }: { route: Route }) {

@@ -6,6 +6,7 @@ import { DataTable } from "../components/common/DataTable";
 import { ErrorPanel } from "../components/common/ErrorPanel";
 import { Loading } from "../components/common/Loading";
 import { PageHead } from "../components/common/PageHead";
+import { SLOT_HOLDING_STATUSES } from "../api/types";
 import { buildHash } from "../lib/router";
 
 function nodeState(n: { alive: boolean; cordoned: boolean }): { text: string; cls: string } {
@@ -34,7 +35,7 @@ export function PlatformPage() {
               {p.cordoned ? <span className="status status-CANCELLING" style={{ marginLeft: 8 }}>cordoned</span> : null}
             </h3>
             <span className="small">
-              <a href={buildHash(["jobs"], { status: ["ADMITTED", "STARTING", "RUNNING", "PREEMPTING", "CANCELLING"] })}>
+              <a href={buildHash(["jobs"], { status: SLOT_HOLDING_STATUSES })}>
                 {p.jobs_holding_slots} holding slots
               </a>
               {" · "}

@@ -1436,15 +1436,24 @@ export interface components {
              * @description Stable machine-readable code, e.g. spec.invalid, job.not_found.
              */
             code: string;
-            /**
-             * Details
-             * @description For validation errors: {issues: [{code, field, message, hint}]}.
-             */
-            details?: unknown;
+            details?: components["schemas"]["ErrorDetails"] | null;
             /** Message */
             message: string;
             /** Request Id */
             request_id: string | null;
+        };
+        /**
+         * ErrorDetails
+         * @description What an error adds to its message: the issues of an invalid request or spec, and keys of the error's own
+         *     (the service that is unavailable, the state that conflicts ...). No `extra="allow"` here, though other keys
+         *     come: a dataclass inside takes its model's config, and `SpecIssue` would become an open object everywhere.
+         */
+        ErrorDetails: {
+            /**
+             * Issues
+             * @description For validation errors: each problem, naming its field. A job spec's issues carry all six keys; a request's carry code, field, message and hint.
+             */
+            issues?: components["schemas"]["SpecIssue"][] | null;
         };
         /**
          * ErrorEnvelope
@@ -2767,6 +2776,16 @@ export interface components {
             /** Data */
             data: components["schemas"]["PriorityClassPublic"][];
         };
+        /**
+         * Progress
+         * @description How far the run is: the step it reached and the steps it will take (either may be left out).
+         */
+        Progress: {
+            /** Step */
+            step?: number;
+            /** Total Steps */
+            total_steps?: number;
+        };
         /** QueueCreate */
         QueueCreate: {
             /**
@@ -2923,10 +2942,7 @@ export interface components {
             phase?: string | null;
             /** Predictions */
             predictions?: components["schemas"]["PredictionItem"][];
-            /** Progress */
-            progress?: {
-                [key: string]: number;
-            } | null;
+            progress?: components["schemas"]["Progress"] | null;
             /** Rollouts */
             rollouts?: components["schemas"]["RolloutItem"][];
             /** Seq */
@@ -3043,6 +3059,12 @@ export interface components {
             /** Team Id */
             team_id: string | null;
         };
+        /**
+         * SlotHoldingJobStatus
+         * @description The statuses in which a job holds its slots on a pool (`wire.jobs.HOLDING_SLOTS`).
+         * @enum {string}
+         */
+        SlotHoldingJobStatus: "ADMITTED" | "STARTING" | "RUNNING" | "CANCELLING" | "PREEMPTING";
         /**
          * SpecIssue
          * @description One problem found in a job spec.
@@ -3244,6 +3266,12 @@ export interface components {
             /** Data */
             data: components["schemas"]["TeamPublic"][];
         };
+        /**
+         * TerminalJobStatus
+         * @description The statuses a job ends in (`wire.jobs.TERMINAL`): no transition leaves them.
+         * @enum {string}
+         */
+        TerminalJobStatus: "SUCCEEDED" | "FAILED" | "CANCELLED";
         /** ThresholdIn */
         ThresholdIn: {
             /**
@@ -10574,7 +10602,9 @@ export const jobStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["s
 export const launchScriptInLauncherAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["LaunchScriptIn"]["launcher"]> = ["python", "torchrun", "ray job submit"];
 export const pathGrantCreateModeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PathGrantCreate"]["mode"]> = ["ro", "rw"];
 export const reinforcementHyperparametersReasoning_effortValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ReinforcementHyperparameters"]["reasoning_effort"]> = ["default", "low", "medium", "high"];
+export const slotHoldingJobStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["SlotHoldingJobStatus"]> = ["ADMITTED", "STARTING", "RUNNING", "CANCELLING", "PREEMPTING"];
 export const specIssueSeverityValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["SpecIssue"]["severity"]> = ["error", "warning"];
+export const terminalJobStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TerminalJobStatus"]> = ["SUCCEEDED", "FAILED", "CANCELLED"];
 export const thresholdInOpValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ThresholdIn"]["op"]> = [">=", ">", "<=", "<", "=="];
 export const thresholdPublicOpValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ThresholdPublic"]["op"]> = [">=", ">", "<=", "<", "=="];
 export const uploadStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["UploadStatus"]> = ["pending", "completed", "cancelled", "expired"];

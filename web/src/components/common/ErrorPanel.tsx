@@ -1,9 +1,10 @@
 // Shows a failed call the way the API explains it: message, field issues (field, message, hint)
 // and the request id to quote when reporting it.
-import { ApiError, type FieldIssue } from "../../api/client";
+import { ApiError } from "../../api/client";
+import type { SpecIssue } from "../../api/types";
 
 /** Field issues, errors first; a warning is marked as one (the API lists both together). */
-export function IssueList({ issues }: { issues: readonly FieldIssue[] }) {
+export function IssueList({ issues }: { issues: readonly SpecIssue[] }) {
   if (!issues.length) return null;
   const sorted = [...issues].sort((a, b) => Number(a.severity === "warning") - Number(b.severity === "warning"));
   return (
