@@ -67,7 +67,11 @@ from typing import Any
 import psutil
 import yaml
 
+from runtime.launcher import RayJobStatus
+
 ROOT = Path(__file__).resolve().parents[1]
+#: Ray's statuses of a job that has ended.
+RAY_ENDED = frozenset(s for s in RayJobStatus if s.is_terminal())
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
 PG_URL = os.environ.get("RELAX_TEST_POSTGRES_URL", "postgresql+psycopg://root@127.0.0.1:5432/test")
 REDIS_URL = "redis://127.0.0.1:6379/9"  # tests use 15 (and 14, … under xdist)
@@ -807,7 +811,7 @@ class Bench:
         )
         while time.time() < deadline:
             jobs = json.loads(urllib.request.urlopen(req, timeout=60).read())
-            if all(j.get("status") in ("SUCCEEDED", "FAILED", "STOPPED") for j in jobs):
+            if all(j.get("status") in RAY_ENDED for j in jobs):
                 return
             time.sleep(2)
 

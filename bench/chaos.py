@@ -77,10 +77,11 @@ import psutil
 import yaml
 
 from bench.harness import ROOT, RunningPlatform, start_platform, stop_platform
+from wire.jobs import HOLDING_SLOTS, TERMINAL, JobStatus
 
 KINDS = ("api", "beat", "worker", "driver", "ray", "everything")
 KILLS_DRIVER = frozenset({"driver", "ray", "everything"})
-HOLDING = ("ADMITTED", "STARTING", "RUNNING", "CANCELLING", "PREEMPTING")
+HOLDING = HOLDING_SLOTS
 # How long a job may hold slots without a live driver process: RUNNING (the bound: its driver died
 # and the platform has not noticed), and ADMITTED/STARTING of one attempt (the launch and the Ray job's
 # start, which Ray's runtime environment and worker start make ~15-40 s here).
@@ -346,7 +347,7 @@ def check_pool(pools: list[dict]) -> list[str]:
 
 def check_job_slots(job: dict) -> str | None:
     gpus = sum(a["gpus"] for a in job.get("allocations") or [])
-    if job["status"] in HOLDING and job["status"] != "ADMITTED" and gpus < job["total_gpus"]:
+    if job["status"] in HOLDING and job["status"] != JobStatus.ADMITTED and gpus < job["total_gpus"]:
         return f"{job['status']} with {gpus} of its {job['total_gpus']} GPUs allocated"
     if job["status"] not in HOLDING and gpus:
         return f"{job['status']} and still {gpus} GPUs allocated"
@@ -481,7 +482,7 @@ class Chaos:
             watch.poll()
             if trial.recovery_s is None and watch.recovered(t_kill):
                 trial.recovery_s = time.time() - t_kill
-            if watch.status in ("SUCCEEDED", "FAILED", "CANCELLED"):
+            if watch.status in TERMINAL:
                 break
             time.sleep(0.5)
         if watch.status == "SUCCEEDED":
@@ -592,7 +593,7 @@ class Watch:
         drivers = driver_pids(self.job_id)
         if len(drivers) > 1:
             self._problem("two", f"{len(drivers)} live drivers at once: {drivers}")
-        if self.status in ("ADMITTED", "STARTING", "RUNNING") and not drivers:
+        if self.status in (JobStatus.ADMITTED, JobStatus.STARTING, JobStatus.RUNNING) and not drivers:
             key = ("RUNNING" if self.status == "RUNNING" else "launch", int(self.job.get("attempt") or 0))
             if self.no_driver is None or self.no_driver[:2] != key:
                 self.no_driver = (*key, now)
@@ -613,7 +614,7 @@ class Watch:
             self.poll()
             if what():
                 return
-            if self.status in ("SUCCEEDED", "FAILED", "CANCELLED"):
+            if self.status in TERMINAL:
                 break
             time.sleep(0.2)
         raise RuntimeError(

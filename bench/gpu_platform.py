@@ -52,6 +52,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from wire.jobs import TERMINAL, JobStatus
+
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_NAME = "gpu-grpo"
 STAGES = ("rollout", "reward", "log_probs", "advantages", "train", "weight_sync")
@@ -262,13 +264,13 @@ def run_job(platform: Any, work: Any, *, steps: int, cuda: bool, timeout: float,
     log(f"  submitted {job['id']}; following its stream")
     while time.time() - t_submit < timeout:
         job = client.get_job(job["id"])
-        if job["status"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
+        if job["status"] in TERMINAL:
             break
         time.sleep(2)
     out["status"] = job["status"]
     out["job_wall_s"] = time.time() - t_submit
     stream.join(30)
-    if job["status"] not in ("SUCCEEDED", "FAILED", "CANCELLED"):
+    if job["status"] not in TERMINAL:
         client.cancel_job(job["id"])
     out["stream_error"] = stream.error
     out["streamed"] = {name: stream.series(name) for name in sorted(stream.points)}
@@ -276,7 +278,7 @@ def run_job(platform: Any, work: Any, *, steps: int, cuda: bool, timeout: float,
     names = ["perf/step_time", *(f"perf/{s}_time" for s in STAGES)]
     stored = client.metrics(job["id"], names=names)
     out["stored"] = {n: [p["value"] for p in stored.get(n, [])] for n in names}
-    if job["status"] != "SUCCEEDED":
+    if job["status"] != JobStatus.SUCCEEDED:
         logs = client.logs(job["id"], limit=1000)["data"]
         out["log_tail"] = [
             f"{line['source']} {line['level']}: {line['message'][:400]}" for line in logs[-40:]
@@ -399,7 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             home=Path(tmp) / "home",
         )
     platform = summarize_platform(work, res, args.warmup)
-    if res.get("status") != "SUCCEEDED":
+    if res.get("status") != JobStatus.SUCCEEDED:
         failures.append(f"platform job {res.get('status')}: " + "\n".join(res.get("log_tail", [])[-15:]))
     if platform["steps"] != args.warmup + args.steps:
         failures.append(f"{platform['steps']} step times streamed, expected {args.warmup + args.steps}")

@@ -194,7 +194,7 @@ def test_a_demand_and_allocations_go_out_as_stored() -> None:
 
 
 #: Where the job status is read: a list of its values written out there is a second declaration.
-PARTS = ("api", "scheduler", "runtime", "jobspec", "client")
+PARTS = ("api", "scheduler", "runtime", "jobspec", "client", "bench")
 WEB_SRC = ROOT / "web" / "src"
 
 
