@@ -13,10 +13,12 @@ from typing import Any
 
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
-from jobspec import FIELDS, SpecError, normalize
+from jobspec import FIELDS, JobSpec, SpecError, normalize
 from jobspec.argv import parse_passthrough_scalar
 from jobspec.demand import KNOWN_ROLES
+from jobspec.intake import default_spec, issues_from_validation, validate_spec
 from jobspec.spec import FieldSpec
 
 BASE: dict[str, Any] = {
@@ -193,3 +195,48 @@ def test_repair_keeps_most_random_values() -> None:
 
     draw()
     assert kept and max(kept) > 100, kept
+
+
+def _validated_whole(values: dict[str, Any]) -> tuple[Any, list[Any], set[str]]:
+    """`jobspec.intake.validate_spec` as it was: the model validates every field."""
+    try:
+        return JobSpec.model_validate(values, strict=True), [], set()
+    except ValidationError as exc:
+        issues, bad = issues_from_validation(exc, values)
+        return (
+            JobSpec.model_validate({k: v for k, v in values.items() if k not in bad}, strict=True),
+            issues,
+            bad,
+        )
+
+
+_NAMES = sorted(FIELDS)
+
+
+@st.composite
+def _given_values(draw: st.DrawFn) -> dict[str, Any]:
+    """What a user gives: a few dozen fields of the table, most with a value of their type, some with any JSON
+    value or a value of their type as text (a wrong type a lax validation would take, out of range)."""
+    names = draw(st.lists(st.sampled_from(_NAMES), max_size=40, unique=True))
+    wrong = [_json, *(_strategy(FIELDS[n]).map(str) for n in names)]
+    return {
+        n: draw(st.one_of(wrong[0], wrong[i + 1]) if draw(st.integers(0, 9)) == 0 else _strategy(FIELDS[n]))
+        for i, n in enumerate(names)
+    }
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_given_values())
+def test_validating_the_given_values_only_is_validating_the_whole_spec(values: dict[str, Any]) -> None:
+    """`validate_spec` validates only the values given and takes the rest from the defaults' spec: the same
+    spec (values, their types, the fields set), issues and refused fields as the model validating all ~1,060;
+    the lists and dicts of the defaults are each spec's own."""
+    spec, issues, bad = validate_spec(dict(values))
+    whole, whole_issues, whole_bad = _validated_whole(dict(values))
+    assert spec == whole
+    assert list(spec.__dict__.items()) == list(whole.__dict__.items())
+    assert {k: type(v) for k, v in spec.__dict__.items()} == {k: type(v) for k, v in whole.__dict__.items()}
+    assert spec.model_fields_set == whole.model_fields_set
+    assert (issues, bad) == (whole_issues, whole_bad)
+    shared = default_spec().__dict__
+    assert not [k for k, v in spec.__dict__.items() if isinstance(v, list | dict) and v is shared[k]]
