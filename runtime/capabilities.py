@@ -83,6 +83,13 @@ COMMON_PARAMETERS: frozenset[str] = RuntimeSpec.field_names() | {
     "rollout_health_check_interval",
     "rollout_health_check_timeout",
     "rollout_health_check_first_wait",
+    # elastic rollout (runtime/roles/elastic.py): the job's own engines, on devices of their own, are scaled
+    # out and in between steps as the autoscaler's YAML says, with these operations' timeouts and policy
+    "autoscaler_config",  # restricted below
+    "scale_out_timeout",
+    "scale_out_partial_success_policy",
+    "scale_in_drain_timeout",
+    "scale_in_shutdown_timeout",
     # the platform's webhooks (scheduler/services/webhooks.py): every status change of the job is POSTed to
     # each http(s) URL, signed with the job's own secret (docs/reference/webhooks.md)
     "notify_urls",
@@ -305,6 +312,23 @@ def _tokenizer_model_ok(value: Any, values: Mapping[str, Any]) -> bool:
     return resolved and isinstance(value, str) and value.startswith(_PLATFORM_REFERENCES)
 
 
+def _elastic_problem(values: Mapping[str, Any]) -> str | None:
+    """Why `--autoscaler-config` cannot scale this job's engines (None: it can)."""
+    if _colocated(values):
+        return (
+            "the engines share the trainer's devices (--colocate): only engines on devices of their own scale"
+        )
+    if values.get("rollout_external"):
+        return "external engines (--rollout-external) are not the job's to start or stop"
+    if values.get("use_health_check"):
+        return (
+            "not yet with --use-health-check (its replacements and the scaling would both change the engines)"
+        )
+    if values.get("fully_async"):
+        return "not yet in fully-async mode (engines change between steps, while no rollout runs)"
+    return None
+
+
 def _rm_type_ok(value: Any, values: Mapping[str, Any]) -> bool:
     """A type the reward stage scores; an unknown one only with `rm-type-fallback` (which then scores)."""
     if value is None or values.get("custom_rm_path"):
@@ -396,6 +420,7 @@ RESTRICTIONS: dict[str, Callable[[Any, Mapping[str, Any]], bool]] = {
     # W&B logging needs the `wandb` package (the optional extra relax-platform[wandb]); the platform's processes
     # and its clusters share one install, and the driver checks again where it runs
     "use_wandb": lambda value, _values: not value or wandb_installed(),
+    "autoscaler_config": lambda value, values: not value or _elastic_problem(values) is None,
 }
 
 
@@ -403,6 +428,9 @@ RESTRICTIONS: dict[str, Callable[[Any, Mapping[str, Any]], bool]] = {
 RESTRICTION_HINTS: dict[str, str] = {
     "moe_token_dispatcher_type": "megatron's flex dispatcher needs DeepEP or HybridEP, which the platform's hosts "
     "do not have: use --moe-token-dispatcher-type alltoall (the same routing, NCCL all-to-all)",
+    "autoscaler_config": "elastic rollout scales the job's own engines on devices of their own, between "
+    "steps: not with --colocate, --rollout-external, --use-health-check or --fully-async (yet); remove "
+    "--autoscaler-config or those flags (docs/reference/elastic-rollout.md)",
     "use_wandb": "the wandb package is not installed on this platform (the optional extra "
     "relax-platform[wandb]): remove --use-wandb, or ask the platform's admin to install it; every metric is "
     "in the API and, unless --no-use-tensorboard, in the job's TensorBoard event files",
@@ -566,6 +594,9 @@ RESTRICTION_DOCS: dict[str, str | dict[str, str]] = {
     "opd_kl_type": "reverse_kl, low_var_kl (the estimators on the student's sampled tokens; forward_kl and jsd "
     "need top-k distributions)",
     "use_wandb": "where the wandb package is installed (the optional extra relax-platform[wandb])",
+    "autoscaler_config": "a YAML of min/max engines and scale-out/in thresholds (docs/reference/elastic-rollout.md); "
+    "the job's own engines on devices of their own, between steps: not with --colocate, --rollout-external, "
+    "--use-health-check or --fully-async",
 }
 
 

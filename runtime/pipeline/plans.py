@@ -31,6 +31,7 @@ from runtime.roles.groups import (
     explicit_engine_kind,
 )
 from runtime.roles.placement import Role, critic_world_size, spec_demand, train_world_size
+from runtime.rollout.elastic import ElasticSettings
 from runtime.rollout.health import HealthCheckConfig
 from runtime.rollout.sglang.passthrough import server_argv
 from runtime.spec import KL_SHAPED_ESTIMATORS, RuntimeSpec
@@ -346,6 +347,7 @@ def role_plan(spec: RuntimeSpec, total: int, device: Device | None = None) -> Ro
         demand=spec_demand(spec.values()) if spec.resource else None,
         gpu_nodes=gpu_nodes(spec.extra.get(PLACEMENT_KEY) or ()),
         health=HealthCheckConfig.from_values(spec.values()) if spec.generates else None,
+        elastic=ElasticSettings.from_values(spec.values()) if spec.generates else None,
         offload_train=offload_flags(spec)[0],
         offload_rollout=offload_flags(spec)[1],
         rollout_samples=rollout_samples(spec.values()),

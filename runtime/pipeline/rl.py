@@ -15,7 +15,7 @@ from runtime.algos.opd import opd_metrics
 from runtime.data.prompts import PromptFormatter, PromptItem
 from runtime.data.source import DataSourceInit
 from runtime.eval import eval_metrics, load_eval_datasets
-from runtime.observability import StepTimer
+from runtime.observability import Stage, StepTimer
 from runtime.pipeline.base import PipelineBase, PipelineParts
 from runtime.pipeline.plans import (
     advantage_config,
@@ -240,6 +240,9 @@ class RLPipeline(PipelineBase):
         metrics.update(self.step_perf(timer, batch, samples))
         if self.roles.rollout is not None:  # `--use-health-check`: replacements so far, engines healthy now
             metrics.update(self.roles.rollout.health_metrics())
+            # `--autoscaler-config`: the engines scaled between this step and the next
+            rollout_s = timer.seconds.get(Stage.ROLLOUT, 0.0)
+            metrics.update(self.roles.rollout.after_step(rollout_id, rollout_s, timer.step_seconds))
         self.finish_step(rollout_id, metrics)
 
     def stop_producing(self) -> None:

@@ -26,10 +26,12 @@ from runtime.roles.actors import (
     free_loopback_port,
 )
 from runtime.roles.colocated import ColocatedActor, hosted_batch_size
+from runtime.roles.elastic import ElasticRollout, engine_starter
 from runtime.roles.engine_health import EngineFactory, EngineSupervisor, settled
 from runtime.roles.logs import start_log_sink
 from runtime.roles.placement import Role, Topology, plan_topology, release, reserve
 from runtime.rollout.backend import BACKEND_ENV, backend_from_env
+from runtime.rollout.elastic import ElasticSettings
 from runtime.rollout.health import HealthCheckConfig, Verdict
 from runtime.rollout.params import GenerationResult, SamplingParams
 from runtime.rollout.sglang.engine_actor import engine_secret, external_engine_actors
@@ -170,6 +172,7 @@ class RolloutGroup:
         self._offloaded = False
         self.lock = threading.RLock()  # a replacement's weight load and swap vs. a weight push
         self.supervisor: EngineSupervisor | None = None
+        self.elastic: ElasticRollout | None = None  # `--autoscaler-config`: engines added and removed
 
     @property
     def weight_version(self) -> int:
@@ -272,14 +275,18 @@ class RolloutGroup:
             loaded = ray.get(actor.load_weights.remote(self._weights_ref, version), timeout=timeout_s)
             if int(loaded) != version:
                 raise RuntimeError(f"the new engine loaded weight version {loaded}, expected {version}")
+            if not hasattr(actor, "server_info"):  # the built-in in-process engine: no server to ask
+                return version if not self._offloaded else self._offload_new(actor, timeout_s)
             reported = ray.get(actor.server_info.remote(), timeout=timeout_s).get("weight_version")
             if str(reported) != str(version):
                 raise RuntimeError(
                     f"the new engine's server reports weight version {reported!r}, expected {version}"
                 )
-        if self._offloaded:
-            ray.get(actor.offload.remote(), timeout=timeout_s)
-        return version
+        return self._offload_new(actor, timeout_s) if self._offloaded else version
+
+    def _offload_new(self, actor: ActorHandle, timeout_s: float) -> int:
+        ray.get(actor.offload.remote(), timeout=timeout_s)
+        return self._weight_version
 
     def async_load_weights(self, weights_ref: ray.ObjectRef, version: int) -> list[ray.ObjectRef]:
         """Every engine reads the same stored object; Ray resolves the ref inside each engine process.
@@ -287,6 +294,8 @@ class RolloutGroup:
         with self.lock:
             self._weight_version = version
             if self.supervisor is None:
+                if self.elastic is not None:  # an engine added later loads the current weights
+                    self._weights_ref = weights_ref
                 return [a.load_weights.remote(weights_ref, version) for a in self.actors]
             self._weights_ref = weights_ref
             return [settled(a.load_weights.remote(weights_ref, version)) for a in self.actors]
@@ -320,6 +329,11 @@ class RolloutGroup:
     def _not_in_trainer(self, call: str) -> None:
         if self.in_trainer:  # the actor's own offload/onload are the trainer's
             raise RuntimeError(f"{call}: the engines live in the trainer's ranks; use Roles.use_for_rollout")
+
+    def after_step(self, step: int, rollout_s: float, step_s: float) -> dict[str, float]:
+        """`--autoscaler-config`: the engines scaled as the step's timings say (`runtime.roles.elastic`);
+        the step metrics `rollout/engines`, `rollout/scale_*`. Nothing without it."""
+        return {} if self.elastic is None else self.elastic.after_step(step, rollout_s, step_s)
 
     def health_metrics(self) -> dict[str, float]:
         """`rollout/engine_replacements` (so far in this run) and `rollout/healthy_engines` under a
@@ -555,6 +569,9 @@ class RolePlan:
     # the samples one rollout asks for (prompts x `--n-samples-per-prompt`): the engines hosted in the
     # trainer's ranks keep a KV slot for each of their share (`colocated.hosted_batch_size`)
     rollout_samples: int = 256
+    # `--autoscaler-config`: the job's own engines (actors of their own) are scaled out and in between
+    # steps (`runtime.roles.elastic`); None: a fixed number of engines
+    elastic: ElasticSettings | None = None
 
 
 def hosts_engines(topology: Topology) -> str | None:
@@ -602,6 +619,7 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
     started: list[ActorHandle] = []
     sink = None
     factory: EngineFactory | None = None
+    starter = None
     rollout: RolloutGroup | None = None
 
     def start(actor_class: type, role: Role, *args: Any, **kwargs: Any) -> list[ActorHandle]:
@@ -683,6 +701,14 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
                 else {}
             )
             engine_actors = start(_ENGINE_ACTORS[kind], Role.ROLLOUT, plan.hf_checkpoint, **common, **http)
+            if plan.elastic is not None and engine_actors:
+                starter = engine_starter(
+                    _ENGINE_ACTORS[kind],
+                    (plan.hf_checkpoint,),
+                    {**common, **http},
+                    topology.role_slots(Role.ROLLOUT)[0].ray_options(pgs, device),
+                    runtime_env,
+                )
             if plan.health is not None and engine_actors and kind is EngineKind.HTTP:
                 factory = EngineFactory(
                     _ENGINE_ACTORS[kind],
@@ -721,6 +747,15 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
         }
         infos = ray.get([a.ready.remote() for a in started])
         rollout = RolloutGroup(engine_actors, in_trainer=in_trainer) if engine_actors else None
+        if rollout is not None and plan.elastic is not None:
+            if starter is None:
+                log.warning(
+                    "--autoscaler-config: only the job's own engines on devices of their own are scaled "
+                    "(%s here): a fixed number of engines",
+                    "external engines" if plan.external_engines else "engines in the trainer's ranks",
+                )
+            else:
+                rollout.elastic = ElasticRollout(rollout, starter, plan.elastic)
         if rollout is not None and plan.health is not None:
             if factory is None:
                 log.warning(

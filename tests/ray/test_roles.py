@@ -3,6 +3,7 @@ trainer's right after a sync, and not before), forward-only reference role, acto
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -11,8 +12,11 @@ import ray
 
 from runtime.data.prompts import DatasetConfig, PromptFormatter, read_prompt_items
 from runtime.devices import Device
+from runtime.roles.actors import RolloutEngineActor
+from runtime.roles.elastic import ElasticRollout, engine_starter
 from runtime.roles.groups import RolePlan, Roles, start_roles
 from runtime.roles.placement import Role
+from runtime.rollout.elastic import AutoscalerConfig, ElasticSettings, PartialSuccessPolicy
 from runtime.rollout.engine import SamplingParams
 from runtime.rollout.generate import GenerateContext, LengthLimits, advance
 from runtime.train.schedule import LRSchedule
@@ -39,6 +43,8 @@ def roles(ray_local, artifacts: dict[str, Path], page_cache_markers: Path):  # t
         colocate=False,
         separate={Role.REFERENCE: str(artifacts["warm"])},
         warm_page_cache=(str(artifacts["warm"]),),  # --warm-hf-checkpoint-page-cache
+        # --autoscaler-config: test_elastic_rollout_* scales the engines
+        elastic=ElasticSettings(AutoscalerConfig(min_engines=1, max_engines=3), scale_out_timeout_s=120.0),
     )
     running = start_roles(
         plan, device=Device.detect(), env_vars={"RELAX_PAGE_CACHE_DIR": str(page_cache_markers)}
@@ -147,3 +153,52 @@ def test_actor_logs_and_exceptions_are_forwarded(roles: Roles, tmp_path: Path) -
         and "Traceback" in failure["message"]
         and failure["source"] == "actor:train"
     )
+
+
+def test_elastic_rollout_grows_with_the_current_weights_and_shrinks_draining_requests(
+    roles: Roles, artifacts: dict[str, Path]
+) -> None:
+    """--autoscaler-config (runtime/roles/elastic.py) on real engine actors. A scale-out whose engine Ray
+    refuses adds nothing; of two engines where the second cannot start, --scale-out-partial-success-policy
+    keep_partial keeps the first (rollback_all's choice is `settle_scale_out`'s, unit-tested), and it holds
+    the weights the others hold: its samples' log-probs equal the trainer's. Scale-in lets the leaving
+    engine finish its in-flight request (--scale-in-drain-timeout), or stops it past the timeout. One engine
+    start in all (each costs seconds)."""
+    assert roles.train is not None and roles.rollout is not None and roles.rollout.elastic is not None
+    group, elastic = roles.rollout, roles.rollout.elastic
+    sync = create_weight_sync(WeightSyncBackend.OBJECT_STORE)
+    roles.train.train_step(roles.train.compute_log_probs(_rollout(roles, artifacts, seed=4), ref=False))
+    sync.push(roles.train, [group], version=7)
+
+    # Ray refuses engine 3 at once (a negative CPU count); engine 2 starts for real
+    refused = engine_starter(RolloutEngineActor, ("unused",), {}, {"num_cpus": -1})
+    undone = ElasticRollout(group, refused, elastic.settings).scale_out(1)
+    assert (undone.before, undone.after, list(undone.failures)) == (2, 2, [2])
+    assert "could not start" in undone.failures[2] and len(group.actors) == 2
+    starts = {2: elastic.start_engine, 3: refused}
+    partial = ElasticRollout(
+        group,
+        lambda i: starts[i](i),
+        dataclasses.replace(elastic.settings, partial_success=PartialSuccessPolicy.KEEP_PARTIAL),
+    )
+    kept = partial.scale_out(2)
+    assert (kept.before, kept.after, list(kept.failures)) == (2, 3, [3])
+    fresh = roles.train.compute_log_probs(_rollout(roles, artifacts, seed=5), ref=False)  # a share per engine
+    assert _gap(fresh) < 1e-5  # the new engine too generates with the trainer's weights (version 7)
+
+    prompt = [[1, 2, 3]] * 4
+    in_flight = group.actors[-1].generate.remote(prompt, SamplingParams(max_new_tokens=32, seed=0))
+    shrunk = elastic.scale_in(1)
+    assert (shrunk.before, shrunk.after, shrunk.aborted) == (3, 2, 0) and len(group.actors) == 2
+    assert len(ray.get(in_flight)) == 4  # drained: its request finished before it stopped
+
+    hasty = ElasticRollout(
+        group, elastic.start_engine, dataclasses.replace(elastic.settings, drain_timeout_s=0.01)
+    )
+    leaving = group.actors[-1]
+    busy = leaving.generate.remote(prompt * 64, SamplingParams(max_new_tokens=250, min_new_tokens=250))
+    cut = hasty.scale_in(1)
+    assert (cut.after, cut.aborted) == (1, 1)  # still generating past the drain timeout: stopped
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(leaving.ready.remote(), timeout=60)
+    ray.wait([busy], timeout=60)  # killed mid-request, or done just before: never left hanging

@@ -53,6 +53,9 @@ _UNSET: Any = object()
 # One folder for every path-valued alternative (nothing is written there by the refusal checks).
 FOLDER = Path(tempfile.mkdtemp(prefix="capability-effects-"))
 atexit.register(shutil.rmtree, FOLDER, ignore_errors=True)
+# A valid `--autoscaler-config` (runtime/rollout/elastic.py reads it when the roles are planned).
+AUTOSCALER = FOLDER / "autoscaler.yaml"
+AUTOSCALER.write_text("min_engines: 1\nmax_engines: 3\nscale_out: {threshold: 0.5}\n")
 
 
 # -- the jobs the parameters are set on ------------------------------------------------------------------------
@@ -1009,6 +1012,17 @@ EFFECTS: dict[str, Evidence | dict[str, Evidence]] = {
             "rollout_health_check_interval",
             "rollout_health_check_timeout",
             "rollout_health_check_first_wait",
+        )
+    },
+    # -- elastic rollout (runtime/roles/elastic.py): engines of their own, scaled between steps --
+    "autoscaler_config": Probe(plan, base={"colocate": False}, value=str(AUTOSCALER)),
+    **{
+        name: Probe(plan, base={"colocate": False, "autoscaler_config": str(AUTOSCALER)}, value=value)
+        for name, value in (
+            ("scale_out_timeout", 7.0),
+            ("scale_out_partial_success_policy", "keep_partial"),
+            ("scale_in_drain_timeout", 7.0),
+            ("scale_in_shutdown_timeout", 7.0),
         )
     },
     # -- rewards --

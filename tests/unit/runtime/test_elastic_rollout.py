@@ -1,0 +1,123 @@
+"""Elastic rollout's pure side (runtime/rollout/elastic.py): the autoscaler YAML (bounds, unknown keys
+refused with a hint), the scale decisions step by step, the partial-success policy, and where
+`--autoscaler-config` is refused (runtime/capabilities.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runtime.capabilities import unsupported_parameters
+from runtime.rollout.elastic import (
+    Autoscaler,
+    AutoscalerConfig,
+    AutoscalerConfigError,
+    ElasticSettings,
+    PartialSuccessPolicy,
+    settle_scale_out,
+)
+
+GOOD = {
+    "min_engines": 1,
+    "max_engines": 3,
+    "scale_out": {"threshold": 0.5, "step": 2, "cooldown_steps": 1},
+    "scale_in": {"threshold": 0.2, "cooldown_steps": 2},
+}
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({**GOOD, "max_engine": 3}, r"unknown key 'max_engine' \(did you mean max_engines\?\)"),
+        (
+            {**GOOD, "scale_out": {"treshold": 0.5}},
+            r"scale_out: unknown key 'treshold' \(did you mean threshold",
+        ),
+        ({"max_engines": 3}, "min_engines is required"),
+        ({**GOOD, "min_engines": 4}, r"max_engines \(3\) must be >= min_engines \(4\)"),
+        ({**GOOD, "min_engines": 0}, "min_engines must be an integer >= 1, got 0"),
+        ({**GOOD, "max_engines": "3"}, "max_engines must be an integer >= 1, got '3'"),
+        (
+            {**GOOD, "scale_out": {"threshold": 1.5}},
+            r"scale_out.threshold must be a share .* in \[0, 1\], got 1.5",
+        ),
+        ({**GOOD, "scale_in": {"threshold": 0.6}}, "scale_in.threshold .* must be below scale_out.threshold"),
+        ({**GOOD, "scale_in": {"threshold": 0.1, "step": 0}}, "scale_in.step must be an integer >= 1"),
+        ({**GOOD, "scale_out": 2}, "scale_out must be a mapping"),
+        ([1, 2], "a mapping of keys is expected, got list"),
+    ],
+)
+def test_a_wrong_autoscaler_config_is_refused_naming_the_key(data, message):
+    with pytest.raises(AutoscalerConfigError, match=message):
+        AutoscalerConfig.parse(data)
+
+
+def test_the_settings_read_the_yaml_and_the_flags(tmp_path: Path):
+    path = tmp_path / "autoscaler.yaml"
+    path.write_text("min_engines: 1\nmax_engines: 3\nscale_out: {threshold: 0.5, step: 2}\n")
+    assert ElasticSettings.from_values({"autoscaler_config": None, "scale_out_timeout": 9.0}) is None
+    s = ElasticSettings.from_values(
+        {
+            "autoscaler_config": str(path),
+            "scale_out_timeout": 9.0,
+            "scale_out_partial_success_policy": "keep_partial",
+            "scale_in_drain_timeout": 4.0,
+            "scale_in_shutdown_timeout": 2.0,
+        }
+    )
+    assert s is not None
+    assert (s.autoscaler.max_engines, s.autoscaler.scale_out.step, s.autoscaler.scale_in.threshold) == (
+        3,
+        2,
+        0.2,
+    )
+    assert (s.scale_out_timeout_s, s.partial_success, s.drain_timeout_s, s.shutdown_timeout_s) == (
+        9.0,
+        PartialSuccessPolicy.KEEP_PARTIAL,
+        4.0,
+        2.0,
+    )
+    with pytest.raises(ValueError, match="--scale-in-drain-timeout must be > 0"):
+        ElasticSettings.from_values({"autoscaler_config": str(path), "scale_in_drain_timeout": 0.0})
+    with pytest.raises(AutoscalerConfigError, match="cannot be read"):
+        ElasticSettings.from_values({"autoscaler_config": str(tmp_path / "missing.yaml")})
+    path.write_text("min_engines: [")
+    with pytest.raises(AutoscalerConfigError, match="not YAML"):
+        ElasticSettings.from_values({"autoscaler_config": str(path)})
+
+
+def test_the_autoscaler_follows_the_rollouts_share_of_the_step_within_bounds_and_cooldowns():
+    scaler = Autoscaler(AutoscalerConfig.parse(GOOD))
+    assert scaler.target(0, 5, 0.3) == 3  # outside the bounds: back within them first
+    assert scaler.target(0, 1, 0.9) == 3  # rollout-bound: +2 (step), up to max_engines
+    scaler.scaled(0)
+    assert scaler.target(1, 3, 0.9) == 3  # at max_engines
+    assert scaler.target(1, 3, 0.1) == 3  # scale_in cooldown: 2 steps
+    assert scaler.target(2, 3, 0.1) == 2
+    scaler.scaled(2)
+    assert scaler.target(3, 2, 0.3) == 2  # between the thresholds: nothing
+    assert scaler.target(3, 2, 0.6) == 3  # scale_out cooldown: 1 step
+    every_other = Autoscaler(AutoscalerConfig.parse({**GOOD, "evaluation_interval": 2}))
+    assert every_other.target(0, 1, 0.9) == 1 and every_other.target(1, 1, 0.9) == 3
+
+
+def test_the_partial_success_policy_decides_which_new_engines_stay():
+    assert settle_scale_out([True, False, True], PartialSuccessPolicy.ROLLBACK_ALL) == [False] * 3
+    assert settle_scale_out([True, False, True], PartialSuccessPolicy.KEEP_PARTIAL) == [True, False, True]
+    assert settle_scale_out([True, True], PartialSuccessPolicy.ROLLBACK_ALL) == [True, True]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"colocate": True},
+        {"rollout_external": True, "rollout_external_engine_addrs": ["10.0.0.1:30000"]},
+        {"use_health_check": True},
+        {"fully_async": True},
+    ],
+)
+def test_autoscaler_config_is_refused_where_it_cannot_scale_the_engines(values):
+    job = {"train_backend": "torch", "autoscaler_config": "/x/autoscaler.yaml", "scale_out_timeout": 60.0}
+    assert unsupported_parameters(job, {}) == []
+    assert unsupported_parameters({**job, **values}, {}) == ["autoscaler_config='/x/autoscaler.yaml'"]
