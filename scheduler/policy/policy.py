@@ -302,10 +302,12 @@ class _Shrink:
 
     def __init__(self, p: PoolPass, now: float, config: PolicyConfig, decision: Decision, tier_of) -> None:
         self.p, self.now, self.config, self.decision, self.tier_of = p, now, config, decision, tier_of
-        self.on = config.elastic_shrink and any(shrinkable_gpus(v) for v in p.running.values())
+        self.on: bool | None = None if config.elastic_shrink else False  # None: not looked yet
         self.failed: set[tuple] = set()
 
     def attempt(self, job: JobView, position: int, attempts: _Attempts) -> bool:
+        if self.on is None:  # one look per pass, and only in a pass where some job is blocked
+            self.on = any(shrinkable_gpus(v) for v in self.p.running.values())
         if not self.on:
             return False
         p, config = self.p, self.config
