@@ -42,6 +42,9 @@ class NormalizedSpec:
     demand: ResourceDemand = field(default=None)  # type: ignore[assignment]  # always set by normalize()
     # `spec.to_dict()`, made once (a dump of every field: callers read it, and copy it before changing it)
     values: dict[str, Any] = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+    # The fields given (after the input rules) and derived: every other field of `values` holds its default
+    # (scheduler/db/spec_column.py compares only these with the defaults). None: not known.
+    changed: frozenset[str] | None = field(default=None, repr=False, compare=False)
 
     def spec_dict(self) -> dict[str, Any]:
         """`spec.to_dict()`, shared: read it, copy it before changing anything in it."""
@@ -148,7 +151,10 @@ def normalize(
         )
         raise SpecError([issue, *issues]) from None
     warnings = [i for i in issues if not i.is_error]
-    return NormalizedSpec(spec=spec, warnings=warnings, derived=derived, demand=demand, values=values)
+    changed = frozenset(checked.__pydantic_fields_set__).union(derived)
+    return NormalizedSpec(
+        spec=spec, warnings=warnings, derived=derived, demand=demand, values=values, changed=changed
+    )
 
 
 def _with_derived(checked: JobSpec, values: dict[str, Any], derived: dict[str, Any]) -> JobSpec:

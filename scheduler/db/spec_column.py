@@ -19,6 +19,9 @@ from __future__ import annotations
 import hashlib
 import threading
 import weakref
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import cache
 from typing import Any
 
@@ -50,10 +53,49 @@ def current_defaults() -> tuple[str, dict[str, Any]]:
     return hashlib.sha256(text.encode()).hexdigest()[:20], values
 
 
+@cache
+def _positions() -> dict[str, int]:
+    """Each default's place in the defaults (the spec's field order)."""
+    return {name: i for i, name in enumerate(current_defaults()[1])}
+
+
+@cache
+def _unlike_dump() -> frozenset[str]:
+    """The fields whose default, as a validated spec holds it, `compact` would not take as the default's JSON
+    (none while a validated spec holds JSON values only): compared whatever `differing_at_most_in` names."""
+    _, defaults = current_defaults()
+    held = JobSpec.model_validate({}).__dict__
+    return frozenset(
+        k
+        for k, d in defaults.items()
+        if (v := held.get(k, defaults)) is not d and (type(d) is not type(v) or d != v)  # noqa: E721
+    )
+
+
 def defaults_row() -> dict[str, str]:
     """This platform's defaults as a `spec_defaults` row's values."""
     ident, values = current_defaults()
     return {"id": ident, "spec_values": json_dumps(dict(sorted(values.items())))}
+
+
+# (spec, names) while `differing_at_most_in(spec, names)` runs: `compact(spec)` compares only those names
+_ONLY: ContextVar[tuple[dict[str, Any], Collection[str]] | None] = ContextVar(
+    "spec_column_only", default=None
+)
+
+
+@contextmanager
+def differing_at_most_in(spec: dict[str, Any], names: Collection[str]) -> Iterator[None]:
+    """While in it, `compact(spec)` (this very dict, as an INSERT binds it) compares only `names` with the
+    defaults, in the defaults' order, instead of all ~1,060 (~0.9M instructions): the caller vouches that `spec`
+    has the defaults' keys, in their order, and that every value outside `names` is the default's (a spec
+    `normalize` made: its given and derived fields, `NormalizedSpec.changed`, and its path fields, which path
+    resolution rewrites). The stored value is the one `compact(spec)` gives without it."""
+    token = _ONLY.set((spec, names))
+    try:
+        yield
+    finally:
+        _ONLY.reset(token)
 
 
 def compact(spec: dict[str, Any]) -> dict[str, Any]:
@@ -65,6 +107,18 @@ def compact(spec: dict[str, Any]) -> dict[str, Any]:
         return spec
     ident, defaults = current_defaults()
     get, missing = defaults.get, object()
+    only = _ONLY.get()
+    if only is not None and only[0] is spec and len(spec) == len(defaults):
+        position = _positions()
+        names = sorted({n for n in only[1] if n in position}.union(_unlike_dump()), key=position.__getitem__)
+        return {
+            DEFAULTS_KEY: ident,
+            **{
+                k: v
+                for k in names
+                if (d := get(k, missing)) is not (v := spec[k]) and (type(d) is not type(v) or d != v)  # noqa: E721
+            },
+        }
     out = {
         k: v
         for k, v in spec.items()

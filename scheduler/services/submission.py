@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import shlex
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -30,6 +31,7 @@ from scheduler.db.models import (
     Team,
     WebhookEndpoint,
 )
+from scheduler.db.spec_column import differing_at_most_in
 from scheduler.domain.errors import (
     InvalidRequest,
     InvalidSpec,
@@ -352,37 +354,45 @@ class JobSubmission:
         name = sub.name or _default_name(resolution.spec)
         if audit is not None:
             audit.note(target=job_id, name=name, queue=queue.name, priority_class=pclass.name, created=True)
-        job = _inserted(
-            self.session,
-            id=job_id,
-            name=name,
-            team_id=team.id,
-            queue=queue.name,
-            pool=pool.name,
-            status=JobStatus.QUEUED,
-            priority_class=pclass.name,
-            priority=pclass.value,
-            preemptible=pclass.preemptible,
-            labels=dict(sub.labels or {}),
-            spec=resolution.spec,
-            submitted=submitted
-            | {
-                "warnings": [w.to_dict() for w in normalized.warnings] + resolution.warnings,
-                "derived": _jsonable(normalized.derived),
-                "inputs": resolution.inputs,
-            },
-            demand=demand,
-            total_gpus=int(demand["total_gpus"]),
-            output_dir=str(job_dir),
-            idempotency_key=sub.idempotency_key,
-            event={
-                "kind": "transition",
-                "from_status": None,
-                "to_status": JobStatus.QUEUED,
-                "reason": f"submitted to queue {queue.name} (pool {pool.name})",
-            },
-            audit=row_values(audit, audit_status) if audit is not None else None,
+        # the stored spec compares only what may differ from the defaults with them: the given and derived fields
+        # and the paths resolved (`spec_column.differing_at_most_in`)
+        compared = (
+            differing_at_most_in(resolution.spec, normalized.changed.union(jobspec.path_fields()))
+            if normalized.changed is not None
+            else nullcontext()
         )
+        with compared:
+            job = _inserted(
+                self.session,
+                id=job_id,
+                name=name,
+                team_id=team.id,
+                queue=queue.name,
+                pool=pool.name,
+                status=JobStatus.QUEUED,
+                priority_class=pclass.name,
+                priority=pclass.value,
+                preemptible=pclass.preemptible,
+                labels=dict(sub.labels or {}),
+                spec=resolution.spec,
+                submitted=submitted
+                | {
+                    "warnings": [w.to_dict() for w in normalized.warnings] + resolution.warnings,
+                    "derived": _jsonable(normalized.derived),
+                    "inputs": resolution.inputs,
+                },
+                demand=demand,
+                total_gpus=int(demand["total_gpus"]),
+                output_dir=str(job_dir),
+                idempotency_key=sub.idempotency_key,
+                event={
+                    "kind": "transition",
+                    "from_status": None,
+                    "to_status": JobStatus.QUEUED,
+                    "reason": f"submitted to queue {queue.name} (pool {pool.name})",
+                },
+                audit=row_values(audit, audit_status) if audit is not None else None,
+            )
         annotate(job_id=job_id)  # the request's later lines (its access line) name the new job
         # the team's endpoints came with the platform's small tables (read once per unit of work)
         webhooks.record_job_transition(self.session, job, None, endpoints=self._read_platform(team).endpoints)

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from scheduler.db.jsontext import json_dumps
-from scheduler.db.spec_column import DEFAULTS_KEY, compact, current_defaults, expand, expand_with
+from scheduler.db.spec_column import (
+    DEFAULTS_KEY,
+    compact,
+    current_defaults,
+    differing_at_most_in,
+    expand,
+    expand_with,
+)
 
 
 def test_only_what_differs_is_kept_and_json_types_count() -> None:
@@ -49,3 +56,47 @@ def test_defaults_nobody_recorded_are_an_error_that_says_what_to_do() -> None:
         "seed": 3,
         "lr": 2.0,
     }
+
+
+def _normalized_specs() -> list[tuple[dict, frozenset]]:
+    """Specs `normalize` made of the examples (and of them varied), their path fields rewritten as path
+    resolution does, with the names `JobSubmission.submit` passes to `differing_at_most_in`."""
+    import random
+    from pathlib import Path
+
+    import yaml
+
+    import jobspec
+
+    rng = random.Random(5)
+    out = []
+    for path in sorted((Path(__file__).resolve().parents[3] / "examples").glob("*.yaml")):
+        spec = yaml.safe_load(path.read_text())["spec"]
+        for _ in range(3):
+            varied = dict(spec, lr=rng.choice([1e-6, 1e-4, 3]), colocate=rng.random() < 0.5)
+            varied["seed"] = rng.choice([1234, 1234.0, 9])
+            try:
+                n = jobspec.normalize(obj=varied, max_gpus_per_node=8)
+            except jobspec.SpecError:
+                continue
+            resolved = dict(n.spec_dict())
+            for name in jobspec.path_fields():
+                if isinstance(resolved.get(name), str):
+                    resolved[name] = "/areas/team/" + resolved[name].removeprefix("artifacts://")
+            out.append((resolved, n.changed | set(jobspec.path_fields())))
+    return out
+
+
+def test_comparing_only_the_changed_names_stores_what_comparing_all_stores() -> None:
+    """`differing_at_most_in` (what `submit` wraps the job's INSERT in): for a spec `normalize` made, with its
+    paths resolved, comparing its given, derived and path fields only gives the same stored JSON, key order
+    included; another dict, even an equal one, is compared whole."""
+    cases = _normalized_specs()
+    assert len(cases) > 10
+    for spec, names in cases:
+        whole = compact(spec)
+        with differing_at_most_in(spec, names):
+            assert json_dumps(compact(spec)) == json_dumps(whole)
+            other = dict(spec, seed=spec["seed"] + 1)
+            assert compact(other)["seed"] == spec["seed"] + 1  # not `spec`: compared whole
+        assert len(whole) > 5
