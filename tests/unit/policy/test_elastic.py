@@ -7,7 +7,9 @@ import functools
 
 import pytest
 
-from scheduler.policy import Assignment, Gang, JobView, Placement, PolicyConfig, schedule
+from scheduler.policy import Assignment, Decision, Gang, JobView, Placement, PolicyConfig, schedule
+from scheduler.policy.elastic import as_resize, resized
+from scheduler.policy.invariants import check
 from tests.unit.policy.snapshots import decide, nodes, preempted, queue, queued, snapshot
 
 RIGID = PolicyConfig(elastic_shrink=False, elastic_grow=False)
@@ -117,3 +119,16 @@ def test_a_shrunk_job_gets_its_engines_back_when_the_gpus_are_idle_again():
     no_grow = decide(functools.partial(schedule, config=PolicyConfig(elastic_grow=False)), snap)
     assert [(r.before, r.after) for r in no_grow.resize] == [(2, 6)]
     assert [(r.before, r.after) for r in decide(schedule, snap).resize] == [(2, 6)]  # 2 + 6 fill the node
+
+
+def test_a_resize_never_leaves_the_range_and_check_reports_one_onto_taken_gpus():
+    rl = rl_job("rl", "a", ["n0"] * 2, min_count=2, max_count=4)
+    with pytest.raises(ValueError, match="min_count"):
+        resized(rl, "rollout", [0])  # one engine: below min_count 2
+    other = JobView(
+        "x", "a", 0.0, (Gang("w", 4),), state="running", placement=Placement((Assignment("w", 0, "n0", 4),))
+    )
+    snap = snapshot(0.0, nodes(1), [queue("a", 16)], [rl, other])
+    extra = [Assignment("rollout", 2, "n0", 1), Assignment("rollout", 3, "n0", 1)]
+    decision = Decision(resize=[as_resize(rl, resized(rl, "rollout", [0, 1], extra), "test")])
+    assert check(snap, decision) == ["node n0 has 10 GPUs allocated of 8"]
