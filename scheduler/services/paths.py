@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path, PurePosixPath
+from stat import S_ISLNK
 from typing import Any, Literal
 
 import sqlalchemy as sa
@@ -98,6 +99,40 @@ def real(path: str | Path) -> Path:
     return Path(os.path.realpath(path))
 
 
+def _within(path: Path, root: Path) -> bool:
+    """`runtime.access.within` (`path` is `root` or under it), by the paths' text when both are absolute: a
+    `Path` compares its parts, which its text joins with '/' (the same answer without making a `Path` of each
+    of `path`'s parents)."""
+    p, r = str(path), str(root)
+    if p[:1] != "/" or r[:1] != "/":
+        return within(path, root)
+    return p == r or p.startswith(r if r == "/" else r + "/")
+
+
+def real_under(root: Path, rel: PurePosixPath | str) -> Path:
+    """`real(root / rel)` for a `root` that is a real path already (absolute, symlink-free, as `real` gives it):
+    only `rel`'s own components are looked at (one `lstat` each instead of one for every component of `root`
+    too). A component that is a symbolic link, an absolute `rel` or one with '..' is resolved by `real` from the
+    start, as before; a component that does not exist (or cannot be looked at) ends the walk, as nothing under
+    it can be a link either."""
+    parts = PurePosixPath(rel).parts
+    if not parts:
+        return root
+    if parts[0] == "/" or ".." in parts:
+        return real(root / rel)
+    current = str(root)
+    for i, name in enumerate(parts):
+        candidate = os.path.join(current, name)
+        try:
+            st = os.lstat(candidate)
+        except OSError:
+            return Path(candidate, *parts[i + 1 :])
+        if S_ISLNK(st.st_mode):
+            return real(Path(candidate, *parts[i + 1 :]))
+        current = candidate
+    return Path(current)
+
+
 @dataclass(frozen=True)
 class TeamStorage:
     """What jobs of one team, in one pool, may reach."""
@@ -111,11 +146,16 @@ class TeamStorage:
 
     @cached_property
     def area(self) -> Path:
-        return real(team_area(self.artifact_root, self.team_id))
+        return real_under(self._store, PurePosixPath(TEAMS_DIR, self.team_id))
+
+    @cached_property
+    def _store(self) -> Path:
+        """The artifact store's real path (the area's is found from it)."""
+        return real(self.artifact_root)
 
     @cached_property
     def protected(self) -> tuple[Path, ...]:
-        return (real(self.home), real(self.artifact_root))
+        return (real(self.home), self._store)
 
     def job_dir(self, job_id: str) -> Path:
         return self.area / JOBS_DIR / job_id
@@ -135,16 +175,16 @@ class TeamStorage:
         The team's area and `managed` folders (the job's own, its producers') are the team's; anything else
         needs a grant (read-write for an output) and never reaches into the platform's home or the artifact
         store, whatever the grant covers."""
-        if within(path, self.area) or any(within(path, m) for m in managed):
+        if _within(path, self.area) or any(_within(path, m) for m in managed):
             return None
         home, store = self.protected
-        if within(path, store):
+        if _within(path, store):
             return "is in the artifact store outside your team's area"
-        if within(path, home):
+        if _within(path, home):
             return "is inside the platform's home"
-        if within(home, path) or within(store, path):
+        if _within(home, path) or _within(store, path):
             return "contains the platform's home or its artifact store"
-        granted = [g for g in self.grants if within(path, g.path)]
+        granted = [g for g in self.grants if _within(path, g.path)]
         if not granted:
             return "is outside your team's area and its grants"
         if kind == "output" and not any(g.mode == "rw" for g in granted):
@@ -274,16 +314,29 @@ def resolve_spec_paths(
     res = Resolution(spec=out)
     job_dir = Path(os.path.normpath(job_dir))  # not resolved: a job folder linked elsewhere is refused
 
+    def real_job_path(rel: PurePosixPath) -> Path:
+        """`real(job_dir / rel)`: from the team's area when the job's folder is in it (as `job_dir` gives it)."""
+        if job_dir.parent.parent == storage.area:
+            return real_under(storage.area, PurePosixPath(*job_dir.parts[-2:]) / rel)
+        return real(job_dir / rel)
+
     def refuse(
         name: str, message: str, code: str = "spec.path_outside_team", hint: str | None = None
     ) -> None:
         res.issues.append(PathIssue(_flag(name), message, storage.hint() if hint is None else hint, code))
 
     def check(
-        name: str, kind: PathKind, value: str, path: Path, managed: tuple[Path, ...] = ()
+        name: str,
+        kind: PathKind,
+        value: str,
+        path: Path,
+        managed: tuple[Path, ...] = (),
+        resolved: Path | None = None,
     ) -> Path | None:
-        """The real path of `path` when the job may use it as `kind`, else None (refused)."""
-        resolved = real(path)
+        """The real path of `path` (`resolved`, when known) when the job may use it as `kind`, else None
+        (refused)."""
+        if resolved is None:
+            resolved = real(path)
         why = storage.reach(resolved, kind, managed=managed)
         if why is not None:
             via = (
@@ -374,7 +427,7 @@ def resolve_spec_paths(
                 )
                 return value
             path = storage.area / rel
-            resolved = check(name, kind, value, path)
+            resolved = check(name, kind, value, path, resolved=real_under(storage.area, rel))
             if resolved is None:
                 return value
             must_exist(name, kind, value, resolved, "")
@@ -424,7 +477,7 @@ def resolve_spec_paths(
                 refuse(name, f"{value!r} leaves the job's folder", code="spec.bad_path", hint="drop '..'")
                 return value
             path = job_dir / rel
-            resolved = check(name, kind, value, path, managed=(job_dir,))
+            resolved = check(name, kind, value, path, managed=(job_dir,), resolved=real_job_path(rel))
             return str(resolved) if resolved is not None else value
         if name in HUB_FIELDS and is_hub_id(value):
             # a hub model id: fetched from the hub by the runtime, never opened as a path

@@ -13,9 +13,19 @@ from typing import Any
 import pytest
 
 import jobspec
+from runtime.access import within
 from scheduler.domain.errors import InvalidRequest
 from scheduler.services.grants import normalize_grant_path
-from scheduler.services.paths import Grant, Producer, Resolution, TeamStorage, resolve_spec_paths
+from scheduler.services.paths import (
+    Grant,
+    Producer,
+    Resolution,
+    TeamStorage,
+    _within,
+    real,
+    real_under,
+    resolve_spec_paths,
+)
 from tests.factories import grpo_spec
 
 
@@ -319,3 +329,32 @@ def test_grants_never_cover_the_home_or_the_artifact_store(w: World) -> None:
         normalize_grant_path(f"{w.shared_ro}/../datasets/", home=w.home, artifact_root=w.store) == w.shared_ro
     )
     assert os.path.isabs(normalize_grant_path("/nonexistent/data", home=w.home, artifact_root=w.store))
+
+
+def test_resolving_under_a_real_root_is_resolving_the_whole_path(tmp_path: Path) -> None:
+    """`real_under(root, rel)` looks only at `rel`'s components (the root is real already) and gives what
+    `real(root / rel)` gives: through links inside, out, relative, absolute, chained, looping and dangling,
+    under a file, with '..', '.', doubled slashes; `_within` answers as `runtime.access.within`."""
+    root = tmp_path / "area"
+    (root / "d" / "e").mkdir(parents=True)
+    (root / "f.txt").write_text("x")
+    out = tmp_path / "out"
+    out.mkdir()
+    (root / "out").symlink_to(out)  # absolute, out
+    (root / "rel").symlink_to("d/e")  # relative, inside
+    (root / "up").symlink_to("../out")  # relative, out
+    (root / "d" / "chain").symlink_to("../rel")  # a link to a link
+    (root / "loop").symlink_to("loop2")
+    (root / "loop2").symlink_to("loop")
+    (root / "dangling").symlink_to(tmp_path / "nowhere")
+    cases = [
+        "", ".", "d", "d/e", "d/e/new/deeper", "f.txt", "f.txt/below", "missing/x", "out", "out/x", "rel/y",
+        "up/z", "d/chain/w", "loop/a", "dangling/b", "d/../out", "d/./e//x/", "/etc", "rel/../f.txt",
+    ]  # fmt: skip
+    real_root = real(root)
+    for rel in cases:
+        assert real_under(real_root, rel) == real(real_root / rel), rel
+    paths = [real_root, real_root / "d", out, Path("/"), Path("/x"), tmp_path, Path(str(real_root) + "x")]
+    for p in paths:
+        for r in paths:
+            assert _within(p, r) == within(p, r), (p, r)
