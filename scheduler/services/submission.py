@@ -334,7 +334,9 @@ class JobSubmission:
                 normalized, submitted = judged.normalized, judged.submitted
             else:
                 normalized, submitted = self._normalize_spec(sub, max_node)
-            self._refuse_what_cannot_run(normalized, pool)
+            # the backend's refusals depend on the spec alone: none for a spec `judge` passed (~1M instructions)
+            backend_judged = judged is not None and normalized is judged.normalized
+            self._refuse_what_cannot_run(normalized, pool, backend_judged=backend_judged)
         job_id = new_id("job")
         storage = self._storage(team, pool)
         job_dir = storage.job_dir(job_id)
@@ -481,12 +483,14 @@ class JobSubmission:
         )
         return out
 
-    def _refuse_what_cannot_run(self, normalized: jobspec.NormalizedSpec, pool: Pool | PoolRef) -> None:
-        """InvalidSpec for parameters this platform does not run (`spec.unsupported_by_backend`) and for a
-        job no node layout of its pool can ever hold (`job.unschedulable`), which would otherwise wait
-        QUEUED forever."""
+    def _refuse_what_cannot_run(
+        self, normalized: jobspec.NormalizedSpec, pool: Pool | PoolRef, *, backend_judged: bool = False
+    ) -> None:
+        """InvalidSpec for parameters this platform does not run (`spec.unsupported_by_backend`; not looked for
+        again with `backend_judged`: this very spec passed them in `judge`) and for a job no node layout of its
+        pool can ever hold (`job.unschedulable`), which would otherwise wait QUEUED forever."""
         demand = normalized.demand.model_dump(mode="json")
-        refused = backend_refusals(normalized.spec_dict())
+        refused = [] if backend_judged else backend_refusals(normalized.spec_dict())
         if self._fits(pool.name, demand) is False:  # the whole capacity picture only for the message
             refused += _unschedulable(self._capacity(pool, demand), demand)
         if refused:
