@@ -2,8 +2,11 @@
 between steps (`runtime.rollout.elastic` decides when, and holds the settings).
 
 Scale-out of n engines, all within `--scale-out-timeout` (one deadline for the whole operation):
-1. n new engine actors start, each needing the role's per-engine resources wherever the pool has them
-   free (no placement-group bundle: the role's bundles are its base engines');
+1. n new engine actors start: engine i on the role's placement-group bundle i while there is one (the
+   engines the job's `resource` asks for: their GPUs stay the job's while they are scaled in), beyond
+   that with one engine's resources wherever the pool has them free, which only a job that Ray places
+   itself may do (a standalone run): where the scheduling pass placed the job (`RolePlan.gpu_nodes`),
+   engines beyond the bundles would take GPUs the pass did not give it, so the role stays within them;
 2. each must answer `ready` (its model loaded, its server up) before the deadline;
 3. under the group's lock (no weight push can come between), each loads the weights the group's engines
    hold now and must report exactly that version (`RolloutGroup.load_current_weights`);
@@ -61,6 +64,9 @@ class ElasticRollout:
     group: RolloutGroup
     start_engine: Callable[[int], ActorHandle]
     settings: ElasticSettings
+    # the most engines it may run (the bundles of the role's placement group where the scheduler placed the
+    # job); None: the autoscaler's max_engines
+    limit: int | None = None
     autoscaler: Autoscaler = field(init=False)
     scale_outs: int = field(default=0, init=False)
     scale_ins: int = field(default=0, init=False)
@@ -75,6 +81,14 @@ class ElasticRollout:
         engines = len(self.group.actors)
         share = rollout_s / step_s if step_s > 0 else 0.0
         target = self.autoscaler.target(step, engines, share)
+        if self.limit is not None and target > max(self.limit, engines):
+            log.info(
+                "rollout scale-out to %d engines held at %d: engines beyond the role's placement group "
+                "need GPUs the scheduling pass grants (not yet)",
+                target,
+                max(self.limit, engines),
+            )
+            target = max(self.limit, engines)
         if target > engines:
             outcome = self.scale_out(target - engines)
             if outcome.after != outcome.before:
@@ -229,14 +243,16 @@ def engine_starter(
     actor_class: type,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    options: dict[str, Any],
+    slots: list[dict[str, Any]],
     runtime_env: dict[str, Any] | None = None,
 ) -> Callable[[int], ActorHandle]:
-    """Starts engine `index` of the role with the role's class and arguments and one engine's resources
-    (`options`, without the placement group's scheduling strategy)."""
-    options = {k: v for k, v in options.items() if k != "scheduling_strategy"}
+    """Starts engine `index` of the role with the role's class and arguments: on its placement-group bundle
+    (`slots[index]`, each engine's Ray options) while there is one, else with one engine's resources
+    wherever they are free (the options without the placement group)."""
+    free = {k: v for k, v in slots[0].items() if k != "scheduling_strategy"}
 
     def start(index: int) -> ActorHandle:
+        options = slots[index] if index < len(slots) else free
         return (
             ray.remote(actor_class)
             .options(runtime_env=runtime_env, **options)

@@ -620,6 +620,7 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
     sink = None
     factory: EngineFactory | None = None
     starter = None
+    elastic_limit: int | None = None
     rollout: RolloutGroup | None = None
 
     def start(actor_class: type, role: Role, *args: Any, **kwargs: Any) -> list[ActorHandle]:
@@ -702,13 +703,13 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
             )
             engine_actors = start(_ENGINE_ACTORS[kind], Role.ROLLOUT, plan.hf_checkpoint, **common, **http)
             if plan.elastic is not None and engine_actors:
+                slots = [slot.ray_options(pgs, device) for slot in topology.role_slots(Role.ROLLOUT)]
                 starter = engine_starter(
-                    _ENGINE_ACTORS[kind],
-                    (plan.hf_checkpoint,),
-                    {**common, **http},
-                    topology.role_slots(Role.ROLLOUT)[0].ray_options(pgs, device),
-                    runtime_env,
+                    _ENGINE_ACTORS[kind], (plan.hf_checkpoint,), {**common, **http}, slots, runtime_env
                 )
+                # placed by the scheduling pass: no engine beyond the role's bundles (they would take GPUs
+                # the pass did not give the job); a standalone run's engines go where Ray has room
+                elastic_limit = len(slots) if plan.gpu_nodes else None
             if plan.health is not None and engine_actors and kind is EngineKind.HTTP:
                 factory = EngineFactory(
                     _ENGINE_ACTORS[kind],
@@ -755,7 +756,7 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
                     "external engines" if plan.external_engines else "engines in the trainer's ranks",
                 )
             else:
-                rollout.elastic = ElasticRollout(rollout, starter, plan.elastic)
+                rollout.elastic = ElasticRollout(rollout, starter, plan.elastic, limit=elastic_limit)
         if rollout is not None and plan.health is not None:
             if factory is None:
                 log.warning(

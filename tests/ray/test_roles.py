@@ -171,7 +171,12 @@ def test_elastic_rollout_grows_with_the_current_weights_and_shrinks_draining_req
     sync.push(roles.train, [group], version=7)
 
     # Ray refuses engine 3 at once (a negative CPU count); engine 2 starts for real
-    refused = engine_starter(RolloutEngineActor, ("unused",), {}, {"num_cpus": -1})
+    refused = engine_starter(RolloutEngineActor, ("unused",), {}, [{"num_cpus": -1}])
+    # placed by the scheduling pass: the rollout-bound step (90% of it) asks for a third engine, held at
+    # the role's two bundles; nothing starts
+    placed = ElasticRollout(group, refused, elastic.settings, limit=2)
+    assert placed.after_step(0, rollout_s=9.0, step_s=10.0)["rollout/engines"] == 2.0
+    assert placed.scale_outs == placed.scale_out_failures == 0
     undone = ElasticRollout(group, refused, elastic.settings).scale_out(1)
     assert (undone.before, undone.after, list(undone.failures)) == (2, 2, [2])
     assert "could not start" in undone.failures[2] and len(group.actors) == 2
