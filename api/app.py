@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 import uuid
@@ -121,7 +122,12 @@ def create_app(
         # the thread pool that runs sync routes and dependencies (anyio's, 40 threads by default)
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api.api_threads
         freeze_startup_objects()
+        # one line a worker at start and at stop, so that each process's log says when it served (the database by
+        # its kind only: its URL may hold a password)
+        kind = settings.database_url.partition(":")[0]
+        log.info("API worker %d serving (%s, %d threads)", os.getpid(), kind, settings.api.api_threads)
         yield
+        log.info("API worker %d stopping", os.getpid())
 
     app = FastAPI(
         title="Relax Platform",
