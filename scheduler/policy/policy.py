@@ -298,17 +298,19 @@ def _schedule_pool(p: PoolPass, now: float, config: PolicyConfig, decision: Deci
 
 class _Shrink:
     """Engines taken back from elastic jobs for a blocked job, before any preemption (`elastic.plan_shrink`).
-    A demand that could not be made room for is not tried again this pass."""
+    A demand that could not be made room for is not tried again this pass, and at most
+    `max_preemption_plans` blocked jobs plan a shrink per pass (each plan visits every shrinkable engine)."""
 
     def __init__(self, p: PoolPass, now: float, config: PolicyConfig, decision: Decision, tier_of) -> None:
         self.p, self.now, self.config, self.decision, self.tier_of = p, now, config, decision, tier_of
         self.on: bool | None = None if config.elastic_shrink else False  # None: not looked yet
         self.failed: set[tuple] = set()
+        self.plans_left = config.max_preemption_plans
 
     def attempt(self, job: JobView, position: int, attempts: _Attempts) -> bool:
         if self.on is None:  # one look per pass, and only in a pass where some job is blocked
             self.on = any(shrinkable_gpus(v) for v in self.p.running.values())
-        if not self.on:
+        if not self.on or self.plans_left <= 0:
             return False
         p, config = self.p, self.config
         key = (job.queue, job.priority, job.demand, job.node_selector)
@@ -323,6 +325,7 @@ class _Shrink:
         reclaim = config.preempt_to_reclaim and p.quota.within_nominal(job.queue, job.total_gpus)
         rules, tiers = _eligible(p, job, tier, reclaim, self.now, config, any_loss=True)
         cost = {v.id: (v.priority, -tiers.get(v.id, 0), v.id) for v in candidates}
+        self.plans_left -= 1
         plan = plan_shrink(p.cap, p.quota, job, candidates, set(rules), cost)
         if plan is None:
             self.failed.add(key)
