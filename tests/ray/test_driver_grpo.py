@@ -119,7 +119,13 @@ def test_grpo_reward_rises_with_colocated_actors(
 def test_grpo_with_separate_actors_and_two_engines(
     ray_local, artifacts: dict[str, Path], tmp_path: Path
 ) -> None:
-    """Not colocated: trainer and two rollout engines each in their own slot; weights reach both engines."""
+    """Not colocated: trainer and two rollout engines each in their own slot; weights reach both engines.
+    With --autoscaler-config (docs/reference/elastic-rollout.md) the rollout-bound first step adds a third
+    engine (off the role's placement group), which gets every later update too."""
+    autoscaler = tmp_path / "autoscaler.yaml"
+    autoscaler.write_text(
+        "min_engines: 1\nmax_engines: 3\nscale_out: {threshold: 0.01}\nscale_in: {threshold: 0.0}\n"
+    )
     spec = grpo_spec(
         artifacts,
         tmp_path,
@@ -133,6 +139,8 @@ def test_grpo_with_separate_actors_and_two_engines(
             "use-kl-loss": False,
             "kl-loss-coef": 0.0,
             "save-hf": None,
+            "autoscaler-config": str(autoscaler),
+            "scale-out-timeout": 120.0,
         },
     )
     spec = {k: v for k, v in spec.items() if v is not None}
@@ -142,4 +150,13 @@ def test_grpo_with_separate_actors_and_two_engines(
     metrics = read_metrics(tmp_path / "report")
     assert max(metrics["rollout/logprob_abs_diff"].values()) < 1e-3  # both engines got every update
     assert sorted(metrics["rollout/weight_version"].values()) == [0, 1, 2]
+    # engines after each step: the first step's rollout share is above 0.01, so one engine more, at once
+    assert [metrics["rollout/engines"][step] for step in sorted(metrics["rollout/engines"])] == [
+        3.0,
+        3.0,
+        3.0,
+    ]
+    assert (
+        max(metrics["rollout/scale_outs"].values()) == 1 and max(metrics["rollout/scale_ins"].values()) == 0
+    )
     assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
