@@ -8,7 +8,8 @@ submission (`spec.unsupported_by_backend`) and again by the driver."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import functools
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from runtime.rollout.sglang import passthrough as sglang_passthrough
@@ -462,17 +463,28 @@ def job_backend(values: Mapping[str, Any], defaults: Mapping[str, Any]) -> str:
     return str(values.get("train_backend") or defaults.get("train_backend") or "megatron")
 
 
-def unsupported_parameters(values: Mapping[str, Any], defaults: Mapping[str, Any]) -> list[str]:
+def unsupported_parameters(
+    values: Mapping[str, Any], defaults: Mapping[str, Any], changed: Collection[str] | None = None
+) -> list[str]:
     """Parameters the job's backend cannot honour: names set away from their default that it does not
     implement, and 'name=value' for honoured names set to a value it does not implement. An unknown
-    backend is the one problem reported (`train_backend=...`)."""
+    backend is the one problem reported (`train_backend=...`).
+
+    `changed`, when given, holds every name whose value may differ from its default (`NormalizedSpec.changed`:
+    the names given and derived): only those are compared with their defaults, and every honoured name with a
+    restriction is checked whatever its value. The answer is the same as without it."""
     backend = job_backend(values, defaults)
     honoured = BACKEND_PARAMETERS.get(backend)
     if honoured is None:
         return [f"train_backend={backend!r}"]
     values = {**values, "train_backend": backend}
+    if changed is None:
+        names: Iterable[str] = values
+    else:
+        names = _restricted(backend).union(changed, ("train_backend",)).intersection(values)
     problems = []
-    for name, value in values.items():
+    for name in names:
+        value = values[name]
         if name in honoured:
             check = RESTRICTIONS.get(name)
             if check is not None and not check(value, values):
@@ -481,6 +493,12 @@ def unsupported_parameters(values: Mapping[str, Any], defaults: Mapping[str, Any
         elif name in defaults and value is not None and value != defaults[name]:
             problems.append(name)
     return sorted(problems)
+
+
+@functools.cache
+def _restricted(backend: str) -> frozenset[str]:
+    """The names `backend` honours for some values only: checked in every spec, set or not."""
+    return BACKEND_PARAMETERS[backend].intersection(RESTRICTIONS)
 
 
 def _cell(name: str, backend: str) -> str:

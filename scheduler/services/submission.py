@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import shlex
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import cache
@@ -461,7 +461,9 @@ class JobSubmission:
             return out
         demand = normalized.demand.model_dump(mode="json")
         capacity = self._capacity(pool, demand)
-        refused = backend_refusals(normalized.spec_dict()) + _unschedulable(capacity, demand)
+        refused = backend_refusals(normalized.spec_dict(), normalized.changed) + _unschedulable(
+            capacity, demand
+        )
         storage = self._storage(team, pool)
         resolution = resolve_paths(
             self.session,
@@ -490,7 +492,7 @@ class JobSubmission:
         again with `backend_judged`: this very spec passed them in `judge`) and for a job no node layout of its
         pool can ever hold (`job.unschedulable`), which would otherwise wait QUEUED forever."""
         demand = normalized.demand.model_dump(mode="json")
-        refused = [] if backend_judged else backend_refusals(normalized.spec_dict())
+        refused = [] if backend_judged else backend_refusals(normalized.spec_dict(), normalized.changed)
         if self._fits(pool.name, demand) is False:  # the whole capacity picture only for the message
             refused += _unschedulable(self._capacity(pool, demand), demand)
         if refused:
@@ -762,7 +764,7 @@ def judge_and_submit(
     return job
 
 
-def backend_refusals(values: dict[str, Any]) -> list[dict[str, Any]]:
+def backend_refusals(values: dict[str, Any], changed: Collection[str] | None = None) -> list[dict[str, Any]]:
     """Issues for parameters the job's training backend does not implement (the runtime declares
     what each backend honours): refused at submission, before any GPU is spent, never ignored.
 
@@ -771,7 +773,7 @@ def backend_refusals(values: dict[str, Any]) -> list[dict[str, Any]]:
     defaults = _field_defaults()
     backend = values.get("train_backend")
     issues = []
-    problems = unsupported_parameters(values, defaults)
+    problems = unsupported_parameters(values, defaults, changed)  # changed: NormalizedSpec.changed
     if any(p.startswith("train_backend=") for p in problems):
         problems = [p for p in problems if p.startswith("train_backend=")]
     for item in problems:
