@@ -158,12 +158,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(lane))
     # the first lane, then the light tests as collected, then the last lane (a stable sort keeps each module
     # together); inside a lane, the end-to-end modules that share one platform (tests/e2e/conftest.py) first,
-    # next to each other, so that it starts once a lane
+    # next to each other, so that it starts once a lane, then those that share its one-slot platform
     position = {FIRST: 0, None: 1, LAST: 2}
     items.sort(
         key=lambda item: (
             position[heavy_group(item.nodeid)],
             "_e2e_shared_platform" not in getattr(item, "fixturenames", ()),
+            "one_slot_platform" not in getattr(item, "fixturenames", ()),
         )
     )
 

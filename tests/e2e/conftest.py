@@ -1,6 +1,7 @@
 """The embedded platform the end-to-end tests run against, with the tiny model: one platform shared by the
-modules that use this `platform` fixture and run one after another on the same pytest worker (a module that
-needs a platform of its own, configured or killed by its tests, defines its own `platform`)."""
+modules that use this `platform` fixture and run one after another on the same pytest worker, and one of a
+single slot shared likewise by those that use `one_slot_platform` (a module that needs a platform of its own,
+configured otherwise or killed by its tests, defines its own `platform`)."""
 
 from __future__ import annotations
 
@@ -28,19 +29,42 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     _NEXT["item"] = nextitem  # read by the fixture's teardown below, which runs inside this hook's call
 
 
-@pytest.fixture(scope="module")
-def _e2e_shared_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningPlatform]:
-    p = _SHARED.get("platform")
+# A second shared platform, of one slot and a reconcile every second, for tests/e2e/test_multinode.py (which joins
+# two more nodes to it, and stops them before it hands it on) and tests/e2e/test_preemption.py (a pool of one
+# slot): the first lane runs them next to each other, so it starts once for both (~20 s of the lane).
+ONE_SLOT_FIXTURE = "one_slot_platform"
+ONE_SLOT_ENV = {"RELAX_RAY_LOCAL_SLOTS": "1", "RELAX_SCHEDULER_TICK_SECONDS": "1"}
+
+
+def _shared(key: str, fixture: str, tmp_path_factory: pytest.TempPathFactory, env: dict[str, str]):  # type: ignore[no-untyped-def]
+    p = _SHARED.get(key)
     if p is None or p.proc.poll() is not None:
-        p = start_platform(tmp_path_factory.mktemp("platform") / "home")
-        _SHARED["platform"] = p
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in env.items():
+                mp.setenv(k, v)
+            p = start_platform(tmp_path_factory.mktemp("platform") / "home")
+        _SHARED[key] = p
         r = p.relaxctl("models", "tiny")
         assert r.returncode == 0, r.stdout + r.stderr
     yield p
-    if not uses_shared_platform(_NEXT.pop("item", None)):
-        _SHARED.pop("platform", None)
+    nextitem = _NEXT.pop("item", None)
+    if nextitem is None or fixture not in getattr(nextitem, "fixturenames", ()):
+        _SHARED.pop(key, None)
         took = stop_platform(p)
         assert took < 45, f"the platform took {took:.0f}s to stop"
+
+
+@pytest.fixture(scope="module")
+def _e2e_shared_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningPlatform]:
+    yield from _shared("platform", SHARED_FIXTURE, tmp_path_factory, {})
+
+
+@pytest.fixture(scope="module")
+def one_slot_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningPlatform]:
+    """An embedded platform whose pool `local` has one slot (RELAX_RAY_LOCAL_SLOTS=1) and whose scheduler ticks
+    every second, `relaxctl models tiny` done; shared by the neighbouring modules that use it. A module that
+    adds nodes removes them (and waits until the pool has them down) before it ends."""
+    yield from _shared("one_slot", ONE_SLOT_FIXTURE, tmp_path_factory, ONE_SLOT_ENV)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bench.harness import ROOT, RunningPlatform, join_node, start_platform, stop_node, stop_platform
+from bench.harness import ROOT, RunningPlatform, join_node, stop_node
 from client.sdk import RelaxClient
 from runtime.launcher import RayJobLauncher
 
@@ -31,23 +31,24 @@ SAVE_INTERVAL = 5
 
 
 @pytest.fixture(scope="module")
-def platform(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RELAX_RAY_LOCAL_SLOTS", "1")  # the head's node: one slot, as each joined node
-        mp.setenv("RELAX_SCHEDULER_TICK_SECONDS", "1")  # node sync and reconcile every second
-        p = start_platform(tmp_path_factory.mktemp("platform") / "home")
+def platform(one_slot_platform: RunningPlatform):  # type: ignore[no-untyped-def]
+    """The one-slot platform (tests/e2e/conftest.py; the head's node has one slot, as each joined node, and the
+    scheduler syncs nodes and reconciles every second) with w1 and w2 joined; both stopped at the end, and the
+    pool left with its head's node alone up, as the next module (test_preemption) wants it."""
+    p = one_slot_platform
     nodes = {}
     c = RelaxClient(p.url, p.key)
     try:
         for name in ("w1", "w2"):  # one after the other: two raylets starting at once may take the same port
             nodes[name] = join(p, c, name)
-        r = p.relaxctl("models", "tiny")
-        assert r.returncode == 0, r.stdout + r.stderr
         yield p, nodes
     finally:
         for proc in nodes.values():
             stop_node(proc)
-        stop_platform(p)
+        deadline = time.time() + 60
+        while time.time() < deadline and set(alive_nodes(c)) & {"w1", "w2"}:
+            time.sleep(0.25)
+        assert not set(alive_nodes(c)) & {"w1", "w2"}, c.pools()
 
 
 def alive_nodes(c: RelaxClient) -> dict[str, int]:
