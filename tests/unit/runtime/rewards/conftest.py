@@ -75,12 +75,16 @@ class RewardServer:
                 try:
                     time.sleep(server.delay_s + (server.hang_s if number <= server.hang_first else 0.0))
                     if number <= server.fail_first:
-                        self._reply(server.fail_status, {"error": "try again"})
+                        status, payload = server.fail_status, {"error": "try again"}
                     else:
-                        self._reply(200, server.answer(body))
+                        status, payload = 200, server.answer(body)
                 finally:
+                    # done before the answer leaves: once the client has it, it may send its next request, which
+                    # another thread may count before this one would get here after writing (a loaded machine
+                    # then saw 4 in flight under a limit of 3)
                     with server._lock:
                         server.in_flight -= 1
+                self._reply(status, payload)
 
             def _reply(self, status: int, payload: Any) -> None:
                 data = json.dumps(payload).encode()
