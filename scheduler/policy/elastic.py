@@ -22,7 +22,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from scheduler.policy.placement import PoolCapacity, place_demand
+from scheduler.policy.placement import PoolCapacity
+from scheduler.policy.preemption import take_room
 from scheduler.policy.quota import PoolQuota
 from scheduler.policy.types import Assignment, Gang, JobView, Placement, Resize
 
@@ -95,7 +96,7 @@ def plan_shrink(
         return None
     taken: list[_Replica] = []
     left = list(removable)
-    while not _fits(cap, quota, job):
+    while not take_room(cap, quota, job):
         if not left:
             _give_back(cap, quota, taken)
             return None
@@ -105,7 +106,7 @@ def plan_shrink(
         taken.append(best)
     for r in sorted(taken, key=lambda r: r[0], reverse=True):  # spare the dearest first
         _take(cap, quota, r, -1)
-        if _fits(cap, quota, job):
+        if take_room(cap, quota, job):
             taken.remove(r)
         else:
             _take(cap, quota, r, +1)
@@ -133,17 +134,6 @@ def _take(cap: PoolCapacity, quota: PoolQuota, r: _Replica, sign: int) -> None:
 def _give_back(cap: PoolCapacity, quota: PoolQuota, taken: list[_Replica]) -> None:
     for r in reversed(taken):
         _take(cap, quota, r, -1)
-
-
-def _fits(cap: PoolCapacity, quota: PoolQuota, job: JobView) -> bool:
-    if not quota.admissible(job.queue, job.total_gpus) or cap.free_total() < job.total_gpus:
-        return False
-    placement = place_demand(cap, job.demand, job.node_selector)
-    if placement is None:
-        return False
-    for node, gpus in placement.node_gpus:
-        cap.give(node, gpus)
-    return True
 
 
 def grow(

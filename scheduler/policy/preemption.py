@@ -170,22 +170,23 @@ def plan_victims(
             break
     for node, gpus in taken:
         cap.give(node, gpus)
-    if not ok or not _fits(cap, quota, job):
+    if not ok or not take_room(cap, quota, job):
         plan.undo()
         return None
 
     # 3. Spare victims the job turns out not to need, dearest first.
     for v in sorted(plan.chosen, key=lambda v: costs[v.id], reverse=True):
         plan.restore(v)
-        if not _fits(cap, quota, job):
+        if not take_room(cap, quota, job):
             plan.evict(v)
     chosen = list(plan.chosen)
     plan.undo()
     return chosen or None
 
 
-def _fits(cap: PoolCapacity, quota: PoolQuota, job: JobView) -> bool:
-    if not quota.admissible(job.queue, job.total_gpus):
+def take_room(cap: PoolCapacity, quota: PoolQuota, job: JobView) -> bool:
+    """Whether `job` fits `cap` under `quota` now; when it does, its placement's GPUs are taken from `cap`."""
+    if not quota.admissible(job.queue, job.total_gpus) or cap.free_total() < job.total_gpus:
         return False
     placement = place_demand(cap, job.demand, job.node_selector)
     if placement is None:
