@@ -15,6 +15,7 @@ from bench.harness import ROOT, RunningPlatform
 from client.sdk import RelaxClient
 from runtime.launcher import RayJobLauncher
 from tests.e2e.conftest import log_problems
+from wire.jobs import TERMINAL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -187,12 +188,11 @@ def test_no_secret_in_any_log_of_the_runs(platform: RunningPlatform) -> None:
         for e in c.events(job["id"])
         if e["kind"] == "token_claimed" and (m := re.search(r"attempt (\d+)", e["reason"] or ""))
     }
-    by_id = {job["id"]: c.get_job(job["id"]) for job in jobs}
     ended = {
-        f"bootstrap {job_id}/{attempt}"
-        for job_id, job in by_id.items()
+        f"bootstrap {job['id']}/{attempt}"
+        for job in jobs
         for attempt in range(1, job["attempt"] + 1)
-        if attempt < job["attempt"] or job["status"] in ("SUCCEEDED", "FAILED", "CANCELLED")
+        if attempt < job["attempt"] or job["status"] in TERMINAL
     }
     tolerated = [
         (what, where) for what, where in leaks if what in claimed | ended and where.startswith(str(ray_temp))

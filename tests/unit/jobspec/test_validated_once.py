@@ -10,14 +10,13 @@ from typing import Any
 
 import pytest
 import yaml
-from pydantic import ValidationError
 
 import jobspec
 import jobspec.normalization as normalization
 from jobspec import JobSpec, SpecError
 from jobspec.bounds import INT_MAX
-from jobspec.intake import issues_from_validation
 from tests.factories import grpo_spec
+from tests.unit.jobspec.test_roundtrip import _validated_whole
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples").glob("*.yaml"))
 
@@ -75,19 +74,6 @@ def test_the_spec_is_the_one_every_field_validated_again_gives(
         spec, values = once[0], once[1]
         assert {k: type(v) for k, v in values.items()} == {k: type(v) for k, v in twice[1].items()}
         assert spec.model_dump() == values  # JSON values only
-
-
-def _validated_whole(values: dict[str, Any]) -> Any:
-    """`jobspec.intake.validate_spec` as it was: the model validates every field."""
-    try:
-        return JobSpec.model_validate(values, strict=True), [], set()
-    except ValidationError as exc:
-        issues, bad = issues_from_validation(exc, values)
-        return (
-            JobSpec.model_validate({k: v for k, v in values.items() if k not in bad}, strict=True),
-            issues,
-            bad,
-        )
 
 
 @pytest.mark.parametrize("given", _cases())
