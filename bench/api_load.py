@@ -1,6 +1,7 @@
 """API load: submissions, listings and validations at 50 concurrent clients, beside Ray's own job REST API.
 
     python -m bench.api_load [--duration 20] [--clients 50] [--rate 100] [--soak SECONDS] [--json]
+                             [--scenarios validate-closed,submit-open,submit-closed,list-closed,ray]
 
 Starts the platform as production runs it (docker/entrypoint.sh): the API role (`uvicorn`, RELAX_API_WORKERS
 workers) and the scheduler role (Celery worker with the beat) on PostgreSQL (a fresh schema of the local
@@ -73,6 +74,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Ray's statuses of a job that has ended.
 RAY_ENDED = frozenset(s for s in RayJobStatus if s.is_terminal())
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
+#: The scenarios `--scenarios` may pick (all by default), in the order they run.
+SCENARIOS = ("validate-closed", "submit-open", "submit-closed", "list-closed", "ray")
 PG_URL = os.environ.get("RELAX_TEST_POSTGRES_URL", "postgresql+psycopg://root@127.0.0.1:5432/test")
 REDIS_URL = "redis://127.0.0.1:6379/9"  # tests use 15 (and 14, … under xdist)
 EXAMPLES = (
@@ -734,33 +737,38 @@ class Bench:
     def run(self) -> None:
         a, port = self.args, self.stack.api_port
         host = "127.0.0.1"
+        only = set(a.scenarios)
         pick_v = lambda n: self.validations[n % len(self.validations)].render(self.host, n)  # noqa: E731
         pick_l = lambda n: self.lists[n % len(self.lists)].render(self.host, n)  # noqa: E731
         # warm-up (imports, connection pools, caches): not measured
         asyncio.run(closed_loop(host, port, pick_v, 4, 2.0, Result("warm", "")))
         asyncio.run(closed_loop(host, port, self.submit_pick, 4, 1.0, Result("warm", "")))
-        self.measure(
-            "validate closed",
-            f"{a.clients} clients",
-            lambda r: closed_loop(host, port, pick_v, a.clients, a.duration, r),
-        )
-        self.measure(
-            "submit open",
-            f"{a.rate:g}/s",
-            lambda r: open_loop(host, port, self.submit_pick, a.rate, a.duration, r, a.clients),
-        )
-        self.measure("hold (passes only)", "0", lambda r: _idle(10.0, r))
-        self.measure(
-            "submit closed",
-            f"{a.clients} clients",
-            lambda r: closed_loop(host, port, self.submit_pick, a.clients, a.duration, r),
-        )
-        self.measure(
-            "list closed",
-            f"{a.clients} clients",
-            lambda r: closed_loop(host, port, pick_l, a.clients, a.duration, r),
-        )
-        if self.stack.ray_address:
+        if "validate-closed" in only:
+            self.measure(
+                "validate closed",
+                f"{a.clients} clients",
+                lambda r: closed_loop(host, port, pick_v, a.clients, a.duration, r),
+            )
+        if "submit-open" in only:
+            self.measure(
+                "submit open",
+                f"{a.rate:g}/s",
+                lambda r: open_loop(host, port, self.submit_pick, a.rate, a.duration, r, a.clients),
+            )
+            self.measure("hold (passes only)", "0", lambda r: _idle(10.0, r))
+        if "submit-closed" in only:
+            self.measure(
+                "submit closed",
+                f"{a.clients} clients",
+                lambda r: closed_loop(host, port, self.submit_pick, a.clients, a.duration, r),
+            )
+        if "list-closed" in only:
+            self.measure(
+                "list closed",
+                f"{a.clients} clients",
+                lambda r: closed_loop(host, port, pick_l, a.clients, a.duration, r),
+            )
+        if self.stack.ray_address and "ray" in only:
             self.run_ray()
         if a.soak:
             self.soak(a.soak)
@@ -944,10 +952,20 @@ def main(argv: list[str] | None = None) -> int:
         help="bound on Ray job submissions per scenario (each starts a process)",
     )
     ap.add_argument("--no-ray", action="store_true", help="leave out Ray's job REST API")
+    ap.add_argument(
+        "--scenarios",
+        type=lambda v: [x for x in v.split(",") if x],
+        default=list(SCENARIOS),
+        help=f"comma-separated, run in this order: {','.join(SCENARIOS)} (default all; submit-open is followed "
+        "by the hold)",
+    )
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--keep", action="store_true", help="keep the home, the schema and Redis db 9 afterwards")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    unknown = sorted(set(args.scenarios) - set(SCENARIOS))
+    if unknown:
+        ap.error(f"--scenarios: unknown {', '.join(unknown)} (known: {', '.join(SCENARIOS)})")
 
     home = Path(tempfile.mkdtemp(prefix="relax-load-"))
     print(f"home {home}; load average {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
