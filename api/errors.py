@@ -14,8 +14,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.deps import refused_before_route
+from jobspec.issues import SpecIssue
 from runtime.redaction import redact, redact_value
-from scheduler.domain.errors import DomainError
+from scheduler.domain.errors import DomainError, request_issue
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +51,9 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     except DomainError as refused:
         return await _domain_error(request, refused)
     issues = [
-        {
-            "code": "request.invalid",
-            "field": _field_of(tuple(e.get("loc", ()))),
-            "message": e.get("msg", ""),
-            "hint": _hint(e),
-        }
+        request_issue(
+            SpecIssue("request.invalid", _field_of(tuple(e.get("loc", ()))), e.get("msg", ""), _hint(e))
+        )
         for e in exc.errors()
     ]
     first = issues[0] if issues else {"field": "body", "message": "invalid request"}

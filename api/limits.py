@@ -21,7 +21,6 @@ runs inside the request-id and audit middlewares.
 from __future__ import annotations
 
 import re
-from typing import Any
 from urllib.parse import unquote_to_bytes
 
 from starlette.requests import Request
@@ -29,6 +28,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import envelope
 from jobspec.bounds import MAX_JSON_DEPTH, json_skeleton, json_too_deep
+from jobspec.issues import SpecIssue
+from scheduler.domain.errors import request_issue
 from scheduler.settings import ApiSettings
 
 # A JSON escape of NUL: \u0000 after an even number of backslashes (after an odd one it is text).
@@ -46,10 +47,6 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 class BodyTooLarge(Exception):
     """The body passed its limit: answered 413 without reading the rest."""
-
-
-def _issue(code: str, field: str, message: str, hint: str) -> dict[str, Any]:
-    return {"code": code, "field": field, "message": message, "hint": hint}
 
 
 class RequestLimits:
@@ -93,7 +90,7 @@ class RequestLimits:
             # (each regular expression behind a plain search for its literal: 30 us a submission less)
             non_finite = b"NaN" in skeleton or b"Infinity" in skeleton
             if not report and non_finite and _NON_FINITE.search(skeleton):  # a driver reports NaN as it was
-                issue = _issue(
+                issue = SpecIssue(
                     "request.non_finite_number",
                     "body",
                     "the JSON body holds NaN or Infinity, which are not JSON numbers",
@@ -102,7 +99,7 @@ class RequestLimits:
                 await self._refuse(scope, send, issue)
                 return
             if json_too_deep(skeleton):
-                issue = _issue(
+                issue = SpecIssue(
                     "request.too_deep",
                     "body",
                     f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels",
@@ -190,7 +187,7 @@ class RequestLimits:
         return None
 
     async def _refuse_nul(self, scope: Scope, send: Send, where: str) -> None:
-        issue = _issue(
+        issue = SpecIssue(
             "request.nul_character",
             where,
             f"the request's {where.split(':')[0]} holds a NUL character (U+0000)",
@@ -199,10 +196,14 @@ class RequestLimits:
         await self._refuse(scope, send, issue)
 
     @staticmethod
-    async def _refuse(scope: Scope, send: Send, issue: dict[str, Any]) -> None:
+    async def _refuse(scope: Scope, send: Send, issue: SpecIssue) -> None:
         request = Request(scope)
         response = envelope(
-            request, 422, "request.invalid", f"{issue['field']}: {issue['message']}", {"issues": [issue]}
+            request,
+            422,
+            "request.invalid",
+            f"{issue.field}: {issue.message}",
+            {"issues": [request_issue(issue)]},
         )
         await response(scope, _replay(b"", None), send)
 

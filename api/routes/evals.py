@@ -63,7 +63,7 @@ def create_eval(
     )
     audit.note(target=ev.id, job=job.id, team=ev.team_id, model=ev.model_key)
     after_commit(session, dispatcher.request_pass)
-    return _public(ev, JobStatus(job.status))
+    return _public(ev, job.status)
 
 
 @router.get("", response_model=EvalsPage)

@@ -22,6 +22,7 @@ from api.schemas.files import (
     UploadPartPublic,
     UploadPublic,
 )
+from jobspec.issues import SpecIssue
 from scheduler.db.models import StoredFile
 from scheduler.domain.errors import InvalidRequest, NotFound
 from scheduler.services.files import PURPOSES, WRITE, Files, UnsupportedType, byte_range
@@ -70,33 +71,29 @@ async def _form(
         raise UnsupportedType(
             f"the body is {ctype or 'untyped'}, not multipart/form-data",
             code="request.unsupported_media_type",
-            details={
-                "issues": [
-                    {
-                        "code": "request.unsupported_media_type",
-                        "field": "body",
-                        "message": "not multipart/form-data",
-                        "hint": f"send a multipart form with the bytes in `{file_field}` "
-                        "(curl -F file=@model.tar -F purpose=model)",
-                    }
-                ]
-            },
+            issues=[
+                SpecIssue(
+                    "request.unsupported_media_type",
+                    "body",
+                    "not multipart/form-data",
+                    f"send a multipart form with the bytes in `{file_field}` "
+                    "(curl -F file=@model.tar -F purpose=model)",
+                )
+            ],
         )
     form = await request.form(max_files=1, max_fields=10)
     upload = form.get(file_field)
     if not isinstance(upload, UploadFile):
         raise InvalidRequest(
             f"{file_field}: no file in the form",
-            details={
-                "issues": [
-                    {
-                        "code": "request.invalid",
-                        "field": file_field,
-                        "message": "missing (or not a file)",
-                        "hint": f"send the bytes as the form's file field `{file_field}`",
-                    }
-                ]
-            },
+            issues=[
+                SpecIssue(
+                    InvalidRequest.code,
+                    file_field,
+                    "missing (or not a file)",
+                    f"send the bytes as the form's file field `{file_field}`",
+                )
+            ],
         )
     texts = {k: v for k in text_fields if isinstance(v := form.get(k), str)}
     return upload, texts
@@ -126,16 +123,7 @@ async def create_file(
     if "purpose" not in texts:
         raise InvalidRequest(
             "purpose: missing",
-            details={
-                "issues": [
-                    {
-                        "code": "file.bad_purpose",
-                        "field": "purpose",
-                        "message": "missing",
-                        "hint": f"one of {', '.join(PURPOSES)}",
-                    }
-                ]
-            },
+            issues=[SpecIssue("file.bad_purpose", "purpose", "missing", f"one of {', '.join(PURPOSES)}")],
         )
     audit.note(purpose=texts["purpose"][:40])
 

@@ -38,6 +38,7 @@ from api.schemas.platform import (
     TeamsPage,
     TeamUpdate,
 )
+from jobspec.issues import SpecIssue
 from scheduler.db.models import BIGINT_MAX, utcnow
 from scheduler.dispatch import Dispatcher
 from scheduler.domain.errors import InvalidRequest
@@ -202,16 +203,9 @@ def put_node(
     if body.name != node:
         raise InvalidRequest(
             "the node's name in the body differs from the path",
-            details={
-                "issues": [
-                    {
-                        "field": "name",
-                        "message": f"{body.name!r} != {node!r}",
-                        "hint": "use the same name",
-                        "code": "request.invalid",
-                    }
-                ]
-            },
+            issues=[
+                SpecIssue(InvalidRequest.code, "name", f"{body.name!r} != {node!r}", "use the same name")
+            ],
         )
     platform.upsert_node(session, principal, name, node, gpus=body.gpus, labels=body.labels)
     return _pool_changed(session, principal, dispatcher, name)

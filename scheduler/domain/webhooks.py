@@ -37,8 +37,8 @@ TERMINAL_EVENT_TYPES = frozenset(f"job.{s.value.lower()}" for s in JobStatus if 
 JOB_SECRET_PURPOSE = "webhook-notify"
 
 
-def job_event_type(status: JobStatus | str) -> str:
-    return f"job.{JobStatus(status).value.lower()}"
+def job_event_type(status: JobStatus) -> str:
+    return f"job.{status.value.lower()}"
 
 
 def unknown_event_types(patterns: list[str]) -> list[str]:

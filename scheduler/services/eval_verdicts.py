@@ -108,7 +108,7 @@ def job_ended(session: Session, job: Job) -> Eval | None:
         return None
     metrics = job_metrics(session, job.id)
     ev.metric_values = {k: _json_number(v) for k, v in metrics.items()}
-    if JobStatus(job.status) == JobStatus.SUCCEEDED:
+    if job.status == JobStatus.SUCCEEDED:
         ev.thresholds, ev.outcome = judge(list(ev.thresholds), metrics)
         missing = [t["metric"] for t in ev.thresholds if t["verdict"] == Verdict.MISSING]
         failed = [

@@ -85,11 +85,7 @@ class EvalRequest:
 
 
 def _invalid(field: str, message: str, hint: str, code: str = "eval.invalid") -> InvalidRequest:
-    return InvalidRequest(
-        message,
-        code=code,
-        details={"issues": [{"code": code, "field": field, "message": message, "hint": hint}]},
-    )
+    return InvalidRequest.naming(field, message, hint, code=code)
 
 
 # -- creating ------------------------------------------------------------------------------------------------------
@@ -425,21 +421,15 @@ def _default_name(model: dict[str, Any]) -> str:
 
 def _renamed(err: InvalidSpec, *, model_field: str, data_field: str) -> InvalidSpec:
     """The submission's refusal, with the spec's fields named as the eval's request names them."""
-    details = dict(err.details) if isinstance(err.details, dict) else {}
     own = {"hf-checkpoint": model_field, "prompt-data": data_field, "eval-prompt-data": data_field}
     own["eval-config"] = "eval_config"
-    issues = []
-    for issue in details.get("issues") or []:
-        flag = str(issue.get("field") or "").lstrip("-").replace("_", "-")
+
+    def name(flag: str) -> str:
         if flag in own:
-            renamed = own[flag]
-        elif flag.replace("-", "_") in SETTABLE:
-            renamed = f"spec.{flag}"
-        else:
-            renamed = flag or "spec"
-        issues.append({**issue, "field": renamed})
-    details["issues"] = issues
-    return InvalidSpec(err.message, code=err.code, details=details)
+            return own[flag]
+        return f"spec.{flag}" if flag.replace("-", "_") in SETTABLE else flag or "spec"
+
+    return err.renamed(name)
 
 
 # -- reading -------------------------------------------------------------------------------------------------------

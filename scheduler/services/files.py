@@ -37,6 +37,7 @@ from typing import IO, Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from jobspec.issues import SpecIssue
 from scheduler.db.models import FileUpload, FileUploadPart, StoredFile, Team, utcnow
 from scheduler.domain.errors import Conflict, DomainError, InvalidRequest, NotFound
 from scheduler.domain.files import UploadStatus
@@ -89,12 +90,8 @@ class UnsupportedType(DomainError):
     status_code = 415
 
 
-def _issue(code: str, field: str, message: str, hint: str) -> dict[str, Any]:
-    return {"issues": [{"code": code, "field": field, "message": message, "hint": hint}]}
-
-
 def _invalid(message: str, field: str, hint: str, code: str = "file.invalid") -> InvalidRequest:
-    return InvalidRequest(message, code=code, details=_issue(code, field, message, hint))
+    return InvalidRequest.naming(field, message, hint, code=code)
 
 
 def _gib(n: int) -> str:
@@ -164,13 +161,15 @@ def check_content_type(content_type: str | None, field: str = "file") -> str:
     if not _ALLOWED_TYPES.match(ctype):
         raise UnsupportedType(
             f"{field}: content type {ctype[:100]!r} is not taken",
-            details=_issue(
-                "file.unsupported_type",
-                field,
-                f"content type {ctype[:100]!r} is not taken",
-                "upload data as text/JSONL/CSV/Parquet, a model's files or a tar/zip archive of a folder "
-                "(application/octet-stream for any other bytes)",
-            ),
+            issues=[
+                SpecIssue(
+                    "file.unsupported_type",
+                    field,
+                    f"content type {ctype[:100]!r} is not taken",
+                    "upload data as text/JSONL/CSV/Parquet, a model's files or a tar/zip archive of a folder "
+                    "(application/octet-stream for any other bytes)",
+                )
+            ],
         )
     return ctype
 
@@ -192,7 +191,7 @@ class ArchiveRefused(InvalidRequest):
 
 
 def _refuse_archive(message: str, hint: str = "pack the folder with plain files only") -> ArchiveRefused:
-    return ArchiveRefused(message, details=_issue("file.bad_archive", "file", message, hint))
+    return ArchiveRefused.naming("file", message, hint)
 
 
 def _entry_name(raw: str) -> PurePosixPath | None:
@@ -261,19 +260,21 @@ def _bounded(entries: list[tuple[Entry, Any]], *, max_entries: int, max_bytes: i
         raise TooLarge(
             f"the model archive has {len(entries)} entries, more than {max_entries}",
             code="file.archive_too_large",
-            details=_issue("file.archive_too_large", "file", "too many entries", "pack fewer files"),
+            issues=[SpecIssue("file.archive_too_large", "file", "too many entries", "pack fewer files")],
         )
     total = sum(e.size for e, _ in entries)
     if total > max_bytes:
         raise TooLarge(
             f"the model archive unpacks to {_gib(total)}, more than {_gib(max_bytes)}",
             code="file.archive_too_large",
-            details=_issue(
-                "file.archive_too_large",
-                "file",
-                f"unpacks to {total} bytes",
-                "free space (DELETE /v1/files/{id}) or ask an admin for a larger quota",
-            ),
+            issues=[
+                SpecIssue(
+                    "file.archive_too_large",
+                    "file",
+                    f"unpacks to {total} bytes",
+                    "free space (DELETE /v1/files/{id}) or ask an admin for a larger quota",
+                )
+            ],
         )
     seen: set[PurePosixPath] = set()
     for e, _ in entries:
@@ -367,12 +368,14 @@ class Files:
                     if size > limit:
                         raise TooLarge(
                             f"{field} is larger than {_gib(limit)}",
-                            details=_issue(
-                                "file.too_large",
-                                field,
-                                f"larger than {limit} bytes",
-                                "send a large file in parts: POST /v1/uploads (relaxctl files upload does)",
-                            ),
+                            issues=[
+                                SpecIssue(
+                                    "file.too_large",
+                                    field,
+                                    f"larger than {limit} bytes",
+                                    "send a large file in parts: POST /v1/uploads (relaxctl files upload does)",
+                                )
+                            ],
                         )
                     sha.update(chunk)
                     md5.update(chunk)
@@ -406,17 +409,16 @@ class Files:
             raise TooLarge(
                 message,
                 code="file.over_quota",
-                details={
-                    **_issue(
+                issues=[
+                    SpecIssue(
                         "file.over_quota",
                         "file",
                         message,
                         "delete files the team no longer needs (relaxctl files delete ID), or ask an admin to raise "
                         "RELAX_FILES_TEAM_QUOTA_BYTES",
-                    ),
-                    "quota_bytes": quota,
-                    "used_bytes": used,
-                },
+                    )
+                ],
+                details={"quota_bytes": quota, "used_bytes": used},
             )
 
     # files
@@ -572,12 +574,14 @@ class Files:
         if size > self.settings.max_upload_bytes:
             raise TooLarge(
                 f"bytes: {size} is more than an upload may hold ({_gib(self.settings.max_upload_bytes)})",
-                details=_issue(
-                    "file.too_large",
-                    "bytes",
-                    "too large",
-                    "ask an admin to raise RELAX_FILES_MAX_UPLOAD_BYTES",
-                ),
+                issues=[
+                    SpecIssue(
+                        "file.too_large",
+                        "bytes",
+                        "too large",
+                        "ask an admin to raise RELAX_FILES_MAX_UPLOAD_BYTES",
+                    )
+                ],
             )
         self._sweep_expired(target.id)
         self.check_quota(target, size)

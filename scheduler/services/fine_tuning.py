@@ -77,11 +77,7 @@ MAX_LINE_BYTES = 4 * 1024 * 1024
 
 def invalid(param: str, message: str, hint: str, code: str = "fine_tuning.invalid") -> InvalidRequest:
     """A refusal naming the request's field (OpenAI's `param`)."""
-    return InvalidRequest(
-        message,
-        code=code,
-        details={"issues": [{"code": code, "field": param, "message": message, "hint": hint}]},
-    )
+    return InvalidRequest.naming(param, message, hint, code=code)
 
 
 @dataclass
@@ -502,7 +498,6 @@ def _spec(
 
 def _renamed(err: InvalidSpec, kind: str) -> InvalidSpec:
     """The submission's refusal, with the spec's fields named as this request names them."""
-    details = dict(err.details) if isinstance(err.details, dict) else {}
     own = {
         "hf-checkpoint": "model",
         "prompt-data": "training_file",
@@ -513,12 +508,7 @@ def _renamed(err: InvalidSpec, kind: str) -> InvalidSpec:
         "num-epoch": f"method.{kind}.hyperparameters.n_epochs",
         "seed": "seed",
     }
-    issues = []
-    for issue in details.get("issues") or []:
-        flag = str(issue.get("field") or "").lstrip("-").replace("_", "-")
-        issues.append({**issue, "field": own.get(flag, "method")})
-    details["issues"] = issues
-    return InvalidSpec(err.message, code=err.code, details=details)
+    return err.renamed(lambda flag: own.get(flag, "method"))
 
 
 # -- reading -----------------------------------------------------------------------------------------------------
@@ -636,8 +626,8 @@ def trained_tokens(session: Session, job: Job) -> int | None:
 def public(session: Session, job: Job) -> dict[str, Any]:
     """The job as OpenAI's `fine_tuning.job` object."""
     kept = (job.submitted or {}).get(SUBMITTED_KEY, {})
-    status = STATUS[JobStatus(job.status)]
-    terminal = JobStatus(job.status).is_terminal()
+    status = STATUS[job.status]
+    terminal = job.status.is_terminal()
     error = None
     if job.status == JobStatus.FAILED:
         error = {
@@ -682,7 +672,7 @@ def events(session: Session, job: Job, *, after: str | None, limit: int) -> tupl
     out: list[tuple[Any, str, dict[str, Any]]] = []
     for e in session.scalars(sa.select(JobEvent).where(JobEvent.job_id == job.id).order_by(JobEvent.id)):
         if e.kind == "transition" and e.to_status is not None:
-            message = f"{STATUS[JobStatus(e.to_status)]} ({e.to_status}): {e.reason or ''}".rstrip(": ")
+            message = f"{STATUS[e.to_status]} ({e.to_status}): {e.reason or ''}".rstrip(": ")
         else:
             message = f"{e.kind}: {e.reason or ''}".rstrip(": ")
         level = "error" if e.to_status == JobStatus.FAILED or e.kind.endswith("error") else "info"

@@ -28,11 +28,7 @@ MODES = ("ro", "rw")
 
 
 def _invalid(message: str, field: str, hint: str, code: str = "path_grant.invalid") -> InvalidRequest:
-    return InvalidRequest(
-        message,
-        code=code,
-        details={"issues": [{"code": code, "field": field, "message": message, "hint": hint}]},
-    )
+    return InvalidRequest.naming(field, message, hint, code=code)
 
 
 def normalize_grant_path(raw: str, *, home: Path, artifact_root: Path) -> Path:

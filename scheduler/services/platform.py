@@ -11,6 +11,7 @@ from typing import Protocol, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from jobspec.issues import SpecIssue
 from scheduler.db.models import Allocation, Job, Node, Pool, PriorityClass, Queue, Team
 from scheduler.domain.errors import Conflict, InvalidRequest, NotFound
 from scheduler.domain.evals import EVAL_PRIORITY_CLASS
@@ -335,7 +336,7 @@ def update_team(session: Session, principal: Principal, ref: str, changes: dict)
             if name not in known:
                 issues.append(_field_issue("allowed_queues", f"unknown queue {name!r}", "see GET /v1/queues"))
     if issues:
-        raise InvalidRequest(issues[0]["message"], details={"issues": issues})
+        raise InvalidRequest(issues[0].message, issues=issues)
     for key in ("allowed_priority_classes", "allowed_queues"):
         if key in changes:
             value = changes[key]
@@ -352,8 +353,8 @@ def get_pool(session: Session, name: str) -> Pool:
 
 
 # Admin operations ------------------------------------------------------------------------------
-def _field_issue(field: str, message: str, hint: str) -> dict:
-    return {"code": "request.invalid", "field": field, "message": message, "hint": hint}
+def _field_issue(field: str, message: str, hint: str) -> SpecIssue:
+    return SpecIssue(InvalidRequest.code, field, message, hint)
 
 
 def _refuse_existing(
@@ -419,9 +420,7 @@ def upsert_node(
     principal.require(Action.PLATFORM_ADMIN)
     get_pool(session, pool)
     if gpus < 0:
-        raise InvalidRequest(
-            "gpus must be >= 0", details={"issues": [_field_issue("gpus", f"{gpus} < 0", "0 or more")]}
-        )
+        raise InvalidRequest("gpus must be >= 0", issues=[_field_issue("gpus", f"{gpus} < 0", "0 or more")])
     node = session.get(Node, (pool, name))
     if node is None:
         node = Node(pool=pool, name=name, gpus=gpus, labels=labels)

@@ -61,11 +61,7 @@ def _kick(ids: list[str]) -> None:
 
 
 def _invalid(message: str, field: str, hint: str, code: str = "webhook.invalid") -> InvalidRequest:
-    return InvalidRequest(
-        message,
-        code=code,
-        details={"issues": [{"code": code, "field": field, "message": message, "hint": hint}]},
-    )
+    return InvalidRequest.naming(field, message, hint, code=code)
 
 
 def check_url(url: str, field: str = "url") -> None:
@@ -326,7 +322,7 @@ def record_job_transition(
     """The deliveries a job's new status makes, added to the session (sent after it commits). Returns their
     ids. `endpoints`: the team's enabled endpoints when the caller read them already in this transaction
     (a submission reads them with the platform's small tables: a round trip less)."""
-    event_type = wh.job_event_type(JobStatus(job.status))
+    event_type = wh.job_event_type(job.status)
     return _record(
         session, job, event_type, lambda now: job_payload(job, event_type, now, previous), endpoints
     )

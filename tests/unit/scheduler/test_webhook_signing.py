@@ -10,6 +10,7 @@ import hmac
 import pytest
 
 from scheduler.domain import webhooks as wh
+from wire.jobs import JobStatus
 
 
 def _independent(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
@@ -47,7 +48,7 @@ def test_the_specs_published_test_vector() -> None:
 
 
 def test_event_types_and_filters() -> None:
-    assert wh.job_event_type("SUCCEEDED") == "job.succeeded"
+    assert wh.job_event_type(JobStatus.SUCCEEDED) == "job.succeeded"
     assert {"job.queued", "job.running", "job.failed", "job.cancelled"} <= wh.EVENT_TYPES
     assert wh.unknown_event_types(
         ["job.succeeded", "job.*", "job.finished", "eval.*", "eval.completed", "eval.x"]
