@@ -32,7 +32,7 @@ from runtime.roles.groups import start_roles
 from runtime.roles.logs import LogRelay
 from runtime.saving import CheckpointManager
 from runtime.spec import RuntimeSpec
-from runtime.weight_sync import WeightSyncBackend, create_weight_sync
+from runtime.weight_sync import weight_sync_for
 
 transformers.utils.logging.disable_progress_bar()
 log = logging.getLogger("runtime.pipeline")
@@ -82,11 +82,9 @@ def build_pipeline(
         roles=roles,
         total_rollouts=total,
         checkpoints=checkpoints,
-        # engines in the trainer's ranks take the weights in place; engines of their own, from Ray's
-        # object store
-        weight_sync=create_weight_sync(
-            WeightSyncBackend.IN_PLACE if roles.engines_in_trainer else WeightSyncBackend.OBJECT_STORE
-        ),
+        # engines in the trainer's ranks take the weights in place; engines on GPUs of their own over NCCL;
+        # the rest from Ray's object store (`runtime.weight_sync.select`)
+        weight_sync=weight_sync_for(roles, device, spec.values()),
         relay=relay,
     )
     try:

@@ -24,6 +24,7 @@ from runtime.roles.logs import install_actor_logging, log_exceptions
 from runtime.rollout.params import GenerationResult, SamplingParams
 from runtime.rollout.sglang.engine_actor import SGLangEngineActor
 from runtime.train.base import TrainBackend, TrainContext, train_backend_class
+from runtime.weight_sync.collective import CollectiveWeightSource, CollectiveWeightTarget
 
 if TYPE_CHECKING:
     from runtime.rollout.engine import TorchRolloutEngine
@@ -71,8 +72,10 @@ def _ready_info(role: str, **facts: Any) -> dict[str, Any]:
 
 
 @log_exceptions
-class TrainActor:
+class TrainActor(CollectiveWeightSource):
     """The `actor` role: owns a training backend (policy, optimizer, reference model when colocated).
+    Rank 0 is the sender of the collective weight sync (`CollectiveWeightSource`: `weight_group_*`,
+    `weight_push_*`).
 
     A multi-rank backend (megatron) runs one TrainActor per rank: `rank` of `world_size`, meeting the
     others at `master_addr:master_port` (picked on rank 0's node before any rank started), with the job's
@@ -162,8 +165,9 @@ class TrainActor:
 
 
 @log_exceptions
-class RolloutEngineActor:
-    """The `rollout` role: one built-in torch engine holding its own copy of the policy."""
+class RolloutEngineActor(CollectiveWeightTarget):
+    """The `rollout` role: one built-in torch engine holding its own copy of the policy. Takes weights from
+    the object store (`load_weights`) or over the collective weight sync (`CollectiveWeightTarget`)."""
 
     def __init__(
         self,

@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -150,6 +151,32 @@ class TrainGroup(RankGroup):
     def memory_calls(self) -> list[list[str]]:
         """Each rank's releases and resumes so far, in order."""
         return ray.get(self._all("memory_calls"))
+
+    # -- collective weight sync (`runtime.weight_sync.collective`): rank 0 serves the group and sends ---------
+    def open_weight_group(self, group_name: str, timeout_s: float) -> tuple[str, int, str]:
+        """(host, port, backend) of a new weight-update group's store, opened by rank 0."""
+        return tuple(ray.get(self.leader.weight_group_open.remote(group_name, timeout_s)))  # type: ignore[return-value]
+
+    def join_weight_group(self, world_size: int) -> None:
+        """Rank 0 joins on its sender thread; returns at once."""
+        ray.get(self.leader.weight_group_join.remote(world_size))
+
+    def prepare_weight_push(self, push_id: int, bucket_bytes: int) -> list[Any]:
+        """Every rank gathers (a collective under megatron); rank 0 keeps the weights and answers the
+        push's metadata, in buckets."""
+        return self._leader_answer("weight_push_prepare", push_id, bucket_bytes)
+
+    def send_weight_push(
+        self, push_id: int, members: list[str], ready_timeout_s: float, load_format: str | None
+    ) -> None:
+        """Rank 0 queues the broadcast (it starts once every engine is ready); returns at once."""
+        ray.get(self.leader.weight_push_send.remote(push_id, members, ready_timeout_s, load_format))
+
+    def weight_push_error(self, push_id: int, timeout_s: float) -> str | None:
+        return ray.get(self.leader.weight_push_error.remote(push_id, timeout_s))
+
+    def close_weight_group(self) -> None:
+        self.leader.weight_group_close.remote()  # not awaited: rank 0 may be busy training
 
 
 class RolloutGroup:
@@ -311,6 +338,21 @@ class RolloutGroup:
         with self.lock:
             expected, self._weight_version = self._weight_version, version
             return train.async_push_in_place(version, expected)
+
+    def collective_push(
+        self, version: int, push: Callable[[list[ActorHandle], int], list[ray.ObjectRef]]
+    ) -> list[ray.ObjectRef] | None:
+        """The collective weight sync's push (`runtime.weight_sync.collective`): `push(actors, expected)`
+        sends `version` to these engines, which must hold `expected` (the version this group last gave
+        them). None where the engines take weights through the object store instead: hosted by the
+        trainer, or replaced or added while the job runs (a supervisor or an autoscaler loads a new engine
+        from the stored object)."""
+        if self.in_trainer or self.supervisor is not None or self.elastic is not None:
+            return None
+        with self.lock:
+            refs = push(self.actors, self._weight_version)
+            self._weight_version = version
+            return refs
 
     def offload(self) -> None:
         self._not_in_trainer("offload")

@@ -18,7 +18,10 @@ if TYPE_CHECKING:  # ray only for annotations: the package imports without it (i
 class WeightSyncBackend(StrEnum):
     OBJECT_STORE = "object_store"  # trainer puts its state dict in Ray's object store once; engines read it
     IN_PLACE = "in_place"  # engines hosted in the trainer's rank actors: copied in place, device to device
-    # later: "nccl" (broadcast from the trainer rank to engine ranks), "disk" (HF folder on shared storage)
+    # the trainer's rank 0 broadcasts to the engines over a process group of their own, in buckets (NCCL on
+    # GPU, gloo on CPU: the same code); the name is the one Relax users know
+    COLLECTIVE = "nccl"
+    # later: "disk" (HF folder on shared storage)
 
 
 class WeightReceiver(Protocol):

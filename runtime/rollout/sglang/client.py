@@ -25,6 +25,7 @@ from runtime.rollout.sglang.tensor_payload import (
     TensorCodec,
     bucket_named_tensors,
 )
+from runtime.rollout.sglang.weight_group import GROUP_NAME, TensorMeta
 
 log = logging.getLogger(__name__)
 
@@ -264,6 +265,58 @@ class SGLangClient:
             if last and weight_version is not None:
                 body["weight_version"] = weight_version
             await self._checked("/update_weights_from_tensor", body)
+
+    async def init_weights_update_group(
+        self,
+        *,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = GROUP_NAME,
+        backend: str = "nccl",
+    ) -> str:
+        """Have the server join a trainer's weight-update group (SGLang's `InitWeightsUpdateGroupReqInput`);
+        answers once it has (the trainer and every other engine join at the same time)."""
+        body = {
+            "master_address": master_address,
+            "master_port": int(master_port),
+            "rank_offset": int(rank_offset),
+            "world_size": int(world_size),
+            "group_name": group_name,
+            "backend": backend,
+        }
+        return await self._checked("/init_weights_update_group", body)
+
+    async def update_weights_from_distributed(
+        self,
+        metas: Sequence[TensorMeta],
+        *,
+        group_name: str = GROUP_NAME,
+        weight_version: str | None = None,
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+        load_format: str | None = None,
+    ) -> str:
+        """Have the server receive one bucket that rank 0 broadcasts (SGLang's
+        `UpdateWeightsFromDistributedReqInput`: parallel names / dtypes / shapes); answers once it is
+        received and loaded. Send the version with the last bucket of a push only."""
+        body: dict[str, Any] = {
+            "names": [m.name for m in metas],
+            "dtypes": [m.dtype for m in metas],
+            "shapes": [list(m.shape) for m in metas],
+            "group_name": group_name,
+            "flush_cache": flush_cache,
+            "abort_all_requests": abort_all_requests,
+        }
+        if weight_version is not None:
+            body["weight_version"] = weight_version
+        if load_format is not None:
+            body["load_format"] = load_format
+        return await self._checked("/update_weights_from_distributed", body)
+
+    async def destroy_weights_update_group(self, group_name: str = GROUP_NAME) -> str:
+        return await self._checked("/destroy_weights_update_group", {"group_name": group_name})
 
     async def update_weight_version(self, version: str, *, abort_all_requests: bool = False) -> None:
         await self._checked(

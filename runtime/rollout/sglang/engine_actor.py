@@ -52,6 +52,7 @@ from runtime.rollout.sglang.client import (
     engine_url,
 )
 from runtime.rollout.sglang.protocol import to_sglang_sampling_params
+from runtime.rollout.sglang.weight_group import DEFAULT_TIMEOUT_S, FLATTENED, PushGate, PushOrder, gate_store
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -116,6 +117,12 @@ class HttpRolloutEngine:
         self.server_kind = str(info.get("engine", "sglang"))
         self.tp_size = int(info.get("tp_size", 1) or 1)
         self._codec = codec_for(info)
+        # SGLang's per-tensor payload always; ours also takes one flattened broadcast per bucket
+        self._distributed_formats: list[str | None] = [
+            *(f for f in info.get("distributed_load_formats") or () if f == FLATTENED),
+            None,
+        ]
+        self._weight_gate: tuple[Any, str, str] | None = None  # (store client, group name, member)
 
     # -- RolloutEngineActor's interface ---------------------------------------------------------------------
     def ready(self) -> dict[str, Any]:
@@ -124,6 +131,7 @@ class HttpRolloutEngine:
             "engine_index": self.engine_index,
             "address": self.address,
             "engine": self.server_kind,
+            "external": True,  # a server this job did not launch (`SGLangEngineActor` says False)
         }
 
     def generate(
@@ -167,6 +175,93 @@ class HttpRolloutEngine:
 
     def onload(self) -> None:
         self._io.run(self.client.resume_memory_occupation())
+
+    # -- the collective weight sync (`runtime.weight_sync.collective`), over SGLang's own distributed calls --
+    def weight_group_info(self) -> dict[str, Any]:
+        """The server's ranks in a weight-update group (its tensor-parallel size) and the payloads it takes."""
+        return {
+            "ranks": self.tp_size,
+            "load_formats": self._distributed_formats,
+            "engine_index": self.engine_index,
+        }
+
+    def weight_group_join(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        member: str = "engine",
+    ) -> None:
+        """The server joins through `/init_weights_update_group`; this actor keeps a client of the group's
+        store for the push gate (`PushGate`)."""
+        self.weight_group_leave()
+        store = gate_store(master_address, master_port, timeout_s)
+        self._io.run(
+            self.client.init_weights_update_group(
+                master_address=master_address,
+                master_port=master_port,
+                rank_offset=rank_offset,
+                world_size=world_size,
+                group_name=group_name,
+                backend=backend,
+            )
+        )
+        self._weight_gate = (store, group_name, member)
+
+    def weight_push_receive(self, order: PushOrder) -> int:
+        """Check the version, wait for the trainer's go, then one `/update_weights_from_distributed` per
+        bucket (the version with the last). A refused bucket does not stop the others (the server still
+        receives them, so the broadcast completes for everyone); none of them carries the version, and the
+        first refusal is raised."""
+        if self._weight_gate is None or self._weight_gate[1] != order.group_name:
+            raise SGLangEngineError(
+                self.address, "weight push", f"not in weight-update group {order.group_name!r}"
+            )
+        store, group_name, member = self._weight_gate
+        gate = PushGate(store, group_name, order.push_id)
+        problem = None
+        if self.weight_version != order.expected:
+            problem = f"the engine holds version {self.weight_version}, the driver expected {order.expected}"
+        elif order.version < order.expected:
+            problem = f"older than the engine's version {self.weight_version}"
+        if problem is not None:
+            gate.abort(f"{order.what(member)}: {problem}")
+            raise SGLangEngineError(self.address, "weight push", f"{order.what(member)}: {problem}")
+        gate.ready(member)
+        gate.wait_go(member, order.ready_timeout_s)
+        failure: str | None = None
+        for index, bucket in enumerate(order.buckets):
+            last = index == len(order.buckets) - 1
+            try:
+                self._io.run(
+                    self.client.update_weights_from_distributed(
+                        bucket,
+                        group_name=group_name,
+                        weight_version=str(order.version) if last and failure is None else None,
+                        flush_cache=last,
+                        load_format=order.load_format,
+                    )
+                )
+            except SGLangEngineError as exc:
+                failure = failure or f"bucket {index} ({[m.name for m in bucket[:3]]} ...): {exc}"
+        if failure is not None:
+            raise SGLangEngineError(self.address, "weight push", f"{order.what(member)}: {failure}")
+        self.weight_version = order.version
+        return order.version
+
+    def weight_group_leave(self, group_name: str | None = None) -> None:
+        gate, self._weight_gate = self._weight_gate, None
+        if gate is not None and (group_name is None or gate[1] == group_name):
+            try:
+                self._io.run(self.client.destroy_weights_update_group(gate[1]))
+            except SGLangEngineError as exc:  # best effort: the server may have lost the group already
+                log.warning("engine %d: %s", self.engine_index, exc)
+        elif gate is not None:
+            self._weight_gate = gate
 
     # -- beyond the built-in actor ----------------------------------------------------------------------------
     def update_weights_from_disk(self, model_path: str, version: int) -> int:
@@ -429,6 +524,7 @@ class SGLangEngineActor(HttpRolloutEngine):
     def ready(self) -> dict[str, Any]:
         info = super().ready()
         info["launcher"] = str(self.launcher)
+        info["external"] = False
         info["server_pid"] = self.process.pid if self.process else None
         info["dies_with_actor"] = (
             "watch-pid"

@@ -438,6 +438,35 @@ class FastGenServing(ServingBase):
             self._finish_update(weight_version)
         return "Success"
 
+    def update_weights_from_distributed(
+        self, named_tensors: Mapping[str, torch.Tensor], *, weight_version: str | None = None
+    ) -> str:
+        """One received bucket of a distributed update (`ServingBase._distributed_bucket`: checked, then
+        copied in place; the bucket with the version refuses a missing tensor)."""
+        weights = self.engine.weights
+        with self._exclusive():
+            self._require_resident("update_weights_from_distributed")
+
+            def copy(named: Mapping[str, torch.Tensor]) -> None:
+                weights.copy_in(named)
+                if self.engine.torch_device.type == "cuda":
+                    torch.cuda.current_stream().synchronize()  # the received buffer goes once we return
+
+            message = self._distributed_bucket(
+                named_tensors,
+                weight_version,
+                shapes={name: slot.shape for name, slot in weights.hf.items()},
+                optional=weights.optional_names(),
+                copy=copy,
+            )
+            if weight_version is not None:
+                self.engine.weight_version += 1
+            return message
+
+    @property
+    def torch_device(self) -> torch.device:
+        return self.engine.torch_device
+
     def set_weight_version(self, version: str) -> None:
         with self._exclusive():
             self.weight_version = version

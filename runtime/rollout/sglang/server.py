@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -57,6 +58,14 @@ from runtime.rollout.sglang.protocol import (
 )
 from runtime.rollout.sglang.serving import EngineUnavailable, ServingEngine
 from runtime.rollout.sglang.tensor_payload import RELAX_SAFETENSORS_FORMAT, decode_named_tensors
+from runtime.rollout.sglang.weight_group import (
+    FLATTENED,
+    GROUP_NAME,
+    LOAD_FORMATS,
+    WeightGroup,
+    WeightGroupError,
+    metas_from_request,
+)
 
 log = logging.getLogger("runtime.rollout.sglang.server")
 
@@ -84,6 +93,31 @@ class UpdateWeightsFromTensorBody(_Body):
     flush_cache: bool = True
     abort_all_requests: bool = False
     weight_version: str | None = None
+
+
+class InitWeightsUpdateGroupBody(_Body):
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str = GROUP_NAME
+    backend: str = "nccl"
+
+
+class UpdateWeightsFromDistributedBody(_Body):
+    names: list[str]
+    dtypes: list[str] | None = None
+    dtype_names: list[str] | None = None  # the name some SGLang versions give `dtypes`
+    shapes: list[list[int]]
+    group_name: str = GROUP_NAME
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    load_format: str | None = None
+
+
+class DestroyWeightsUpdateGroupBody(_Body):
+    group_name: str = GROUP_NAME
 
 
 class UpdateWeightVersionBody(_Body):
@@ -186,12 +220,16 @@ class BearerKeyMiddleware:
 def create_app(serving: Serving, args: ServerArgs) -> FastAPI:
     """The FastAPI app over a constructed engine (tests build it in-process; `main` serves it)."""
 
+    groups: dict[str, WeightGroup] = {}  # /init_weights_update_group's, by name
+
     @asynccontextmanager
     async def lifespan(_: FastAPI):  # type: ignore[no-untyped-def]
         serving.start()
         try:
             yield
         finally:
+            for group in groups.values():
+                group.leave()
             await asyncio.to_thread(serving.close)
 
     app = FastAPI(
@@ -284,6 +322,8 @@ def create_app(serving: Serving, args: ServerArgs) -> FastAPI:
             "memory_occupation": serving.memory_state(),
             "max_batch_size": serving.max_batch_size,
             "tensor_load_formats": [RELAX_SAFETENSORS_FORMAT],
+            # ours: the payloads /update_weights_from_distributed takes besides SGLang's per-tensor one
+            "distributed_load_formats": [FLATTENED],
         }
 
     app.get("/get_model_info")(model_info)
@@ -350,6 +390,69 @@ def create_app(serving: Serving, args: ServerArgs) -> FastAPI:
         except (ProtocolError, ValueError) as exc:
             return JSONResponse({"success": False, "message": str(exc)}, status_code=400)
         return JSONResponse({"success": True, "message": message})
+
+    def refused(message: str) -> JSONResponse:
+        return JSONResponse({"success": False, "message": message}, status_code=400)
+
+    @app.post("/init_weights_update_group")
+    async def init_weights_update_group(body: InitWeightsUpdateGroupBody) -> Response:
+        """Join a trainer's weight-update group as rank `rank_offset` (one process: tp 1); answers once
+        the group is formed (gloo) or its store reached (NCCL connects at the first broadcast)."""
+        if body.group_name in groups:
+            return refused(f"Failed to initialize custom process group: {body.group_name!r} already exists.")
+        try:
+            group = await asyncio.to_thread(
+                WeightGroup.join,
+                master_address=body.master_address,
+                master_port=body.master_port,
+                rank=body.rank_offset,
+                world_size=body.world_size,
+                group_name=body.group_name,
+                backend=body.backend,
+            )
+        except (WeightGroupError, ValueError) as exc:
+            return refused(f"Failed to initialize custom process group: {exc}.")
+        groups[body.group_name] = group
+        return JSONResponse({"success": True, "message": "Succeeded to initialize custom process group."})
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(body: UpdateWeightsFromDistributedBody) -> Response:
+        """Receive one bucket broadcast by rank 0 (`weight_group`), then load it
+        (`serving.update_weights_from_distributed`). What the metadata describes is always received first,
+        so a refused bucket never leaves the broadcast hanging for the trainer and the other engines."""
+        group = groups.get(body.group_name)
+        if group is None:
+            return refused(
+                f"weight-update group {body.group_name!r} is not initialized: call /init_weights_update_group first"
+            )
+        try:
+            dtypes = body.dtypes if body.dtypes is not None else body.dtype_names
+            if dtypes is None:
+                raise ValueError("dtypes: required (one torch dtype name per tensor)")
+            metas = metas_from_request(body.names, dtypes, body.shapes)
+            if body.load_format not in LOAD_FORMATS:
+                raise ValueError(f"load_format: {body.load_format!r} is not one of {list(LOAD_FORMATS)}")
+        except ValueError as exc:
+            return refused(str(exc))
+        if body.abort_all_requests:
+            serving.abort(abort_all=True, message="Aborted by a weight update")
+        device = serving.torch_device if group.backend == "nccl" else torch.device("cpu")
+        try:
+            named = await asyncio.to_thread(group.receive, metas, device=device, load_format=body.load_format)
+            message = await asyncio.to_thread(
+                serving.update_weights_from_distributed, named, weight_version=body.weight_version
+            )
+        except (WeightGroupError, ProtocolError, ValueError) as exc:
+            return refused(f"Failed to update parameter online: {exc}")
+        return JSONResponse({"success": True, "message": message})
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_weights_update_group(body: DestroyWeightsUpdateGroupBody) -> Response:
+        group = groups.pop(body.group_name, None)
+        if group is None:
+            return refused("The group to be destroyed does not exist.")
+        await asyncio.to_thread(group.leave)
+        return JSONResponse({"success": True, "message": "Succeeded to destroy custom process group."})
 
     @app.post("/update_weight_version")
     async def update_weight_version(body: UpdateWeightVersionBody) -> Response:

@@ -15,7 +15,7 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -96,6 +96,14 @@ def detokenize(
     return text
 
 
+@dataclass
+class _DistributedUpdate:
+    """The buckets of one distributed weight update so far (`ServingBase._distributed_bucket`)."""
+
+    seen: set[str] = field(default_factory=set)
+    refused: str | None = None  # why a bucket was refused: the rest of the update is refused too
+
+
 class ServingBase:
     """What both serving engines (`ServingEngine` here, `FastGenServing` in fastgen_serving.py) keep alike:
     the table of queued and running requests (submit's queueing, abort, flush_cache), SGLang's stop ids,
@@ -117,6 +125,7 @@ class ServingBase:
         self._jobs: dict[str, Any] = {}  # queued or running, by rid
         self._closing = False
         self._released: set[MemoryTag] = set()
+        self._distributed: _DistributedUpdate | None = None  # an /update_weights_from_distributed in progress
         self._counts = {
             "requests": 0,
             "generated_tokens": 0,
@@ -185,6 +194,55 @@ class ServingBase:
         )
 
     # -- weights --------------------------------------------------------------------------------------------
+    def _distributed_bucket(
+        self,
+        named: Mapping[str, torch.Tensor],
+        weight_version: str | None,
+        *,
+        shapes: Mapping[str, tuple[int, ...]],
+        optional: set[str],
+        copy: Callable[[Mapping[str, torch.Tensor]], None],
+    ) -> str:
+        """One bucket of `/update_weights_from_distributed` (call under the subclass's model lock), already
+        received. SGLang's callers send a push as buckets, the version with the last: the first bucket
+        opens an update; each is checked (unknown names, shapes, a tensor sent twice) before it is copied;
+        the bucket carrying `weight_version` closes it, refusing a tensor `shapes` names that never came
+        (the version is then not taken). Once a bucket is refused, the rest of that update is refused too,
+        naming the first reason, until its closing bucket."""
+        check_weight_version(self.weight_version, weight_version)
+        update = self._distributed if self._distributed is not None else _DistributedUpdate()
+        self._distributed = None if weight_version is not None else update
+        if update.refused is not None:
+            raise ProtocolError(f"an earlier bucket of this weight update was refused: {update.refused}")
+        try:
+            unknown = sorted(set(named) - set(shapes) - optional)
+            if unknown:
+                raise ProtocolError(
+                    f"unknown weight names: {unknown[:5]}{' ...' if len(unknown) > 5 else ''}"
+                )
+            for name, tensor in named.items():
+                if name in shapes and tuple(tensor.shape) != tuple(shapes[name]):
+                    raise ProtocolError(f"{name}: shape {tuple(tensor.shape)} != {tuple(shapes[name])}")
+            repeated = sorted(set(named) & update.seen)
+            if repeated:
+                raise ProtocolError(f"weight update sends {repeated[:3]} twice")
+            copy(named)
+            update.seen |= set(named)
+            if weight_version is not None:
+                missing = sorted(set(shapes) - update.seen)
+                if missing:
+                    more = f" (+{len(missing) - 3} more)" if len(missing) > 3 else ""
+                    raise ProtocolError(
+                        f"weight update to version {weight_version!r} is missing {missing[:3]}{more}; the "
+                        f"version stays {self.weight_version!r} (the weights are a mix: push them all again)"
+                    )
+        except ProtocolError as exc:
+            update.refused = str(exc)
+            raise
+        if weight_version is not None:
+            self._finish_update(weight_version)
+        return "Succeeded to update parameter online."
+
     def _finish_update(self, weight_version: str | None) -> None:
         if weight_version is not None:
             self.weight_version = weight_version
@@ -480,6 +538,32 @@ class ServingEngine(ServingBase):
             self.engine.weight_version += 1
             self._finish_update(weight_version)
         return "Success"
+
+    def update_weights_from_distributed(
+        self, named_tensors: Mapping[str, torch.Tensor], *, weight_version: str | None = None
+    ) -> str:
+        """One received bucket of a distributed update (`ServingBase._distributed_bucket`)."""
+        with self._lock:
+            self._require_resident("update_weights_from_distributed")
+            state = self.model.state_dict()
+            optional = {"lm_head.weight"} if self.engine._is_tied("lm_head.weight") else set()
+            shapes = {name: tuple(t.shape) for name, t in state.items() if name not in optional}
+
+            def copy(named: Mapping[str, torch.Tensor]) -> None:
+                self.model.load_state_dict(
+                    {k: v for k, v in named.items() if k not in optional}, strict=False
+                )
+
+            message = self._distributed_bucket(
+                named_tensors, weight_version, shapes=shapes, optional=optional, copy=copy
+            )
+            if weight_version is not None:
+                self.engine.weight_version += 1
+            return message
+
+    @property
+    def torch_device(self) -> torch.device:
+        return self.engine.device.torch_device
 
     def set_weight_version(self, version: str) -> None:
         with self._lock:
