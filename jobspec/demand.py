@@ -26,6 +26,7 @@ __all__ = [
     "ResourceDemand",
     "RoleBundles",
     "compute_demand",
+    "elastic_rollout",
     "role_layout",
     "PLACEMENT_KEY",
     "gpu_nodes",
@@ -72,10 +73,23 @@ class GpuGroup(BaseModel):
     gpus_per_replica: int = Field(ge=0)
     one_node: bool
     shares_with: str | None = None
+    min_replicas: int | None = Field(
+        None,
+        ge=1,
+        description="elastic (the rollout engines of a job with --autoscaler-config): the fewest replicas the "
+        "scheduler may take it down to; null: a fixed count",
+    )
+    max_replicas: int | None = Field(
+        None, ge=1, description="elastic: the most replicas the scheduler may grow it to; null: a fixed count"
+    )
 
     @property
     def gpus(self) -> int:
         return self.replicas * self.gpus_per_replica
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_replicas is not None
 
 
 class ResourceDemand(BaseModel):
@@ -333,6 +347,37 @@ def compute_demand(spec: Any) -> ResourceDemand:
         summary=summary,
         legacy_layout=legacy is not None,
     )
+
+
+def elastic_rollout(demand: ResourceDemand, min_engines: int, max_engines: int) -> ResourceDemand:
+    """The demand with its rollout engines elastic (`--autoscaler-config`'s `min_engines` .. `max_engines`,
+    `jobspec.autoscaler`): the scheduler admits the replicas `resource` asks for, may take engines back down to
+    `min_engines` instead of preempting a job, and grow them up to `max_engines` into idle GPUs. Raises
+    ValueError (naming the fields) when the job has no rollout engines of their own or asks for a count
+    outside the bounds."""
+    rollout = next((g for g in demand.groups if g.role == "rollout"), None)
+    if rollout is None or rollout.shares_with is not None or not rollout.gpus:
+        raise ValueError(
+            "autoscaler-config: the job has no rollout engines on GPUs of their own to scale"
+            + (
+                f" (its rollout shares {rollout.shares_with}'s GPUs)"
+                if rollout and rollout.shares_with
+                else ""
+            )
+        )
+    if not min_engines <= rollout.replicas <= max_engines:
+        raise ValueError(
+            f"autoscaler-config: resource asks for {rollout.replicas} rollout engine(s), outside the autoscaler's "
+            f"min_engines {min_engines} .. max_engines {max_engines}; ask for a count within them"
+        )
+    elastic = rollout.model_copy(update={"min_replicas": min_engines, "max_replicas": max_engines})
+    groups = [elastic if g is rollout else g for g in demand.groups]
+    summary = demand.summary.replace(
+        f"rollout {rollout.replicas}x{rollout.gpus_per_replica} GPU",
+        f"rollout {rollout.replicas}x{rollout.gpus_per_replica} GPU (elastic {min_engines}..{max_engines})",
+        1,
+    )
+    return demand.model_copy(update={"groups": groups, "summary": summary})
 
 
 # ---------------------------------------------------------------------------------------------

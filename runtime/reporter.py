@@ -145,6 +145,8 @@ class Reporter(ABC):
         self._persisted = 0  # ... and how many of them are written (the cut that served them is in the queue)
         self._durable_step: int | None = None  # durable_through(): persist at the metrics of this step
         self._sinks: list[MetricSink] = []  # add_sink(): experiment trackers (runtime/trackers.py)
+        # an elastic job's rollout engines as the platform's last answer granted them (`granted_engines`)
+        self._granted: tuple[str | None, ...] | None = None
         self._cutter = threading.Thread(
             target=self._cut_loop, name=f"{type(self).__name__}-cutter", daemon=True
         )
@@ -171,6 +173,14 @@ class Reporter(ABC):
     @property
     def unsent_reports(self) -> int:
         return len(self._queue) + len(self._unwritten)
+
+    @property
+    def granted_engines(self) -> tuple[str | None, ...] | None:
+        """An elastic job's rollout engines as the scheduling pass allocated them, in the platform's latest
+        answer: the Ray node id of each (None: a node known by hostname only). None until an answer has
+        carried them (always, for a standalone run or a job whose rollout is not elastic). The driver follows
+        them between steps (`runtime.roles.elastic`)."""
+        return self._granted
 
     def request_stop(self) -> None:
         """Mark a stop as requested from this side (e.g. on SIGTERM)."""
@@ -555,9 +565,18 @@ class HttpReporter(Reporter):
                 raise ReportRefused(f"HTTP {response.status_code} {code}".strip())
             raise RuntimeError(f"HTTP {response.status_code} {code}".strip())
         try:
-            return bool(response.json().get("stop_requested", False))
+            answer = response.json()
         except ValueError:
             return False
+        if not isinstance(answer, dict):
+            return False
+        engines = answer.get("rollout_engines")
+        # an elastic job's engines: ReportAck.rollout_engines (docs/adr/0013-elastic-rollout-follows-the-pass.md)
+        if isinstance(engines, list):
+            self._granted = tuple(
+                e.get("ray_node_id") or None if isinstance(e, dict) else None for e in engines
+            )
+        return bool(answer.get("stop_requested", False))
 
     def _on_close(self) -> None:
         self._client.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -22,6 +23,7 @@ from scheduler.db.models import (
     Allocation,
     Checkpoint,
     Job,
+    JobEvent,
     JobWait,
     Node,
     Pool,
@@ -37,11 +39,15 @@ from scheduler.domain.jobs import HOLDING_SLOTS, JobStatus
 from scheduler.observability import observe_pass
 from scheduler.policy.invariants import check
 from scheduler.policy.placement import gangs_of
+from scheduler.policy.types import Resize, demand_gpus
 from scheduler.services.lifecycle import JobLifecycle
 from scheduler.services.platform import eval_rank_beyond_quota
 from scheduler.transactions import after_commit
 
 log = logging.getLogger(__name__)
+
+RESIZE_EVENT = "rollout_resized"  # a job event: the pass took back or granted elastic rollout engines
+_RESIZABLE = frozenset({JobStatus.ADMITTED, JobStatus.STARTING, JobStatus.RUNNING})  # not while it stops
 
 # How the policy sees each platform status.
 _POLICY_STATE = {
@@ -58,6 +64,8 @@ _POLICY_STATE = {
 class PassResult:
     admitted: list[str] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
+    # elastic jobs whose rollout engines the pass took back or granted (`Decision.resize`)
+    resized: list[str] = field(default_factory=list)
     waiting: dict[str, str] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
 
@@ -87,9 +95,49 @@ def node_key(pool: str, node: str) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def _gangs_of_text(demand: str) -> tuple[P.Gang, ...]:
-    """`gangs_of` a demand as the database's JSON text. A pass reads every active job's demand: parsed once
-    per distinct text (jobs submitted alike share one), not once per job and pass."""
-    return gangs_of(json.loads(demand))
+    """`gangs_of` a demand as the database's JSON text, its elastic group (`--autoscaler-config`: the rollout
+    engines' `min_replicas` .. `max_replicas`, read at submission) an elastic gang at the count its spec asks
+    for. A pass reads every active job's demand: parsed once per distinct text (jobs submitted alike share
+    one), not once per job and pass."""
+    parsed = json.loads(demand)
+    gangs = gangs_of(parsed)
+    bounds = {
+        g["role"]: (g["min_replicas"], g.get("max_replicas") or g["min_replicas"])
+        for g in parsed.get("groups", ())
+        if g.get("min_replicas") is not None and not g.get("shares_with")
+    }
+    if not bounds:
+        return gangs
+    return tuple(
+        _elastic(g, *bounds[g.role], count=g.count) if g.role in bounds and g.count > 0 else g for g in gangs
+    )
+
+
+def _elastic(gang: P.Gang, low: int, high: int, *, count: int) -> P.Gang:
+    """`gang` elastic between `low` and `high` replicas, holding `count` now, its spec's `gang.base` asked
+    (the range widened to hold both: a Gang refuses a count outside its range)."""
+    base = gang.base
+    return dataclasses.replace(
+        gang,
+        count=count,
+        min_count=max(1, min(low, count, base)),
+        max_count=max(high, count, base),
+        base_count=base,
+    )
+
+
+def _held(demand: tuple[P.Gang, ...], placed: list[P.Assignment]) -> tuple[P.Gang, ...]:
+    """A running job's demand with its elastic gang at the replicas its allocation holds now (the pass resizes
+    it by rewriting the role's allocation rows, `_apply_resize`); a rigid demand as it is."""
+    out = demand
+    for gang in demand:
+        if not gang.elastic:
+            continue
+        held = len({a.replica for a in placed if a.role == gang.role and not a.shared})
+        if held and held != gang.count:
+            now = _elastic(gang, gang.floor, gang.ceiling, count=held)
+            out = tuple(now if g is gang else g for g in out)
+    return out
 
 
 def _json_text(value: str | None) -> Any:
@@ -204,12 +252,15 @@ def _load(session: Session, now: datetime) -> tuple[P.Snapshot, dict[str, _Row]]
         placed = placements.get(j.id)
         nominated = _json_text(j.nominated_nodes)
         rows[j.id] = _Row(status, j.pool, j.wait_reason, j.queue_position, nominated)
+        demand = _gangs_of_text(j.demand)
+        if placed and any(g.elastic for g in demand):
+            demand = _held(demand, placed)
         jobs.append(
             P.JobView(
                 id=j.id,
                 queue=j.queue,
                 submit_time=j.created_at.timestamp(),
-                demand=_gangs_of_text(j.demand),
+                demand=demand,
                 priority=j.priority,
                 borrow_priority=eval_rank.get(j.team_id) if j.priority_class == EVAL_PRIORITY_CLASS else None,
                 preemptible=j.preemptible,
@@ -264,6 +315,9 @@ def run_scheduling_pass(
             if new is not None:
                 status[job_id] = new
                 result.preempted.append(job_id)
+        for r in decision.resize:  # before the admissions: a shrink frees GPUs they may use
+            if status[r.job_id] in _RESIZABLE and _apply_resize(session, r, now):
+                result.resized.append(r.job_id)
         for job_id, placement in decision.admit:
             pool = rows[job_id].pool
             if not svc.transition(
@@ -336,9 +390,62 @@ def run_scheduling_pass(
         len(changes),
     )
     observe_pass(t_end - t0)  # relax_scheduling_pass_duration_seconds (scheduler/observability.py)
-    if result.admitted or result.preempted:
-        log.info("scheduling pass admitted %s preempted %s", result.admitted, result.preempted)
+    if result.admitted or result.preempted or result.resized:
+        log.info(
+            "scheduling pass admitted %s preempted %s resized %s",
+            result.admitted,
+            result.preempted,
+            result.resized,
+        )
     return result
+
+
+def _apply_resize(session: Session, r: Resize, now: datetime) -> bool:
+    """Write one `Decision.resize`: the role's allocation rows become the pass's placement of it (the
+    allocation is the placement: the driver follows these rows, `scheduler.services.elastic.granted_engines`),
+    the job's GPUs its new total, and an event says why. The run's attained service counts the GPUs it held
+    until now at the old total (`service_gpu_s` is settled with the run's last total when it ends, so the
+    difference is settled here)."""
+    row = session.execute(
+        sa.select(Job.total_gpus, Job.launched_at, Job.service_gpu_s).where(Job.id == r.job_id)
+    ).one_or_none()
+    if row is None:
+        return False
+    total = demand_gpus(r.demand)
+    values: dict[str, Any] = {"total_gpus": total}
+    if row.launched_at is not None:
+        held_s = max(0.0, (now - row.launched_at).total_seconds())
+        values["service_gpu_s"] = row.service_gpu_s + held_s * (row.total_gpus - total)
+    session.execute(sa.update(Job).where(Job.id == r.job_id).values(**values))
+    session.execute(sa.delete(Allocation).where(Allocation.job_id == r.job_id, Allocation.role == r.role))
+    for a in r.placement.assignments:
+        if a.role != r.role:
+            continue
+        pool_name, _, node = a.node.partition("/")
+        session.add(
+            Allocation(
+                job_id=r.job_id,
+                pool=pool_name,
+                node=node,
+                role=a.role,
+                replica=a.replica,
+                gpus=a.gpus,
+                shared=a.shared,
+            )
+        )
+    gone = "took back" if r.after < r.before else "granted"
+    engines = abs(r.after - r.before)
+    where = _describe(P.Placement(tuple(a for a in r.placement.assignments if a.role == r.role)))
+    session.add(
+        JobEvent(
+            job_id=r.job_id,
+            kind=RESIZE_EVENT,
+            reason=f"{r.role} {r.before} -> {r.after}: the pass {gone} {engines} engine"
+            f"{'' if engines == 1 else 's'} ({r.reason}); now {where}",
+            time=now,
+        )
+    )
+    return True
 
 
 # A queued job's `JobWait`, inserted or updated, unless the job left QUEUED meanwhile (cancelled by a request

@@ -19,6 +19,7 @@ from runtime.report_protocol import Report
 from scheduler.db.models import Job
 from scheduler.services.audit import AuditEntry
 from scheduler.services.audit import record as record_audit
+from scheduler.services.elastic import granted_engines
 from scheduler.services.job_tokens import authorize_job_token, claim_job_token
 
 router = APIRouter(prefix="/v1/internal/jobs", tags=["internal"], responses=ERROR_RESPONSES)
@@ -78,7 +79,9 @@ def driver_spec(job: TokenJob, svc: JobReportsDep) -> dict[str, Any]:
     }
 
 
-@router.post("/{job_id}/report", response_model=ReportAck)
+# (an answer names `rollout_engines` only for an elastic job: any other gets `{"stop_requested": ...}` as before)
+@router.post("/{job_id}/report", response_model=ReportAck, response_model_exclude_none=True)
 def driver_report(job: TokenJob, body: Report, svc: JobReportsDep) -> ReportAck:
     stop = svc.ingest_report(job, body)
-    return ReportAck(stop_requested=stop)
+    # an elastic job's engines as the pass allocated them: its driver follows them (scheduler/services/elastic.py)
+    return ReportAck(stop_requested=stop, rollout_engines=granted_engines(svc.session, job))

@@ -336,5 +336,19 @@ class SpecValidation(BaseModel):
 # `runtime.report_protocol.Report` and its items: the driver builds it, the route takes it, the service stores it.
 
 
+class GrantedEngine(BaseModel):
+    """One rollout engine of an elastic job as the scheduling pass allocated it: its node, and that node's Ray id
+    (null: a node known by hostname only)."""
+
+    node: str
+    ray_node_id: str | None = None
+
+
 class ReportAck(BaseModel):
     stop_requested: bool
+    rollout_engines: list[GrantedEngine] | None = Field(
+        None,
+        description="An elastic job's rollout engines (--autoscaler-config) as the scheduling pass allocated them "
+        "now, one per engine in replica order: the driver stops and starts engines between steps to match "
+        "(docs/reference/elastic-rollout.md). Null for any other job.",
+    )

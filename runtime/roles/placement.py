@@ -54,6 +54,29 @@ COLOCATED_GROUP = "colocated"  # the placement group colocated roles share
 NODE_ID_LABEL = "ray.io/node-id"  # the label every Ray node carries with its own id (Ray >= 2.49)
 
 
+def engine_group(index: int) -> str:
+    """The placement group of elastic rollout engine `index` (`plan_topology(elastic_engines=True)`): one engine's
+    device, reserved and released with the engine (`runtime.roles.elastic`)."""
+    return f"{Role.ROLLOUT}-engine-{index}"
+
+
+def device_bundle(device: Device) -> dict[str, float]:
+    """One device's bundle: a GPU with a CPU for its process, or a CPU slot on CPU pools."""
+    return {"GPU": 1.0, "CPU": 1.0} if device.kind is DeviceKind.CUDA else {"CPU": 1.0}
+
+
+def engine_placement_group(device: Device, node: str | None) -> PlacementGroup:
+    """A placement group of one device for an elastic engine added between steps, on Ray node `node` (the one
+    the scheduling pass granted; None: wherever Ray has room, a standalone run). Not waited for: the engine's
+    actor starts once Ray has reserved it (`runtime.roles.elastic` bounds that by `--scale-out-timeout`)."""
+    return placement_group(
+        [device_bundle(device)],
+        strategy="PACK",
+        name="",
+        bundle_label_selector=[{NODE_ID_LABEL: node}] if node else None,
+    )
+
+
 class UnsupportedTopology(ValueError):
     """The spec asks for a layout this backend cannot run (the message names the parameter)."""
 
@@ -81,25 +104,29 @@ class Topology:
     colocate: bool
     groups: dict[str, int]  # placement group name -> number of bundles (one device each)
     slots: dict[Role, tuple[Slot, ...]] = field(default_factory=dict)
-    # placement group name -> the demand's role whose GPUs its bundles are (the colocated group's host); a
-    # group not named here is its own role's
+    # placement group name -> the demand's role whose GPUs its bundles are (the colocated group's host, an
+    # elastic engine's role); a group not named here is its own role's
     hosts: dict[str, str] = field(default_factory=dict)
+    # placement group name -> the index among its host's GPUs of its first bundle (an elastic engine's group:
+    # the engine's index); a group not named here starts at the host's first GPU
+    offsets: dict[str, int] = field(default_factory=dict)
 
     @property
     def num_bundles(self) -> int:
         return sum(self.groups.values())
 
     def bundles(self, group: str) -> list[dict[str, float]]:
-        unit = {"GPU": 1.0, "CPU": 1.0} if self.device.kind is DeviceKind.CUDA else {"CPU": 1.0}
-        return [dict(unit) for _ in range(self.groups[group])]
+        return [device_bundle(self.device) for _ in range(self.groups[group])]
 
     def bundle_selectors(self, group: str, nodes: dict[str, list[str | None]]) -> list[dict[str, str]] | None:
         """Ray's per-bundle label selectors pinning each bundle of `group` to the Ray node the scheduling pass
         allocated its GPU on (`nodes`: `jobspec.demand.gpu_nodes` of the job's allocations); None when the
         pass named no Ray node for any of them (a standalone run, nodes known by hostname only)."""
         ids = nodes.get(self.hosts.get(group, group)) or []
+        first = self.offsets.get(group, 0)
         selectors = [
-            {NODE_ID_LABEL: ids[i]} if i < len(ids) and ids[i] else {} for i in range(self.groups[group])
+            {NODE_ID_LABEL: ids[first + i]} if first + i < len(ids) and ids[first + i] else {}
+            for i in range(self.groups[group])
         ]
         return selectors if any(selectors) else None
 
@@ -141,6 +168,8 @@ def plan_topology(
     train_world: int | None = None,
     critic_world: int | None = None,
     demand: ResourceDemand | None = None,
+    elastic_engines: bool = False,
+    rollout_engines: int | None = None,
 ) -> Topology:
     """Slots for the trainer, the engines, the forward-only roles named in `separate_roles` (those the
     job needs and `resource` lists) and PPO's critic.
@@ -159,6 +188,11 @@ def plan_topology(
     colocated PPO, after the actor's), one engine per GPU of the rollout's range; roles sharing a bundle
     take half of it each (they take turns). Otherwise each role has a placement group of its own, the
     critic too (it trains while the policy trains).
+
+    `elastic_engines` (`--autoscaler-config`, engines of their own): each rollout engine has a placement group
+    of one device (`engine_group(i)`), so that an engine scaled in gives its device back to Ray, and engine i's
+    is pinned where the pass allocated the rollout's GPU i. `rollout_engines`: how many engines start (an
+    elastic job's allocation may hold more or fewer than `resource` asks); None: `resource`'s count.
     """
     resource = resource or DEFAULT_RESOURCE
     unknown = sorted(set(resource) - SUPPORTED_ROLES)
@@ -199,12 +233,20 @@ def plan_topology(
         bundles = actor_devices if train_world is not None else 1
         groups[str(Role.ACTOR)] = bundles
         slots[Role.ACTOR] = _rank_slots(str(Role.ACTOR), bundles, train_world or 1, 1.0)
+    hosts: dict[str, str] = {}
+    offsets: dict[str, int] = {}
     if with_rollout:
-        engines = _pair(resource, Role.ROLLOUT)[1]
+        engines = _pair(resource, Role.ROLLOUT)[1] if rollout_engines is None else rollout_engines
         if engines < 1:
             raise UnsupportedTopology("resource.rollout needs at least one device for the rollout engines")
-        groups[str(Role.ROLLOUT)] = engines
-        slots[Role.ROLLOUT] = tuple(Slot(str(Role.ROLLOUT), i, 1.0) for i in range(engines))
+        if elastic_engines:
+            names = [engine_group(i) for i in range(engines)]
+            for i, name in enumerate(names):
+                groups[name], hosts[name], offsets[name] = 1, str(Role.ROLLOUT), i
+            slots[Role.ROLLOUT] = tuple(Slot(name, 0, 1.0) for name in names)
+        else:
+            groups[str(Role.ROLLOUT)] = engines
+            slots[Role.ROLLOUT] = tuple(Slot(str(Role.ROLLOUT), i, 1.0) for i in range(engines))
     for role in separate_roles:
         replicas, devices = _pair(resource, role)
         if devices > 1 or replicas != 1:
@@ -213,7 +255,7 @@ def plan_topology(
             )
         groups[str(role)] = 1
         slots[role] = (Slot(str(role), 0, 1.0),)
-    return Topology(device, False, groups, slots)
+    return Topology(device, False, groups, slots, hosts=hosts, offsets=offsets)
 
 
 def _colocated(

@@ -1,20 +1,8 @@
-"""Elastic rollout (`--autoscaler-config`, `--scale-out-*`, `--scale-in-*`): the autoscaler's YAML, the
-settings of a scale-out or scale-in, and the decisions, as pure logic. The Ray side (starting engines,
+"""Elastic rollout (`--autoscaler-config`, `--scale-out-*`, `--scale-in-*`) as pure logic: the settings of a
+scale-out or scale-in, when to scale (the autoscaler's thresholds, in a standalone run) and which engines to
+stop and start to follow what the scheduling pass granted (a job the platform placed). The autoscaler's YAML
+is `jobspec.autoscaler` (the platform reads its bounds at submission); the Ray side (starting engines,
 loading the current weights, draining and stopping engines) is `runtime.roles.elastic`.
-
-The YAML (docs/reference/elastic-rollout.md has it with each key's meaning; unknown keys are refused):
-
-    min_engines: 1          # the fewest rollout engines (>= 1)
-    max_engines: 4          # the most (>= min_engines)
-    evaluation_interval: 1  # rollout steps between two decisions
-    scale_out:
-      threshold: 0.6        # add engines when the rollout takes more than this share of a step ...
-      step: 1               # ... this many at once
-      cooldown_steps: 2     # steps after any scaling before the next scale-out
-    scale_in:
-      threshold: 0.2        # remove engines when the rollout takes less than this share of a step
-      step: 1
-      cooldown_steps: 2
 
 Relax's defaults for the operation flags: `--scale-out-timeout` 300 s for the whole scale-out (engine
 start, connect, weight sync, health); `--scale-out-partial-success-policy` rollback_all (any engine that
@@ -25,101 +13,34 @@ an engine's graceful shutdown before its actor is killed.
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
-from pathlib import Path
 from typing import Any
 
-import yaml
+from jobspec.autoscaler import AutoscalerConfig, AutoscalerConfigError, ScaleRule
+
+__all__ = [
+    "Autoscaler",
+    "AutoscalerConfig",
+    "AutoscalerConfigError",
+    "ElasticSettings",
+    "FollowPlan",
+    "PartialSuccessPolicy",
+    "ScaleRule",
+    "follow_grant",
+    "settle_scale_out",
+]
 
 DEFAULT_SCALE_OUT_TIMEOUT_S = 300.0
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 
 
-class AutoscalerConfigError(ValueError):
-    """The autoscaler YAML is unreadable or wrong: the message names the key and says what fits."""
-
-
 class PartialSuccessPolicy(StrEnum):
     ROLLBACK_ALL = "rollback_all"
     KEEP_PARTIAL = "keep_partial"
-
-
-@dataclass(frozen=True)
-class ScaleRule:
-    """One direction's rule: scale by `step` engines when the rollout's share of the step's time is past
-    `threshold`, at least `cooldown_steps` steps after the last scaling."""
-
-    threshold: float
-    step: int = 1
-    cooldown_steps: int = 2
-
-
-@dataclass(frozen=True)
-class AutoscalerConfig:
-    min_engines: int
-    max_engines: int
-    evaluation_interval: int = 1
-    scale_out: ScaleRule = ScaleRule(threshold=0.6)
-    scale_in: ScaleRule = ScaleRule(threshold=0.2)
-
-    @classmethod
-    def parse(cls, data: Any, *, source: str = "--autoscaler-config") -> AutoscalerConfig:
-        """From the YAML's mapping; every problem raises `AutoscalerConfigError` naming the key."""
-        if not isinstance(data, Mapping):
-            raise AutoscalerConfigError(f"{source}: a mapping of keys is expected, got {type(data).__name__}")
-        top = _known(data, cls, source)
-        for key in ("min_engines", "max_engines"):
-            if key not in top:
-                raise AutoscalerConfigError(f"{source}: {key} is required (an integer >= 1)")
-        low = _integer(top["min_engines"], f"{source}: min_engines", 1)
-        high = _integer(top["max_engines"], f"{source}: max_engines", 1)
-        if high < low:
-            raise AutoscalerConfigError(f"{source}: max_engines ({high}) must be >= min_engines ({low})")
-        rules = {}
-        for key, default in (("scale_out", ScaleRule(0.6)), ("scale_in", ScaleRule(0.2))):
-            raw = top.get(key, {})
-            if not isinstance(raw, Mapping):
-                raise AutoscalerConfigError(
-                    f"{source}: {key} must be a mapping (threshold, step, cooldown_steps)"
-                )
-            given = _known(raw, ScaleRule, f"{source}: {key}")
-            rules[key] = ScaleRule(
-                threshold=_share(given.get("threshold", default.threshold), f"{source}: {key}.threshold"),
-                step=_integer(given.get("step", default.step), f"{source}: {key}.step", 1),
-                cooldown_steps=_integer(
-                    given.get("cooldown_steps", default.cooldown_steps), f"{source}: {key}.cooldown_steps", 0
-                ),
-            )
-        if rules["scale_in"].threshold >= rules["scale_out"].threshold:
-            raise AutoscalerConfigError(
-                f"{source}: scale_in.threshold ({rules['scale_in'].threshold}) must be below "
-                f"scale_out.threshold ({rules['scale_out'].threshold}), or every step would scale one way or "
-                "the other"
-            )
-        return cls(
-            min_engines=low,
-            max_engines=high,
-            evaluation_interval=_integer(
-                top.get("evaluation_interval", 1), f"{source}: evaluation_interval", 1
-            ),
-            **rules,
-        )
-
-    @classmethod
-    def load(cls, path: str | Path) -> AutoscalerConfig:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise AutoscalerConfigError(f"--autoscaler-config {path}: cannot be read ({exc})") from exc
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise AutoscalerConfigError(f"--autoscaler-config {path}: not YAML ({exc})") from exc
-        return cls.parse(data, source=f"--autoscaler-config {path}")
 
 
 @dataclass(frozen=True)
@@ -205,25 +126,41 @@ def settle_scale_out(ok: list[bool], policy: PartialSuccessPolicy) -> list[bool]
     return list(ok)
 
 
-def _known(data: Mapping[str, Any], kind: type, where: str) -> dict[str, Any]:
-    names = [f.name for f in fields(kind)]
-    out = {}
-    for key, value in data.items():
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"did you mean {close[0]}?" if close else f"known keys: {', '.join(names)}"
-            raise AutoscalerConfigError(f"{where}: unknown key {key!r} ({hint})")
-        out[key] = value
-    return out
+@dataclass(frozen=True)
+class FollowPlan:
+    """How the engines follow a grant: which of them stay and which leave (indexes into the role's engines,
+    oldest first), and the Ray node of each engine to start (None: wherever Ray has room)."""
+
+    keep: tuple[int, ...]
+    leave: tuple[int, ...]
+    start: tuple[str | None, ...]
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.leave or self.start)
 
 
-def _integer(value: Any, where: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise AutoscalerConfigError(f"{where} must be an integer >= {low}, got {value!r}")
-    return value
-
-
-def _share(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
-        raise AutoscalerConfigError(f"{where} must be a share of the step's time in [0, 1], got {value!r}")
-    return float(value)
+def follow_grant(engines: Sequence[str | None], granted: Sequence[str | None]) -> FollowPlan:
+    """The fewest engine stops and starts that make the engines' nodes (`engines`: the Ray node each runs on)
+    the grant's (`granted`: one Ray node per engine the scheduling pass allocated the job). An engine stays
+    where the grant has a replica on its node (the oldest first), the others leave; each replica left over
+    is an engine to start on its node. The pass may take back any replica, not only the newest, and only the
+    engine on that node frees the GPU it gave to another job. An empty grant changes nothing (a job always
+    keeps an engine)."""
+    if not granted:
+        return FollowPlan(tuple(range(len(engines))), (), ())
+    wanted = Counter(granted)
+    keep: list[int] = []
+    leave: list[int] = []
+    for index, node in enumerate(engines):
+        if wanted[node] > 0:
+            wanted[node] -= 1
+            keep.append(index)
+        else:
+            leave.append(index)
+    start: list[str | None] = []
+    for node in granted:
+        if wanted[node] > 0:
+            wanted[node] -= 1
+            start.append(node)
+    return FollowPlan(tuple(keep), tuple(leave), tuple(start))

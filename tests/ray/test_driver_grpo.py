@@ -121,7 +121,8 @@ def test_grpo_with_separate_actors_and_two_engines(
 ) -> None:
     """Not colocated: trainer and two rollout engines each in their own slot; weights reach both engines.
     With --autoscaler-config (docs/reference/elastic-rollout.md) the rollout-bound first step adds a third
-    engine (off the role's placement group), which gets every later update too."""
+    engine (in a placement group of its own, as each engine of an elastic role), which gets every later update
+    too."""
     autoscaler = tmp_path / "autoscaler.yaml"
     autoscaler.write_text(
         "min_engines: 1\nmax_engines: 3\nscale_out: {threshold: 0.01}\nscale_in: {threshold: 0.0}\n"

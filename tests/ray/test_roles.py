@@ -13,7 +13,7 @@ import ray
 from runtime.data.prompts import DatasetConfig, PromptFormatter, read_prompt_items
 from runtime.devices import Device
 from runtime.roles.actors import RolloutEngineActor
-from runtime.roles.elastic import ElasticRollout, engine_starter
+from runtime.roles.elastic import EngineStarter
 from runtime.roles.groups import RolePlan, Roles, start_roles
 from runtime.roles.placement import Role
 from runtime.rollout.elastic import AutoscalerConfig, ElasticSettings, PartialSuccessPolicy
@@ -79,9 +79,11 @@ def _gap(batch: RolloutBatch) -> float:
 
 
 def test_each_role_has_its_own_placement_group(roles: Roles) -> None:
+    """One group a role; the elastic rollout (--autoscaler-config) one group an engine, each its own device."""
     assert {name: pg.bundle_count for name, pg in roles.placement_groups.items()} == {
         "actor": 1,
-        "rollout": 2,
+        "rollout-engine-0": 1,
+        "rollout-engine-1": 1,
         "reference": 1,
     }
     pg_of = {name: pg.id.hex() for name, pg in roles.placement_groups.items()}
@@ -90,10 +92,10 @@ def test_each_role_has_its_own_placement_group(roles: Roles) -> None:
         by_role.setdefault(info["role"], set()).add(info["placement_group"])
     assert by_role == {
         "actor": {pg_of["actor"]},
-        "rollout": {pg_of["rollout"]},
+        "rollout": {pg_of["rollout-engine-0"], pg_of["rollout-engine-1"]},
         "reference": {pg_of["reference"]},
     }
-    assert len(set(pg_of.values())) == 3
+    assert len(set(pg_of.values())) == 4
 
 
 def test_the_roles_warm_the_checkpoint_once_per_node(
@@ -158,52 +160,77 @@ def test_actor_logs_and_exceptions_are_forwarded(roles: Roles, tmp_path: Path) -
 def test_elastic_rollout_grows_with_the_current_weights_and_shrinks_draining_requests(
     roles: Roles, artifacts: dict[str, Path]
 ) -> None:
-    """--autoscaler-config (runtime/roles/elastic.py) on real engine actors. A scale-out whose engine Ray
-    refuses adds nothing; of two engines where the second cannot start, --scale-out-partial-success-policy
-    keep_partial keeps the first (rollback_all's choice is `settle_scale_out`'s, unit-tested), and it holds
-    the weights the others hold: its samples' log-probs equal the trainer's. Scale-in lets the leaving
-    engine finish its in-flight request (--scale-in-drain-timeout), or stops it past the timeout. One engine
-    start in all (each costs seconds)."""
+    """--autoscaler-config (runtime/roles/elastic.py) on real engine actors, each in a placement group of its own
+    (released when it stops, so its device goes back to Ray). A scale-out onto a Ray node that does not exist
+    (a grant the cluster cannot hold) adds nothing and is not tried again for the same grant; of two engines
+    where the second cannot start, --scale-out-partial-success-policy keep_partial keeps the first
+    (rollback_all's choice is `settle_scale_out`'s, unit-tested), and it holds the weights the others hold:
+    its samples' log-probs equal the trainer's. Scale-in lets the leaving engine finish its in-flight request
+    (--scale-in-drain-timeout), or stops it past the timeout. Placed by the scheduling pass, the engines follow
+    its grant: every engine moves onto the Ray node granted. Three engine starts in all (each costs seconds)."""
     assert roles.train is not None and roles.rollout is not None and roles.rollout.elastic is not None
     group, elastic = roles.rollout, roles.rollout.elastic
+    settings = elastic.settings
+    pgs = roles.placement_groups
+    assert [h.group for h in elastic.homes] == ["rollout-engine-0", "rollout-engine-1"]
+    assert all(len(pgs[h.group].bundle_specs) == 1 for h in elastic.homes if h.group)
+
+    def scaled() -> list[str]:
+        return sorted(name for name in pgs if name.startswith("rollout-scaled"))
+
     sync = create_weight_sync(WeightSyncBackend.OBJECT_STORE)
     roles.train.train_step(roles.train.compute_log_probs(_rollout(roles, artifacts, seed=4), ref=False))
     sync.push(roles.train, [group], version=7)
 
-    # Ray refuses engine 3 at once (a negative CPU count); engine 2 starts for real
-    refused = engine_starter(RolloutEngineActor, ("unused",), {}, [{"num_cpus": -1}])
-    # placed by the scheduling pass: the rollout-bound step (90% of it) asks for a third engine, held at
-    # the role's two bundles; nothing starts
-    placed = ElasticRollout(group, refused, elastic.settings, limit=2)
-    assert placed.after_step(0, rollout_s=9.0, step_s=10.0)["rollout/engines"] == 2.0
-    assert placed.scale_outs == placed.scale_out_failures == 0
-    undone = ElasticRollout(group, refused, elastic.settings).scale_out(1)
-    assert (undone.before, undone.after, list(undone.failures)) == (2, 2, [2])
-    assert "could not start" in undone.failures[2] and len(group.actors) == 2
-    starts = {2: elastic.start_engine, 3: refused}
-    partial = ElasticRollout(
-        group,
-        lambda i: starts[i](i),
-        dataclasses.replace(elastic.settings, partial_success=PartialSuccessPolicy.KEEP_PARTIAL),
+    # a grant onto a node Ray does not have: its group is never reserved, the engine never ready
+    elastic.settings = dataclasses.replace(settings, scale_out_timeout_s=3.0)
+    nowhere = ("f" * 56,)
+    elastic.follow_grant((None, None, *nowhere))
+    assert len(group.actors) == 2 and elastic.scale_out_failures == 1 and scaled() == []
+    started = time.monotonic()
+    assert elastic.follow_grant((None, None, *nowhere)) is None  # the same grant: not tried again
+    assert time.monotonic() - started < 1.0 and elastic.scale_out_failures == 1
+
+    # engine 2 starts for real; engine 3 cannot (its checkpoint does not exist): keep_partial keeps engine 2
+    broken = EngineStarter(RolloutEngineActor, ("unused",), {}, Device.detect(), pgs)
+    good = elastic.start_engine
+    elastic.start_engine = lambda index, node: (good if index == 2 else broken)(index, node)
+    elastic.settings = dataclasses.replace(
+        settings, partial_success=PartialSuccessPolicy.KEEP_PARTIAL, scale_out_timeout_s=120.0
     )
-    kept = partial.scale_out(2)
-    assert (kept.before, kept.after, list(kept.failures)) == (2, 3, [3])
+    kept = elastic.scale_out(2)
+    elastic.start_engine = good
+    assert (kept.before, kept.after, list(kept.failures)) == (2, 3, [3]), kept.failures
+    assert len(scaled()) == 1 and len(elastic.homes) == 3  # engine 3's group was released with it
     fresh = roles.train.compute_log_probs(_rollout(roles, artifacts, seed=5), ref=False)  # a share per engine
     assert _gap(fresh) < 1e-5  # the new engine too generates with the trainer's weights (version 7)
 
+    elastic.settings = settings
     prompt = [[1, 2, 3]] * 4
     in_flight = group.actors[-1].generate.remote(prompt, SamplingParams(max_new_tokens=32, seed=0))
     shrunk = elastic.scale_in(1)
     assert (shrunk.before, shrunk.after, shrunk.aborted) == (3, 2, 0) and len(group.actors) == 2
     assert len(ray.get(in_flight)) == 4  # drained: its request finished before it stopped
+    assert scaled() == []  # and its device is Ray's again
 
-    hasty = ElasticRollout(
-        group, elastic.start_engine, dataclasses.replace(elastic.settings, drain_timeout_s=0.01)
-    )
+    elastic.settings = dataclasses.replace(settings, drain_timeout_s=0.01)
     leaving = group.actors[-1]
     busy = leaving.generate.remote(prompt * 64, SamplingParams(max_new_tokens=250, min_new_tokens=250))
-    cut = hasty.scale_in(1)
+    cut = elastic.scale_in(1)
     assert (cut.after, cut.aborted) == (1, 1)  # still generating past the drain timeout: stopped
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(leaving.ready.remote(), timeout=60)
     ray.wait([busy], timeout=60)  # killed mid-request, or done just before: never left hanging
+    assert "rollout-engine-1" not in pgs and "rollout-engine-0" in pgs
+
+    # placed by the pass: the engine follows its grant onto the Ray node it names (this node, by its id)
+    elastic.settings = settings
+    here = ray.get_runtime_context().get_node_id()
+    elastic.placed, elastic.follow = True, lambda: (here,)
+    metrics = elastic.after_step(9, rollout_s=0.1, step_s=10.0)  # the thresholds are not asked
+    assert metrics["rollout/engines"] == 1.0 and metrics["rollout/granted_engines"] == 1.0
+    assert [h.node for h in elastic.homes] == [here] and "rollout-engine-0" not in pgs
+    (name,) = scaled()
+    table = ray.util.placement_group_table(pgs[name])
+    assert table["state"] == "CREATED" and set(table["bundles_to_node_id"].values()) == {here}
+    assert len(_rollout(roles, artifacts, seed=6).rewards) == 16  # the moved engine generates

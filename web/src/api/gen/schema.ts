@@ -2026,6 +2026,16 @@ export interface components {
         GpuGroup: {
             /** Gpus Per Replica */
             gpus_per_replica: number;
+            /**
+             * Max Replicas
+             * @description elastic: the most replicas the scheduler may grow it to; null: a fixed count
+             */
+            max_replicas?: number | null;
+            /**
+             * Min Replicas
+             * @description elastic (the rollout engines of a job with --autoscaler-config): the fewest replicas the scheduler may take it down to; null: a fixed count
+             */
+            min_replicas?: number | null;
             /** One Node */
             one_node: boolean;
             /** Replicas */
@@ -2034,6 +2044,17 @@ export interface components {
             role: string;
             /** Shares With */
             shares_with?: string | null;
+        };
+        /**
+         * GrantedEngine
+         * @description One rollout engine of an elastic job as the scheduling pass allocated it: its node, and that node's Ray id
+         *     (null: a node known by hostname only).
+         */
+        GrantedEngine: {
+            /** Node */
+            node: string;
+            /** Ray Node Id */
+            ray_node_id?: string | null;
         };
         /** HTTPValidationError */
         HTTPValidationError: {
@@ -2950,6 +2971,11 @@ export interface components {
         };
         /** ReportAck */
         ReportAck: {
+            /**
+             * Rollout Engines
+             * @description An elastic job's rollout engines (--autoscaler-config) as the scheduling pass allocated them now, one per engine in replica order: the driver stops and starts engines between steps to match (docs/reference/elastic-rollout.md). Null for any other job.
+             */
+            rollout_engines?: components["schemas"]["GrantedEngine"][] | null;
             /** Stop Requested */
             stop_requested: boolean;
         };
