@@ -27,7 +27,7 @@ from runtime.roles.actors import (
     free_loopback_port,
 )
 from runtime.roles.colocated import ColocatedActor, hosted_batch_size
-from runtime.roles.elastic import ElasticRollout, engine_starter
+from runtime.roles.elastic import ElasticRollout, EngineHome, EngineStarter
 from runtime.roles.engine_health import EngineFactory, EngineSupervisor, settled
 from runtime.roles.logs import start_log_sink
 from runtime.roles.placement import Role, Topology, plan_topology, release, reserve
@@ -641,6 +641,10 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
         train_world=plan.train_world,
         critic_world=plan.critic.world if plan.critic is not None else None,
         demand=plan.demand,
+        # `--autoscaler-config`: an engine's device is its own placement group, and a job the pass placed starts
+        # the engines its allocation holds now (the pass may have resized it since admission)
+        elastic_engines=plan.elastic is not None,
+        rollout_engines=len(plan.gpu_nodes.get(str(Role.ROLLOUT)) or ()) or None if plan.elastic else None,
     )
     kind = plan.engine_kind
     in_trainer = (
@@ -661,8 +665,7 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
     started: list[ActorHandle] = []
     sink = None
     factory: EngineFactory | None = None
-    starter = None
-    elastic_limit: int | None = None
+    starter: EngineStarter | None = None
     rollout: RolloutGroup | None = None
 
     def start(actor_class: type, role: Role, *args: Any, **kwargs: Any) -> list[ActorHandle]:
@@ -745,13 +748,9 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
             )
             engine_actors = start(_ENGINE_ACTORS[kind], Role.ROLLOUT, plan.hf_checkpoint, **common, **http)
             if plan.elastic is not None and engine_actors:
-                slots = [slot.ray_options(pgs, device) for slot in topology.role_slots(Role.ROLLOUT)]
-                starter = engine_starter(
-                    _ENGINE_ACTORS[kind], (plan.hf_checkpoint,), {**common, **http}, slots, runtime_env
+                starter = EngineStarter(
+                    _ENGINE_ACTORS[kind], (plan.hf_checkpoint,), {**common, **http}, device, pgs, runtime_env
                 )
-                # placed by the scheduling pass: no engine beyond the role's bundles (they would take GPUs
-                # the pass did not give the job); a standalone run's engines go where Ray has room
-                elastic_limit = len(slots) if plan.gpu_nodes else None
             if plan.health is not None and engine_actors and kind is EngineKind.HTTP:
                 factory = EngineFactory(
                     _ENGINE_ACTORS[kind],
@@ -798,7 +797,15 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
                     "external engines" if plan.external_engines else "engines in the trainer's ranks",
                 )
             else:
-                rollout.elastic = ElasticRollout(rollout, starter, plan.elastic, limit=elastic_limit)
+                nodes = plan.gpu_nodes.get(str(Role.ROLLOUT)) or []
+                homes = [
+                    EngineHome(slot.group, nodes[i] if i < len(nodes) else None)
+                    for i, slot in enumerate(topology.role_slots(Role.ROLLOUT))
+                ]
+                # placed by the scheduling pass: the engines follow what it grants (`ElasticRollout.follow`)
+                rollout.elastic = ElasticRollout(
+                    rollout, starter, plan.elastic, homes=homes, placed=bool(plan.gpu_nodes)
+                )
         if rollout is not None and plan.health is not None:
             if factory is None:
                 log.warning(
