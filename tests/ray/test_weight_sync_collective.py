@@ -54,10 +54,16 @@ def actors(ray_local, tmp_path_factory: pytest.TempPathFactory):  # type: ignore
     trainer_model = variant(engine_model, root / "trainer")  # other weights: a push visibly moves them
     untied = variant(engine_model, root / "untied", untied=True)
     fastgen = {"env_vars": {"RELAX_ROLLOUT_BACKEND": "fastgen"}}
+    # CPU here (gloo). On a host with 3 GPUs or more each actor takes one and the same test runs the NCCL
+    # path (NCCL cannot put two ranks on one GPU, so 1 or 2 GPUs cannot run it)
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    if 0 < gpus < 3:
+        pytest.skip(f"{gpus} GPU(s): the NCCL path needs one per actor (3), the gloo path none")
+    one = {"num_gpus": 1} if gpus else {}
     began = time.monotonic()
     trainer = (
         ray.remote(TrainActor)
-        .options(num_cpus=0)
+        .options(num_cpus=0, **one)
         .remote(
             "torch",
             str(trainer_model),
@@ -67,9 +73,9 @@ def actors(ray_local, tmp_path_factory: pytest.TempPathFactory):  # type: ignore
     )
     engines = [
         ray.remote(RolloutEngineActor)
-        .options(num_cpus=0, runtime_env=fastgen)
+        .options(num_cpus=0, runtime_env=fastgen, **one)
         .remote(str(engine_model), engine_index=0),
-        ray.remote(RolloutEngineActor).options(num_cpus=0).remote(str(engine_model), engine_index=1),
+        ray.remote(RolloutEngineActor).options(num_cpus=0, **one).remote(str(engine_model), engine_index=1),
     ]
     ray.get([a.ready.remote() for a in [trainer, *engines]])
     print(f"actors ready in {time.monotonic() - began:.1f} s")
@@ -79,13 +85,13 @@ def actors(ray_local, tmp_path_factory: pytest.TempPathFactory):  # type: ignore
 
 
 def engine_weights(engine: ray.actor.ActorHandle) -> dict[str, torch.Tensor]:
-    """The engine's weights under HF names, read in its own process."""
+    """The engine's weights under HF names, read in its own process (host copies)."""
 
     def read(actor: RolloutEngineActor) -> dict[str, torch.Tensor]:
         weights = getattr(actor.engine, "weights", None)
         if weights is not None:  # fastgen's flat buffer
-            return {name: weights.target(name).clone() for name in weights.hf}
-        return {name: t.clone() for name, t in actor.engine.model.state_dict().items()}
+            return {name: weights.target(name).cpu() for name in weights.hf}
+        return {name: t.cpu() for name, t in actor.engine.model.state_dict().items()}
 
     return ray.get(engine.__ray_call__.remote(read))
 
@@ -104,7 +110,7 @@ def test_push_makes_the_engines_hold_the_trainers_weights_and_checks_versions(ac
     sync.timeout_s = 20.0
     theirs = ray.get(trainer.named_weights.remote())
     before = engine_weights(engines[0])
-    assert any(not torch.equal(before[n], theirs[n]) for n in theirs)
+    assert any(not torch.equal(before[n], theirs[n].to(before[n].dtype)) for n in theirs)
 
     began = time.monotonic()
     sync.push(train, [rollout], version=1)
@@ -112,8 +118,8 @@ def test_push_makes_the_engines_hold_the_trainers_weights_and_checks_versions(ac
     for engine in engines[:2]:
         held = engine_weights(engine)
         assert set(theirs) <= set(held)
-        for name, tensor in theirs.items():
-            assert torch.equal(held[name], tensor), name
+        for name, tensor in theirs.items():  # in the engine's dtype (fastgen holds bf16 on GPU)
+            assert torch.equal(held[name], tensor.to(held[name].dtype)), name
         assert engine_version(engine) == 1
     assert rollout.weight_version == 1
 
