@@ -153,6 +153,7 @@ class _Row:
     wait_reason: str | None
     queue_position: int | None
     nominated_nodes: list[str] | None
+    elastic: bool = False  # its demand has an elastic gang (`--autoscaler-config`)
 
 
 # The columns of an active job a pass reads: never its spec or submitted request (tens of kB of JSON each).
@@ -251,10 +252,11 @@ def _load(session: Session, now: datetime) -> tuple[P.Snapshot, dict[str, _Row]]
         status = j.status
         placed = placements.get(j.id)
         nominated = _json_text(j.nominated_nodes)
-        rows[j.id] = _Row(status, j.pool, j.wait_reason, j.queue_position, nominated)
         demand = _gangs_of_text(j.demand)
-        if placed and any(g.elastic for g in demand):
+        elastic = any(g.elastic for g in demand)
+        if placed and elastic:
             demand = _held(demand, placed)
+        rows[j.id] = _Row(status, j.pool, j.wait_reason, j.queue_position, nominated, elastic)
         jobs.append(
             P.JobView(
                 id=j.id,
@@ -341,6 +343,9 @@ def run_scheduling_pass(
                         shared=a.shared,
                     )
                 )
+            if rows[job_id].elastic:  # admitted at its spec's count: an earlier run's resize is over
+                gpus = sum(g for _, g in placement.node_gpus)
+                session.execute(sa.update(Job).where(Job.id == job_id).values(total_gpus=gpus))
             result.admitted.append(job_id)
             after_commit(session, lambda j=job_id, p=pool: dispatcher.launch(j, p))
         if result.admitted:

@@ -1,6 +1,6 @@
 """The scheduling pass applies `Decision.resize` (docs/reference/elastic-rollout.md), on SQLite and PostgreSQL: an
 elastic job's rollout engines grow into idle GPUs, are taken back for a job that needs them (admitted in the same
-pass, instead of a preemption) and come back once it has gone. Each resize is the job's rollout allocation rows
+pass, instead of a preemption) and come back once it has gone; requeued, it starts again at its spec's count. Each resize is the job's rollout allocation rows
 (what its driver is told, `scheduler.services.elastic.granted_engines`), its GPU total and an event, written in
 the pass's transaction; no GPU is ever booked twice."""
 
@@ -122,3 +122,14 @@ def test_an_elastic_job_grows_into_idle_gpus_gives_one_back_for_a_job_and_grows_
     with pool.session(read_only=True) as s:
         rigid = s.get(Job, other)
         assert rigid is not None and granted_engines(s, rigid) is None  # a job not elastic: nothing to follow
+
+    # 4. Requeued (a preemption, a lost node), it is admitted again at its spec's count, its total with it
+    with pool.session() as s:
+        svc = JobLifecycle(s)
+        assert svc.preempt(elastic, "test") == "PREEMPTING"
+        svc.transition(elastic, "QUEUED", expected_from="PREEMPTING", reason="test")
+    assert run_scheduling_pass(pool, dispatcher).admitted == [elastic]
+    assert _rollout_rows(pool, elastic) == [(0, "node-0")] and _booked(pool) == 2
+    with pool.session(read_only=True) as s:
+        job = s.get(Job, elastic)
+        assert job is not None and job.total_gpus == 2
