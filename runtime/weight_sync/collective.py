@@ -324,11 +324,17 @@ class WeightSender:
         return None
 
     def close(self) -> None:
+        """Cancel the sends still waiting for their engines, then leave the group on the worker thread,
+        after a broadcast in progress ends (never under it); returns at once."""
         self.cancelled.set()
-        self._worker.shutdown(wait=False, cancel_futures=True)
         group = self._group
-        if group is not None and group.done() and group.exception() is None:
-            group.result().leave()
+
+        def leave() -> None:
+            if group is not None and group.done() and group.exception() is None:
+                group.result().leave()
+
+        self._worker.submit(leave)
+        self._worker.shutdown(wait=False)
 
 
 class CollectiveWeightSource:
