@@ -12,9 +12,10 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import AutoModel, PreTrainedModel
+from transformers import AutoModel
 
 from runtime.algos.losses import LossInputs, LossType, resolve_loss_fn
 from runtime.devices import Device
@@ -36,6 +37,10 @@ from runtime.train.torch_backend import (
     to_device,
 )
 from runtime.types import RolloutBatch
+
+# not at import (~1.5 s): the driver imports this module for CriticConfig (as torch_backend.py says)
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 

@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from runtime.access import LOCAL_OWNER
 from runtime.algos.freezing import apply_parameter_selection, select_trainable_parameters
@@ -36,6 +36,11 @@ from runtime.train.checkpoint import (
 )
 from runtime.train.schedule import LRSchedule
 from runtime.types import RolloutBatch
+
+# transformers.modeling_utils costs ~1.5 s of import: the driver, which imports this module for TrainConfig,
+# never loads a model (a trainer's process does, in from_pretrained, which imports it then)
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 transformers.utils.logging.disable_progress_bar()
 log = logging.getLogger(__name__)
