@@ -1,0 +1,228 @@
+"""Elastic rollout on the real embedded platform (issue 14 item 5, docs/reference/elastic-rollout.md): API, Celery
+worker and beat, a local Ray, SQLite, a pool of three slots and a pass every second.
+
+A GRPO job with `--autoscaler-config` (min 1, max 2 engines) asks for one engine: its demand's rollout group is
+elastic from submission (the YAML read from the team's area). The pass admits it on two slots and grows its
+rollout into the idle third; its driver follows the grant (two engines). An SFT job of one slot arrives: the pass
+takes the lent engine back instead of preempting anyone and admits the SFT job in the same pass; the elastic
+job's driver stops that engine between two steps (its placement group released). Once the SFT job has
+finished, the pass grants the engine again and the driver starts it. The elastic job is never preempted and
+never restarted, and no slot is ever held twice."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bench.harness import ROOT, RunningPlatform, start_platform, stop_platform
+from client.sdk import RelaxClient
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+AUTOSCALER = "min_engines: 1\nmax_engines: 2\n"
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningPlatform]:
+    """A platform of its own: pool `local` of three slots, a scheduling pass (and reconcile) every second."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RELAX_RAY_LOCAL_SLOTS", "3")
+        mp.setenv("RELAX_SCHEDULER_TICK_SECONDS", "1")
+        p = start_platform(tmp_path_factory.mktemp("platform") / "home")
+    try:
+        r = p.relaxctl("models", "tiny")
+        assert r.returncode == 0, r.stdout + r.stderr
+        yield p
+    finally:
+        took = stop_platform(p)
+        assert took < 45, f"the platform took {took:.0f}s to stop"
+
+
+def _grpo_spec() -> dict[str, Any]:
+    """GRPO on the tiny model from scratch, small steps, its engines elastic; more steps than the test needs (it
+    cancels the job once it has seen the engines come back)."""
+    return {
+        "train-backend": "torch",
+        "hf-checkpoint": "artifacts://models/tiny",
+        "prompt-data": "artifacts://datasets/arith/train.jsonl",
+        "input-key": "input",
+        "label-key": "label",
+        "rm-type": "math",
+        "rollout-batch-size": 4,
+        "n-samples-per-prompt": 4,
+        "rollout-max-response-len": 8,
+        "global-batch-size": 16,
+        "num-rollout": 5000,
+        "lr": 1e-4,
+        "advantage-estimator": "grpo",
+        "colocate": False,
+        "resource": {"actor": [1, 1], "rollout": [1, 1]},
+        "autoscaler-config": "artifacts://autoscaler.yaml",
+        "scale-out-timeout": 180.0,
+    }
+
+
+def _sft_spec() -> dict[str, Any]:
+    spec = dict(yaml.safe_load((ROOT / "examples" / "sft-arith.yaml").read_text())["spec"])
+    for key in ("save", "save-interval", "save-hf"):
+        spec.pop(key)
+    spec.update(
+        {"rollout-batch-size": 8, "global-batch-size": 8, "max-tokens-per-gpu": 1024, "num-rollout": 4}
+    )
+    spec["resource"] = {"actor": [1, 1]}
+    return spec
+
+
+class SlotWatch:
+    """Polls GET /v1/pools in the background: any node or pool with more GPUs allocated than it has."""
+
+    def __init__(self, c: RelaxClient) -> None:
+        self.c, self.samples, self.problems = c, 0, []  # type: ignore[var-annotated]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> SlotWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                pools = self.c.pools()
+            except Exception:  # noqa: BLE001 - a slow answer now and then is not what this watches
+                time.sleep(0.2)
+                continue
+            self.samples += 1
+            for pool in pools:
+                if pool["allocated_gpus"] > pool["total_gpus"]:
+                    self.problems.append(
+                        f"pool {pool['name']}: {pool['allocated_gpus']}/{pool['total_gpus']}"
+                    )
+                for node in pool["nodes"]:
+                    if sum(j["gpus"] for j in node["jobs"]) > node["gpus"]:
+                        self.problems.append(f"node {node['name']}: {node['jobs']}")
+            time.sleep(0.2)
+
+
+def _until(what: Callable[[], Any], timeout: float, c: RelaxClient, p: RunningPlatform, *jobs: str) -> Any:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        got = what()
+        if got:
+            return got
+        time.sleep(0.5)
+    detail = ""
+    for job_id in jobs:
+        job = c.get_job(job_id)
+        detail += f"{job_id} is {job['status']} ({job['status_reason']})\n" + "\n".join(
+            f"  {e['time']} {e['kind']} {e['from_status'] or ''}->{e['to_status'] or ''} {e['reason']}"
+            for e in c.events(job_id)
+        )
+    raise AssertionError(f"not within {timeout}s: {what}\n{c.pools()}\n{detail}\n{p.log()}")
+
+
+def _engines(c: RelaxClient, job_id: str) -> list[float]:
+    """`rollout/engines` after each step of the job so far, in step order."""
+    points = c.metrics(job_id, names=["rollout/engines"]).get("rollout/engines", [])
+    return [pt["value"] for pt in sorted(points, key=lambda pt: pt["step"])]
+
+
+def _rollout_replicas(c: RelaxClient, job_id: str) -> int:
+    """The engines the pass allocated the job now (a row each: one GPU, one node)."""
+    return sum(1 for a in c.get_job(job_id)["allocations"] if a["role"] == "rollout")
+
+
+def _driver_logs(c: RelaxClient, job_id: str) -> list[str]:
+    out, after = [], 0
+    while True:
+        page = c.logs(job_id, after=after, limit=1000)
+        out += [line["message"] for line in page["data"]]
+        if not page["data"] or page["next_after"] == after:
+            return out
+        after = page["next_after"]
+
+
+@pytest.mark.timeout(900)
+def test_the_pass_takes_an_elastic_jobs_engine_back_for_another_job_and_grants_it_again(
+    platform: RunningPlatform,
+) -> None:
+    p = platform
+    c = RelaxClient(p.url, p.key)
+    (pool,) = c.pools()
+    assert pool["total_gpus"] == 3, pool
+    (Path(c.storage()["area"]) / "autoscaler.yaml").write_text(AUTOSCALER)
+
+    with SlotWatch(c) as watch:
+        started = time.time()
+        elastic = c.submit_job(spec=_grpo_spec(), name="grpo-elastic")
+        eid = elastic["id"]
+        rollout = next(g for g in elastic["demand"]["groups"] if g["role"] == "rollout")
+        assert (rollout["replicas"], rollout["min_replicas"], rollout["max_replicas"]) == (1, 1, 2), rollout
+
+        # 1. Admitted on two slots, grown into the third: the driver runs two engines
+        _until(lambda: _rollout_replicas(c, eid) == 2, 60, c, p, eid)
+        _until(lambda: (e := _engines(c, eid)) and e[-1] == 2.0, 240, c, p, eid)
+        grown_at = time.time()
+
+        # 2. A job of one slot: the lent engine is taken back for it, no job preempted
+        sft = c.submit_job(spec=_sft_spec(), name="sft-one-slot")
+        sid = sft["id"]
+        _until(lambda: c.get_job(sid)["status"] != "QUEUED", 30, c, p, eid, sid)
+        assert _rollout_replicas(c, eid) == 1
+        steps_before = len(_engines(c, eid))
+        _until(lambda: (e := _engines(c, eid)) and e[-1] == 1.0, 120, c, p, eid, sid)
+        shrunk_at = time.time()
+        done = _until(
+            lambda: (j := c.get_job(sid))["status"] in ("SUCCEEDED", "FAILED", "CANCELLED") and j,
+            240,
+            c,
+            p,
+            sid,
+        )
+        assert done["status"] == "SUCCEEDED", done
+
+        # 3. It has gone: the engine is granted again and started
+        _until(lambda: _rollout_replicas(c, eid) == 2, 30, c, p, eid)
+        _until(lambda: (e := _engines(c, eid)) and e[-1] == 2.0, 240, c, p, eid)
+        regrown_at = time.time()
+        c.cancel_job(eid)
+        ended = _until(
+            lambda: (j := c.get_job(eid))["status"] in ("CANCELLED", "FAILED", "SUCCEEDED") and j,
+            120,
+            c,
+            p,
+            eid,
+        )
+
+    print(
+        f"grown {grown_at - started:.0f}s after submission; shrunk {shrunk_at - grown_at:.0f}s after the SFT job "
+        f"came; grown again {regrown_at - shrunk_at:.0f}s after that; {len(_engines(c, eid))} steps in all"
+    )
+    assert ended["status"] == "CANCELLED", ended
+    assert ended["attempt"] == 1 and ended["preemptions"] == 0  # never preempted, never restarted
+    engines = _engines(c, eid)
+    # two engines (the pass grew the rollout before its driver came up, or right after: one engine first), one
+    # from a step after the SFT job came, then two again; each change once
+    changes = [engines[0]] + [b for a, b in zip(engines, engines[1:], strict=False) if a != b]
+    assert changes in ([2.0, 1.0, 2.0], [1.0, 2.0, 1.0, 2.0]), engines
+    assert engines.index(1.0, engines.index(2.0)) >= steps_before - 1, (engines, steps_before)
+    resized = [e["reason"] for e in c.events(eid) if e["kind"] == "rollout_resized"]
+    assert len(resized) == 3, resized
+    assert resized[0].startswith("rollout 1 -> 2: the pass granted 1 engine (idle GPUs in the pool)")
+    assert resized[1].startswith(f"rollout 2 -> 1: the pass took back 1 engine ({sid} needs GPUs")
+    assert resized[2].startswith("rollout 1 -> 2: the pass granted 1 engine")
+    logs = _driver_logs(c, eid)
+    assert any("rollout scaled in 2 -> 1 engines" in m and "the pass took them back" in m for m in logs), logs
+    assert sum("rollout scaled out 1 -> 2 engines" in m and "the pass granted them" in m for m in logs) >= 1
+    assert watch.samples > 20 and not watch.problems, watch.problems
+    assert c.pools()[0]["allocated_gpus"] == 0
