@@ -350,5 +350,5 @@ class ReportAck(BaseModel):
         None,
         description="An elastic job's rollout engines (--autoscaler-config) as the scheduling pass allocated them "
         "now, one per engine in replica order: the driver stops and starts engines between steps to match "
-        "(docs/reference/elastic-rollout.md). Null for any other job.",
+        "(docs/reference/elastic-rollout.md). Absent for any other job.",
     )

@@ -2973,7 +2973,7 @@ export interface components {
         ReportAck: {
             /**
              * Rollout Engines
-             * @description An elastic job's rollout engines (--autoscaler-config) as the scheduling pass allocated them now, one per engine in replica order: the driver stops and starts engines between steps to match (docs/reference/elastic-rollout.md). Null for any other job.
+             * @description An elastic job's rollout engines (--autoscaler-config) as the scheduling pass allocated them now, one per engine in replica order: the driver stops and starts engines between steps to match (docs/reference/elastic-rollout.md). Absent for any other job.
              */
             rollout_engines?: components["schemas"]["GrantedEngine"][] | null;
             /** Stop Requested */
