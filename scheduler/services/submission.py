@@ -48,6 +48,7 @@ from scheduler.policy.types import Node as PolicyNode
 from scheduler.services import webhooks
 from scheduler.services.audit import AuditEntry, row_values
 from scheduler.services.auth import Principal, team_for
+from scheduler.services.elastic import elastic_demand
 from scheduler.services.paths import TeamStorage, resolve_paths, team_storage
 from scheduler.services.platform import granted_among, granted_queues
 from scheduler.transactions import after_commit
@@ -352,7 +353,8 @@ class JobSubmission:
                 _summary([i.to_dict() for i in resolution.issues]),
                 details={"issues": [i.to_dict() for i in resolution.issues]},
             )
-        demand = normalized.demand.model_dump(mode="json")
+        # the autoscaler's engine bounds (a file the paths above resolved) make the rollout gang elastic
+        demand = elastic_demand(normalized.demand.model_dump(mode="json"), resolution.spec, storage)
         name = sub.name or _default_name(resolution.spec)
         if audit is not None:
             audit.note(target=job_id, name=name, queue=queue.name, priority_class=pclass.name, created=True)
@@ -473,6 +475,11 @@ class JobSubmission:
             job_dir=storage.job_dir("<job-id>"),
         )
         errors = refused + [i.to_dict() for i in resolution.issues]
+        if not resolution.issues:
+            try:  # the rollout's engine bounds, as a submission reads them
+                demand = elastic_demand(demand, resolution.spec, storage)
+            except InvalidSpec as err:
+                errors += (err.details or {}).get("issues", [])
         out.update(
             valid=not errors,
             spec=resolution.spec,

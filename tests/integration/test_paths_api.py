@@ -257,3 +257,37 @@ def test_relaxctl_admin_grants_and_models_tiny(t: Teams, monkeypatch) -> None:  
     assert r.exit_code == 0, r.output
     area = t.settings.artifacts / "teams" / t.b
     assert written == [area / "models" / "tiny", area / "datasets" / "arith"]
+
+
+def test_an_autoscaler_config_in_the_area_makes_the_rollout_elastic_at_submission_and_in_the_dry_run(
+    t: Teams,
+) -> None:
+    """`--autoscaler-config` names a YAML in the team's area: the job's stored demand has an elastic rollout
+    group with the YAML's bounds (what the scheduling pass reads), and the dry run shows it; bounds that do
+    not hold the engines the spec asks for are refused in both, naming the field; a YAML outside the team's
+    area is refused as any path is."""
+    area = t.settings.artifacts / "teams" / t.a
+    (area / "scale.yaml").write_text("min_engines: 1\nmax_engines: 3\n")
+    (area / "narrow.yaml").write_text("min_engines: 2\nmax_engines: 3\n")
+    elastic = {"colocate": False, "autoscaler-config": "artifacts://scale.yaml"}
+
+    def rollout(demand: dict[str, Any]) -> dict[str, Any]:
+        (group,) = [g for g in demand["groups"] if g["role"] == "rollout"]
+        return group
+
+    r = t.submit(**elastic)
+    assert r.status_code == 201, r.text
+    assert (rollout(r.json()["demand"])["min_replicas"], rollout(r.json()["demand"])["max_replicas"]) == (
+        1,
+        3,
+    )
+    dry = t.validate(**elastic)
+    assert dry["valid"], dry
+    assert (rollout(dry["demand"])["min_replicas"], rollout(dry["demand"])["max_replicas"]) == (1, 3)
+    plain = t.submit(colocate=False)
+    assert plain.status_code == 201, plain.text
+    assert rollout(plain.json()["demand"]).get("min_replicas") is None
+
+    narrow = elastic | {"autoscaler-config": "artifacts://narrow.yaml"}  # 2..3 engines, the spec asks for 1
+    assert "engine" in t.refused("autoscaler-config", code="spec.invalid_value", **narrow)["message"]
+    t.refused("autoscaler-config", **elastic | {"autoscaler-config": f"{t.b_job['output_dir']}/x.yaml"})
