@@ -54,7 +54,9 @@ COMMON_PARAMETERS: frozenset[str] = RuntimeSpec.field_names() | {
     "actor_num_gpus_per_node",
     "rollout_num_gpus",
     "rollout_num_gpus_per_engine",  # restricted below: the torch engine uses one device
-    "checkpoint_engine_backend",  # restricted below: weights go through Ray's object store
+    "checkpoint_engine_backend",  # restricted below: the platform picks the weight sync (runtime/weight_sync)
+    # the collective weight sync's bucket bytes (runtime/weight_sync/select.py), whatever the backend
+    "update_weight_buffer_size",
     "distributed_backend",  # restricted below: the trainer ranks pick their collective backend by device
     "optimizer",  # restricted below
     # restricted below: the megatron backend balances tokens across its data-parallel ranks; the torch
@@ -560,7 +562,9 @@ RESTRICTION_DOCS: dict[str, str | dict[str, str]] = {
         + ", ".join(f"--sglang-{f}" for f in sglang_passthrough.RELAX_SGLANG_FLAGS)
         + " are accepted and not forwarded (no router here; one batch request per engine at a time)"
     ),
-    "checkpoint_engine_backend": "nccl (the default): weights reach the engines through Ray's object store",
+    "checkpoint_engine_backend": "nccl (the default): the platform picks the weight sync: in place for engines "
+    "in the trainer, a collective (NCCL on GPUs, gloo on CPU) for the job's engines on devices of their own, "
+    "Ray's object store otherwise",
     "reward_num_workers": "16 (the default): rewards are computed inline in the rollout, with no worker actors",
     "distributed_backend": "nccl (the default): the trainer ranks use NCCL on CUDA and gloo on CPU by themselves",
     "balance_data": {

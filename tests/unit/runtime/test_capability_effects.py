@@ -998,6 +998,10 @@ EFFECTS: dict[str, Evidence | dict[str, Evidence]] = {
     "update_weights_interval": Probe(pipeline_schedule),
     "log_passrate": ExistingTest("tests/unit/runtime/test_eval.py::test_eval_metrics_names"),
     # -- the platform's recovery of a lost driver (scheduler/recovery.py) --
+    "update_weight_buffer_size": ExistingTest(
+        "tests/unit/runtime/test_weight_sync_collective.py::"
+        "test_update_weight_buffer_size_sets_the_collective_weight_syncs_buckets"
+    ),
     "use_fault_tolerance": ExistingTest(
         "tests/unit/scheduler/test_recovery.py::test_the_restart_limit_is_the_jobs_own_only_with_fault_tolerance"
     ),

@@ -265,3 +265,22 @@ def test_the_layout_picks_the_backend_with_a_faked_gpu_device() -> None:
     for bad in ("in_place", "disk"):
         with pytest.raises(ValueError, match=rf"RELAX_WEIGHT_SYNC='{bad}': use one of object_store, nccl"):
             requested_backend(bad)
+
+
+def test_update_weight_buffer_size_sets_the_collective_weight_syncs_buckets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--update-weight-buffer-size` is read where the job's weight sync is made (`weight_sync_for`): the
+    collective sync's bucket bytes, its default where the spec leaves it unset (a GPU device faked)."""
+    from types import SimpleNamespace
+
+    from runtime.weight_sync.collective import DEFAULT_BUCKET_BYTES
+    from runtime.weight_sync.select import weight_sync_for
+
+    monkeypatch.delenv("RELAX_WEIGHT_SYNC", raising=False)
+    roles = SimpleNamespace(infos=[{}], engines_in_trainer=False, takes_turns=False)
+    gpu = Device(DeviceKind.CUDA)
+    sized = weight_sync_for(roles, gpu, {"update_weight_buffer_size": 3 << 20})  # type: ignore[arg-type]
+    assert isinstance(sized, CollectiveWeightSync) and sized.bucket_bytes == 3 << 20
+    unset = weight_sync_for(roles, gpu, {})  # type: ignore[arg-type]
+    assert isinstance(unset, CollectiveWeightSync) and unset.bucket_bytes == DEFAULT_BUCKET_BYTES != 3 << 20
