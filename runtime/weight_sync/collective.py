@@ -27,7 +27,8 @@ engine to be ready (done generating) by `ready_timeout_s`, through the group's s
 rank sits in a broadcast while another engine is still busy. A failed check aborts the push for everyone
 before a byte moves; a failure while applying a bucket lets the engine receive the rest (so the others
 finish) and then raises. Errors name the group (the Ray job's id and the engine set), the engine, the
-push's version and the tensors.
+push's version and the tensors. Rank 0 times each push's parts (the gather, the wait for the engines, the
+copies to its device, the broadcasts): `CollectiveWeightSync.last_push_timings` (bench/gpu_weight_sync.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import functools
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -52,6 +54,7 @@ from runtime.rollout.sglang.weight_group import (
     TensorMeta,
     WeightGroup,
     describe,
+    pack,
     plan_buckets,
     receive_push,
 )
@@ -229,6 +232,33 @@ class CollectiveWeightTarget:
 
 # -- the trainer's side --------------------------------------------------------------------------------------------
 
+TIMINGS_KEPT = 8  # pushes whose timings rank 0 keeps (`WeightSender.timings`)
+
+
+def stage_bucket(
+    index: int,
+    bucket: Sequence[TensorMeta],
+    tensors: Sequence[torch.Tensor],
+    device: torch.device,
+    load_format: str | None,
+) -> tuple[list[TensorMeta], list[torch.Tensor]]:
+    """One bucket on the sending device, as the broadcasts that carry it: the flattened format's one uint8
+    tensor of every tensor's bytes back to back (`pack`: what SGLang's receivers allocate and take), or each
+    tensor (per-tensor format). `WeightGroup.send` broadcasts the result as is (`load_format=None`), so the
+    copies to the device are done, and timed, before the broadcast starts."""
+    if load_format == FLATTENED:
+        flat = pack(tensors, device)
+        names = [m.name for m in bucket[:3]]
+        more = f" (+{len(bucket) - 3} more)" if len(bucket) > 3 else ""
+        return [TensorMeta(f"bucket {index} {names}{more}", "uint8", (flat.numel(),))], [flat]
+    return list(bucket), [t.detach().to(device).contiguous() for t in tensors]
+
+
+def _settle(device: torch.device) -> None:
+    """Wait until the work queued on the sending stream (copies; a broadcast, which it waits for) is done."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
 
 class WeightSender:
     """Rank 0 of the trainer: serves the group's store, joins it, and sends prepared pushes in order from
@@ -250,6 +280,7 @@ class WeightSender:
         self._group: concurrent.futures.Future[WeightGroup] | None = None
         self._prepared: dict[int, tuple[list[list[TensorMeta]], dict[str, torch.Tensor]]] = {}
         self._sends: dict[int, concurrent.futures.Future[None]] = {}
+        self._timings: dict[int, dict[str, float]] = {}  # the last TIMINGS_KEPT pushes' (`timings`)
 
     @property
     def address(self) -> tuple[str, int, str]:
@@ -273,13 +304,25 @@ class WeightSender:
         self._group = self._worker.submit(join)
 
     def prepare(
-        self, push_id: int, weights: Mapping[str, torch.Tensor], bucket_bytes: int
+        self,
+        push_id: int,
+        weights: Mapping[str, torch.Tensor],
+        bucket_bytes: int,
+        gather_s: float = 0.0,
     ) -> list[list[TensorMeta]]:
         named = {name: tensor.detach() for name, tensor in weights.items()}
         plan = plan_buckets(describe(named.items()), bucket_bytes)
         self._prepared = {
             push_id: (plan, named)
         }  # one push in flight at a time (the pipeline awaits the last)
+        self._timings[push_id] = {
+            "tensors": float(len(named)),
+            "buckets": float(len(plan)),
+            "bytes": float(sum(m.nbytes for bucket in plan for m in bucket)),
+            "gather_s": gather_s,
+        }
+        for old in sorted(self._timings)[:-TIMINGS_KEPT]:
+            del self._timings[old]
         return plan
 
     def send(
@@ -291,25 +334,51 @@ class WeightSender:
             raise RuntimeError(f"weight push {push_id} was not prepared on rank 0")
         plan, named = self._prepared.pop(push_id)
         group_future = self._group
+        record = self._timings.setdefault(push_id, {})
 
         def send() -> None:
+            began = time.perf_counter()
             group = group_future.result()
             gate = PushGate(group.store, group.name, push_id)
             gate.wait_ready(members, ready_timeout_s, self.cancelled)
             gate.go()
+            record["wait_s"] = time.perf_counter() - began
             device = (
                 torch.device("cuda", self.cuda_device)
                 if self.cuda_device is not None
                 else torch.device("cpu")
             )
+            staging = broadcast = 0.0
             with torch.no_grad():
-                for bucket in plan:
-                    group.send(
-                        bucket, [named[m.name] for m in bucket], device=device, load_format=load_format
+                for index, bucket in enumerate(plan):
+                    start = time.perf_counter()
+                    metas, tensors = stage_bucket(
+                        index, bucket, [named[m.name] for m in bucket], device, load_format
                     )
+                    _settle(device)
+                    staged = time.perf_counter()
+                    group.send(metas, tensors, device=device, load_format=None)  # staged: as is
+                    _settle(device)
+                    staging += staged - start
+                    broadcast += time.perf_counter() - staged
+            record.update(h2d_s=staging, broadcast_s=broadcast, send_s=time.perf_counter() - began)
 
         self._sends = {k: f for k, f in self._sends.items() if not f.done()}
         self._sends[push_id] = self._worker.submit(send)
+
+    def timings(self, push_id: int, timeout_s: float) -> dict[str, float] | None:
+        """Push `push_id` as rank 0 saw it, in seconds (None: unknown, or no longer kept), once its send
+        ended (or after `timeout_s`: the parts done by then): `gather_s` (`named_weights`, the gather to host
+        memory), `wait_s` (from the send's start until the group was formed and every engine was ready),
+        `h2d_s` (staging the buckets on the sending device: the host-to-device copies and the packing),
+        `broadcast_s` (the broadcasts, until every engine had taken each bucket: the engines' applying of
+        the bucket before included), `send_s` (the send, start to last byte); with `tensors`, `buckets` and
+        `bytes`. On CUDA each part ends with a synchronise of the sending stream, so each is its own."""
+        future = self._sends.get(push_id)
+        if future is not None:
+            concurrent.futures.wait([future], timeout=timeout_s)
+        record = self._timings.get(push_id)
+        return None if record is None else dict(record)
 
     def error(self, push_id: int, timeout_s: float) -> str | None:
         future = self._sends.get(push_id)
@@ -362,12 +431,13 @@ class CollectiveWeightSource:
     def weight_push_prepare(self, push_id: int, bucket_bytes: int) -> list[list[TensorMeta]]:
         """Every rank (the gather is a collective under megatron); rank 0 keeps the weights and answers the
         push's metadata, in buckets."""
+        began = time.perf_counter()
         weights = self.named_weights()
         if self.rank != 0:
             return []
         if not weights:
             raise RuntimeError(f"weight push {push_id}: the trainer has no weights to push")
-        return self._sender().prepare(push_id, weights, bucket_bytes)
+        return self._sender().prepare(push_id, weights, bucket_bytes, time.perf_counter() - began)
 
     def weight_push_send(
         self, push_id: int, members: list[str], ready_timeout_s: float, load_format: str | None
@@ -378,6 +448,10 @@ class CollectiveWeightSource:
     def weight_push_error(self, push_id: int, timeout_s: float = 5.0) -> str | None:
         """Rank 0: why push `push_id` failed on this side (None: it did not, or is unknown)."""
         return None if self._weight_sender is None else self._weight_sender.error(push_id, timeout_s)
+
+    def weight_push_timings(self, push_id: int, timeout_s: float = 5.0) -> dict[str, float] | None:
+        """Rank 0: how long push `push_id`'s parts took (`WeightSender.timings`)."""
+        return None if self._weight_sender is None else self._weight_sender.timings(push_id, timeout_s)
 
     def weight_group_close(self) -> None:
         sender, self._weight_sender = self._weight_sender, None
@@ -442,6 +516,18 @@ class CollectiveWeightSync(WeightSync):
         if wait and refs:
             self._wait(train, refs)
         return refs
+
+    def last_push_timings(self, train: TrainGroup, timeout_s: float = 5.0) -> dict[str, float] | None:
+        """The last collective push as the trainer's rank 0 timed it (`WeightSender.timings`: the gather,
+        the wait for the engines, the copies to the device, the broadcasts), once its send ended; None
+        before any push, or after a failed one (its group is gone)."""
+        if not self._last_push or self._session is None:
+            return None
+        import ray
+
+        return ray.get(
+            train.leader.weight_push_timings.remote(self._last_push, timeout_s), timeout=timeout_s + 60
+        )
 
     def _push(
         self, train: TrainGroup, version: int, actors: Sequence[Any], expected: int

@@ -7,6 +7,7 @@ tests/unit/runtime/sglang/test_server_distributed.py."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -32,7 +33,15 @@ from runtime.rollout.sglang.weight_group import (
     unpack,
 )
 from runtime.weight_sync import WeightSyncBackend, create_weight_sync
-from runtime.weight_sync.collective import CollectiveWeightSync, WeightPushError, apply_push, check_push
+from runtime.weight_sync.collective import (
+    CollectiveWeightSource,
+    CollectiveWeightSync,
+    WeightPushError,
+    WeightSender,
+    apply_push,
+    check_push,
+    stage_bucket,
+)
 from runtime.weight_sync.select import choose_backend, requested_backend
 
 CPU = Device(DeviceKind.CPU)
@@ -114,6 +123,62 @@ def test_the_flattened_payload_round_trips_mixed_dtypes_at_any_offset() -> None:
         assert back[name].dtype is tensor.dtype and torch.equal(back[name], tensor), name
     with pytest.raises(ValueError, match="a flattened bucket of 36 bytes holds 37 bytes of tensors"):
         unpack(torch.zeros(36, dtype=torch.uint8), metas)
+
+
+@pytest.mark.parametrize("load_format", [FLATTENED, None])
+def test_a_bucket_is_staged_as_the_broadcasts_the_receivers_take(
+    trained: dict[str, torch.Tensor], load_format: str | None
+) -> None:
+    """Rank 0 copies a bucket to its device before broadcasting it (so the copies are timed apart): the
+    flattened format as the one uint8 tensor a receiver allocates (`WeightGroup.receive`: every tensor's
+    bytes back to back), the per-tensor format as the tensors themselves, in order."""
+    bucket = plan_buckets(describe(trained.items()), 16384)[1]
+    tensors = [trained[m.name] for m in bucket]
+    metas, staged = stage_bucket(1, bucket, tensors, torch.device("cpu"), load_format)
+    if load_format == FLATTENED:
+        assert len(metas) == len(staged) == 1 and metas[0].dtype == "uint8"
+        assert staged[0].numel() == metas[0].numel == sum(m.nbytes for m in bucket)
+        assert metas[0].name.startswith(f"bucket 1 {[m.name for m in bucket[:3]]}")
+        back = unpack(staged[0], bucket)
+        assert all(torch.equal(back[m.name], t) for m, t in zip(bucket, tensors, strict=True))
+    else:
+        assert metas == list(bucket)
+        assert all(torch.equal(a, b) for a, b in zip(staged, tensors, strict=True))
+
+
+@pytest.mark.parametrize("load_format", [FLATTENED, None])
+def test_rank_0_times_each_push_the_gather_the_wait_the_copies_and_the_broadcasts(
+    trained: dict[str, torch.Tensor], load_format: str | None
+) -> None:
+    """A trainer's rank 0 alone in a gloo group (world 1: its broadcasts reach nobody, the code path is the
+    same): each push's record names its size and how long each part took, the gather included."""
+
+    class Source(CollectiveWeightSource):
+        rank = 0
+
+        def named_weights(self) -> dict[str, torch.Tensor]:
+            time.sleep(0.05)  # a gather that takes a while
+            return dict(trained)
+
+    source = Source()
+    assert source.weight_push_timings(1) is None  # no group yet
+    source._weight_sender = WeightSender(f"relax-weights-unit-timings-{load_format}", 20.0, host="127.0.0.1")
+    try:
+        source.weight_group_join(1)
+        plan = source.weight_push_prepare(1, 16384)
+        source.weight_push_send(1, [], 5.0, load_format)
+        assert source.weight_push_error(1, 20.0) is None
+        timings = source.weight_push_timings(1, 20.0)
+        assert timings is not None
+        assert timings["tensors"] == len(trained) and timings["buckets"] == len(plan) > 1
+        assert timings["bytes"] == sum(t.numel() * t.element_size() for t in trained.values())
+        assert timings["gather_s"] >= 0.05
+        parts = ("wait_s", "h2d_s", "broadcast_s")
+        assert all(timings[k] > 0 for k in parts)
+        assert timings["send_s"] >= sum(timings[k] for k in parts)
+        assert source.weight_push_timings(2, 0.1) is None  # an unknown push
+    finally:
+        source.weight_group_close()
 
 
 # -- the engine's side --------------------------------------------------------------------------------------------
