@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from scheduler.policy import POLICIES, Assignment, Gang, JobView, Node, Placement, Queue, Snapshot
 from scheduler.policy.invariants import check
+from wire.jobs import JobStatus
 
 GPUS_PER_NODE = 8
 # Job sizes in the proportions of the ITP trace (docs/benchmarks.md): mostly 1-GPU jobs.
@@ -86,7 +87,7 @@ def build_snapshot(mix: Mix, jobs: int, nodes: int, queues: int = 20, seed: int 
                 queue_list[qi].name,
                 started - 60,
                 demand(gpus),
-                state="running",
+                state=JobStatus.RUNNING,
                 placement=Placement((Assignment("worker", 0, node, gpus),)),
                 started_at=started,
                 last_checkpoint_at=started + 1800 * checkpoints if checkpoints else None,
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for mix in MIXES:
         snap = build_snapshot(mix, args.jobs, args.nodes)
-        running = sum(1 for j in snap.jobs if j.state == "running")
+        running = sum(1 for j in snap.jobs if j.running)
         for name in args.policies.split(","):
             seconds, decision = time_pass(POLICIES[name.strip()], snap, args.repeat)
             violations = check(snap, decision)

@@ -34,6 +34,7 @@ from typing import Any
 
 from scheduler.policy import POLICIES, Decision, Gang, JobView, Node, PolicyConfig, Queue, Snapshot
 from scheduler.policy.types import demand_gpus
+from wire.jobs import JobStatus
 
 DEFAULT_TRACE = (
     Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "traces" / "itp" / "all_clusters.csv"
@@ -239,7 +240,7 @@ def simulate(
         j.longest_wait = max(j.longest_wait, now - j.queued_since)
         queued -= 1
         j.view = views[j.trace.id] = j.rebuilt_view(
-            state="running",
+            state=JobStatus.RUNNING,
             placement=placement,
             started_at=now,
             last_checkpoint_at=j.last_checkpoint,
@@ -367,7 +368,7 @@ def simulate(
             j.last_checkpoint = now
             j.checkpoint_work = j.work(now)
             j.view = views[j.trace.id] = j.rebuilt_view(
-                state="running",
+                state=JobStatus.RUNNING,
                 placement=j.view.placement,
                 started_at=j.view.started_at,
                 last_checkpoint_at=now,

@@ -35,7 +35,7 @@ from scheduler.db.models import (
 )
 from scheduler.dispatch import Dispatcher
 from scheduler.domain.evals import EVAL_PRIORITY_CLASS
-from scheduler.domain.jobs import HOLDING_SLOTS, JobStatus
+from scheduler.domain.jobs import HOLDING_SLOTS, STOPPING, JobStatus
 from scheduler.observability import observe_pass
 from scheduler.policy.invariants import check
 from scheduler.policy.placement import gangs_of
@@ -47,17 +47,7 @@ from scheduler.transactions import after_commit
 log = logging.getLogger(__name__)
 
 RESIZE_EVENT = "rollout_resized"  # a job event: the pass took back or granted elastic rollout engines
-_RESIZABLE = frozenset({JobStatus.ADMITTED, JobStatus.STARTING, JobStatus.RUNNING})  # not while it stops
-
-# How the policy sees each platform status.
-_POLICY_STATE = {
-    JobStatus.QUEUED: "queued",
-    JobStatus.ADMITTED: "running",
-    JobStatus.STARTING: "running",
-    JobStatus.RUNNING: "running",
-    JobStatus.CANCELLING: "preempting",
-    JobStatus.PREEMPTING: "preempting",
-}
+_RESIZABLE = HOLDING_SLOTS - STOPPING  # holds its slots, not while it stops (the policy's JobView.running)
 
 
 @dataclass
@@ -218,7 +208,7 @@ def _load(session: Session, now: datetime) -> tuple[P.Snapshot, dict[str, _Row]]
     )
     # an eval job's rank beyond its queue's quota: its team's highest training class (docs/adr/0011)
     eval_rank = {t.id: eval_rank_beyond_quota(class_rows, t) for t in team_rows}
-    active_statuses = list(_POLICY_STATE)
+    active_statuses = [s for s in JobStatus if not s.is_terminal()]  # waiting or holding slots
     active = session.execute(
         sa.select(*_JOB_COLUMNS)
         .select_from(sa.outerjoin(Job, JobWait, JobWait.job_id == Job.id))
@@ -266,7 +256,7 @@ def _load(session: Session, now: datetime) -> tuple[P.Snapshot, dict[str, _Row]]
                 priority=j.priority,
                 borrow_priority=eval_rank.get(j.team_id) if j.priority_class == EVAL_PRIORITY_CLASS else None,
                 preemptible=j.preemptible,
-                state=_POLICY_STATE[status],  # type: ignore[arg-type]
+                state=status,
                 placement=P.Placement(tuple(placed)) if placed else None,
                 started_at=_ts(j.launched_at or j.admitted_at) if status.holds_slots() else None,
                 last_checkpoint_at=_ts(last_ckpt.get(j.id)),

@@ -31,6 +31,9 @@ TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED
 HOLDING_SLOTS = frozenset(
     {JobStatus.ADMITTED, JobStatus.STARTING, JobStatus.RUNNING, JobStatus.CANCELLING, JobStatus.PREEMPTING}
 )
+#: Statuses of a job being stopped (a cancel or a preemption under way): it holds its slots until its process has
+#: stopped, and the scheduler asks nothing more of it (no preemption, no resize).
+STOPPING = frozenset({JobStatus.CANCELLING, JobStatus.PREEMPTING})
 #: Jobs a pool's reconciler watches on Ray.
 ON_CLUSTER = frozenset({JobStatus.STARTING, JobStatus.RUNNING, JobStatus.CANCELLING, JobStatus.PREEMPTING})
 

@@ -3,12 +3,13 @@ failure reasons are declared in `wire.jobs` (shared with the API's clients, docs
 
 from __future__ import annotations
 
-from wire.jobs import HOLDING_SLOTS, ON_CLUSTER, TERMINAL, FailureReason, JobStatus
+from wire.jobs import HOLDING_SLOTS, ON_CLUSTER, STOPPING, TERMINAL, FailureReason, JobStatus
 
 __all__ = [
     "ALLOWED_TRANSITIONS",
     "HOLDING_SLOTS",
     "ON_CLUSTER",
+    "STOPPING",
     "TERMINAL",
     "FailureReason",
     "JobStatus",

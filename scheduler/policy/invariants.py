@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
-from scheduler.policy.types import Decision, JobView, Placement, Snapshot
+from scheduler.policy.types import QUEUED, Decision, JobView, Placement, Snapshot
 
 T = TypeVar("T")
 
@@ -46,7 +46,7 @@ def check(snapshot: Snapshot, decision: Decision) -> list[str]:
     held: dict[str, int] = {}
     used: dict[str, int] = {}
     for j in snapshot.jobs:
-        if j.state != "queued" and j.placement is not None:
+        if j.state is not QUEUED and j.placement is not None:
             for node, gpus in j.placement.node_gpus:
                 held[node] = held.get(node, 0) + gpus
             used[j.queue] = used.get(j.queue, 0) + j.total_gpus
@@ -57,12 +57,12 @@ def check(snapshot: Snapshot, decision: Decision) -> list[str]:
             out.append(f"{job_id} resized twice")
         resized.add(job_id)
         gang = next((g for g in job.demand if g.role == r.role), None)
-        if job.state != "running" or job.placement is None:
+        if not job.running or job.placement is None:
             out.append(f"resized {job_id} is {job.state}, not running")
             continue
         if gang is None or not gang.elastic or not gang.floor <= r.after <= gang.ceiling:
             out.append(f"{job_id}: {r.role} resized to {r.after}, outside its elastic range")
-        after = JobView(job.id, job.queue, job.submit_time, r.demand, state="running", placement=r.placement)
+        after = JobView(job.id, job.queue, job.submit_time, r.demand, state=job.state, placement=r.placement)
         out.extend(whole_placement_errors(after, r.placement))
         for node, gpus in job.placement.node_gpus:
             held[node] -= gpus
@@ -79,7 +79,7 @@ def check(snapshot: Snapshot, decision: Decision) -> list[str]:
         if job_id in admitted:
             out.append(f"{job_id} admitted twice")
         admitted.add(job_id)
-        if job.state != "queued":
+        if job.state is not QUEUED:
             out.append(f"admitted {job_id} is {job.state}, not queued")
         queue = queues.get(job.queue)
         pool = queue.pool if queue else None
@@ -132,7 +132,7 @@ def check(snapshot: Snapshot, decision: Decision) -> list[str]:
     for job_id, job, _reason in _known(decision.preempt, jobs, "preempted", out):
         if job_id in admitted:
             out.append(f"{job_id} both admitted and preempted")
-        if job.state != "running":
+        if not job.running:
             out.append(f"preempted {job_id} is {job.state}, not running")
         on_dead = job.placement is not None and any(
             n not in nodes or not nodes[n].alive for n in job.placement.nodes
@@ -142,7 +142,7 @@ def check(snapshot: Snapshot, decision: Decision) -> list[str]:
 
     for job_id, held in decision.nominate.items():
         job = jobs.get(job_id)
-        if job is None or job.state != "queued" or job_id in admitted:
+        if job is None or job.state is not QUEUED or job_id in admitted:
             out.append(f"nodes nominated for {job_id}, which is not a waiting job")
             continue
         pool = queues[job.queue].pool if job.queue in queues else None
@@ -152,7 +152,7 @@ def check(snapshot: Snapshot, decision: Decision) -> list[str]:
 
     positions: dict[tuple[str, int], str] = {}
     for j in snapshot.jobs:
-        if j.state != "queued" or j.id in admitted:
+        if j.state is not QUEUED or j.id in admitted:
             if j.id in decision.waiting and j.id in admitted:
                 out.append(f"{j.id} admitted and also reported waiting")
             continue

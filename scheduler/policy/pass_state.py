@@ -6,7 +6,17 @@ from dataclasses import dataclass, field
 
 from scheduler.policy.placement import PoolCapacity
 from scheduler.policy.quota import PoolQuota
-from scheduler.policy.types import Decision, JobView, Node, Placement, Queue, QueueUsage, Snapshot, WaitInfo
+from scheduler.policy.types import (
+    QUEUED,
+    Decision,
+    JobView,
+    Node,
+    Placement,
+    Queue,
+    QueueUsage,
+    Snapshot,
+    WaitInfo,
+)
 
 
 @dataclass
@@ -110,12 +120,12 @@ def prepare(snapshot: Snapshot, decision: Decision) -> dict[str, PoolPass]:
         # One pool (the common case): two list comprehensions instead of a dict lookup per job.
         jobs = snapshot.jobs
         known = pool_of_queue.keys()
-        queued[names[0]] = [j for j in jobs if j.state == "queued" and j.queue in known]
-        holding[names[0]] = [j for j in jobs if j.state != "queued" and j.queue in known]
-        queued[None] = [j for j in jobs if j.state == "queued" and j.queue not in known]
+        queued[names[0]] = [j for j in jobs if j.state is QUEUED and j.queue in known]
+        holding[names[0]] = [j for j in jobs if j.state is not QUEUED and j.queue in known]
+        queued[None] = [j for j in jobs if j.state is QUEUED and j.queue not in known]
     else:
         for job in snapshot.jobs:
-            (queued if job.state == "queued" else holding)[pool_of_queue.get(job.queue)].append(job)
+            (queued if job.state is QUEUED else holding)[pool_of_queue.get(job.queue)].append(job)
     for job in queued.pop(None):
         decision.waiting[job.id] = WaitInfo(0, "unknown_queue", job.demand, job.queue, "?", 0, 0, 0)
     # Jobs holding GPUs for a queue the snapshot lacks: nothing to count them against.
@@ -171,7 +181,7 @@ def _count_held(
                 lost = node
         q = j.queue
         used[q] = used.get(q, 0) + j.total_gpus
-        if j.state == "running":
+        if j.running:
             if lost is None:
                 running[j.id] = j
             else:

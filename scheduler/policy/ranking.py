@@ -7,13 +7,13 @@ from bisect import bisect_right
 from collections.abc import Callable
 
 from scheduler.policy.config import PolicyConfig
-from scheduler.policy.types import JobView
+from scheduler.policy.types import QUEUED, JobView
 
 
 def attained_gpu_s(job: JobView, now: float) -> float:
     """GPU-seconds the job has run: earlier runs plus the current one."""
     current = 0.0
-    if job.state != "queued" and job.started_at is not None and now > job.started_at:
+    if job.state is not QUEUED and job.started_at is not None and now > job.started_at:
         current = job.total_gpus * (now - job.started_at)
     return job.service_gpu_s + current
 
@@ -30,7 +30,7 @@ def tier_function(config: PolicyConfig) -> Callable[[JobView, float], int]:
     def tier(job: JobView, now: float) -> int:
         service = job.service_gpu_s
         started = job.started_at
-        if started is not None and now > started and job.state != "queued":
+        if started is not None and now > started and job.state is not QUEUED:
             service += job.total_gpus * (now - started)
         if not service:
             return 0

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
-# A job as the policy sees it. The caller maps its own states onto these three.
-JobState = Literal[
-    "queued",  # QUEUED: waiting for admission (also after a preemption, until readmitted)
-    "running",  # ADMITTED, STARTING or RUNNING: holds its placement
-    "preempting",  # PREEMPTING or CANCELLING: still holds its GPUs until the process has stopped
-]
+from wire.jobs import HOLDING_SLOTS, STOPPING, JobStatus
+
+# A job as the policy sees it, by its status (`JobView.state`): QUEUED waits for admission (also after a
+# preemption, until readmitted); a job that holds its slots either runs on its placement (ADMITTED, STARTING,
+# RUNNING: `JobView.running`, it may be preempted or resized) or is being stopped (`STOPPING`: it keeps its GPUs
+# until its process has stopped).
+_RUNS = HOLDING_SLOTS - STOPPING
+#: `JobStatus.QUEUED` (read through its class, a member costs ~10x a global's lookup: the policy compares every
+#: job's status with it, by identity, several times a pass).
+QUEUED = JobStatus.QUEUED
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +175,7 @@ class JobView:
     # and against other queues' jobs, it ranks at this (its team's highest training class).
     borrow_priority: int | None = None
     preemptible: bool = True
-    state: JobState = "queued"
+    state: JobStatus = JobStatus.QUEUED
     placement: Placement | None = None
     # Start of the current run (running / preempting jobs).
     started_at: float | None = None
@@ -193,6 +197,11 @@ class JobView:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "total_gpus", demand_gpus(self.demand))
+
+    @property
+    def running(self) -> bool:
+        """Holds its placement and is not being stopped: the policy may preempt or resize it."""
+        return self.state in _RUNS
 
     @property
     def waiting_since(self) -> float:

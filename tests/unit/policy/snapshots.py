@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from scheduler.policy import Assignment, Decision, Gang, JobView, Node, Placement, Queue, Snapshot
 from scheduler.policy.invariants import check
+from wire.jobs import JobStatus
 
 POOL = "p"
 
@@ -47,7 +48,7 @@ def running(
         q,
         started_at if submit is None else submit,
         demand,
-        state=kw.pop("state", "running"),
+        state=kw.pop("state", JobStatus.RUNNING),
         placement=Placement(assignments),
         started_at=started_at,
         last_checkpoint_at=last_checkpoint_at,

@@ -11,6 +11,7 @@ from scheduler.policy import Assignment, Decision, Gang, JobView, Placement, Pol
 from scheduler.policy.elastic import as_resize, resized
 from scheduler.policy.invariants import check
 from tests.unit.policy.snapshots import decide, nodes, preempted, queue, queued, snapshot
+from wire.jobs import JobStatus
 
 RIGID = PolicyConfig(elastic_shrink=False, elastic_grow=False)
 
@@ -42,7 +43,7 @@ def rl_job(
         started_at,
         (Gang("actor", actor_gpus), engines),
         priority=priority,
-        state="running",
+        state=JobStatus.RUNNING,
         placement=placement,
         started_at=started_at,
         last_checkpoint_at=started_at,
@@ -126,7 +127,12 @@ def test_a_resize_never_leaves_the_range_and_check_reports_one_onto_taken_gpus()
     with pytest.raises(ValueError, match="min_count"):
         resized(rl, "rollout", [0])  # one engine: below min_count 2
     other = JobView(
-        "x", "a", 0.0, (Gang("w", 4),), state="running", placement=Placement((Assignment("w", 0, "n0", 4),))
+        "x",
+        "a",
+        0.0,
+        (Gang("w", 4),),
+        state=JobStatus.RUNNING,
+        placement=Placement((Assignment("w", 0, "n0", 4),)),
     )
     snap = snapshot(0.0, nodes(1), [queue("a", 16)], [rl, other])
     extra = [Assignment("rollout", 2, "n0", 1), Assignment("rollout", 3, "n0", 1)]

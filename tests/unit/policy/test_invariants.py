@@ -24,6 +24,7 @@ from scheduler.policy import (
 from scheduler.policy.invariants import check
 from scheduler.policy.placement import PoolCapacity, place_demand
 from tests.unit.policy.snapshots import nodes, queue, queued, running, snapshot
+from wire.jobs import HOLDING_SLOTS, STOPPING, JobStatus
 
 LABELS = ("gpu=h200", "ib")
 
@@ -78,7 +79,7 @@ def snapshots(draw) -> Snapshot:
                 demand,
                 priority=draw(st.integers(0, 3)),
                 preemptible=draw(st.integers(0, 5)) > 0,
-                state=draw(st.sampled_from(["running", "running", "running", "preempting"])),
+                state=draw(st.sampled_from(sorted(HOLDING_SLOTS))),
                 placement=placement,
                 started_at=started,
                 last_checkpoint_at=draw(st.none() | st.floats(started, now)),
@@ -141,11 +142,13 @@ def apply(snap: Snapshot, decision: Decision) -> Snapshot:
     jobs = []
     for j in snap.jobs:
         if j.id in placements:
-            j = dataclasses.replace(j, state="running", placement=placements[j.id], started_at=snap.now)
-        elif j.id in stopped or j.state == "preempting":
+            j = dataclasses.replace(
+                j, state=JobStatus.ADMITTED, placement=placements[j.id], started_at=snap.now
+            )
+        elif j.id in stopped or j.state in STOPPING:
             j = dataclasses.replace(
                 j,
-                state="queued",
+                state=JobStatus.QUEUED,
                 placement=None,
                 started_at=None,
                 queued_at=snap.now,

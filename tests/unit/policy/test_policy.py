@@ -18,6 +18,7 @@ from tests.unit.policy.snapshots import (
     running,
     snapshot,
 )
+from wire.jobs import JobStatus
 
 NO_PREEMPTION = PolicyConfig(preempt_to_reclaim=False, preempt_for_priority=False)
 
@@ -388,7 +389,7 @@ def test_gpus_being_freed_go_to_the_job_they_were_freed_for():
         nodes(2),
         [queue("owner", 8), queue("borrower", 8)],
         [
-            running("victim", "borrower", {"n0": 8}, started_at=0, state="preempting"),
+            running("victim", "borrower", {"n0": 8}, started_at=0, state=JobStatus.PREEMPTING),
             running("b2", "borrower", {"n1": 8}, started_at=5_000),
             queued("o1", "owner", 8, submit=9_500),
             queued("o2", "owner", 8, submit=9_600),
@@ -403,7 +404,7 @@ def test_gpus_being_freed_go_to_the_job_they_were_freed_for():
 
 
 def test_nodes_freed_for_a_job_are_its_even_against_jobs_ahead_of_it():
-    def snap(victim_state: str | None):
+    def snap(victim_state: JobStatus | None):
         jobs = [
             running("other", "q", {"n1": 8}, started_at=0),
             queued("small", "q", 1, submit=50),  # smaller: ahead of "big" in the order
@@ -419,11 +420,11 @@ def test_nodes_freed_for_a_job_are_its_even_against_jobs_ahead_of_it():
     assert decision.waiting["small"].code == "capacity"
     assert decision.nominate == {}
     # The victim is still stopping: the nomination is kept (re-issued) and n0 stays held.
-    decision = decide(schedule, snap("preempting"))
+    decision = decide(schedule, snap(JobStatus.PREEMPTING))
     assert decision.nominate == {"big": ("n0",)}
     assert decision.waiting["big"].code == "preempting"
     # The victim never left: nothing is being freed there, so the nomination is dropped.
-    decision = decide(schedule, snap("running"), config=NO_PREEMPTION)
+    decision = decide(schedule, snap(JobStatus.RUNNING), config=NO_PREEMPTION)
     assert decision.nominate == {}
 
 
