@@ -12,6 +12,7 @@ on a command line, in a log line or in a Ray actor's arguments. Design: schedule
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
 
@@ -39,4 +40,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    gc.freeze()  # no last garbage collection at exit, as runtime.driver.exit_process says (~1 s less)
+    sys.exit(code)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 import ray
@@ -314,5 +315,16 @@ def main(argv: list[str] | None = None, *, credential: JobCredential | None = No
     return code
 
 
+def exit_process(code: int) -> NoReturn:
+    """End the driver's process with `code`, skipping the interpreter's last garbage collection: by now every
+    report is delivered or spooled and the trackers and Ray are shut down, and a collection over the objects
+    of torch, transformers and Ray would keep the process ~1 s longer (measured 1.1 s -> 0.15 s from the end
+    of main to exit), which the Ray job (and the platform, to see the job end) waits for. atexit handlers
+    still run and buffered output is still flushed; only objects in reference cycles are not finalized, as
+    Python never promises at exit."""
+    gc.freeze()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
