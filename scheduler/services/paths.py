@@ -35,6 +35,7 @@ import yaml
 from sqlalchemy.orm import Session
 
 from jobspec.bounds import MAX_PATH_LENGTH
+from jobspec.issues import SpecIssue
 from jobspec.spec import FIELDS
 from runtime.access import ROLLOUT_TEMPLATE, is_hub_id, within
 from scheduler.db.models import Job, PathGrant
@@ -58,22 +59,11 @@ PathKind = Literal["input", "output"]
 
 
 @dataclass
-class PathIssue:
-    field: str
-    message: str
-    hint: str
-    code: str = "spec.bad_path"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "field": self.field, "message": self.message, "hint": self.hint}
-
-
-@dataclass
 class Resolution:
     spec: dict[str, Any]
     inputs: list[dict[str, str]] = field(default_factory=list)  # jobs this one consumes
-    issues: list[PathIssue] = field(default_factory=list)
-    warnings: list[dict[str, Any]] = field(default_factory=list)  # as jobspec's issues of severity warning
+    issues: list[SpecIssue] = field(default_factory=list)  # errors
+    warnings: list[SpecIssue] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -323,7 +313,7 @@ def resolve_spec_paths(
     def refuse(
         name: str, message: str, code: str = "spec.path_outside_team", hint: str | None = None
     ) -> None:
-        res.issues.append(PathIssue(_flag(name), message, storage.hint() if hint is None else hint, code))
+        res.issues.append(SpecIssue(code, _flag(name), message, storage.hint() if hint is None else hint))
 
     def check(
         name: str,
@@ -483,15 +473,14 @@ def resolve_spec_paths(
             # a hub model id: fetched from the hub by the runtime, never opened as a path
             if (storage.area / value).exists():
                 res.warnings.append(
-                    {
-                        "code": "spec.hub_id_like_area_path",
-                        "field": _flag(name),
-                        "fields": [_flag(name)],
-                        "message": f"{value!r} is taken as a Hugging Face hub id, not as the folder of that "
-                        "name in your team's area",
-                        "hint": f"write artifacts://{value} for the folder",
-                        "severity": "warning",
-                    }
+                    SpecIssue(
+                        "spec.hub_id_like_area_path",
+                        _flag(name),
+                        f"{value!r} is taken as a Hugging Face hub id, not as the folder of that name in your "
+                        "team's area",
+                        f"write artifacts://{value} for the folder",
+                        severity="warning",
+                    )
                 )
             return value
         refuse(
@@ -556,7 +545,7 @@ def _check_eval_config(path: str, storage: TeamStorage, res: Resolution) -> None
                 bad = f"(a symbolic link leads it to {target}) {bad}"
         if bad is not None:
             res.issues.append(
-                PathIssue("eval-config", f"{label} {bad}", storage.hint(), "spec.path_outside_team")
+                SpecIssue("spec.path_outside_team", "eval-config", f"{label} {bad}", storage.hint())
             )
 
 

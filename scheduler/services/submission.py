@@ -37,6 +37,7 @@ from scheduler.domain.errors import (
     InvalidSpec,
     NotFound,
     PermissionDenied,
+    request_issue,
 )
 from scheduler.domain.evals import EVAL_PRIORITY_CLASS
 from scheduler.domain.ids import new_id
@@ -349,10 +350,8 @@ class JobSubmission:
             job_dir=job_dir,
         )
         if resolution.issues:
-            raise InvalidSpec(
-                _summary([i.to_dict() for i in resolution.issues]),
-                details={"issues": [i.to_dict() for i in resolution.issues]},
-            )
+            issues = [request_issue(i) for i in resolution.issues]
+            raise InvalidSpec(_summary(issues), details={"issues": issues})
         # the autoscaler's engine bounds (a file the paths above resolved) make the rollout gang elastic
         demand = elastic_demand(normalized.demand.model_dump(mode="json"), resolution.spec, storage)
         name = sub.name or _default_name(resolution.spec)
@@ -381,7 +380,7 @@ class JobSubmission:
                 spec=resolution.spec,
                 submitted=submitted
                 | {
-                    "warnings": [w.to_dict() for w in normalized.warnings] + resolution.warnings,
+                    "warnings": [w.to_dict() for w in [*normalized.warnings, *resolution.warnings]],
                     "derived": _jsonable(normalized.derived),
                     "inputs": resolution.inputs,
                 },
@@ -485,7 +484,7 @@ class JobSubmission:
             spec=resolution.spec,
             argv=normalized.spec.to_argv(),
             derived=_jsonable(normalized.derived),
-            warnings=[w.to_dict() for w in normalized.warnings] + resolution.warnings,
+            warnings=[w.to_dict() for w in [*normalized.warnings, *resolution.warnings]],
             errors=errors,
             demand=demand,
             capacity=capacity,

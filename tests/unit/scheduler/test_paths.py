@@ -211,7 +211,7 @@ def test_hub_ids_are_taken_by_hf_checkpoint_only_and_never_as_paths(w: World) ->
     (w.a.area / "Qwen" / "Qwen3-4B").mkdir(parents=True)  # a folder of the same name changes nothing
     res = w.resolve(**{"hf-checkpoint": "Qwen/Qwen3-4B"})
     assert issues(res) == [] and res.spec["hf_checkpoint"] == "Qwen/Qwen3-4B"
-    assert [x["code"] for x in res.warnings] == ["spec.hub_id_like_area_path"]  # says so, and how to mean it
+    assert [x.code for x in res.warnings] == ["spec.hub_id_like_area_path"]  # says so, and how to mean it
     assert w.resolve(**{"hf-checkpoint": "Org/Other"}).warnings == []
     for field in ("ref-load", "prompt-data"):
         refused(w.resolve(**{field: "Qwen/Qwen3-4B"}), field, "spec.relative_input")
