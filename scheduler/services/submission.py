@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, make_transient_to_detached
 from sqlalchemy.orm.attributes import set_committed_value
 
 import jobspec
+from jobspec.issues import SpecIssue
 from runtime.capabilities import RESTRICTION_HINTS, unsupported_parameters
 from scheduler.db.jsontext import json_loads
 from scheduler.db.models import (
@@ -513,20 +514,9 @@ class JobSubmission:
         """Normalize the submitted spec or flags for a pool whose largest node has `max_node` GPUs;
         InvalidSpec lists its issues, one per mistake. No database: this is the part that takes time."""
         if (sub.spec is None) == (sub.args is None):
+            message = "give exactly one of 'spec' (an object) or 'args' (Relax CLI flags)"
             raise InvalidSpec(
-                "give exactly one of 'spec' (an object) or 'args' (Relax CLI flags)",
-                details={
-                    "issues": [
-                        {
-                            "code": "job.spec_or_args",
-                            "field": "spec",
-                            "fields": ["spec"],
-                            "message": "give exactly one of 'spec' (an object) or 'args' (Relax CLI flags)",
-                            "hint": "",
-                            "severity": "error",
-                        }
-                    ]
-                },
+                message, details={"issues": [SpecIssue("job.spec_or_args", "spec", message).to_dict()]}
             )
         try:
             if sub.spec is not None:
@@ -635,20 +625,12 @@ class JobSubmission:
             if eval_job:
                 return classes[name]
             message = f"the priority class {name!r} is for eval jobs only"
-            raise InvalidRequest(
+            raise InvalidRequest.naming(
+                "priority_class",
                 message,
+                "run an eval with POST /v1/evals (`relaxctl eval`), which submits its job at this class; give a "
+                "job a class the team is granted (GET /v1/teams/<team>)",
                 code="priority_class.eval_only",
-                details={
-                    "issues": [
-                        {
-                            "code": "priority_class.eval_only",
-                            "field": "priority_class",
-                            "message": message,
-                            "hint": "run an eval with POST /v1/evals (`relaxctl eval`), which submits its job "
-                            "at this class; give a job a class the team is granted (GET /v1/teams/<team>)",
-                        }
-                    ]
-                },
             )
         allowed = [] if principal.is_admin else granted_among(list(classes.values()), team)
         if name is None and not principal.is_admin and "normal" not in allowed and allowed:
@@ -656,19 +638,11 @@ class JobSubmission:
         pclass = classes.get(name or "normal")
         if pclass is None:
             known = sorted(classes)
-            raise InvalidRequest(
+            raise InvalidRequest.naming(
+                "priority_class",
                 f"unknown priority class {name!r}",
+                f"one of {', '.join(known)}",
                 code="priority_class.not_found",
-                details={
-                    "issues": [
-                        {
-                            "code": "priority_class.not_found",
-                            "field": "priority_class",
-                            "message": f"unknown priority class {name!r}",
-                            "hint": f"one of {', '.join(known)}",
-                        }
-                    ]
-                },
             )
         if principal.is_admin or pclass.name in allowed:
             return pclass
@@ -681,20 +655,7 @@ class JobSubmission:
         hint = (
             f"use {', '.join(allowed)}" if allowed else "the team may use no priority class"
         ) + f"; an admin grants classes with `relaxctl admin teams set {team.name} --priority-classes …`"
-        raise PermissionDenied(
-            message,
-            code="priority_class.not_granted",
-            details={
-                "issues": [
-                    {
-                        "code": "priority_class.not_granted",
-                        "field": "priority_class",
-                        "message": message,
-                        "hint": hint,
-                    }
-                ]
-            },
-        )
+        raise PermissionDenied.naming("priority_class", message, hint, code="priority_class.not_granted")
 
     def _queue_for(self, principal: Principal, team: Team, queue_name: str | None) -> QueueRow:
         """The queue to submit to: the team's own, or one an admin granted it; without a name, the
@@ -711,15 +672,7 @@ class JobSubmission:
             hint = (
                 f"use {', '.join(allowed)} (or name no queue)" if allowed else "the team has no queue"
             ) + f"; an admin grants queues with `relaxctl admin teams set {team.name} --queues …`"
-            raise PermissionDenied(
-                message,
-                code="queue.not_granted",
-                details={
-                    "issues": [
-                        {"code": "queue.not_granted", "field": "queue", "message": message, "hint": hint}
-                    ]
-                },
-            )
+            raise PermissionDenied.naming("queue", message, hint, code="queue.not_granted")
         allowed = granted_queues(self.session, team)
         if not allowed:
             raise NotFound(f"team {team.name!r} has no queue", code="queue.not_found")
@@ -806,16 +759,7 @@ def backend_refusals(values: dict[str, Any], changed: Collection[str] | None = N
             hint = (
                 f"remove --{flag}; see docs/reference/capabilities.md for what the {backend} backend honours"
             )
-        issues.append(
-            {
-                "code": "spec.unsupported_by_backend",
-                "field": flag,
-                "fields": [flag],
-                "message": message,
-                "hint": hint,
-                "severity": "error",
-            }
-        )
+        issues.append(SpecIssue("spec.unsupported_by_backend", flag, message, hint).to_dict())
     return issues
 
 
@@ -854,14 +798,9 @@ def _unschedulable(capacity: dict[str, Any], demand: dict[str, Any]) -> list[dic
     if largest["name"] != own["name"] and largest["fits"]:
         hint += f", or submit to a queue on pool {largest['name']!r}"
     return [
-        {
-            "code": "job.unschedulable",
-            "field": "resource",
-            "fields": ["resource", "num-gpus-per-node"],
-            "message": message,
-            "hint": hint,
-            "severity": "error",
-        }
+        SpecIssue(
+            "job.unschedulable", "resource", message, hint, fields=["resource", "num-gpus-per-node"]
+        ).to_dict()
     ]
 
 
@@ -876,15 +815,15 @@ def _split_args(args: Sequence[str] | str | None) -> list[str]:
     try:
         return shlex.split(args)
     except ValueError as exc:
-        issue = {
-            "code": "argv.unparsable",
-            "field": None,
-            "fields": [],
-            "message": f"the flags cannot be split as a shell would: {exc}",
-            "hint": "close the quote, or send 'args' as a list of strings",
-            "severity": "error",
-        }
-        raise InvalidSpec(f"invalid job spec: {issue['message']}", details={"issues": [issue]}) from None
+        issue = SpecIssue(
+            "argv.unparsable",
+            None,
+            f"the flags cannot be split as a shell would: {exc}",
+            "close the quote, or send 'args' as a list of strings",
+        )
+        raise InvalidSpec(
+            f"invalid job spec: {issue.message}", details={"issues": [issue.to_dict()]}
+        ) from None
 
 
 def _summary(issues: list[dict[str, Any]]) -> str:
