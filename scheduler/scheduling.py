@@ -9,6 +9,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -320,19 +321,7 @@ def run_scheduling_pass(
             ):
                 continue
             status[job_id] = JobStatus.ADMITTED
-            for a in placement.assignments:
-                pool_name, _, node = a.node.partition("/")
-                session.add(
-                    Allocation(
-                        job_id=job_id,
-                        pool=pool_name,
-                        node=node,
-                        role=a.role,
-                        replica=a.replica,
-                        gpus=a.gpus,
-                        shared=a.shared,
-                    )
-                )
+            session.add_all(_allocation_rows(job_id, placement.assignments))
             if rows[job_id].elastic:  # admitted at its spec's count: an earlier run's resize is over
                 gpus = sum(g for _, g in placement.node_gpus)
                 session.execute(sa.update(Job).where(Job.id == job_id).values(total_gpus=gpus))
@@ -413,21 +402,7 @@ def _apply_resize(session: Session, r: Resize, now: datetime) -> bool:
         values["service_gpu_s"] = row.service_gpu_s + held_s * (row.total_gpus - total)
     session.execute(sa.update(Job).where(Job.id == r.job_id).values(**values))
     session.execute(sa.delete(Allocation).where(Allocation.job_id == r.job_id, Allocation.role == r.role))
-    for a in r.placement.assignments:
-        if a.role != r.role:
-            continue
-        pool_name, _, node = a.node.partition("/")
-        session.add(
-            Allocation(
-                job_id=r.job_id,
-                pool=pool_name,
-                node=node,
-                role=a.role,
-                replica=a.replica,
-                gpus=a.gpus,
-                shared=a.shared,
-            )
-        )
+    session.add_all(_allocation_rows(r.job_id, (a for a in r.placement.assignments if a.role == r.role)))
     gone = "took back" if r.after < r.before else "granted"
     engines = abs(r.after - r.before)
     where = _describe(P.Placement(tuple(a for a in r.placement.assignments if a.role == r.role)))
@@ -460,6 +435,25 @@ _UPSERT_WAIT = sa.text(
     "ON CONFLICT (job_id) DO UPDATE SET queue_position = excluded.queue_position, "
     "wait_reason = excluded.wait_reason, nominated_nodes = excluded.nominated_nodes"
 ).bindparams(sa.bindparam("nominated_nodes", type_=sa.JSON()))
+
+
+def _allocation_rows(job_id: str, assignments: Iterable[P.Assignment]) -> list[Allocation]:
+    """The allocation rows of a job's assignments (each on `pool/node`): what an admission and a resize write."""
+    rows = []
+    for a in assignments:
+        pool_name, _, node = a.node.partition("/")
+        rows.append(
+            Allocation(
+                job_id=job_id,
+                pool=pool_name,
+                node=node,
+                role=a.role,
+                replica=a.replica,
+                gpus=a.gpus,
+                shared=a.shared,
+            )
+        )
+    return rows
 
 
 def _write_waits(session: Session, changes: list[dict[str, Any]]) -> None:
