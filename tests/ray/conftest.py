@@ -16,18 +16,41 @@ import pytest
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
+# One private local Ray for every test that uses `ray_local`, one module after another: the driver reuses a
+# connection it finds (and leaves it up), which saves ~8 s of start and stop per run, and the modules share it
+# as the end-to-end modules share their platform (tests/e2e/conftest.py): it stops when the next test on this
+# worker does not use it (pytest's `nextitem`), since other modules start a Ray of their own (a cluster, a head
+# with a fake GPU) on the same default ports. tests/conftest.py runs the tests that use it next to each other
+# in their lane, so it starts once there instead of once per module: a start takes 3.5-10 s (load 1-6) and a
+# stop ~1.4 s, while the next module's first test on the warm Ray took ~1 s longer (2026-12-07, load 1-3:
+# eval_only + sglang_engine_actor 30.9 s -> 26.5 s, mean of 2 and 3 runs; five modules 121.5/92.6 s ->
+# 107.6/88.8 s).
+RAY_FIXTURE = "ray_local"
+_NEXT: dict[str, pytest.Item | None] = {}
+_OURS: dict[str, bool] = {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    _NEXT["item"] = nextitem  # read by ray_local's teardown below, which runs inside this hook's call
+
+
 @pytest.fixture(scope="module")
 def ray_local() -> Iterator[None]:
-    """One private local Ray per test module: the driver reuses a connection it finds (and leaves it
-    up), which saves ~8 s of start and stop per run. Module scope, because other modules start Ray
-    themselves."""
+    """A private local Ray of 6 CPUs, up from the first test that uses it until the next test on this worker
+    does not (shared with the modules in between)."""
     import ray
 
-    ray.init(address="local", num_cpus=6, include_dashboard=False, logging_level="WARNING")
+    if not (_OURS.get("up") and ray.is_initialized()):
+        ray.init(address="local", num_cpus=6, include_dashboard=False, logging_level="WARNING")
+        _OURS["up"] = True
     try:
         yield
     finally:
-        ray.shutdown()
+        nextitem = _NEXT.pop("item", None)
+        if nextitem is None or RAY_FIXTURE not in getattr(nextitem, "fixturenames", ()):
+            _OURS.pop("up", None)
+            ray.shutdown()
 
 
 @pytest.fixture(scope="session")

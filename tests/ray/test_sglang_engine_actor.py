@@ -4,10 +4,8 @@ external-engine adapter drives the same server, and the server dies with its act
 
 from __future__ import annotations
 
-import logging
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -28,14 +26,6 @@ pytestmark = pytest.mark.ray
 PROMPTS = [[5, 6, 7], [8, 9, 10, 11], [12], [13, 14]]
 
 
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[None]:
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
-    yield
-    ray.shutdown()
-
-
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -44,7 +34,7 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def test_engine_actor_serves_the_rollout_group(ray_cluster: None, tmp_path: Path) -> None:
+def test_engine_actor_serves_the_rollout_group(ray_local: None, tmp_path: Path) -> None:
     model = build_tiny_model(tmp_path / "tiny", seed=0)
     other = build_tiny_model(tmp_path / "tiny-1", seed=1)
     key = engine_secret()
