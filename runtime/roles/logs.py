@@ -15,12 +15,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import ray
 from ray.actor import ActorHandle
 
-from runtime.reporter import Reporter
+# the driver's side only (LogRelay): the sink's process and the role actors' leave the reporter (pydantic,
+# httpx, the spool) unimported
+if TYPE_CHECKING:
+    from runtime.reporter import Reporter
 
 MAX_BUFFERED = 20_000  # records kept in the sink between drains; the oldest go first
 T = TypeVar("T")
