@@ -183,7 +183,7 @@ MEGATRON_ONLY = ("tensor-model-parallel-size", "hidden-dropout", "attention-drop
 
 @pytest.mark.parametrize("backend", ["torch", "megatron"])
 def test_ppo_as_relax_scripts_run_it(
-    ray_local, artifacts: dict[str, Path], tmp_path: Path, backend: str
+    ray_local, artifacts: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
 ) -> None:
     """PPO without --use-rollout-logprobs (as Relax's PPO scripts run it) through the driver. The critic trains
     alone for `num-critic-only-steps`, then beside the policy, reports its value loss and saves its checkpoint
@@ -195,7 +195,11 @@ def test_ppo_as_relax_scripts_run_it(
     The ratio's pi_old is the trainer's recompute, not the engine's: with the engines updated every 3 steps,
     rollout 2 is sampled by the initial weights while the policy trained at step 1, so the engine's log-probs
     are a step behind (`rollout/logprob_abs_diff`, and the loss's own |old - rollout|), and still the policy's
-    first update of step 2 starts at ratio 1 (`ppo_kl` 0, nothing clipped)."""
+    first update of step 2 starts at ratio 1 (`ppo_kl` 0, nothing clipped).
+
+    The engines run inside actors of their own (`RELAX_ROLLOUT_ENGINE=in-process`; the layout's one engine per
+    colocated device, 2 here with torch, 3 with megatron, would otherwise each start an HTTP server process:
+    5-8 s more per run on two cores); the engine servers are driven by tests/ray/test_driver_grpo.py."""
     spec = megatron_spec(
         artifacts,
         tmp_path,
@@ -230,6 +234,7 @@ def test_ppo_as_relax_scripts_run_it(
             }
         )
     assert "use-rollout-logprobs" not in spec
+    monkeypatch.setenv("RELAX_ROLLOUT_ENGINE", "in-process")
     report = _run(tmp_path, f"{backend}-ppo", spec)
 
     metrics = read_metrics(report)
