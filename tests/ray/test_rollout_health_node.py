@@ -25,7 +25,17 @@ def three_nodes() -> Iterator[Any]:
     import ray
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    # Ray marks a node whose raylet stopped answering dead after `health_check_failure_threshold` checks
+    # `health_check_period_ms` apart (default 5 x 3 s): 3 x 1 s here, so the lost node's placement-group bundles
+    # move ~10 s sooner (a check still waits up to its 10 s timeout for a busy raylet before it counts as failed)
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 1,
+            "include_dashboard": False,
+            "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 3},
+        },
+    )
     cluster.add_node(num_cpus=2)
     cluster.add_node(num_cpus=2)
     ray.init(address=cluster.address, logging_level="WARNING")
