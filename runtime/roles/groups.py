@@ -688,8 +688,13 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
 
     def rendezvous(role: Role, avoid: tuple[int, ...] = ()) -> tuple[str, int]:
         """A port for the role's process group, picked on its rank 0's node before any rank starts (and
-        not one already handed to another group of this job: those are not bound yet)."""
+        not one already handed to another group of this job: those are not bound yet). Where that node is
+        the driver's own, here: a task there would first wait for a worker process of its own to start
+        (1-2 s before any rank could start, on a busy machine more)."""
         first = topology.role_slots(role)[0]
+        bundles = ray.util.placement_group_table(pgs[first.group]).get("bundles_to_node_id") or {}
+        if bundles.get(first.bundle_index) == ray.get_runtime_context().get_node_id():
+            return free_loopback_port(avoid)
         return ray.get(
             ray.remote(free_loopback_port)
             .options(num_cpus=0, scheduling_strategy=first.ray_options(pgs, device)["scheduling_strategy"])
