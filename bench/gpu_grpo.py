@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import os
 import subprocess
@@ -216,6 +217,20 @@ def build_ours(work: Workload, folder: str) -> tuple[Any, Any]:
     return backend, engine
 
 
+class CollectorTime:
+    """A `gc.callbacks` entry summing the seconds Python's cyclic garbage collector runs (every generation)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._start
+
+
 def run_ours(work: Workload, log: Callable[[str], None]) -> dict[str, Any]:
     from runtime.rollout.params import SamplingParams
     from runtime.train.megatron.parallel import destroy_parallel
@@ -239,10 +254,14 @@ def run_ours(work: Workload, log: Callable[[str], None]) -> dict[str, Any]:
     losses: list[float] = []
     grad_norms: list[float] = []
     versions: list[int] = [engine.weight_version]
+    collector = CollectorTime()
+    gc.callbacks.append(collector)
     for step in range(work.warmup + work.steps):
         t0 = clock.now()
         params = SamplingParams(temperature=1.0, max_new_tokens=work.new_tokens, seed=work.seed + step)
+        gc_before = collector.seconds
         results = engine.generate(prompt_lists, params)
+        gc_generate = collector.seconds - gc_before
         t1 = clock.now()
         batch = grpo_batch(prompts, results, work)
         t2 = clock.now()
@@ -258,7 +277,8 @@ def run_ours(work: Workload, log: Callable[[str], None]) -> dict[str, Any]:
         log(
             f"  step {step}: {t4 - t0:.3f} s (generate {t1 - t0:.3f}, batch {t2 - t1:.3f}, train {t3 - t2:.3f}, "
             f"sync {t4 - t3:.3f}: {update.tensors} tensors, {update.bytes / 2**20:.0f} MiB) loss {losses[-1]:.5f} "
-            f"reward {float(batch.rewards.mean()):.4f}"
+            f"reward {float(batch.rewards.mean()):.4f}; Python's garbage collector {gc_generate:.3f} s in generate, "
+            f"{collector.seconds - gc_before - gc_generate:.3f} s in the rest of the step"
         )
     # the engine holds exactly the trainer's weights after the last push, and they moved since the start
     trainer = dict(backend.iter_device_weights())

@@ -599,3 +599,45 @@ def test_triton_decode_attention_is_refused_where_it_cannot_run(
     )
     assert triton_sampler.supports(151936) and triton_sampler.supports(128256)
     assert not triton_sampler.supports(151937)  # a prime: one block of the whole vocabulary
+
+
+def test_the_garbage_collector_is_paused_while_a_batch_decodes_and_runs_again_after(
+    engine: FastGenEngine, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`generate` pauses Python's cyclic collector for its decode loop (a collection there would stall every
+    decode step waiting on the GPU) and restores it, also when the loop fails; `RELAX_FASTGEN_GC=1` leaves it
+    running; a collector the caller had disabled stays disabled."""
+    import gc
+
+    from runtime.rollout.fastgen import engine as fastgen_engine
+
+    seen: list[bool] = []
+    step = engine.step
+
+    def observed_step():  # type: ignore[no-untyped-def]
+        seen.append(gc.isenabled())
+        return step()
+
+    monkeypatch.setattr(engine, "step", observed_step)
+    params = SamplingParams(temperature=0.0, max_new_tokens=4)
+    assert gc.isenabled()
+    engine.generate(prompts[:2], params)
+    assert seen and not any(seen) and gc.isenabled()
+
+    seen.clear()
+    monkeypatch.setenv("RELAX_FASTGEN_GC", "1")
+    engine.generate(prompts[:2], params)
+    assert seen and all(seen) and gc.isenabled()
+    monkeypatch.delenv("RELAX_FASTGEN_GC")
+
+    with pytest.raises(RuntimeError, match="boom"), fastgen_engine.paused_collector():
+        assert not gc.isenabled()
+        raise RuntimeError("boom")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with fastgen_engine.paused_collector():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
