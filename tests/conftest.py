@@ -118,6 +118,9 @@ HEAVY_LANES: tuple[tuple[str, tuple[str, ...]], ...] = (
             "tests/e2e/test_pipeline_features.py",
             "tests/e2e/test_evals.py",
             "tests/e2e/test_openai_fine_tuning.py",
+            # platforms of its own (`relaxctl up`), 29 s (2026-12-07 ci junit: the first lane 1,377 s, the light
+            # tests plus this lane 1,293 s)
+            "tests/e2e/test_platform_cli.py",
             "tests/integration/test_celery_worker.py",  # a real Celery worker process (and Redis's flushdb)
             # compose.yaml's services as processes: 2 APIs, 2 schedulers, a pool worker (and Redis's flushdb)
             "tests/integration/test_compose_topology.py",
