@@ -114,7 +114,7 @@ def health_spec(artifacts: dict[str, Path], out: Path, **overrides) -> dict:
             "lr-warmup-iters": 2,
             "use-health-check": True,
             "rollout-health-check-interval": 1.0,
-            "rollout-health-check-timeout": 2.0,
+            "rollout-health-check-timeout": 5.0,
             "max-global-restart": 3,
             **overrides,
         },
