@@ -53,10 +53,8 @@ WEB_DIST = Path(__file__).resolve().parents[1] / "web" / "dist"
 _JOB_IN_PATH = re.compile(r"/jobs/(job_[0-9a-z]{1,40})(?:/|$)")
 
 
-class RequestId:
-    """ASGI middleware: the request's id, the client's `X-Request-ID` or a new one, in `request.state.request_id`
-    (error bodies, the audit log), in the answer's `X-Request-ID` header and in the log lines of the request
-    (scheduler/logs.py)."""
+class _HttpMiddleware:
+    """ASGI middleware that acts on HTTP requests (`http`); anything else (lifespan) passes through."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -65,6 +63,18 @@ class RequestId:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        await self.http(scope, receive, send)
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+
+class RequestId(_HttpMiddleware):
+    """ASGI middleware: the request's id, the client's `X-Request-ID` or a new one, in `request.state.request_id`
+    (error bodies, the audit log), in the answer's `X-Request-ID` header and in the log lines of the request
+    (scheduler/logs.py)."""
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         rid = Headers(scope=scope).get("x-request-id") or uuid.uuid4().hex[:16]
         scope.setdefault("state", {})["request_id"] = rid
 
@@ -80,18 +90,12 @@ class RequestId:
             await self.app(scope, receive, send_with_id)
 
 
-class RequestMetrics:
+class RequestMetrics(_HttpMiddleware):
     """ASGI middleware: each request's latency by method, route template (e.g. `/v1/jobs/{job_id}`, never the
     raw path: `unmatched` when no route took it) and status, in relax_http_request_duration_seconds
     (scheduler/observability.py)."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         t0 = time.perf_counter()
         status = 500  # unless the app answers
 
