@@ -58,6 +58,7 @@ from runtime.rollout.sglang.serving import (
     EngineUnavailable,
     MemoryTag,
     ServingBase,
+    check_named_tensors,
     check_weight_version,
     detokenize,
 )
@@ -422,15 +423,8 @@ class FastGenServing(ServingBase):
         with self._exclusive():
             self._require_resident("update_weight_from_tensor")
             check_weight_version(self.weight_version, weight_version)
-            known = set(weights.hf) | weights.optional_names()
-            unknown = sorted(set(named_tensors) - known)
-            if unknown:
-                raise ProtocolError(
-                    f"unknown weight names: {unknown[:5]}{' ...' if len(unknown) > 5 else ''}"
-                )
-            for name, tensor in named_tensors.items():
-                if name in weights.hf and tuple(tensor.shape) != weights.hf[name].shape:
-                    raise ProtocolError(f"{name}: shape {tuple(tensor.shape)} != {weights.hf[name].shape}")
+            shapes = {name: slot.shape for name, slot in weights.hf.items()}
+            check_named_tensors(named_tensors, shapes, weights.optional_names())
             weights.copy_in(named_tensors)
             if self.engine.torch_device.type == "cuda":
                 torch.cuda.current_stream().synchronize()  # the sources may be freed once we return

@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -76,6 +77,21 @@ def check_weight_version(current: str, new: str | None) -> None:
             f"weight_version {new!r} is older than this engine's {current!r}: update refused, weights "
             "unchanged (a stale push; /update_weight_version resets the version on purpose)"
         )
+
+
+def check_named_tensors(
+    named: Mapping[str, torch.Tensor],
+    shapes: Mapping[str, tuple[int, ...]],
+    optional: AbstractSet[str] = frozenset(),
+) -> None:
+    """Refuse a weight update, before anything is loaded, that names a tensor the engine does not hold (in
+    neither `shapes` nor `optional`: names it accepts and ignores) or sends one in another shape."""
+    unknown = sorted(set(named) - set(shapes) - optional)
+    if unknown:
+        raise ProtocolError(f"unknown weight names: {unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
+    for name, tensor in named.items():
+        if name in shapes and tuple(tensor.shape) != tuple(shapes[name]):
+            raise ProtocolError(f"{name}: shape {tuple(tensor.shape)} != {tuple(shapes[name])}")
 
 
 def detokenize(
@@ -215,14 +231,7 @@ class ServingBase:
         if update.refused is not None:
             raise ProtocolError(f"an earlier bucket of this weight update was refused: {update.refused}")
         try:
-            unknown = sorted(set(named) - set(shapes) - optional)
-            if unknown:
-                raise ProtocolError(
-                    f"unknown weight names: {unknown[:5]}{' ...' if len(unknown) > 5 else ''}"
-                )
-            for name, tensor in named.items():
-                if name in shapes and tuple(tensor.shape) != tuple(shapes[name]):
-                    raise ProtocolError(f"{name}: shape {tuple(tensor.shape)} != {tuple(shapes[name])}")
+            check_named_tensors(named, shapes, optional)
             repeated = sorted(set(named) & update.seen)
             if repeated:
                 raise ProtocolError(f"weight update sends {repeated[:3]} twice")
@@ -526,14 +535,7 @@ class ServingEngine(ServingBase):
             self._require_resident("update_weights_from_tensor")
             check_weight_version(self.weight_version, weight_version)
             state = self.model.state_dict()
-            unknown = sorted(set(named_tensors) - set(state))
-            if unknown:
-                raise ProtocolError(
-                    f"unknown weight names: {unknown[:5]}{' ...' if len(unknown) > 5 else ''}"
-                )
-            for name, tensor in named_tensors.items():
-                if tuple(tensor.shape) != tuple(state[name].shape):
-                    raise ProtocolError(f"{name}: shape {tuple(tensor.shape)} != {tuple(state[name].shape)}")
+            check_named_tensors(named_tensors, {name: tuple(t.shape) for name, t in state.items()})
             self.model.load_state_dict(dict(named_tensors), strict=False)
             self.engine.weight_version += 1
             self._finish_update(weight_version)

@@ -6,12 +6,14 @@ updates waiting for running requests and refusing older versions, and how the ba
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from fastapi.testclient import TestClient
 
 from runtime.devices import Device
@@ -173,6 +175,19 @@ def test_weight_update_waits_for_running_requests(fastgen: FastGenServing, tiny_
     assert fastgen.engine.weight_version == 1  # nothing was loaded
     fastgen.update_weights_from_disk(str(tiny_model), weight_version="2")
     assert fastgen.weight_version == "2" and fastgen.engine.weight_version == 2
+
+
+def test_a_tensor_update_naming_an_unknown_tensor_or_a_wrong_shape_is_refused(
+    fastgen: FastGenServing,
+) -> None:
+    norm = fastgen.engine.weights.hf["model.norm.weight"].shape
+    for bad, message in [
+        ({"bogus.weight": torch.zeros(norm)}, "unknown weight names: \\['bogus.weight'\\]"),
+        ({"model.norm.weight": torch.zeros(3)}, re.escape(f"model.norm.weight: shape (3,) != {norm}")),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            fastgen.update_weights_from_tensors(bad, weight_version="9")
+    assert fastgen.weight_version == "default" and fastgen.engine.weight_version == 0
 
 
 def test_a_partial_disk_checkpoint_is_refused(
