@@ -68,54 +68,61 @@ def _train_rollout_log_ratio(
     return torch.where(loss_mask > 0, train_log_probs - rollout_log_probs, torch.zeros_like(train_log_probs))
 
 
+Weighting = Callable[[torch.Tensor, float, float], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _truncated_is(weigh: Weighting) -> Callable[..., TISResult]:
+    """The TIS function (`runtime.algos.hooks.TISFn`) of a weighting, named and documented as it is:
+    `weigh(ratio, clip_low, clip_high)` -> (weight, clipped), both [B, T], from the ratio pi_train / pi_rollout
+    (1 off the loss mask). The policy loss is multiplied by the weight, a constant (no gradient); the mask is
+    kept. Metrics: `tis` (the raw ratio), `tis_weight`, `tis_clipfrac` (`clipped`), `tis_abs`, `mismatch_kl`,
+    `mismatch_k3_kl`."""
+
+    def tis(
+        *,
+        pg_loss: torch.Tensor,
+        train_log_probs: torch.Tensor,
+        rollout_log_probs: torch.Tensor,
+        loss_mask: torch.Tensor,
+        clip_low: float,
+        clip_high: float,
+    ) -> TISResult:
+        log_ratio = _train_rollout_log_ratio(train_log_probs, rollout_log_probs, loss_mask).detach()
+        ratio = log_ratio.exp()
+        weight, clipped = weigh(ratio, clip_low, clip_high)
+        metrics = _mismatch_metrics(ratio, log_ratio)
+        metrics["tis_weight"] = weight
+        metrics["tis_clipfrac"] = clipped.to(ratio.dtype)
+        return TISResult(pg_loss=pg_loss * weight, loss_mask=loss_mask, metrics=metrics)
+
+    # the weighting's name (a dotted path resolves and pickles to it), not its signature: called as TISFn
+    tis.__name__, tis.__qualname__, tis.__doc__ = weigh.__name__, weigh.__qualname__, weigh.__doc__
+    return tis
+
+
 @TIS_FUNCTIONS.register(TISFunction.VANILLA)
-def vanilla_tis(
-    *,
-    pg_loss: torch.Tensor,
-    train_log_probs: torch.Tensor,
-    rollout_log_probs: torch.Tensor,
-    loss_mask: torch.Tensor,
-    clip_low: float,
-    clip_high: float,
-) -> TISResult:
+@_truncated_is
+def vanilla_tis(ratio: torch.Tensor, clip_low: float, clip_high: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Truncated importance sampling between the engine and the trainer (Yao et al. 2025, "Your Efficient RL
     Framework Secretly Brings You Off-Policy RL Training"): pg_loss * clamp(pi_train / pi_rollout, low, high).
 
-    All [B, T]; the weight is a constant (no gradient). Metrics: `tis` (raw ratio), `tis_weight`,
-    `tis_clipfrac`, `tis_abs`, `mismatch_kl`, `mismatch_k3_kl`.
+    A TIS function (`_truncated_is`): all [B, T]; the weight is a constant (no gradient). Metrics: `tis` (raw
+    ratio), `tis_weight`, `tis_clipfrac`, `tis_abs`, `mismatch_kl`, `mismatch_k3_kl`.
     """
-    log_ratio = _train_rollout_log_ratio(train_log_probs, rollout_log_probs, loss_mask).detach()
-    ratio = log_ratio.exp()
     weight = ratio.clamp(min=clip_low, max=clip_high)
-    metrics = _mismatch_metrics(ratio, log_ratio)
-    metrics["tis_weight"] = weight
-    metrics["tis_clipfrac"] = (weight != ratio).to(ratio.dtype)
-    return TISResult(pg_loss=pg_loss * weight, loss_mask=loss_mask, metrics=metrics)
+    return weight, weight != ratio
 
 
 @TIS_FUNCTIONS.register(TISFunction.ICEPOP)
-def icepop_tis(
-    *,
-    pg_loss: torch.Tensor,
-    train_log_probs: torch.Tensor,
-    rollout_log_probs: torch.Tensor,
-    loss_mask: torch.Tensor,
-    clip_low: float,
-    clip_high: float,
-) -> TISResult:
+@_truncated_is
+def icepop_tis(ratio: torch.Tensor, clip_low: float, clip_high: float) -> tuple[torch.Tensor, torch.Tensor]:
     """IcePop (inclusionAI, Ring-1T report 2025): keep pi_train / pi_rollout inside [low, high], zero it outside.
 
-    All [B, T]; the token stays in the reducer's denominator (only its weight is 0). Same metrics as
-    `vanilla_tis`.
+    A TIS function (`_truncated_is`): all [B, T]; the token stays in the reducer's denominator (only its weight
+    is 0). Same metrics as `vanilla_tis`.
     """
-    log_ratio = _train_rollout_log_ratio(train_log_probs, rollout_log_probs, loss_mask).detach()
-    ratio = log_ratio.exp()
     inside = (ratio >= clip_low) & (ratio <= clip_high)
-    weight = torch.where(inside, ratio, torch.zeros_like(ratio))
-    metrics = _mismatch_metrics(ratio, log_ratio)
-    metrics["tis_weight"] = weight
-    metrics["tis_clipfrac"] = (~inside).to(ratio.dtype)
-    return TISResult(pg_loss=pg_loss * weight, loss_mask=loss_mask, metrics=metrics)
+    return torch.where(inside, ratio, torch.zeros_like(ratio)), ~inside
 
 
 def opsm_keep_mask(
