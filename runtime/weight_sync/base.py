@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
@@ -43,6 +43,28 @@ class WeightSync(ABC):
     def push(
         self, train: TrainGroup, receivers: Sequence[WeightReceiver], *, version: int, wait: bool = True
     ) -> list[ray.ObjectRef]: ...
+
+
+def push_split(
+    train: TrainGroup,
+    receivers: Sequence[WeightReceiver],
+    version: int,
+    direct: Callable[[WeightReceiver], list[ray.ObjectRef] | None],
+    fallback: WeightSync,
+) -> list[ray.ObjectRef]:
+    """Start a push without waiting: each receiver `direct` takes (it answers the calls' refs, or None for a
+    receiver it cannot reach its own way) gets it so, in order; the others then all through `fallback`."""
+    refs: list[ray.ObjectRef] = []
+    others = []
+    for receiver in receivers:
+        pushed = direct(receiver)
+        if pushed is None:
+            others.append(receiver)
+        else:
+            refs += pushed
+    if others:
+        refs += fallback.push(train, others, version=version, wait=False)
+    return refs
 
 
 WEIGHT_SYNC_BACKENDS: Registry[type[WeightSync]] = Registry("weight sync backend")

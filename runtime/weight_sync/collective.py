@@ -58,7 +58,13 @@ from runtime.rollout.sglang.weight_group import (
     plan_buckets,
     receive_push,
 )
-from runtime.weight_sync.base import WEIGHT_SYNC_BACKENDS, WeightReceiver, WeightSync, WeightSyncBackend
+from runtime.weight_sync.base import (
+    WEIGHT_SYNC_BACKENDS,
+    WeightReceiver,
+    WeightSync,
+    WeightSyncBackend,
+    push_split,
+)
 from runtime.weight_sync.object_store import ObjectStoreWeightSync
 
 if TYPE_CHECKING:
@@ -502,17 +508,11 @@ class CollectiveWeightSync(WeightSync):
     def push(
         self, train: TrainGroup, receivers: Sequence[WeightReceiver], *, version: int, wait: bool = True
     ) -> list[ray.ObjectRef]:
-        refs: list[ray.ObjectRef] = []
-        others = []
-        for receiver in receivers:
+        def direct(receiver: WeightReceiver) -> list[ray.ObjectRef] | None:
             hook = getattr(receiver, "collective_push", None)
-            pushed = None if hook is None else hook(version, functools.partial(self._push, train, version))
-            if pushed is None:
-                others.append(receiver)
-            else:
-                refs += pushed
-        if others:
-            refs += self.object_store.push(train, others, version=version, wait=False)
+            return None if hook is None else hook(version, functools.partial(self._push, train, version))
+
+        refs = push_split(train, receivers, version, direct, self.object_store)
         if wait and refs:
             self._wait(train, refs)
         return refs

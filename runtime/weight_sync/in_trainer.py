@@ -8,7 +8,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from runtime.weight_sync.base import WEIGHT_SYNC_BACKENDS, WeightReceiver, WeightSync, WeightSyncBackend
+from runtime.weight_sync.base import (
+    WEIGHT_SYNC_BACKENDS,
+    WeightReceiver,
+    WeightSync,
+    WeightSyncBackend,
+    push_split,
+)
 from runtime.weight_sync.object_store import ObjectStoreWeightSync
 
 if TYPE_CHECKING:
@@ -28,15 +34,12 @@ class InTrainerWeightSync(WeightSync):
     def push(
         self, train: TrainGroup, receivers: Sequence[WeightReceiver], *, version: int, wait: bool = True
     ) -> list[ray.ObjectRef]:
-        refs: list[ray.ObjectRef] = []
-        others = []
-        for receiver in receivers:
-            if getattr(receiver, "in_trainer", False):
-                refs += receiver.async_push_in_place(train, version)  # type: ignore[attr-defined]
-            else:
-                others.append(receiver)
-        if others:
-            refs += self.object_store.push(train, others, version=version, wait=False)
+        def direct(receiver: WeightReceiver) -> list[ray.ObjectRef] | None:
+            if not getattr(receiver, "in_trainer", False):
+                return None
+            return receiver.async_push_in_place(train, version)  # type: ignore[attr-defined]
+
+        refs = push_split(train, receivers, version, direct, self.object_store)
         if wait and refs:
             import ray
 
