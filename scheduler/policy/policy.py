@@ -123,7 +123,7 @@ def schedule(snapshot: Snapshot, *, config: PolicyConfig = DEFAULT_CONFIG) -> De
     """One scheduling pass: admissions with placements, preemptions, and why every other job waits.
 
     Per pool, jobs go in `admission_order`. Each is placed best-fit if its quota allows. A job that
-    does not fit may preempt jobs of lower rank (`_victims`), cheapest first; otherwise the first
+    does not fit may preempt jobs of lower rank (`_eligible`, `_victims`), cheapest first; otherwise the first
     blocked jobs hold the nodes closest to fitting them, so that jobs backfilled after them never
     delay them.
     """
@@ -366,10 +366,11 @@ def _preempt_for(
     key = (rights, job.demand, job.node_selector)
     if rights in failed or key in failed:
         return None
-    victims = _victims(p, job, tier, reclaim, now, config, starving)
-    if victims is None:
-        failed.add(rights)
+    rules, tiers = _eligible(p, job, tier, reclaim, now, config, starving)
+    if not rules:
+        failed.add(rights)  # nobody it may take: the same for every job with its rights
         return None
+    victims = _victims(p, job, rules, tiers, now, config)
     if not victims:
         failed.add(key)
         return False
@@ -437,34 +438,13 @@ _NEVER = float("inf")
 def _victims(
     p: PoolPass,
     job: JobView,
-    tier: int,
-    reclaim: bool,
+    rules: dict[str, str],
+    tiers: dict[str, int],
     now: float,
     config: PolicyConfig,
-    starving: bool = False,
-) -> list[tuple[JobView, str]] | None:
-    """Victims for a blocked job, each with the reason, or None.
-
-    Only preemptible jobs of the job's own queue, or of queues running on borrowed quota, are
-    ever taken (a queue within its nominal quota keeps its jobs). Against other queues' jobs a job
-    with a `borrow_priority` that would borrow ranks at it, not at its class (`_rank_beyond_queue`: an
-    eval preempts its team's jobs by class, and takes back its queue's lent quota by class, but never
-    preempts another team's job by class to borrow). Among those, a job may take:
-    - jobs of a lower priority class, at once;
-    - jobs of its class at least `preempt_tier_gap` service tiers above its own (they have run
-      more);
-    - to reclaim its queue's nominal quota (after `reclaim_after_s`), jobs of borrowing queues
-      (with `reclaim_respects_service`, only those in a service tier no lower than its own);
-    the last two only from "settled" jobs: they have checkpointed in their current run, at most
-    `max_victim_loss_s` ago (or run `min_runtime_s` without checkpointing), so a run always keeps
-    some progress and a preemption throws little away. A `starving` job (waited
-    `starving_after_s`) takes settled victims whatever their loss.
-    Aging orders the queue but never makes a job a victim: waiting jobs of one tier must not take
-    turns preempting each other.
-    """
-    rules, tiers = _eligible(p, job, tier, reclaim, now, config, starving)
-    if not rules:
-        return None  # nobody it may take: the same for every job with its rights
+) -> list[tuple[JobView, str]]:
+    """Victims for a blocked job among those it may take (`_eligible`: `rules`, `tiers`), each with the
+    reason; none if taking them all would not make room."""
     running = p.running
     candidates = [running[i] for i in rules]
     quota = p.quota
@@ -500,8 +480,26 @@ def _eligible(
     starving: bool = False,
     any_loss: bool = False,
 ) -> tuple[dict[str, str], dict[str, int]]:
-    """The running jobs `job` may take (`_victims` says which), each with its rule and service tier.
-    `any_loss`: whatever they would lose (taking engines back from an elastic job loses nothing)."""
+    """The running jobs `job` may take, each with its rule and service tier.
+
+    Only preemptible jobs of the job's own queue, or of queues running on borrowed quota, are
+    ever taken (a queue within its nominal quota keeps its jobs). Against other queues' jobs a job
+    with a `borrow_priority` that would borrow ranks at it, not at its class (`_rank_beyond_queue`: an
+    eval preempts its team's jobs by class, and takes back its queue's lent quota by class, but never
+    preempts another team's job by class to borrow). Among those, a job may take:
+    - jobs of a lower priority class, at once;
+    - jobs of its class at least `preempt_tier_gap` service tiers above its own (they have run
+      more);
+    - to reclaim its queue's nominal quota (after `reclaim_after_s`), jobs of borrowing queues
+      (with `reclaim_respects_service`, only those in a service tier no lower than its own);
+    the last two only from "settled" jobs: they have checkpointed in their current run, at most
+    `max_victim_loss_s` ago (or run `min_runtime_s` without checkpointing), so a run always keeps
+    some progress and a preemption throws little away. A `starving` job (waited
+    `starving_after_s`) takes settled victims whatever their loss.
+    Aging orders the queue but never makes a job a victim: waiting jobs of one tier must not take
+    turns preempting each other.
+    `any_loss`: whatever they would lose (taking engines back from an elastic job loses nothing).
+    """
     quota = p.quota
     by_rank = config.preempt_for_priority
     facts = p.victim_facts(lambda running: _victim_facts(running, now, config))
