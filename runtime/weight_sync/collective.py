@@ -49,6 +49,7 @@ from runtime.rollout.sglang.weight_group import (
     DEFAULT_READY_TIMEOUT_S,
     DEFAULT_TIMEOUT_S,
     FLATTENED,
+    JoinOrder,
     PushGate,
     PushOrder,
     TensorMeta,
@@ -182,27 +183,17 @@ class CollectiveWeightTarget:
         """This engine's ranks in a weight-update group and the payload formats it takes."""
         return {"ranks": 1, "load_formats": [FLATTENED, None], "engine_index": self.engine_index}
 
-    def weight_group_join(
-        self,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        group_name: str,
-        backend: str,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        member: str = "engine",
-    ) -> None:
+    def weight_group_join(self, order: JoinOrder) -> None:
         self.weight_group_leave()
-        self._weight_member = member
+        self._weight_member = order.member
         self._weight_group = WeightGroup.join(
-            master_address=master_address,
-            master_port=master_port,
-            rank=rank_offset,
-            world_size=world_size,
-            group_name=group_name,
-            backend=backend,
-            timeout_s=timeout_s,
+            master_address=order.master_address,
+            master_port=order.master_port,
+            rank=order.rank_offset,
+            world_size=order.world_size,
+            group_name=order.group_name,
+            backend=order.backend,
+            timeout_s=order.timeout_s,
         )
 
     def weight_push_receive(self, order: PushOrder) -> int:
@@ -594,11 +585,8 @@ class CollectiveWeightSync(WeightSync):
         members = [f"engine{index}" for index in indices]
         joins, offset = [], 1
         for actor, count, member in zip(actors, ranks, members, strict=True):
-            joins.append(
-                actor.weight_group_join.remote(
-                    host, port, offset, world, name, backend, self.timeout_s, member
-                )
-            )
+            order = JoinOrder(host, port, offset, world, name, backend, self.timeout_s, member)
+            joins.append(actor.weight_group_join.remote(order))
             offset += count
         self._session = _Session(key, name, members, load_format)
         log.info(

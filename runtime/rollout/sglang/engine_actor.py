@@ -52,7 +52,13 @@ from runtime.rollout.sglang.client import (
     engine_url,
 )
 from runtime.rollout.sglang.protocol import to_sglang_sampling_params
-from runtime.rollout.sglang.weight_group import DEFAULT_TIMEOUT_S, FLATTENED, PushGate, PushOrder, gate_store
+from runtime.rollout.sglang.weight_group import (
+    FLATTENED,
+    JoinOrder,
+    PushGate,
+    PushOrder,
+    gate_store,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -185,32 +191,22 @@ class HttpRolloutEngine:
             "engine_index": self.engine_index,
         }
 
-    def weight_group_join(
-        self,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        group_name: str,
-        backend: str,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        member: str = "engine",
-    ) -> None:
+    def weight_group_join(self, order: JoinOrder) -> None:
         """The server joins through `/init_weights_update_group`; this actor keeps a client of the group's
         store for the push gate (`PushGate`)."""
         self.weight_group_leave()
-        store = gate_store(master_address, master_port, timeout_s)
+        store = gate_store(order.master_address, order.master_port, order.timeout_s)
         self._io.run(
             self.client.init_weights_update_group(
-                master_address=master_address,
-                master_port=master_port,
-                rank_offset=rank_offset,
-                world_size=world_size,
-                group_name=group_name,
-                backend=backend,
+                master_address=order.master_address,
+                master_port=order.master_port,
+                rank_offset=order.rank_offset,
+                world_size=order.world_size,
+                group_name=order.group_name,
+                backend=order.backend,
             )
         )
-        self._weight_gate = (store, group_name, member)
+        self._weight_gate = (store, order.group_name, order.member)
 
     def weight_push_receive(self, order: PushOrder) -> int:
         """Check the version, wait for the trainer's go, then one `/update_weights_from_distributed` per

@@ -159,6 +159,23 @@ def unpack(flat: torch.Tensor, metas: Sequence[TensorMeta]) -> dict[str, torch.T
 
 
 @dataclass(frozen=True)
+class JoinOrder:
+    """What an engine is told to join a weight-update group: rank 0's store at `master_address:master_port`,
+    its first rank (`rank_offset`; one rank per tensor-parallel rank) of `world_size`, the group's name and
+    backend, the bound of the rendezvous and of each broadcast, and the member name its push gate and its
+    errors use ("engine3")."""
+
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str
+    backend: str
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    member: str = "engine"
+
+
+@dataclass(frozen=True)
 class PushOrder:
     """What an engine is told before a push: the group, the push, its metadata (buckets of tensors in the
     order rank 0 broadcasts them), the version it brings and the version the engine must hold now."""

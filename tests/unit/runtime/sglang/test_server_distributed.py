@@ -24,6 +24,7 @@ from runtime.rollout.params import SamplingParams
 from runtime.rollout.sglang.engine_actor import REPO_ROOT, HttpRolloutEngine, free_port
 from runtime.rollout.sglang.weight_group import (
     FLATTENED,
+    JoinOrder,
     PushOrder,
     TensorMeta,
     WeightGroup,
@@ -106,7 +107,9 @@ def test_a_push_through_sglangs_distributed_calls(engine: HttpRolloutEngine, tra
     host, port, backend = sender.address
     assert backend == "gloo"
     joined = in_thread(
-        lambda: engine.weight_group_join(host, port, 1, 2, "relax-test-group", backend, 30.0, "engine3")
+        lambda: engine.weight_group_join(
+            JoinOrder(host, port, 1, 2, "relax-test-group", backend, timeout_s=30.0, member="engine3")
+        )
     )
     sender.join(2)
     joined()
