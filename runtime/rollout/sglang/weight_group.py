@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -359,6 +359,16 @@ class PushGate:
     def _aborted(self) -> str | None:
         return self.store.get("abort").decode() if self.store.check(["abort"]) else None
 
+    def _raise_if_aborted(self) -> None:
+        reason = self._aborted()
+        if reason is not None:
+            raise WeightGroupError(f"weight push {self.push_id} aborted: {reason}")
+
+    def _give_up(self, reason: str) -> NoReturn:
+        """Abort the push for every member (a wait that timed out), and raise."""
+        self.abort(reason)
+        raise WeightGroupError(f"weight push {self.push_id}: {reason}")
+
     def go(self) -> None:
         self.store.set("go", "1")
 
@@ -370,9 +380,7 @@ class PushGate:
         deadline = time.monotonic() + timeout_s
         waiting = list(members)
         while waiting:
-            reason = self._aborted()
-            if reason is not None:
-                raise WeightGroupError(f"weight push {self.push_id} aborted: {reason}")
+            self._raise_if_aborted()
             waiting = [m for m in waiting if not self.store.check([f"ready/{m}"])]
             if not waiting:
                 return
@@ -380,22 +388,16 @@ class PushGate:
                 self.abort("the trainer cancelled it")
                 raise WeightGroupError(f"weight push {self.push_id} cancelled")
             if time.monotonic() > deadline:
-                reason = f"{waiting} not ready to receive after {timeout_s:.0f} s"
-                self.abort(reason)
-                raise WeightGroupError(f"weight push {self.push_id}: {reason}")
+                self._give_up(f"{waiting} not ready to receive after {timeout_s:.0f} s")
             time.sleep(self.POLL_S)
 
     def wait_go(self, member: str, timeout_s: float) -> None:
         """An engine: until rank 0's go (raises on an abort or the timeout, which it posts as an abort)."""
         deadline = time.monotonic() + timeout_s
         while not self.store.check(["go"]):
-            reason = self._aborted()
-            if reason is not None:
-                raise WeightGroupError(f"weight push {self.push_id} aborted: {reason}")
+            self._raise_if_aborted()
             if time.monotonic() > deadline:
-                reason = f"{member} got no go-ahead from the trainer after {timeout_s:.0f} s"
-                self.abort(reason)
-                raise WeightGroupError(f"weight push {self.push_id}: {reason}")
+                self._give_up(f"{member} got no go-ahead from the trainer after {timeout_s:.0f} s")
             time.sleep(self.POLL_S)
 
 

@@ -22,8 +22,11 @@ from runtime.rollout.sglang.fastgen_serving import FastGenServing
 from runtime.rollout.sglang.protocol import ProtocolError
 from runtime.rollout.sglang.weight_group import (
     FLATTENED,
+    PushGate,
     PushOrder,
     TensorMeta,
+    WeightGroup,
+    WeightGroupError,
     describe,
     metas_from_request,
     pack,
@@ -300,6 +303,33 @@ def test_our_server_refuses_a_repeated_tensor_and_the_rest_of_a_refused_update(
     assert serving.weight_version == "1"
     for name, tensor in trained.items():
         assert torch.equal(serving.named_weight(name), tensor), name
+
+
+def test_the_push_gate_bounds_each_wait_and_a_timeout_or_cancel_aborts_the_push_for_everyone() -> None:
+    import threading
+
+    store = WeightGroup.serve_store("127.0.0.1", timeout_s=10.0)
+    engine, trainer = PushGate(store, "g", 7), PushGate(store, "g", 7)
+    with pytest.raises(
+        WeightGroupError, match=r"^weight push 7: engine1 got no go-ahead from the trainer after 0 s$"
+    ):
+        engine.wait_go("engine1", 0.05)
+    with pytest.raises(WeightGroupError, match=r"^weight push 7 aborted: engine1 got no go-ahead"):
+        trainer.wait_ready(["engine1"], 10.0)  # the engine's timeout reached the trainer
+
+    later = PushGate(store, "g", 8)
+    later.ready("engine1")
+    later.wait_ready(["engine1"], 1.0)  # every member ready: returns
+    with pytest.raises(
+        WeightGroupError, match=r"^weight push 8: \['engine2'\] not ready to receive after 0 s$"
+    ):
+        later.wait_ready(["engine1", "engine2"], 0.05)
+    cancelled = threading.Event()
+    cancelled.set()
+    with pytest.raises(WeightGroupError, match=r"^weight push 9 cancelled$"):
+        PushGate(store, "g", 9).wait_ready(["engine1"], 10.0, cancelled)
+    with pytest.raises(WeightGroupError, match=r"^weight push 9 aborted: the trainer cancelled it$"):
+        PushGate(store, "g", 9).wait_go("engine1", 10.0)
 
 
 def test_the_backend_is_registered_under_the_name_relax_users_know() -> None:
