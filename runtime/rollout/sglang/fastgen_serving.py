@@ -428,9 +428,7 @@ class FastGenServing(ServingBase):
             weights.copy_in(named_tensors)
             if self.engine.torch_device.type == "cuda":
                 torch.cuda.current_stream().synchronize()  # the sources may be freed once we return
-            self.engine.weight_version += 1
-            self._finish_update(weight_version)
-        return "Success"
+            return self._finish_tensor_update(weight_version)
 
     def update_weights_from_distributed(
         self, named_tensors: Mapping[str, torch.Tensor], *, weight_version: str | None = None

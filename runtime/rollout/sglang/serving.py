@@ -127,6 +127,7 @@ class ServingBase:
     engine-specific fields before or after calling this `__init__`."""
 
     engine_name: str
+    engine: Any  # the subclass's engine, which counts the weight updates it takes (`weight_version`)
     _thread: threading.Thread  # the subclass's worker, running `_serve`
 
     def __init__(
@@ -256,6 +257,13 @@ class ServingBase:
         if weight_version is not None:
             self.weight_version = weight_version
         self._counts["weight_updates"] += 1
+
+    def _finish_tensor_update(self, weight_version: str | None) -> str:
+        """`_finish_update` of update_weights_from_tensors, once the engine holds the tensors (the engine's
+        own count of updates moves on too); SGLang's reply."""
+        self.engine.weight_version += 1
+        self._finish_update(weight_version)
+        return "Success"
 
     def _finish_disk_update(self, model_path: str, weight_version: str | None) -> str:
         """`_finish_update` of update_weights_from_disk, which also moves `model_path`; SGLang's reply."""
@@ -537,9 +545,7 @@ class ServingEngine(ServingBase):
             state = self.model.state_dict()
             check_named_tensors(named_tensors, {name: tuple(t.shape) for name, t in state.items()})
             self.model.load_state_dict(dict(named_tensors), strict=False)
-            self.engine.weight_version += 1
-            self._finish_update(weight_version)
-        return "Success"
+            return self._finish_tensor_update(weight_version)
 
     def update_weights_from_distributed(
         self, named_tensors: Mapping[str, torch.Tensor], *, weight_version: str | None = None
