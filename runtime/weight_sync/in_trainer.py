@@ -8,19 +8,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from runtime.weight_sync.base import (
-    WEIGHT_SYNC_BACKENDS,
-    WeightReceiver,
-    WeightSync,
-    WeightSyncBackend,
-    push_split,
-)
+from runtime.weight_sync.base import WEIGHT_SYNC_BACKENDS, WeightSync, WeightSyncBackend, push_split
 from runtime.weight_sync.object_store import ObjectStoreWeightSync
 
 if TYPE_CHECKING:
     import ray
 
     from runtime.roles.groups import TrainGroup
+    from runtime.weight_sync.base import WeightReceiver
 
 
 @WEIGHT_SYNC_BACKENDS.register(WeightSyncBackend.IN_PLACE)
