@@ -292,12 +292,14 @@ def _prelude() -> str:
     lines = [
         "# Relax Platform: capture the launch script's commands instead of running them (client/launch_script.py).",
         '[[ ${0%/*} == "$__RELAX_BIN" ]] && return 0',
-        # __relax_rec VIA FILE LINE WORD...: one NUL-separated record per call. A call from a
-        # `bash -c` string has no file: it takes the location of the command that started it.
+        # __relax_rec VIA FILE LINE WORD...: one NUL-separated record per call, in a capture file of the
+        # calling process's own (`_read_records` merges them by time). A call from a `bash -c` string has
+        # no file: it takes the location of the command that started it.
         "__relax_rec() {",
         "  local __relax_f=$2 __relax_l=$3",
         "  [[ -n $__relax_f ]] || __relax_f=${__RELAX_FILE-} __relax_l=${__RELAX_LINE-}",
-        '  printf \'%s\\0\' @rec "$1" "$__relax_f" "$__relax_l" "$PWD" "$(($# - 3))" "${@:4}" >>"$__RELAX_CAPTURE"',
+        '  printf \'%s\\0\' @rec "$1" "$__relax_f" "$__relax_l" "$PWD" "${EPOCHREALTIME-}" "$(($# - 3))" "${@:4}" \\',
+        '    >>"$__RELAX_CAPTURE.${BASHPID-0}"',
         "}",
     ]
     for name in CAPTURED:
@@ -354,7 +356,8 @@ def _prelude() -> str:
 _STUB = """#!@BASH@
 # Relax Platform: a command reached through PATH (exec, env, timeout, nohup, sh -c …) while
 # relaxctl resolves a launch script: record it, run nothing.
-printf '%s\\0' @rec PATH "${__RELAX_FILE-}" "${__RELAX_LINE-}" "$PWD" "$(($# + 1))" "${0##*/}" "$@" >>"$__RELAX_CAPTURE"
+printf '%s\\0' @rec PATH "${__RELAX_FILE-}" "${__RELAX_LINE-}" "$PWD" "${EPOCHREALTIME-}" "$(($# + 1))" \\
+  "${0##*/}" "$@" >>"$__RELAX_CAPTURE.${BASHPID-$$}"
 case ${0##*/} in
   nvidia-smi) exit 1 ;;
   tee) exec cat ;;
@@ -427,20 +430,41 @@ class _Record:
     argv: list[str]
 
 
-def _read_records(path: Path) -> list[_Record]:
+def _read_records(capture: Path) -> list[_Record]:
+    """Every record the script's processes wrote, in the order they were made.
+
+    Each process appends to a capture file of its own (`capture.PID`): bash's printf writes a record in
+    several write(2) calls (its standard output is line-buffered, and a record can be longer than the
+    buffer), so records of two processes writing at once (`ray job submit … | tee log`) would interleave in
+    one file. Within a file, records are in the order made; across files, by the time bash took
+    (`EPOCHREALTIME`; a bash without it writes one file, in order)."""
+    timed: list[tuple[float, int, int, _Record]] = []
+    for rank, path in enumerate(sorted(capture.parent.glob(f"{capture.name}.*"))):
+        try:
+            fields = path.read_bytes().split(b"\0")
+        except FileNotFoundError:
+            continue
+        i = 0
+        while i + 7 <= len(fields) and fields[i] == b"@rec":
+            via, file, line, cwd, when, n = (
+                f.decode(errors="surrogateescape") for f in fields[i + 1 : i + 7]
+            )
+            count = int(n) if n.isdigit() else 0
+            if i + 7 + count > len(fields):
+                break  # cut short (the process was killed while writing it)
+            argv = [f.decode(errors="surrogateescape") for f in fields[i + 7 : i + 7 + count]]
+            record = _Record(via, _abspath(file, cwd), int(line) if line.isdigit() else 0, cwd, argv)
+            timed.append((_seconds(when), rank, len(timed), record))
+            i += 7 + count
+    return [record for *_, record in sorted(timed, key=lambda t: t[:3])]
+
+
+def _seconds(when: str) -> float:
+    """`EPOCHREALTIME` as bash wrote it (its decimal point is the locale's); 0 where there is none."""
     try:
-        fields = path.read_bytes().split(b"\0")
-    except FileNotFoundError:
-        return []
-    out: list[_Record] = []
-    i = 0
-    while i + 6 <= len(fields) and fields[i] == b"@rec":
-        via, file, line, cwd, n = (f.decode(errors="surrogateescape") for f in fields[i + 1 : i + 6])
-        count = int(n) if n.isdigit() else 0
-        argv = [f.decode(errors="surrogateescape") for f in fields[i + 6 : i + 6 + count]]
-        out.append(_Record(via, _abspath(file, cwd), int(line) if line.isdigit() else 0, cwd, argv))
-        i += 6 + count
-    return out
+        return float(when.replace(",", "."))
+    except ValueError:
+        return 0.0
 
 
 def _read_where(path: Path) -> tuple[str | None, int | None]:

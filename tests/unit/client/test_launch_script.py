@@ -310,6 +310,35 @@ def test_commands_reached_through_path_and_child_shells(tmp_path: Path) -> None:
     assert res.skipped[-1].what == "python3 sixth.py" and res.skipped[-1].via == "PATH"
 
 
+def test_records_of_processes_writing_at_once_stay_whole(tmp_path: Path) -> None:
+    # bash's printf writes a record in several write(2) calls (a flush at each newline, and at its buffer's
+    # size): the fresh-clone CI of 2026-12-07 saw `ray job submit … | tee log`'s two records interleaved,
+    # and the training command read as "ray job submit -- function <file> 125". Thirty-two processes at once,
+    # each with arguments of several lines and more than a buffer's worth of bytes.
+    script = write(
+        tmp_path,
+        "concurrent.sh",
+        'BIG=$(printf "line %d of a long argument\\n" $(seq 1 300))\n'
+        "for i in $(seq 1 32); do\n"
+        '  ray job submit --runtime-env-json="{\n  \\"n\\": $i\n}" -- python3 -m relax.entrypoints.eval "$BIG" $i'
+        " | tee /tmp/never-$i.log &\n"
+        "done\n"
+        "wait\n"
+        'python3 train.py --last "$BIG"\n',
+    )
+    res = resolve_launch_script(script)
+    assert res.argv[0] == "--last" and res.argv[1].count("\n") == 299 and len(res.argv[1]) > 8000
+    submits = [c for c in res.skipped if c.kind == "ray"]
+    assert sorted(int(c.argv[-1]) for c in submits) == list(range(1, 33)), [c.what for c in submits]
+    for c in submits:
+        assert c.argv[:3] == ["ray", "job", "submit"] and c.argv[4:8] == [
+            "--", "python3", "-m", "relax.entrypoints.eval"
+        ], c.argv[:8]  # fmt: skip
+        assert c.argv[3] == f'--runtime-env-json={{\n  "n": {c.argv[-1]}\n}}' and c.argv[8] == res.argv[1]
+    tees = [c for c in res.neutralised if c.argv[0] == "tee"]
+    assert sorted(c.argv[1] for c in tees) == sorted(f"/tmp/never-{i}.log" for i in range(1, 33))
+
+
 def test_neutralised_commands_leave_the_machine_alone(tmp_path: Path) -> None:
     victim = write(tmp_path, "victim.txt", "keep me\n")
     sentinel = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "relax-sentinel-7f3a"])
