@@ -186,9 +186,13 @@ class EventCounts:
         default_factory=lambda: {"admit": Tally(), "preempt": Tally(), "end": Tally()}
     )
     lock: threading.Lock = field(default_factory=threading.Lock)
+    rows_read: int = (
+        0  # event rows (one each) the last `read` brought back: its cost beyond two index lookups
+    )
 
     def read(self, session: sa.orm.Session, now: datetime) -> dict[str, Tally]:
         with self.lock:
+            rows = 0
             cut = now - timedelta(seconds=self.settle_s)
             after = JobEvent.id > self.settled_id
             young = session.scalar(sa.select(sa.func.min(JobEvent.id)).where(after, JobEvent.time >= cut))
@@ -197,16 +201,20 @@ class EventCounts:
             if settle_to is not None and settle_to > self.settled_id:
                 upto = JobEvent.id <= settle_to
                 for r in session.execute(_grouped(after, upto)):
+                    rows += 1
                     if not _preemption_like(r.to_status, r.from_status):
                         _count(self.settled, r, r.n)
                 for r in session.execute(
                     _rows(after, upto, _preemption_like(JobEvent.to_status, JobEvent.from_status))
                 ):
+                    rows += 1
                     _count(self.settled, r)
                 self.settled_id = settle_to
             fresh = {k: Tally() for k in self.settled}
             for r in session.execute(_rows(JobEvent.id > self.settled_id)):
+                rows += 1
                 _count(fresh, r)
+            self.rows_read = rows
             return {k: self.settled[k] + fresh[k] for k in self.settled}
 
 
