@@ -27,8 +27,10 @@ SERVER_MODULE = "runtime.rollout.sglang.server"
 
 
 def engine_servers() -> list[psutil.Process]:
-    """This machine's engine server processes of the built-in launcher (their command line names the
-    module and the actor that launched them, `--relax-watch-pid`)."""
+    """This machine's engine server processes launched by Ray actors (their command line names the module
+    and the process that launched them, `--relax-watch-pid`). Servers that a test of the other pytest worker
+    launches in its own process (tests/unit/runtime/sglang/test_passthrough.py) are not the job's: neither
+    faulted nor counted as strays."""
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         cmd = proc.info["cmdline"] or []
@@ -36,9 +38,17 @@ def engine_servers() -> list[psutil.Process]:
             SERVER_MODULE in cmd
             and "--relax-watch-pid" in cmd
             and proc.info["status"] != psutil.STATUS_ZOMBIE
+            and _launched_by_ray(int(cmd[cmd.index("--relax-watch-pid") + 1]))
         ):
             found.append(proc)
     return found
+
+
+def _launched_by_ray(pid: int) -> bool:
+    try:
+        return " ".join(psutil.Process(pid).cmdline()).startswith("ray::")  # Ray's title for its workers
+    except psutil.Error:
+        return True  # the launcher is gone (a SIGKILLed actor): its server is still the job's until it exits
 
 
 def launcher_pid(server: psutil.Process) -> int:
