@@ -11,9 +11,8 @@ never restarted, and no slot is ever held twice."""
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import yaml
 
 from bench.harness import ROOT, RunningPlatform, start_platform, stop_platform
 from client.sdk import RelaxClient
+from tests.e2e.watch import SlotWatch, until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -79,58 +79,6 @@ def _sft_spec() -> dict[str, Any]:
     return spec
 
 
-class SlotWatch:
-    """Polls GET /v1/pools in the background: any node or pool with more GPUs allocated than it has."""
-
-    def __init__(self, c: RelaxClient) -> None:
-        self.c, self.samples, self.problems = c, 0, []  # type: ignore[var-annotated]
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> SlotWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                pools = self.c.pools()
-            except Exception:  # noqa: BLE001 - a slow answer now and then is not what this watches
-                time.sleep(0.2)
-                continue
-            self.samples += 1
-            for pool in pools:
-                if pool["allocated_gpus"] > pool["total_gpus"]:
-                    self.problems.append(
-                        f"pool {pool['name']}: {pool['allocated_gpus']}/{pool['total_gpus']}"
-                    )
-                for node in pool["nodes"]:
-                    if sum(j["gpus"] for j in node["jobs"]) > node["gpus"]:
-                        self.problems.append(f"node {node['name']}: {node['jobs']}")
-            time.sleep(0.2)
-
-
-def _until(what: Callable[[], Any], timeout: float, c: RelaxClient, p: RunningPlatform, *jobs: str) -> Any:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        got = what()
-        if got:
-            return got
-        time.sleep(0.5)
-    detail = ""
-    for job_id in jobs:
-        job = c.get_job(job_id)
-        detail += f"{job_id} is {job['status']} ({job['status_reason']})\n" + "\n".join(
-            f"  {e['time']} {e['kind']} {e['from_status'] or ''}->{e['to_status'] or ''} {e['reason']}"
-            for e in c.events(job_id)
-        )
-    raise AssertionError(f"not within {timeout}s: {what}\n{c.pools()}\n{detail}\n{p.log()}")
-
-
 def _engines(c: RelaxClient, job_id: str) -> list[float]:
     """`rollout/engines` after each step of the job so far, in step order."""
     points = c.metrics(job_id, names=["rollout/engines"]).get("rollout/engines", [])
@@ -170,19 +118,19 @@ def test_the_pass_takes_an_elastic_jobs_engine_back_for_another_job_and_grants_i
         assert (rollout["replicas"], rollout["min_replicas"], rollout["max_replicas"]) == (1, 1, 2), rollout
 
         # 1. Admitted on two slots, grown into the third: the driver runs two engines
-        _until(lambda: _rollout_replicas(c, eid) == 2, 60, c, p, eid)
-        _until(lambda: (e := _engines(c, eid)) and e[-1] == 2.0, 240, c, p, eid)
+        until(lambda: _rollout_replicas(c, eid) == 2, 60, c, p, eid)
+        until(lambda: (e := _engines(c, eid)) and e[-1] == 2.0, 240, c, p, eid)
         grown_at = time.time()
 
         # 2. A job of one slot: the lent engine is taken back for it, no job preempted
         sft = c.submit_job(spec=_sft_spec(), name="sft-one-slot")
         sid = sft["id"]
-        _until(lambda: c.get_job(sid)["status"] != "QUEUED", 30, c, p, eid, sid)
+        until(lambda: c.get_job(sid)["status"] != "QUEUED", 30, c, p, eid, sid)
         assert _rollout_replicas(c, eid) == 1
         steps_before = len(_engines(c, eid))
-        _until(lambda: (e := _engines(c, eid)) and e[-1] == 1.0, 120, c, p, eid, sid)
+        until(lambda: (e := _engines(c, eid)) and e[-1] == 1.0, 120, c, p, eid, sid)
         shrunk_at = time.time()
-        done = _until(
+        done = until(
             lambda: (j := c.get_job(sid))["status"] in ("SUCCEEDED", "FAILED", "CANCELLED") and j,
             240,
             c,
@@ -192,11 +140,11 @@ def test_the_pass_takes_an_elastic_jobs_engine_back_for_another_job_and_grants_i
         assert done["status"] == "SUCCEEDED", done
 
         # 3. It has gone: the engine is granted again and started
-        _until(lambda: _rollout_replicas(c, eid) == 2, 30, c, p, eid)
-        _until(lambda: (e := _engines(c, eid)) and e[-1] == 2.0, 240, c, p, eid)
+        until(lambda: _rollout_replicas(c, eid) == 2, 30, c, p, eid)
+        until(lambda: (e := _engines(c, eid)) and e[-1] == 2.0, 240, c, p, eid)
         regrown_at = time.time()
         c.cancel_job(eid)
-        ended = _until(
+        ended = until(
             lambda: (j := c.get_job(eid))["status"] in ("CANCELLED", "FAILED", "SUCCEEDED") and j,
             120,
             c,

@@ -10,7 +10,6 @@ and learns; the killed node joins again under its name and is back up; no slot i
 from __future__ import annotations
 
 import signal
-import threading
 import time
 from typing import Any
 
@@ -20,6 +19,7 @@ import yaml
 from bench.harness import ROOT, RunningPlatform, join_node, stop_node
 from client.sdk import RelaxClient
 from runtime.launcher import RayJobLauncher
+from tests.e2e.watch import SlotWatch, until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -72,59 +72,6 @@ def join(p: RunningPlatform, c: RelaxClient, name: str):  # type: ignore[no-unty
     raise AssertionError(f"node {name} did not join\n{p.log()}")
 
 
-class SlotWatch:
-    """Polls GET /v1/pools in the background: every node's holders, and any node holding more than it has."""
-
-    def __init__(self, c: RelaxClient) -> None:
-        self.c, self.samples, self.problems = c, 0, []
-        self.down_at: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> SlotWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                (pool,) = self.c.pools()
-            except Exception:  # noqa: BLE001 - a slow API now and then is not what this watches
-                time.sleep(0.2)
-                continue
-            self.samples += 1
-            if pool["allocated_gpus"] > pool["total_gpus"]:
-                self.problems.append(f"pool: {pool['allocated_gpus']}/{pool['total_gpus']}")
-            for node in pool["nodes"]:
-                held = sum(j["gpus"] for j in node["jobs"])
-                if node["allocated_gpus"] > node["gpus"] or held > node["gpus"]:
-                    self.problems.append(f"node {node['name']}: {node['jobs']} on {node['gpus']} slot(s)")
-                if not node["alive"]:
-                    self.down_at.setdefault(node["name"], time.time())
-            time.sleep(0.2)
-
-
-def _until(what, timeout: float, platform: RunningPlatform, c: RelaxClient, job_id: str | None = None):  # type: ignore[no-untyped-def]
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        got = what()
-        if got:
-            return got
-        time.sleep(0.25)
-    detail = ""
-    if job_id:
-        job = c.get_job(job_id)
-        detail = f"{job_id} is {job['status']} ({job['status_reason']})\n" + "\n".join(
-            f"  {e['time']} {e['kind']} {e['from_status'] or ''}->{e['to_status'] or ''} {e['reason']}"
-            for e in c.events(job_id)
-        )
-    raise AssertionError(f"not within {timeout}s: {what}\n{c.pools()}\n{detail}\n{platform.log()}")
-
-
 def _grpo_spec() -> dict[str, Any]:
     spec = dict(yaml.safe_load((ROOT / "examples" / "grpo-arith.yaml").read_text())["spec"])
     for key in ("eval-interval", "eval-prompt-data", "eval-temperature", "save-hf"):
@@ -156,7 +103,7 @@ def test_a_job_across_nodes_survives_losing_one(platform: tuple[RunningPlatform,
     def three_nodes():  # type: ignore[no-untyped-def]
         return alive_nodes(c) == {head: 1, "w1": 1, "w2": 1}
 
-    _until(three_nodes, 30, p, c)
+    until(three_nodes, 30, c, p)
     (pool,) = c.pools()
     assert pool["total_gpus"] == 3 and len(pool["nodes"]) == 3, pool
     ray = RayJobLauncher(pool["ray_address"], p.ray_token)
@@ -171,11 +118,11 @@ def test_a_job_across_nodes_survives_losing_one(platform: tuple[RunningPlatform,
         job_id = job["id"]
 
         # 1. Actor and rollout on two different nodes: the pass's allocations, and Ray's placement groups there.
-        running = _until(
+        running = until(
             lambda: (j := c.get_job(job_id))["status"] == "RUNNING" and j["allocations"] and j,
             120,
-            p,
             c,
+            p,
             job_id,
         )
         where = {a["role"]: a["node"] for a in running["allocations"]}
@@ -186,11 +133,11 @@ def test_a_job_across_nodes_survives_losing_one(platform: tuple[RunningPlatform,
         assert _placement_nodes(ray) == {ray_ids[where["actor"]], ray_ids[where["rollout"]]}
 
         # 2. Once it has a checkpoint, SIGKILL a worker node it runs on: its raylet and agents, all at once.
-        _until(lambda: c.checkpoints(job_id), 120, p, c, job_id)
+        until(lambda: c.checkpoints(job_id), 120, c, p, job_id)
         victim = "w2" if "w2" in where.values() else "w1"
         stop_node(nodes.pop(victim), signal.SIGKILL)
         killed_at = time.time()
-        _until(lambda: victim in watch.down_at, 60, p, c, job_id)
+        until(lambda: victim in watch.down_at, 60, c, p, job_id)
         down_after = watch.down_at[victim] - killed_at
         print(
             f"node {victim} ({[r for r, n in where.items() if n == victim]}) marked down {down_after:.1f}s after the kill"
@@ -198,22 +145,22 @@ def test_a_job_across_nodes_survives_losing_one(platform: tuple[RunningPlatform,
         assert down_after < 30, down_after
 
         # 3. Requeued; resumed on the two slots left; the killed node joins again under its name meanwhile.
-        resumed = _until(
+        resumed = until(
             lambda: (j := c.get_job(job_id))["attempt"] == 2 and j["status"] == "RUNNING" and j,
             120,
-            p,
             c,
+            p,
             job_id,
         )
         where2 = {a["role"]: a["node"] for a in resumed["allocations"]}
         assert victim not in where2.values() and where2["actor"] != where2["rollout"], resumed["allocations"]
         nodes[victim] = join(p, c, victim)
         assert three_nodes()
-        done = _until(
+        done = until(
             lambda: (j := c.get_job(job_id))["status"] in ("SUCCEEDED", "FAILED", "CANCELLED") and j,
             240,
-            p,
             c,
+            p,
             job_id,
         )
     events = c.events(job_id)

@@ -11,7 +11,6 @@ checkpoint is a torch_dist one that its second attempt loads)."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import yaml
 from bench.harness import ROOT, RunningPlatform
 from client.sdk import RelaxClient
 from runtime.launcher import RayJobLauncher, submission_id
+from tests.e2e.watch import SlotWatch
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -63,49 +63,6 @@ def _sft_spec(**overrides: object) -> dict:
     )
     spec.update(overrides)
     return spec
-
-
-class SlotWatch:
-    """Polls GET /v1/pools in the background and records every allocation it sees."""
-
-    def __init__(self, c: RelaxClient) -> None:
-        self.c = c
-        self.samples = 0
-        self.problems: list[str] = []
-        self.holders_seen: list[frozenset[str]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> SlotWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                pools = self.c.pools()
-            except Exception:  # noqa: BLE001 - a slow API now and then is not what this watches
-                time.sleep(0.2)
-                continue
-            self.samples += 1
-            for pool in pools:
-                if pool["allocated_gpus"] > pool["total_gpus"]:
-                    self.problems.append(
-                        f"pool {pool['name']}: {pool['allocated_gpus']}/{pool['total_gpus']}"
-                    )
-                holders: set[str] = set()
-                for node in pool["nodes"]:
-                    held = sum(j["gpus"] for j in node["jobs"])
-                    if node["allocated_gpus"] > node["gpus"] or held > node["gpus"]:
-                        self.problems.append(f"node {node['name']}: {node['allocated_gpus']}/{node['gpus']}")
-                    holders |= {j["job_id"] for j in node["jobs"]}
-                if not self.holders_seen or self.holders_seen[-1] != frozenset(holders):
-                    self.holders_seen.append(frozenset(holders))
-            time.sleep(0.2)
 
 
 def _wait(c: RelaxClient, job_id: str, what, timeout: float, platform: RunningPlatform) -> dict:  # type: ignore[no-untyped-def]
