@@ -15,6 +15,15 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from tests.dbclone import (
+    admin_engine,
+    create_migrated_schema,
+    drop_schema,
+    migrated_sqlite,
+    new_schema_name,
+    schema_url,
+)
+
 PG_URL = os.environ.get("RELAX_TEST_POSTGRES_URL", "postgresql+psycopg://root@127.0.0.1:5432/test")
 # Under pytest-xdist (`make test PYTEST_XDIST="-n 2 --dist loadgroup"`) each worker has its own Redis
 # database: gw0 (and a serial run) 15, gw1 14, ... PostgreSQL needs nothing per worker: every test gets its
@@ -44,42 +53,53 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def _postgres_schema_url() -> tuple[str, str]:
-    schema = f"relax_test_{os.getpid()}_{secrets.token_hex(3)}"
-    engine = sa.create_engine(PG_URL)
+    """A new, empty schema of the local PostgreSQL: (URL with it as the search path, its name)."""
+    schema = new_schema_name()
     try:
-        with engine.begin() as conn:
+        with admin_engine(PG_URL).begin() as conn:
             conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
     except sa.exc.OperationalError as err:
         pytest.fail(f"the local PostgreSQL at {PG_URL} is not reachable ({err.orig}); tests need it")
-    finally:
-        engine.dispose()
-    sep = "&" if "?" in PG_URL else "?"
-    return f"{PG_URL}{sep}options=-csearch_path%3D{schema}", schema
+    return schema_url(PG_URL, schema), schema
 
 
 def _drop_schema(schema: str) -> None:
-    engine = sa.create_engine(PG_URL)
-    with engine.begin() as conn:
-        conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
-    engine.dispose()
+    drop_schema(PG_URL, schema)
+
+
+def migrated_database(kind: str, tmp_path: Path, *, fresh: bool = False) -> Iterator[str]:
+    """A database of its own at head, dropped after: a copy of one that `upgrade()` migrated in this process
+    (tests/dbclone.py), or with `fresh` migrated by `upgrade()` itself."""
+    from scheduler.db.migrate import upgrade
+
+    if kind == "sqlite":
+        if fresh:
+            url = f"sqlite:///{tmp_path / 'relax.db'}"
+            upgrade(url)
+        else:
+            url = migrated_sqlite(tmp_path / "relax.db")
+        yield url
+        return
+    if fresh:
+        url, schema = _postgres_schema_url()
+    else:
+        schema = new_schema_name()
+        try:
+            url = create_migrated_schema(PG_URL, schema)
+        except sa.exc.OperationalError as err:
+            pytest.fail(f"the local PostgreSQL at {PG_URL} is not reachable ({err.orig}); tests need it")
+    try:
+        if fresh:
+            upgrade(url)
+        yield url
+    finally:
+        _drop_schema(schema)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """An empty database of each kind, migrated to head."""
-    from scheduler.db.migrate import upgrade
-
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'relax.db'}"
-        upgrade(url)
-        yield url
-        return
-    url, schema = _postgres_schema_url()
-    try:
-        upgrade(url)
-        yield url
-    finally:
-        _drop_schema(schema)
+    """An empty database of each kind, migrated to head (a copy: tests/dbclone.py)."""
+    yield from migrated_database(request.param, tmp_path)
 
 
 @pytest.fixture

@@ -83,11 +83,9 @@ def world(db_url: str, tmp_path: Path) -> Iterator[World]:
 
 @pytest.fixture
 def sqlite_world(tmp_path: Path) -> Iterator[World]:
-    from scheduler.db.migrate import upgrade
+    from tests.dbclone import migrated_sqlite
 
-    url = f"sqlite:///{tmp_path / 'relax.db'}"
-    upgrade(url)
-    w = make_world(url, tmp_path)
+    w = make_world(migrated_sqlite(tmp_path / "relax.db"), tmp_path)  # a copy of one `upgrade()` migrated
     with w.client:
         yield w
     w.db.dispose()

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.db.migrate import upgrade
 from scheduler.db.models import Job
 from scheduler.settings import FileSettings
+from tests.dbclone import migrated_sqlite
 from tests.factories import grpo_spec
 from tests.integration.test_files import World, make_world, upload
 
@@ -37,8 +37,7 @@ def s3() -> Iterator[str]:
 
 @pytest.fixture
 def world(s3: str, tmp_path: Path) -> Iterator[World]:
-    url = f"sqlite:///{tmp_path / 'relax.db'}"
-    upgrade(url)
+    url = migrated_sqlite(tmp_path / "relax.db")  # a copy of one `upgrade()` migrated
     files = FileSettings(
         store="s3",
         s3_endpoint_url=s3,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
@@ -14,7 +15,15 @@ from scheduler.db.migrate import alembic_config, downgrade, upgrade
 from scheduler.db.models import Base, Job, JobEvent
 from scheduler.domain.jobs import JobStatus
 from scheduler.services.lifecycle import JobLifecycle
+from tests.conftest import migrated_database
 from tests.integration.test_api import TINY_ARGS
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    """Here (and under `api`) each test's database is migrated by `upgrade()` itself, not copied from one that
+    was (tests/dbclone.py)."""
+    yield from migrated_database(request.param, tmp_path, fresh=True)
 
 
 def _diff(url: str) -> list:

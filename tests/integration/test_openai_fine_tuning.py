@@ -368,11 +368,10 @@ s3 = pytest.importorskip("tests.integration.test_files_s3").s3
 
 @pytest.fixture
 def s3_world(s3: str, tmp_path: Path) -> Iterator[World]:
-    from scheduler.db.migrate import upgrade
     from scheduler.settings import FileSettings
+    from tests.dbclone import migrated_sqlite
 
-    url = f"sqlite:///{tmp_path / 'relax.db'}"
-    upgrade(url)
+    url = migrated_sqlite(tmp_path / "relax.db")  # a copy of one `upgrade()` migrated
     files = FileSettings(
         store="s3", s3_endpoint_url=s3, s3_bucket="relax-files", s3_prefix="team-files", s3_region="us-east-1",
         s3_access_key_id="k", s3_secret_access_key="s", max_file_bytes=4_000_000,

@@ -142,11 +142,9 @@ def world(db_url: str, tmp_path: Path) -> Iterator[World]:
 
 
 def _sqlite(tmp_path: Path) -> str:
-    from scheduler.db.migrate import upgrade
+    from tests.dbclone import migrated_sqlite
 
-    url = f"sqlite:///{tmp_path / 'relax.db'}"
-    upgrade(url)
-    return url
+    return migrated_sqlite(tmp_path / "relax.db")  # a copy of one `upgrade()` migrated
 
 
 @pytest.fixture
