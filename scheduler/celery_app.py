@@ -71,14 +71,24 @@ class TickScheduler(PersistentScheduler):
 
 def make_celery(settings: Settings) -> Celery:
     broker = settings.broker_url
+    transport = None
     if broker.startswith("sqla+"):
-        # The SQL transport polls; its default 1 s makes every hand-off a second late. It takes the
-        # interval only as a class attribute (as a transport option it reaches create_engine and fails).
-        from kombu.transport import sqlalchemy as kombu_sql
+        # kombu's SQL transport polls; its default 1 s makes every hand-off a second late, and a fixed short
+        # interval keeps an idle platform busy: `scheduler.broker_sql` polls fast after a message and slower
+        # as the queues stay empty. It takes the intervals only as class attributes (as transport options
+        # they reach create_engine and fail); Celery names the class as `broker_transport`, with the URL
+        # without kombu's `sqla+` prefix (a prefix would choose kombu's own class).
+        from scheduler import broker_sql
 
-        kombu_sql.Transport.polling_interval = settings.celery.broker_poll_seconds
+        broker_sql.Transport.polling_interval = settings.celery.broker_poll_seconds
+        broker_sql.Transport.idle_polling_interval = max(
+            settings.celery.broker_idle_poll_seconds, settings.celery.broker_poll_seconds
+        )
+        broker, transport = broker.removeprefix("sqla+"), "scheduler.broker_sql:Transport"
         settings.home.mkdir(parents=True, exist_ok=True)
     app = Celery("relax", broker=broker, set_as_current=False)
+    if transport is not None:
+        app.conf.broker_transport = transport
     tick = settings.scheduler.tick_seconds
     app.conf.update(
         task_default_queue=SCHEDULER_QUEUE,

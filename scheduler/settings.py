@@ -98,7 +98,17 @@ class CelerySettings(BaseSettings):
         "Default: an embedded SQLite transport at $RELAX_HOME/broker.db.",
     )
     broker_poll_seconds: float = Field(
-        0.05, description="Polling interval of the embedded SQL transport (seconds)."
+        0.05,
+        gt=0,
+        le=60,
+        description="Polling interval of the embedded SQL transport right after a message (seconds).",
+    )
+    broker_idle_poll_seconds: float = Field(
+        0.5,
+        gt=0,
+        le=60,
+        description="Longest polling interval of the embedded SQL transport, reached as its queues stay empty "
+        "(seconds): the most the first hand-off after a quiet spell waits (scheduler/broker_sql.py).",
     )
 
 
