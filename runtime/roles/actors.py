@@ -49,6 +49,14 @@ def _setup_process(num_threads: int, log_sink: ActorHandle | None, source: str) 
     warm_from_env()
 
 
+def _prepare_megatron_rank() -> None:
+    """A megatron-core rank's process imports megatron-core without its W&B and TensorBoard loggers (and, on
+    CPU, without compiling its fusions): `runtime.train.megatron.startup`. Ray workers only."""
+    from runtime.train.megatron.startup import prepare_rank_process
+
+    prepare_rank_process()
+
+
 def _placement_group_id() -> str | None:
     pg = ray.util.get_current_placement_group()
     return None if pg is None else pg.id.hex()
@@ -99,6 +107,8 @@ class TrainActor(CollectiveWeightSource):
         _setup_process(num_threads, log_sink, "actor:train" if world_size == 1 else f"actor:train{rank}")
         started = time.perf_counter()
         self.rank = rank
+        if backend == "megatron":
+            _prepare_megatron_rank()
         backend_cls = train_backend_class(backend)
         context = TrainContext(
             rank=rank,
@@ -292,6 +302,7 @@ class CriticActor:
         self.rank = rank
         self.backend: Any
         if backend == "megatron":
+            _prepare_megatron_rank()
             from runtime.train.megatron.critic import MegatronCriticBackend, critic_context
 
             if master_port is None:

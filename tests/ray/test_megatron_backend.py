@@ -252,6 +252,20 @@ def test_ppo_as_relax_scripts_run_it(
     logs = [item for r in read_reports(report) for item in r.get("logs", [])]
     sources = {i["source"] for i in logs if f"{backend} critic ready" in i["message"]}
     assert sources == ({"actor:critic0", "actor:critic1"} if backend == "megatron" else {"actor:critic"})
+    # megatron-core ranks import it without W&B and TensorBoard and, on CPU, without compiling its fusions
+    # (runtime/train/megatron/startup.py); the driver's process (this one, a Ray driver) is never changed
+    imported = {
+        i["source"]: i["message"] for i in logs if "megatron-core imported for a rank" in i["message"]
+    }
+    if backend == "megatron":
+        from runtime.train.megatron.startup import in_ray_worker
+
+        assert set(imported) == {"actor:train", "actor:critic0", "actor:critic1"}, imported
+        lean = "absent wandb,torch.utils.tensorboard; jit_fuser eager; compile_fx not imported"
+        assert all(message.endswith(lean) for message in imported.values()), imported
+        assert not in_ray_worker()
+    else:
+        assert imported == {}
     critic = tmp_path / "ckpt" / "critic"
     latest = int((critic / "latest_checkpointed_iteration.txt").read_text())
     folder = critic / f"iter_{latest:07d}"
