@@ -9,6 +9,7 @@ grpo-arith-megatron.yaml --set num-rollout=100`)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -57,11 +58,32 @@ def test_grpo_megatron_tp2_learns(platform: RunningPlatform, sft_arith: dict, tm
     assert job["spec"]["train_backend"] == "megatron" and job["spec"]["tensor_model_parallel_size"] == 2
 
     # It learned: the mean reward of the first steps below 0.2, of the last steps above 0.28.
-    reward = [p["value"] for p in c.metrics(job["id"], names=["rollout/reward"])["rollout/reward"]]
+    names = ["rollout/reward", "rollout/logprob_abs_diff", "rollout/weight_version"]
+    names += [f"train/{n}" for n in ("loss", "pg_loss", "kl_loss", "entropy", "grad_norm", "lr")]
+    series = {
+        name: {p["step"]: p["value"] for p in points}
+        for name, points in c.metrics(job["id"], names=names).items()
+    }
+    reward = [series["rollout/reward"][s] for s in sorted(series["rollout/reward"])]
     assert len(reward) == STEPS, len(reward)
     first, last = sum(reward[:5]) / 5, sum(reward[-10:]) / 10
     print(f"grpo-arith-megatron: rollout/reward {first:.3f} (first 5 steps) -> {last:.3f} (last 10 steps)")
     assert first < 0.2 and last > 0.28, reward
+
+    # Every step's training metrics (with the KL term against the SFT reference), a gradient at every step,
+    # and the learning rate's warmup (20 steps) and cosine decay to min-lr (tests/ray/test_megatron_backend.py
+    # ran these 4 steps of a megatron GRPO run of their own, with a constant rate)
+    for name in names[3:]:
+        assert set(series[name]) == set(range(STEPS)), name
+    assert all(v > 0 for v in series["train/grad_norm"].values())
+    assert any(v != 0 for v in series["train/kl_loss"].values())
+    lr = series["train/lr"]
+    assert lr[0] < lr[10] < lr[19] == pytest.approx(2e-3) and 2e-4 <= lr[99] < lr[60] < lr[19]
+    # the engines sample with the trainer's weights after every step (bf16 trainer, fp32 engine)
+    diff = series["rollout/logprob_abs_diff"]
+    print(f"grpo-arith-megatron: rollout/logprob_abs_diff max {max(diff.values()):.4f}")
+    assert max(diff.values()) < 0.05
+    assert all(series["rollout/weight_version"][s] == s for s in range(STEPS))
 
     # No error or traceback in the log of a job that succeeded (the SFT warm-up's and this one's).
     assert log_problems(c, job["id"]) == [] and log_problems(c, sft_arith["id"]) == []
@@ -69,6 +91,23 @@ def test_grpo_megatron_tp2_learns(platform: RunningPlatform, sft_arith: dict, tm
     # Checkpoints registered, and the Hugging Face export written.
     ckpts = c.checkpoints(job["id"])
     assert ckpts and all(ck["size_bytes"] > 0 for ck in ckpts)
+    # saved synchronously at steps 49 and 99 (save-interval 50) in megatron's torch_dist format, beside the
+    # export; one optimizer step per rollout (32 prompts x 8 samples, global batch 256)
+    assert {(ck["step"], ck["format"]) for ck in ckpts} == {
+        (49, "torch"),
+        (49, "hf"),
+        (99, "torch"),
+        (99, "hf"),
+    }
+    folder = Path(next(ck["path"] for ck in ckpts if ck["step"] == 99 and ck["format"] == "torch"))
+    assert (folder.parent / "latest_checkpointed_iteration.txt").read_text().strip() == "99"
+    assert (folder / ".metadata").is_file() and list(folder.glob("*.distcp"))
+    state = json.loads((folder / "trainer_state.json").read_text())
+    assert (
+        state["layout"] == "relax-megatron/1" and state["optimizer_steps"] == STEPS and state["has_optimizer"]
+    )
+    hf = Path(next(ck["path"] for ck in ckpts if ck["format"] == "hf"))
+    assert (hf / "model.safetensors").is_file() and (hf / "tokenizer.json").is_file()
 
 
 @pytest.mark.timeout(300)  # ~25 s alone
