@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from transformers import AutoModel
 
 from runtime.algos.losses import LossInputs, LossType, resolve_loss_fn
 from runtime.devices import Device
@@ -38,11 +37,20 @@ from runtime.train.torch_backend import (
 )
 from runtime.types import RolloutBatch
 
-# not at import (~1.5 s): the driver imports this module for CriticConfig (as torch_backend.py says)
+# not at import (~1.2 s, and ~1.5 s more for PreTrainedModel): the driver imports this module for CriticConfig,
+# a megatron critic rank for its checkpoint layout; transformers is imported where the model loads (as
+# torch_backend.py says)
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
+
+
+def _auto_model() -> type:
+    from transformers import AutoModel
+
+    return AutoModel
+
 
 CRITIC_STATE_FILE = "critic_state.json"
 VALUE_HEAD_FILE = "value_head.pt"
@@ -83,7 +91,7 @@ class TorchCriticBackend(OptimizerStepper):
         torch.manual_seed(config.seed)
         self.config = config
         self.device = device
-        body = AutoModel.from_pretrained(model_path, dtype=torch.float32)
+        body = _auto_model().from_pretrained(model_path, dtype=torch.float32)
         self.model = ValueModel(body).to(device.torch_device)
         self.model.train()
         self.optimizer = torch.optim.AdamW(
@@ -180,7 +188,7 @@ class TorchCriticBackend(OptimizerStepper):
             raise ValueError(
                 f"{folder} is a {state['layout']!r} checkpoint: the megatron critic's, not the torch one's"
             )
-        body = AutoModel.from_pretrained(folder / "model", dtype=torch.float32)
+        body = _auto_model().from_pretrained(folder / "model", dtype=torch.float32)
         self.model.body.load_state_dict(body.state_dict())
         self.model.value_head.load_state_dict(torch.load(folder / VALUE_HEAD_FILE))
         optimizer_file = folder / "optimizer.pt"

@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from runtime.access import LOCAL_OWNER
 from runtime.algos.freezing import apply_parameter_selection, select_trainable_parameters
@@ -37,13 +35,23 @@ from runtime.train.checkpoint import (
 from runtime.train.schedule import LRSchedule
 from runtime.types import RolloutBatch
 
-# transformers.modeling_utils costs ~1.5 s of import: the driver, which imports this module for TrainConfig,
-# never loads a model (a trainer's process does, in from_pretrained, which imports it then)
+# transformers is imported where a model is loaded (`_transformers`): `import transformers` costs ~1.2 s of
+# CPU and transformers.modeling_utils ~1.5 s more, which the processes that import this module for its configs
+# and batching helpers and never load a Hugging Face model with it (the driver; a megatron rank, trainer or
+# critic) are spared
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-transformers.utils.logging.disable_progress_bar()
 log = logging.getLogger(__name__)
+
+
+def _transformers() -> Any:
+    """The transformers package, its progress bars off (this module's model loads log no bars)."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    return transformers
+
 
 STATE_FILE = (
     "trainer_state.json"  # inside iter_NNNNNNN/: iteration, weight version, the driver's data position
@@ -174,17 +182,23 @@ class TorchTrainBackend(OptimizerStepper):
             if config.ref_load
             else Path(hf_checkpoint)
         )
-        self.model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(initial, dtype=torch.float32)
+        self.model: PreTrainedModel = _transformers().AutoModelForCausalLM.from_pretrained(
+            initial, dtype=torch.float32
+        )
         self.model.to(device.torch_device)
         self.model.train()
         self.ref_model: PreTrainedModel | None = None
         if need_ref:
-            self.ref_model = AutoModelForCausalLM.from_pretrained(initial, dtype=torch.float32)
+            self.ref_model = _transformers().AutoModelForCausalLM.from_pretrained(
+                initial, dtype=torch.float32
+            )
             self.ref_model.to(device.torch_device).eval().requires_grad_(False)
         self.teacher_model: PreTrainedModel | None = None
         if config.opd_teacher_load:
             teacher = resolve_model_folder(config.opd_teacher_load, config.opd_teacher_ckpt_step)
-            self.teacher_model = AutoModelForCausalLM.from_pretrained(teacher, dtype=torch.float32)
+            self.teacher_model = _transformers().AutoModelForCausalLM.from_pretrained(
+                teacher, dtype=torch.float32
+            )
             self.teacher_model.to(device.torch_device).eval().requires_grad_(False)
         self.trainable_parameters = select_policy_parameters(self.model, config)
         self.optimizer = torch.optim.AdamW(
@@ -422,7 +436,7 @@ class TorchTrainBackend(OptimizerStepper):
             return None
         folder = iteration_dir(load_dir, iteration)
         state = json.loads((folder / STATE_FILE).read_text())
-        loaded = AutoModelForCausalLM.from_pretrained(folder / "model", dtype=torch.float32)
+        loaded = _transformers().AutoModelForCausalLM.from_pretrained(folder / "model", dtype=torch.float32)
         self.model.load_state_dict(loaded.state_dict())
         optimizer_file = folder / "optimizer.pt"
         if optimizer_file.is_file():
@@ -430,7 +444,9 @@ class TorchTrainBackend(OptimizerStepper):
         torch.set_rng_state(torch.load(folder / "rng.pt")["torch"])
         self.optimizer_steps = int(state.get("optimizer_steps", 0))
         if self.ref_model is not None and (folder / REFERENCE_DIR).is_dir():
-            reference = AutoModelForCausalLM.from_pretrained(folder / REFERENCE_DIR, dtype=torch.float32)
+            reference = _transformers().AutoModelForCausalLM.from_pretrained(
+                folder / REFERENCE_DIR, dtype=torch.float32
+            )
             self.ref_model.load_state_dict(reference.state_dict())
         return iteration, dict(state.get("extra", {}))
 
@@ -438,7 +454,7 @@ class TorchTrainBackend(OptimizerStepper):
         """Write a Hugging Face folder (weights, config, generation config, tokenizer) to `out_dir`."""
         with atomic_directory(out_dir, owner=self.config.owner) as scratch:
             self.model.save_pretrained(scratch)
-            AutoTokenizer.from_pretrained(self.hf_checkpoint).save_pretrained(scratch)
+            _transformers().AutoTokenizer.from_pretrained(self.hf_checkpoint).save_pretrained(scratch)
         return record(Path(out_dir), step, CheckpointFormat.HF)
 
 
