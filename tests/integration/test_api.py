@@ -429,49 +429,54 @@ def test_validate_answer_has_every_key_and_keeps_warnings_apart(api) -> None:  #
     assert neither["spec"] is None and neither["argv"] is None and neither["warnings"] == []
 
 
-@pytest.mark.parametrize(
-    "request_body,field",
-    [
-        ({"spec": grpo_spec(**{"rollout-batch-size": "eight"})}, "rollout-batch-size"),
-        (
-            {"spec": {**grpo_spec(**{"rollout-batch-size": None}), "rollout-batch-sise": 4}},
-            "rollout-batch-sise",
-        ),
-        ({"spec": grpo_spec(**{"num-rollout": "many"})}, "num-rollout"),
-        ({"spec": grpo_spec(**{"resource": "{not json"})}, "resource"),
-        (
-            {
-                "args": [
-                    "--train-backend",
-                    "torch",
-                    "--hf-checkpoint",
-                    "/models/tiny",
-                    "--prompt-data",
-                    "/data/train.jsonl",
-                    "--num-rollout",
-                    "2",
-                    "--colocate",
-                    "--resource",
-                    '{"actor": [1, 1], "rollout": [1, 1]}',
-                    "--rollout-batch-size",
-                    "eight",
-                ]
-            },
-            "rollout-batch-size",
-        ),
-    ],
-)
-def test_one_mistake_gives_one_error(api, request_body, field) -> None:  # type: ignore[no-untyped-def]
-    """A bad value is not also reported as missing, nor a misspelt key's field as required."""
+# (request body, the one field it is wrong in): each gets one error, naming that field
+ONE_MISTAKE = [
+    ({"spec": grpo_spec(**{"rollout-batch-size": "eight"})}, "rollout-batch-size"),
+    (
+        {"spec": {**grpo_spec(**{"rollout-batch-size": None}), "rollout-batch-sise": 4}},
+        "rollout-batch-sise",
+    ),
+    ({"spec": grpo_spec(**{"num-rollout": "many"})}, "num-rollout"),
+    ({"spec": grpo_spec(**{"resource": "{not json"})}, "resource"),
+    (
+        {
+            "args": [
+                "--train-backend",
+                "torch",
+                "--hf-checkpoint",
+                "/models/tiny",
+                "--prompt-data",
+                "/data/train.jsonl",
+                "--num-rollout",
+                "2",
+                "--colocate",
+                "--resource",
+                '{"actor": [1, 1], "rollout": [1, 1]}',
+                "--rollout-batch-size",
+                "eight",
+            ]
+        },
+        "rollout-batch-size",
+    ),
+]
+
+
+def test_one_mistake_gives_one_error(api, subtests) -> None:  # type: ignore[no-untyped-def]
+    """A bad value is not also reported as missing, nor a misspelt key's field as required. Each of ONE_MISTAKE
+    a subtest, one after another on one platform (a refused body stores no job)."""
     client, _, _ = api
-    if "spec" in request_body:
-        request_body = {"spec": {k: v for k, v in request_body["spec"].items() if v is not None}}
-    answer = client.post("/v1/specs/validate", json=request_body).json()
-    assert [e["field"] for e in answer["errors"]] == [field], answer["errors"]
-    assert not any(w["field"] == field for w in answer["warnings"]), answer["warnings"]
-    r = client.post("/v1/jobs", json=request_body)
-    assert r.status_code == 422
-    assert [i["field"] for i in r.json()["error"]["details"]["issues"] if i["severity"] == "error"] == [field]
+    for request_body, field in ONE_MISTAKE:
+        with subtests.test(field=field, body=sorted(request_body)):
+            if "spec" in request_body:
+                request_body = {"spec": {k: v for k, v in request_body["spec"].items() if v is not None}}
+            answer = client.post("/v1/specs/validate", json=request_body).json()
+            assert [e["field"] for e in answer["errors"]] == [field], answer["errors"]
+            assert not any(w["field"] == field for w in answer["warnings"]), answer["warnings"]
+            r = client.post("/v1/jobs", json=request_body)
+            assert r.status_code == 422
+            issues = r.json()["error"]["details"]["issues"]
+            assert [i["field"] for i in issues if i["severity"] == "error"] == [field]
+    assert client.get("/v1/jobs").json()["data"] == []
 
 
 def test_the_default_backend_is_megatron_and_it_runs(api) -> None:  # type: ignore[no-untyped-def]
