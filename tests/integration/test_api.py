@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from scheduler.dispatch import TASK_PASS
 from scheduler.services.job_tokens import bootstrap_secret
 from tests.factories import drain_queue, grpo_spec
@@ -141,23 +139,26 @@ def test_relaxctl_submits_a_launch_script(api, tmp_path, monkeypatch) -> None:  
     ]
 
 
-@pytest.mark.parametrize(
-    "spec,field",
-    [
-        ({"rollout-batch-size": "eight"}, "rollout-batch-size"),
-        ({"rollout-batch-sise": 8}, "rollout-batch-sise"),
-        ({"lr": [1]}, "lr"),
-    ],
-)
-def test_bad_spec_is_422_naming_the_field_and_stores_nothing(api, spec, field) -> None:  # type: ignore[no-untyped-def]
+# (what a spec sets wrongly, the field its error names)
+BAD_SPECS = [
+    ({"rollout-batch-size": "eight"}, "rollout-batch-size"),
+    ({"rollout-batch-sise": 8}, "rollout-batch-sise"),
+    ({"lr": [1]}, "lr"),
+]
+
+
+def test_bad_spec_is_422_naming_the_field_and_stores_nothing(api, subtests) -> None:  # type: ignore[no-untyped-def]
+    """Each of BAD_SPECS a subtest, one after another on one platform: each stores nothing."""
     client, _, _ = api
-    r = client.post("/v1/jobs", json={"spec": grpo_spec(**spec)})
-    assert r.status_code == 422, r.text
-    err = r.json()["error"]
-    assert err["code"] == "spec.invalid"
-    assert field in err["message"]
-    assert any(i["field"] == field and i["hint"] for i in err["details"]["issues"])
-    assert client.get("/v1/jobs").json()["data"] == []
+    for spec, field in BAD_SPECS:
+        with subtests.test(field=field):
+            r = client.post("/v1/jobs", json={"spec": grpo_spec(**spec)})
+            assert r.status_code == 422, r.text
+            err = r.json()["error"]
+            assert err["code"] == "spec.invalid"
+            assert field in err["message"]
+            assert any(i["field"] == field and i["hint"] for i in err["details"]["issues"])
+            assert client.get("/v1/jobs").json()["data"] == []
 
 
 def test_unknown_request_field_is_422(api) -> None:  # type: ignore[no-untyped-def]
@@ -335,25 +336,30 @@ def test_stream_resumes_from_last_event_id_and_logs_tail(api) -> None:  # type: 
     assert [k for k, _ in again] == ["end"]
 
 
-@pytest.mark.parametrize(
-    "override,field",
-    [
-        ({"bf16": True}, "bf16"),
-        ({"optimizer": "sgd"}, "optimizer"),
-        # the megatron backend runs now; a parameter no backend implements is refused by name
-        ({"train-backend": "megatron", "checkpoint-engine-backend": "ipc"}, "checkpoint-engine-backend"),
-    ],
-)
-def test_parameters_the_backend_does_not_implement_are_refused_by_name(api, override, field) -> None:  # type: ignore[no-untyped-def]
+# (what a spec sets, the parameter its backend does not implement)
+UNIMPLEMENTED = [
+    ({"bf16": True}, "bf16"),
+    ({"optimizer": "sgd"}, "optimizer"),
+    # the megatron backend runs now; a parameter no backend implements is refused by name
+    ({"train-backend": "megatron", "checkpoint-engine-backend": "ipc"}, "checkpoint-engine-backend"),
+]
+
+
+def test_parameters_the_backend_does_not_implement_are_refused_by_name(api, subtests) -> None:  # type: ignore[no-untyped-def]
+    """Each of UNIMPLEMENTED a subtest, one after another on one platform: each stores nothing."""
     client, _, _ = api
-    r = client.post("/v1/jobs", json={"spec": grpo_spec(**override)})
-    assert r.status_code == 422, r.text
-    issues = r.json()["error"]["details"]["issues"]
-    assert any(i["code"] == "spec.unsupported_by_backend" and i["field"] == field for i in issues), issues
-    assert field in r.json()["error"]["message"]
-    assert client.get("/v1/jobs").json()["data"] == []
-    dry = client.post("/v1/specs/validate", json={"spec": grpo_spec(**override)}).json()
-    assert not dry["valid"] and any(e["field"] == field for e in dry["errors"])
+    for override, field in UNIMPLEMENTED:
+        with subtests.test(field=field):
+            r = client.post("/v1/jobs", json={"spec": grpo_spec(**override)})
+            assert r.status_code == 422, r.text
+            issues = r.json()["error"]["details"]["issues"]
+            assert any(i["code"] == "spec.unsupported_by_backend" and i["field"] == field for i in issues), (
+                issues
+            )
+            assert field in r.json()["error"]["message"]
+            assert client.get("/v1/jobs").json()["data"] == []
+            dry = client.post("/v1/specs/validate", json={"spec": grpo_spec(**override)}).json()
+            assert not dry["valid"] and any(e["field"] == field for e in dry["errors"])
 
 
 def test_a_relax_ppo_spec_is_valid_without_rollout_logprobs(api) -> None:  # type: ignore[no-untyped-def]
