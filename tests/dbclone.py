@@ -56,8 +56,12 @@ def new_schema_name() -> str:
 def admin_engine(pg_url: str) -> sa.Engine:
     with _lock:
         engine = _admin.get(pg_url)
-        if engine is None or engine.pool is None:
-            engine = _admin[pg_url] = sa.create_engine(pg_url, pool_size=1, max_overflow=4)
+        if engine is None:
+            # pinged at checkout (a SELECT 1): a connection that a test's server restart or
+            # pg_terminate_backend ended is replaced instead of failing the next test's set-up
+            engine = _admin[pg_url] = sa.create_engine(
+                pg_url, pool_size=1, max_overflow=4, pool_pre_ping=True
+            )
         return engine
 
 
