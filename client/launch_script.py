@@ -299,7 +299,7 @@ def _prelude() -> str:
         "  local __relax_f=$2 __relax_l=$3",
         "  [[ -n $__relax_f ]] || __relax_f=${__RELAX_FILE-} __relax_l=${__RELAX_LINE-}",
         '  printf \'%s\\0\' @rec "$1" "$__relax_f" "$__relax_l" "$PWD" "${EPOCHREALTIME-}" "$(($# - 3))" "${@:4}" \\',
-        '    >>"$__RELAX_CAPTURE.${BASHPID-0}"',
+        '    >>"$__RELAX_CAPTURE.${EPOCHREALTIME:+${BASHPID-0}}"',
         "}",
     ]
     for name in CAPTURED:
@@ -357,7 +357,7 @@ _STUB = """#!@BASH@
 # Relax Platform: a command reached through PATH (exec, env, timeout, nohup, sh -c …) while
 # relaxctl resolves a launch script: record it, run nothing.
 printf '%s\\0' @rec PATH "${__RELAX_FILE-}" "${__RELAX_LINE-}" "$PWD" "${EPOCHREALTIME-}" "$(($# + 1))" \\
-  "${0##*/}" "$@" >>"$__RELAX_CAPTURE.${BASHPID-$$}"
+  "${0##*/}" "$@" >>"$__RELAX_CAPTURE.${EPOCHREALTIME:+${BASHPID-$$}}"
 case ${0##*/} in
   nvidia-smi) exit 1 ;;
   tee) exec cat ;;
@@ -437,7 +437,8 @@ def _read_records(capture: Path) -> list[_Record]:
     several write(2) calls (its standard output is line-buffered, and a record can be longer than the
     buffer), so records of two processes writing at once (`ray job submit … | tee log`) would interleave in
     one file. Within a file, records are in the order made; across files, by the time bash took
-    (`EPOCHREALTIME`; a bash without it writes one file, in order)."""
+    (`EPOCHREALTIME`). A bash without `EPOCHREALTIME` (before 5.0) has no time to merge by: all its processes
+    append to the one file `capture.`, in the order they write, as before."""
     timed: list[tuple[float, int, int, _Record]] = []
     for rank, path in enumerate(sorted(capture.parent.glob(f"{capture.name}.*"))):
         try:
