@@ -89,14 +89,25 @@ def demand_for(gpus: int, gpus_per_node: int = GPUS_PER_NODE) -> tuple[Gang, ...
 @functools.cache
 def elastic_demand(gpus: int, gpus_per_node: int = GPUS_PER_NODE) -> tuple[Gang, ...]:
     """A job of 4 to a node's GPUs as an RL job: a trainer of half its GPUs on one node and 1-GPU rollout
-    engines for the rest (elastic from 1 to twice as many); any other job as `demand_for`."""
+    engines for the rest (elastic from 1 to twice as many); any other job as `demand_for`. Its progress grows with
+    the GPUs it holds, so its driver always asks for all the engines it may have (`Gang.wish`: what the pass
+    grows it to)."""
     if not 4 <= gpus <= gpus_per_node:
         return demand_for(gpus, gpus_per_node)
     actor = gpus // 2
     engines = gpus - actor
     return (
         Gang("actor", actor, 1, True),
-        Gang("rollout", 1, engines, True, min_count=1, max_count=2 * engines, base_count=engines),
+        Gang(
+            "rollout",
+            1,
+            engines,
+            True,
+            min_count=1,
+            max_count=2 * engines,
+            base_count=engines,
+            wish=2 * engines,
+        ),
     )
 
 

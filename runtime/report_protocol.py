@@ -115,6 +115,20 @@ class Progress(TypedDict):
     total_steps: NotRequired[Integer]
 
 
+@with_config(_ITEM)
+class RolloutWish(TypedDict):
+    """An elastic job's driver (`--autoscaler-config`) asks for this many rollout engines from now on, decided by its
+    autoscaler YAML as a standalone run scales (`runtime.rollout.elastic.Autoscaler.ask`): the rollout's `share` of
+    step `step`'s wall time (perf/rollout_time over perf/step_time) crossed `threshold` (above it scale_out's,
+    below it scale_in's; None: the engines were brought within min_engines .. max_engines). The scheduling pass
+    grows the job's rollout up to it and gives engines above it back (docs/reference/elastic-rollout.md)."""
+
+    step: Integer
+    engines: Annotated[int, Field(ge=1, le=INTEGER_MAX)]
+    share: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    threshold: NotRequired[Annotated[float | None, Field(default=None, ge=0, le=1)]]
+
+
 class Report(BaseModel):
     """One batch from a job's driver: numbered per attempt from 0, resent unchanged until acknowledged."""
 
@@ -122,6 +136,8 @@ class Report(BaseModel):
     seq: Count
     phase: str | None = None  # a Phase; another value is taken and changes nothing
     progress: Progress | None = None
+    # the latest wish of an elastic job's driver since its last report (None: unchanged)
+    rollout_wish: RolloutWish | None = None
     metrics: list[MetricItem] = Field(default_factory=list)
     logs: list[LogItem] = Field(default_factory=list)
     checkpoints: list[CheckpointItem] = Field(default_factory=list)

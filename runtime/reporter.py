@@ -32,6 +32,7 @@ from runtime.report_protocol import (  # Phase, EventKind, RolloutSplit: importe
     Progress,
     RolloutItem,
     RolloutSplit,
+    RolloutWish,
 )
 from runtime.spool import DiskSpool, MemoryQueue, spool_key
 from runtime.train.checkpoint import CheckpointRecord
@@ -55,11 +56,14 @@ class _Pending:
     # a report's lists by name (REPORT_LISTS), each of its item type (runtime/report_protocol.py)
     lists: dict[str, list[Any]] = field(default_factory=lambda: {k: [] for k in REPORT_LISTS})
     phase: str | None = None
+    wish: RolloutWish | None = None  # an elastic job's latest wish (`Reporter.rollout_wish`)
     dropped_logs: int = 0
     final: EventItem | None = None  # the end-of-run marker: goes out last, in the last report
 
     def empty(self) -> bool:
-        return self.phase is None and self.final is None and not any(self.lists.values())
+        return (
+            self.phase is None and self.wish is None and self.final is None and not any(self.lists.values())
+        )
 
     def count(self) -> int:
         return sum(len(items) for kind, items in self.lists.items() if kind != "logs")
@@ -260,6 +264,15 @@ class Reporter(ABC):
             self._flush_now = True
             self._cond.notify_all()
 
+    def rollout_wish(self, wish: RolloutWish) -> None:
+        """An elastic job's driver asks the scheduling pass for this many rollout engines (`runtime.roles.elastic`):
+        goes out in the next report (a later wish before it replaces this one)."""
+        with self._cond:
+            if self._closing:
+                self.late_items += 1
+                return
+            self._pending.wish = wish
+
     def set_progress(self, step: int, total_steps: int) -> None:
         with self._cond:
             self._progress = Progress(step=step, total_steps=total_steps)
@@ -398,6 +411,9 @@ class Reporter(ABC):
             "phase": pending.phase,
             "progress": self._progress,
         }
+        if pending.wish is not None:
+            payload["rollout_wish"] = pending.wish
+            pending.wish = None
         for kind in REPORT_LISTS:
             bucket = pending.lists[kind]
             payload[kind], pending.lists[kind] = bucket[:MAX_ITEMS_PER_REPORT], bucket[MAX_ITEMS_PER_REPORT:]

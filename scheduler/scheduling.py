@@ -117,16 +117,26 @@ def _elastic(gang: P.Gang, low: int, high: int, *, count: int) -> P.Gang:
     )
 
 
-def _held(demand: tuple[P.Gang, ...], placed: list[P.Assignment]) -> tuple[P.Gang, ...]:
+def _held(
+    demand: tuple[P.Gang, ...],
+    placed: list[P.Assignment],
+    wish: int | None = None,
+    why: str | None = None,
+) -> tuple[P.Gang, ...]:
     """A running job's demand with its elastic gang at the replicas its allocation holds now (the pass resizes
-    it by rewriting the role's allocation rows, `_apply_resize`); a rigid demand as it is."""
+    it by rewriting the role's allocation rows, `_apply_resize`) and what its driver asks for (`Job.rollout_wish`,
+    `scheduler.services.elastic.record_wish`); a rigid demand as it is."""
     out = demand
     for gang in demand:
         if not gang.elastic:
             continue
         held = len({a.replica for a in placed if a.role == gang.role and not a.shared})
+        now = gang
         if held and held != gang.count:
             now = _elastic(gang, gang.floor, gang.ceiling, count=held)
+        if wish is not None and wish > 0:
+            now = dataclasses.replace(now, wish=wish, wish_reason=why or "")
+        if now is not gang:
             out = tuple(now if g is gang else g for g in out)
     return out
 
@@ -164,6 +174,8 @@ _JOB_COLUMNS = (
     Job.queued_at,
     Job.preemptions,
     Job.service_gpu_s,
+    Job.rollout_wish,  # an elastic job's driver's wish (mostly null)
+    Job.rollout_wish_reason,
     # the queued jobs' `JobWait`s (an outer join: `_ACTIVE`)
     sa.cast(JobWait.nominated_nodes, sa.Text).label("nominated_nodes"),  # mostly null: parsed when not
     JobWait.wait_reason,
@@ -246,7 +258,7 @@ def _load(session: Session, now: datetime) -> tuple[P.Snapshot, dict[str, _Row]]
         demand = _gangs_of_text(j.demand)
         elastic = any(g.elastic for g in demand)
         if placed and elastic:
-            demand = _held(demand, placed)
+            demand = _held(demand, placed, j.rollout_wish, j.rollout_wish_reason)
         rows[j.id] = _Row(status, j.pool, j.wait_reason, j.queue_position, nominated, elastic)
         jobs.append(
             P.JobView(
@@ -322,9 +334,14 @@ def run_scheduling_pass(
                 continue
             status[job_id] = JobStatus.ADMITTED
             session.add_all(_allocation_rows(job_id, placement.assignments))
-            if rows[job_id].elastic:  # admitted at its spec's count: an earlier run's resize is over
+            # admitted at its spec's count: an earlier run's resize and its driver's wish are over
+            if rows[job_id].elastic:
                 gpus = sum(g for _, g in placement.node_gpus)
-                session.execute(sa.update(Job).where(Job.id == job_id).values(total_gpus=gpus))
+                session.execute(
+                    sa.update(Job)
+                    .where(Job.id == job_id)
+                    .values(total_gpus=gpus, rollout_wish=None, rollout_wish_reason=None)
+                )
             result.admitted.append(job_id)
             after_commit(session, lambda j=job_id, p=pool: dispatcher.launch(j, p))
         if result.admitted:
@@ -403,15 +420,17 @@ def _apply_resize(session: Session, r: Resize, now: datetime) -> bool:
     session.execute(sa.update(Job).where(Job.id == r.job_id).values(**values))
     session.execute(sa.delete(Allocation).where(Allocation.job_id == r.job_id, Allocation.role == r.role))
     session.add_all(_allocation_rows(r.job_id, (a for a in r.placement.assignments if a.role == r.role)))
-    gone = "took back" if r.after < r.before else "granted"
     engines = abs(r.after - r.before)
+    if r.after == r.before:  # taken back and granted elsewhere in one pass
+        did = "moved engines"
+    else:
+        did = f"{'took back' if r.after < r.before else 'granted'} {engines} engine{'' if engines == 1 else 's'}"
     where = _describe(P.Placement(tuple(a for a in r.placement.assignments if a.role == r.role)))
     session.add(
         JobEvent(
             job_id=r.job_id,
             kind=RESIZE_EVENT,
-            reason=f"{r.role} {r.before} -> {r.after}: the pass {gone} {engines} engine"
-            f"{'' if engines == 1 else 's'} ({r.reason}); now {where}",
+            reason=f"{r.role} {r.before} -> {r.after}: the pass {did} ({r.reason}); now {where}",
             time=now,
         )
     )

@@ -6,8 +6,10 @@ Who decides (`ElasticRollout.after_step`):
 - a job the scheduling pass placed follows what the pass granted (`follow`: the rollout role's allocation as
   the platform's answer to the driver's reports carries it, `Reporter.granted_engines`): an engine on a node
   whose replica the pass took back leaves, and an engine starts on each node it granted
-  (`runtime.rollout.elastic.follow_grant`); the driver's own thresholds are not used (the pass grows a job
-  into idle GPUs and takes engines back for other jobs, `scheduler.policy.elastic`);
+  (`runtime.rollout.elastic.follow_grant`). The driver's thresholds decide what it asks the pass for
+  (`Autoscaler.ask`, reported through `report_wish`, `Reporter.rollout_wish`): the pass grows the job into idle
+  GPUs up to that, gives back engines above it, and takes engines back for other jobs
+  (`scheduler.policy.elastic`);
 - a standalone run follows the autoscaler's thresholds (`runtime.rollout.elastic.Autoscaler`), its new
   engines wherever Ray has room.
 
@@ -29,8 +31,8 @@ Scale-in of given engines (the newest first when the autoscaler decides; never t
    (or at once, for the built-in in-process engine) its actor is killed and its placement group released.
 
 Each operation is logged with its timings and counted in the step metrics `rollout/engines`,
-`rollout/scale_outs`, `rollout/scale_ins`, `rollout/scale_out_failures` (and `rollout/granted_engines`
-where the pass decides).
+`rollout/scale_outs`, `rollout/scale_ins`, `rollout/scale_out_failures` (and `rollout/granted_engines`,
+`rollout/wished_engines` where the pass decides).
 """
 
 from __future__ import annotations
@@ -48,7 +50,13 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from runtime.devices import Device
 from runtime.roles.placement import Slot, engine_placement_group
-from runtime.rollout.elastic import Autoscaler, ElasticSettings, follow_grant, settle_scale_out
+from runtime.rollout.elastic import (
+    Autoscaler,
+    ElasticSettings,
+    RolloutWish,
+    follow_grant,
+    settle_scale_out,
+)
 
 if TYPE_CHECKING:
     from runtime.roles.groups import RolloutGroup
@@ -128,7 +136,8 @@ class ElasticRollout:
     """Scales one `RolloutGroup` (see the module docstring). `homes[i]` is where `group.actors[i]` runs (kept in
     step with the list by this class, the only one that changes it). `placed`: the scheduling pass placed the
     job; then `follow` (the engines the pass granted, `Reporter.granted_engines`; None until an answer carried
-    them) decides, and without it the role keeps the engines it has."""
+    them) decides, and without it the role keeps the engines it has; the autoscaler's thresholds decide what it
+    asks the pass for, from `base` engines (the spec's count), handed to `report_wish`."""
 
     group: RolloutGroup
     start_engine: Callable[[int, str | None], tuple[ActorHandle, EngineHome]]
@@ -137,6 +146,8 @@ class ElasticRollout:
     placed: bool = False
     follow: Callable[[], Sequence[str | None] | None] | None = None
     release_engine: Callable[[EngineHome], None] | None = None
+    base: int | None = None
+    report_wish: Callable[[RolloutWish], None] | None = None
     autoscaler: Autoscaler = field(init=False)
     scale_outs: int = field(default=0, init=False)
     scale_ins: int = field(default=0, init=False)
@@ -146,7 +157,7 @@ class ElasticRollout:
     _held_logged: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
-        self.autoscaler = Autoscaler(self.settings.autoscaler)
+        self.autoscaler = Autoscaler(self.settings.autoscaler, wish=self.base)
         if self.release_engine is None and isinstance(self.start_engine, EngineStarter):
             self.release_engine = self.start_engine.release
         missing = len(self.group.actors) - len(self.homes)
@@ -158,6 +169,7 @@ class ElasticRollout:
         run); the step metrics."""
         share = rollout_s / step_s if step_s > 0 else 0.0
         if self.placed:
+            self._ask(step, share)
             grant = self.follow() if self.follow is not None else None
             if grant is not None:
                 self.follow_grant(grant)
@@ -177,6 +189,22 @@ class ElasticRollout:
             self.scale_in(engines - target)
             self.autoscaler.scaled(step)
         return self.metrics(share)
+
+    def _ask(self, step: int, share: float) -> None:
+        """What the thresholds say of this step, as a wish to the scheduling pass when it changes."""
+        wish = self.autoscaler.ask(step, len(self.group.actors), share)
+        if wish is None:
+            return
+        threshold = wish["threshold"]
+        log.info(
+            "rollout: asking the scheduling pass for %d engines (%s)",
+            wish["engines"],
+            f"rollout {share:.2f} of step {step} {'<' if share < threshold else '>'} {threshold:g}"
+            if threshold is not None
+            else "within min_engines .. max_engines",
+        )
+        if self.report_wish is not None:
+            self.report_wish(wish)
 
     def follow_grant(self, grant: Sequence[str | None]) -> ScaleOutcome | None:
         """Stop the engines on nodes whose replicas the pass took back and start one on each node it granted
@@ -214,6 +242,8 @@ class ElasticRollout:
             out["rollout/step_share"] = share
         if self.granted is not None:
             out["rollout/granted_engines"] = float(len(self.granted))
+        if self.placed and self.autoscaler.wish is not None:
+            out["rollout/wished_engines"] = float(self.autoscaler.wish)
         return out
 
     # -- scale-out ----------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from runtime.roles.colocated import ColocatedActor, hosted_batch_size
 from runtime.roles.elastic import ElasticRollout, EngineHome, EngineStarter
 from runtime.roles.engine_health import EngineFactory, EngineSupervisor, settled
 from runtime.roles.logs import start_log_sink
-from runtime.roles.placement import Role, Topology, plan_topology, release, reserve
+from runtime.roles.placement import Role, Topology, plan_topology, release, reserve, spec_engines
 from runtime.rollout.backend import BACKEND_ENV, backend_from_env
 from runtime.rollout.elastic import ElasticSettings
 from runtime.rollout.health import HealthCheckConfig, Verdict
@@ -807,9 +807,15 @@ def start_roles(plan: RolePlan, *, device: Device, env_vars: dict[str, str] | No
                     EngineHome(slot.group, nodes[i] if i < len(nodes) else None)
                     for i, slot in enumerate(topology.role_slots(Role.ROLLOUT))
                 ]
-                # placed by the scheduling pass: the engines follow what it grants (`ElasticRollout.follow`)
+                # placed by the scheduling pass: the engines follow what it grants (`ElasticRollout.follow`), and
+                # the driver asks it for engines from the count its spec asks for
                 rollout.elastic = ElasticRollout(
-                    rollout, starter, plan.elastic, homes=homes, placed=bool(plan.gpu_nodes)
+                    rollout,
+                    starter,
+                    plan.elastic,
+                    homes=homes,
+                    placed=bool(plan.gpu_nodes),
+                    base=spec_engines(plan.resource),
                 )
         if rollout is not None and plan.health is not None:
             if factory is None:

@@ -142,6 +142,12 @@ class Topology:
         return self.role_slots(Role.ROLLOUT)
 
 
+def spec_engines(resource: dict[str, Any] | None) -> int:
+    """The rollout engines `resource` asks for: one per device of its rollout entry (an elastic job's count before
+    the scheduling pass resizes it, `runtime.roles.elastic`)."""
+    return _pair(resource or DEFAULT_RESOURCE, Role.ROLLOUT)[1]
+
+
 def _pair(resource: dict[str, Any], role: str) -> tuple[int, int]:
     value = resource.get(role, DEFAULT_RESOURCE.get(role))
     if not (

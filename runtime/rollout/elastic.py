@@ -20,6 +20,7 @@ from enum import StrEnum
 from typing import Any
 
 from jobspec.autoscaler import AutoscalerConfig, AutoscalerConfigError, ScaleRule
+from runtime.report_protocol import RolloutWish
 
 __all__ = [
     "Autoscaler",
@@ -28,6 +29,7 @@ __all__ = [
     "ElasticSettings",
     "FollowPlan",
     "PartialSuccessPolicy",
+    "RolloutWish",
     "ScaleRule",
     "follow_grant",
     "settle_scale_out",
@@ -92,11 +94,14 @@ class ElasticSettings:
 class Autoscaler:
     """When to scale, step by step: the rollout's share of each step's wall time against the thresholds,
     every `evaluation_interval` steps, not within a rule's cooldown of the last scaling, within
-    [min_engines, max_engines]."""
+    [min_engines, max_engines]. A standalone run scales to `target` at once; a job the platform placed asks the
+    scheduling pass for it instead (`ask`), starting from `wish` engines (its spec's count)."""
 
-    def __init__(self, config: AutoscalerConfig) -> None:
+    def __init__(self, config: AutoscalerConfig, wish: int | None = None) -> None:
         self.config = config
         self.last_scaled: int | None = None
+        # the engines asked of the scheduling pass (`ask`); the spec's count (what the pass grants before any)
+        self.wish = None if wish is None else min(max(wish, config.min_engines), config.max_engines)
 
     def target(self, step: int, engines: int, rollout_share: float) -> int:
         """How many engines to run from the next step on (`engines`: none to change). Outside the
@@ -117,6 +122,31 @@ class Autoscaler:
 
     def scaled(self, step: int) -> None:
         self.last_scaled = step
+
+    def ask(self, step: int, engines: int, rollout_share: float) -> RolloutWish | None:
+        """On the platform: the engines to ask the scheduling pass for from the next step on, decided by `target`
+        on the `engines` the role runs now, as a standalone run decides; None when the wish stays. The wish moves
+        only the way the step points: a rollout-bound step never lowers it (the pass may have taken back engines
+        the job still wants, for another job), a step where the engines wait never raises it. A new wish counts
+        as a scaling for the cooldowns."""
+        current = engines if self.wish is None else self.wish
+        target = self.target(step, engines, rollout_share)
+        if target > engines:
+            wish = max(current, target)
+        elif target < engines:
+            wish = min(current, target)
+        else:
+            return None
+        if wish == current:
+            return None
+        c = self.config
+        within = c.min_engines <= engines <= c.max_engines
+        rule = c.scale_out if target > engines else c.scale_in
+        self.wish = wish
+        self.scaled(step)
+        return RolloutWish(
+            step=step, engines=wish, share=rollout_share, threshold=rule.threshold if within else None
+        )
 
 
 def settle_scale_out(ok: list[bool], policy: PartialSuccessPolicy) -> list[bool]:

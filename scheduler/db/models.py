@@ -256,6 +256,11 @@ class Job(Base):
     token_claimed_attempt: Mapped[int | None]
     progress_step: Mapped[int | None]
     total_steps: Mapped[int | None]
+    # An elastic job's (`--autoscaler-config`) rollout engines as its driver last asked for them in this run
+    # (`RolloutWish`, scheduler/services/elastic.py) and why; NULL before it has asked. The scheduling pass grows
+    # the rollout up to it and gives engines above it back.
+    rollout_wish: Mapped[int | None]
+    rollout_wish_reason: Mapped[str | None] = mapped_column(sa.String(200))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     admitted_at: Mapped[datetime | None]

@@ -11,9 +11,13 @@ could preempt that job takes. Only when shrinking cannot make room does the pass
 
 `grow` runs last in a pool's pass, only when no job of the pool is left waiting for capacity: each
 elastic job gets one more replica at a time, in rank order, where a node has room and its queue's quota
-allows it: back to its `base_count` after a shrink, and (`PolicyConfig.elastic_grow`) on to `max_count`.
+allows it: back to its `base_count` after a shrink, and (`PolicyConfig.elastic_grow`) on to what its driver
+asks for (`Gang.wanted`: the autoscaler YAML's thresholds decide it, `runtime.rollout.elastic.Autoscaler.ask`;
+no further than `base_count` before the driver has asked). `give_back` runs first: a job holding more
+replicas than its driver asks for gives the surplus back, whether anyone waits or not, so idle engines
+return to the pool.
 
-Both return `Resize` records; the caller applies them before the admissions (the running job's demand
+All return `Resize` records; the caller applies them before the admissions (the running job's demand
 and placement change; its driver scales its engines out or in, `runtime.roles.elastic`).
 """
 
@@ -76,22 +80,24 @@ def plan_shrink(
     cost: dict[str, tuple],
 ) -> list[tuple[JobView, JobView]] | None:
     """The fewest engines to take back from `candidates` so that `job` fits (quota and placement), as
-    [(job before, job after)], or None (then capacity and quota are left as found). Replicas above a
-    candidate's `base_count` are taken first (they were idle GPUs lent out), then, from the jobs in
-    `may_take_base`, those down to `min_count`, cheapest job first (`cost`); within that, the replica on
-    the node with the most GPUs free already, so that freed GPUs gather on few nodes. Replicas found
-    unnecessary afterwards are given back. On success the chosen replicas' GPUs stay freed in `cap` and
-    `quota`, for the caller to place the job."""
+    [(job before, job after)], or None (then capacity and quota are left as found). Replicas above what a
+    candidate's driver asks for (`Gang.wanted`) are taken first, then those above its `base_count` (idle
+    GPUs lent out: anyone's to take back), then, from the jobs in `may_take_base`, those down to
+    `min_count`, cheapest job first (`cost`); within that, the replica on the node with the most GPUs free
+    already, so that freed GPUs gather on few nodes. Replicas found unnecessary afterwards are given back.
+    On success the chosen replicas' GPUs stay freed in `cap` and `quota`, for the caller to place the job."""
     removable: list[_Replica] = []
     for v in candidates:
         gang = elastic_gang(v)
         if gang is None or gang.count <= gang.floor or v.placement is None:
             continue
         replicas = sorted(_replicas(v, gang.role).items(), reverse=True)  # the newest engines first
-        lent = max(0, gang.count - gang.base)
+        unwanted = max(0, gang.count - gang.wanted)
+        lent = max(unwanted, gang.count - gang.base)
         takeable = gang.count - gang.floor if v.id in may_take_base else lent
         for n, (index, parts) in enumerate(replicas[:takeable]):
-            removable.append(((0 if n < lent else 1, *cost.get(v.id, ())), v, gang, index, parts))
+            tier = 0 if n < unwanted else 1 if n < lent else 2
+            removable.append(((tier, *cost.get(v.id, ())), v, gang, index, parts))
     if sum(sum(g for _, g in r[4]) for r in removable) + cap.free_total() < job.total_gpus:
         return None
     taken: list[_Replica] = []
@@ -136,16 +142,39 @@ def _give_back(cap: PoolCapacity, quota: PoolQuota, taken: list[_Replica]) -> No
         _take(cap, quota, r, -1)
 
 
+def give_back(
+    cap: PoolCapacity, quota: PoolQuota, running: Iterable[JobView]
+) -> list[tuple[JobView, JobView]]:
+    """Elastic jobs holding more replicas than their driver asks for (`Gang.wish`, never below `min_count`) give
+    the surplus back, the newest replicas first (as a standalone run scales in): their GPUs are freed in `cap`
+    and `quota`. A job whose driver has not asked keeps what it holds (replicas above its `base_count` are then
+    the first a blocked job takes, `plan_shrink`). [(job before, job after)]."""
+    out = []
+    for v in running:
+        gang = elastic_gang(v)
+        if gang is None or v.placement is None or gang.wish is None or gang.count <= gang.wanted:
+            continue
+        replicas = _replicas(v, gang.role)
+        order = sorted(replicas)
+        for index in order[gang.wanted :]:
+            for node, gpus in replicas[index]:
+                if node in cap.free:
+                    cap.give(node, gpus)
+                quota.add(v.queue, -gpus)
+        out.append((v, resized(v, gang.role, order[: gang.wanted])))
+    return out
+
+
 def grow(
     cap: PoolCapacity, quota: PoolQuota, running: Iterable[JobView], *, beyond_base: bool = True
 ) -> list[tuple[JobView, JobView]]:
-    """Idle GPUs to elastic jobs below their `max_count` (`beyond_base=False`: only back up to their
-    `base_count`), one replica at a time round the jobs (highest priority, then the longest running,
-    first) while a node has room and the job's queue may take more (`quota.admissible`: within its
-    borrowing limit and what others lend). [(job before, job after)]."""
+    """Idle GPUs to elastic jobs below what their driver asks for (`Gang.wanted`: `base_count` before it has asked;
+    `beyond_base=False`: never above `base_count`), one replica at a time round the jobs (highest priority,
+    then the longest running, first) while a node has room and the job's queue may take more
+    (`quota.admissible`: within its borrowing limit and what others lend). [(job before, job after)]."""
 
     def top(g: Gang) -> int:
-        return g.ceiling if beyond_base else max(g.count, g.base)
+        return g.wanted if beyond_base else min(g.wanted, g.base)
 
     jobs = sorted(
         (v for v in running if (g := elastic_gang(v)) is not None and g.count < top(g)),
@@ -174,6 +203,20 @@ def grow(
                 still.append(new)
         open_ = still
     return [(before[i], current[i]) for i in before if current[i] is not before[i]]
+
+
+def asked_fewer(gang: Gang, after: int) -> str:
+    """Why `give_back` took engines back: 'the job asked for 1 fewer: rollout 0.12 of the step < scale_in 0.2'."""
+    why = f": {gang.wish_reason}" if gang.wish_reason else ""
+    return f"the job asked for {gang.count - after} fewer{why}"
+
+
+def grown_because(gang: Gang, after: int) -> str:
+    """Why `grow` granted engines: idle GPUs, and beyond the spec's count the driver's wish for them."""
+    if after <= gang.base or gang.wish is None:
+        return "idle GPUs in the pool"
+    why = f": {gang.wish_reason}" if gang.wish_reason else ""
+    return f"idle GPUs in the pool; the job asked for {after - gang.count} more{why}"
 
 
 def as_resize(before: JobView, after: JobView, reason: str) -> Resize:

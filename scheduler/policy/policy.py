@@ -6,13 +6,22 @@ from bisect import bisect_right
 from collections.abc import Callable
 
 from scheduler.policy.config import DEFAULT_CONFIG, PolicyConfig
-from scheduler.policy.elastic import as_resize, grow, plan_shrink, shrinkable_gpus
+from scheduler.policy.elastic import (
+    as_resize,
+    asked_fewer,
+    elastic_gang,
+    give_back,
+    grow,
+    grown_because,
+    plan_shrink,
+    shrinkable_gpus,
+)
 from scheduler.policy.holds import can_be_overtaken, claim_incoming, hold_for_head, nodes_after
 from scheduler.policy.pass_state import PoolPass, prepare, report
 from scheduler.policy.preemption import plan_victims
 from scheduler.policy.quota import PoolQuota
 from scheduler.policy.ranking import aging_boost, attained_gpu_s, tier_function
-from scheduler.policy.types import Decision, JobView, Placement, Snapshot
+from scheduler.policy.types import Decision, JobView, Placement, Resize, Snapshot
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -201,6 +210,15 @@ def _schedule_pool(p: PoolPass, now: float, config: PolicyConfig, decision: Deci
     # just above the line forever.
     held_queues: dict[str, str] = {}
     tail_note: str | None = None
+    if config.elastic_shrink or config.elastic_grow:
+        # Engines above what their job's driver asks for go back to the pool first, whoever waits.
+        returned = give_back(cap, quota, p.running.values())
+        for before, after in returned:
+            gang = elastic_gang(before)
+            assert gang is not None
+            _resize(p, decision, before, after, asked_fewer(gang, elastic_gang(after).count))  # type: ignore[union-attr]
+        if returned:
+            p.reset_running_views()
     shrink = _Shrink(p, now, config, decision, tier_of)
     for i, job in enumerate(admission_order(p, now, config), start=1):
         holder = held_queues.get(job.queue)
@@ -292,8 +310,32 @@ def _schedule_pool(p: PoolPass, now: float, config: PolicyConfig, decision: Deci
         # Nobody waiting can use the free GPUs: shrunk elastic jobs get their engines back, and grow on
         # into them with `elastic_grow` (lent engines are the first taken back).
         for before, after in grow(p.cap, quota, p.running.values(), beyond_base=config.elastic_grow):
-            decision.resize.append(as_resize(before, after, "idle GPUs in the pool"))
-            p.running[after.id] = after
+            gang = elastic_gang(before)
+            assert gang is not None
+            _resize(p, decision, before, after, grown_because(gang, elastic_gang(after).count))  # type: ignore[union-attr]
+
+
+def _resize(p: PoolPass, decision: Decision, before: JobView, after: JobView, reason: str) -> None:
+    """Record one resize of a running elastic job; a job resized earlier in the pass (engines given back, then
+    taken for a blocked job; taken, then granted elsewhere) keeps one `Resize` from its view at the pass's
+    start to its last, with both reasons."""
+    p.running[after.id] = after
+    resize = as_resize(before, after, reason)
+    for i, earlier in enumerate(decision.resize):
+        if earlier.job_id != after.id:
+            continue
+        resize = Resize(
+            after.id,
+            earlier.role,
+            earlier.before,
+            resize.after,
+            resize.demand,
+            resize.placement,
+            f"{earlier.reason}; then {reason}",
+        )
+        decision.resize[i] = resize
+        return
+    decision.resize.append(resize)
 
 
 class _Shrink:
@@ -331,8 +373,7 @@ class _Shrink:
             self.failed.add(key)
             return False
         for before, after in plan:
-            self.decision.resize.append(as_resize(before, after, f"{job.id} needs GPUs its engines hold"))
-            p.running[after.id] = after
+            _resize(p, self.decision, before, after, f"{job.id} needs GPUs its engines hold")
         p.reset_running_views()
         placement = p.cap.place(job)
         assert placement is not None, "plan_shrink made room"

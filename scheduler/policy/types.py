@@ -70,6 +70,10 @@ class Gang:
     places; None: `count`). The policy grows it up to `max_count` into idle GPUs, and takes replicas back
     down to `min_count` instead of preempting a job: those above `base_count` from any job that needs
     them, the others only from a job that could preempt this one (`scheduler.policy.elastic`).
+    `wish`: the replicas the job's driver asks for now (its autoscaler YAML's thresholds on the rollout's share of
+    the step, `runtime.rollout.elastic.Autoscaler.ask`), `wish_reason` why ("rollout 0.12 of the step <
+    scale_in 0.2"); None before it has asked. The policy grows the gang only up to `wanted` (the wish, or
+    `base_count` before any) and gives back the replicas it holds above it.
     """
 
     role: str
@@ -81,6 +85,8 @@ class Gang:
     min_count: int | None = None
     max_count: int | None = None
     base_count: int | None = None
+    wish: int | None = None
+    wish_reason: str = field(default="", compare=False)
     # Demands are dict keys in every pass (identical demands share one placement attempt): hash once.
     _hash: int = field(init=False, repr=False, compare=False)
 
@@ -96,6 +102,10 @@ class Gang:
                     f"elastic gang {self.role}: needs 1 <= min_count ({low}) <= count ({self.count}) and "
                     f"base_count ({base}) <= max_count ({high}), on GPUs of its own"
                 )
+        if self.wish is not None and (not self.elastic or self.wish < 1):
+            raise ValueError(
+                f"gang {self.role}: a wish ({self.wish}) needs an elastic gang and at least 1 replica"
+            )
         object.__setattr__(
             self,
             "_hash",
@@ -120,6 +130,14 @@ class Gang:
     def ceiling(self) -> int:
         """The most replicas it may grow to (`count` for a rigid gang)."""
         return self.count if self.max_count is None else self.max_count
+
+    @property
+    def wanted(self) -> int:
+        """The replicas the job wants now: its driver's `wish` within `floor` .. `ceiling`, or `base` before it has
+        asked (the pass grows it no further, and gives back what it holds above)."""
+        if self.wish is None:
+            return self.base
+        return min(max(self.wish, self.floor), self.ceiling)
 
     def __hash__(self) -> int:
         return self._hash

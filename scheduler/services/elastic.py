@@ -8,7 +8,9 @@ without following a link) and marks the rollout group elastic (`jobspec.demand.e
 sees an elastic gang (`scheduler.scheduling`), takes engines back before it preempts a job and grows them
 into idle GPUs (`Decision.resize`, written as the job's allocation rows). `granted_engines` is the rollout
 role's rows as the answer to each driver report carries them (`ReportAck.rollout_engines`): the driver stops
-and starts engines between steps to match them (`runtime.roles.elastic`)."""
+and starts engines between steps to match them (`runtime.roles.elastic`). `record_wish` keeps what the driver
+asks for (a report's `rollout_wish`: its autoscaler YAML's thresholds decide it) on the job, for the pass: it
+grows the rollout no further, and gives back engines above it."""
 
 from __future__ import annotations
 
@@ -23,12 +25,14 @@ from sqlalchemy.orm import Session
 from jobspec.autoscaler import MAX_AUTOSCALER_CONFIG_BYTES, AutoscalerConfig, AutoscalerConfigError
 from jobspec.demand import ResourceDemand, elastic_rollout
 from jobspec.issues import SpecIssue
+from runtime.report_protocol import RolloutWish
 from scheduler.db.models import Allocation, Job, Node
 from scheduler.domain.errors import InvalidSpec
 from scheduler.services.paths import TeamStorage, real
 
 ELASTIC_FIELD = "autoscaler-config"
 ELASTIC_ROLE = "rollout"  # the role whose replicas are the engines an autoscaler scales
+WISH_EVENT = "rollout_wish"  # a job event: the driver asks for a number of rollout engines, and why
 
 
 def is_elastic(demand: dict[str, Any] | None) -> bool:
@@ -106,3 +110,27 @@ def granted_engines(session: Session, job: Job) -> list[dict[str, Any]] | None:
         .order_by(Allocation.replica, Allocation.id)
     )
     return [{"node": node, "ray_node_id": ray_node_id} for _replica, node, ray_node_id in rows]
+
+
+def wish_reason(wish: RolloutWish) -> str:
+    """Why the driver asks for its engines, as the pass's resizes quote it: 'rollout 0.12 of the step < scale_in
+    0.2'."""
+    share, threshold = wish["share"], wish["threshold"]
+    if threshold is None:
+        return "brought within min_engines .. max_engines"
+    if share < threshold:
+        return f"rollout {share:.2f} of the step < scale_in {threshold:g}"
+    return f"rollout {share:.2f} of the step > scale_out {threshold:g}"
+
+
+def record_wish(job: Job, wish: RolloutWish) -> str | None:
+    """Keep what an elastic job's driver asks for on the job (`Job.rollout_wish` and why; the caller's transaction
+    writes it) for the scheduling pass, which reads it within the rollout's bounds; the event's text. None, and
+    nothing kept, for a job whose rollout is not elastic."""
+    if not is_elastic(job.demand):
+        return None
+    reason = wish_reason(wish)
+    job.rollout_wish = wish["engines"]
+    job.rollout_wish_reason = reason[:200]
+    engines = wish["engines"]
+    return f"the driver asks for {engines} rollout engine{'' if engines == 1 else 's'} after step {wish['step']}: {reason}"

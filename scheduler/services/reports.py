@@ -43,6 +43,7 @@ from scheduler.db.models import (
 from scheduler.domain.errors import Conflict, InvalidRequest
 from scheduler.domain.jobs import ON_CLUSTER, JobStatus
 from scheduler.observability import count_report
+from scheduler.services.elastic import WISH_EVENT, record_wish
 from scheduler.services.job_tokens import job_token
 from scheduler.services.lifecycle import JobLifecycle, JobServiceBase
 from scheduler.services.outputs import JobOutputs
@@ -278,6 +279,10 @@ class JobReports(JobServiceBase):
             ):  # the driver's last report: names its attempt (final_report_stored)
                 message = f"attempt {attempt}: {message} (report seq {report.seq})"
             self._lifecycle.record_event(job, kind, message, at=_ts(e.get("time")))
+        if report.rollout_wish is not None:  # an elastic job's driver asks for engines: the pass reads it
+            asked = record_wish(job, report.rollout_wish)
+            if asked is not None:
+                self._lifecycle.record_event(job, WISH_EVENT, asked)
         self.session.flush()
         if report.phase == Phase.RUNNING and job.status == JobStatus.STARTING:
             self._lifecycle.transition(

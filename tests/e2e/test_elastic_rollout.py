@@ -1,9 +1,11 @@
 """Elastic rollout on the real embedded platform (issue 14 item 5, docs/reference/elastic-rollout.md): API, Celery
 worker and beat, a local Ray, SQLite, a pool of three slots and a pass every second.
 
-A GRPO job with `--autoscaler-config` (min 1, max 2 engines) asks for one engine: its demand's rollout group is
-elastic from submission (the YAML read from the team's area). The pass admits it on two slots and grows its
-rollout into the idle third; its driver follows the grant (two engines). An SFT job of one slot arrives: the pass
+A GRPO job with `--autoscaler-config` (min 1, max 2 engines; thresholds that make any step rollout-bound) asks for
+one engine: its demand's rollout group is elastic from submission (the YAML read from the team's area). The pass
+admits it on two slots; after its first step its driver asks for a second engine (the rollout's share of the step
+above scale_out's threshold, a `rollout_wish` in its report), and the pass grows its rollout into the idle third;
+its driver follows the grant (two engines). An SFT job of one slot arrives: the pass
 takes the lent engine back instead of preempting anyone and admits the SFT job in the same pass; the elastic
 job's driver stops that engine between two steps (its placement group released). Once the SFT job has
 finished, the pass grants the engine again and the driver starts it. The elastic job is never preempted and
@@ -25,7 +27,8 @@ from tests.e2e.watch import SlotWatch, until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-AUTOSCALER = "min_engines: 1\nmax_engines: 2\n"
+# every step's rollout is above 1% of it (so the driver asks for 2 engines after its first step), never below 0%
+AUTOSCALER = "min_engines: 1\nmax_engines: 2\nscale_out: {threshold: 0.01, cooldown_steps: 0}\nscale_in: {threshold: 0.0}\n"
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +120,8 @@ def test_the_pass_takes_an_elastic_jobs_engine_back_for_another_job_and_grants_i
         rollout = next(g for g in elastic["demand"]["groups"] if g["role"] == "rollout")
         assert (rollout["replicas"], rollout["min_replicas"], rollout["max_replicas"]) == (1, 1, 2), rollout
 
-        # 1. Admitted on two slots, grown into the third: the driver runs two engines
-        until(lambda: _rollout_replicas(c, eid) == 2, 60, c, p, eid)
+        # 1. Admitted on two slots; its driver asks for two engines after a step, grown into the third slot
+        until(lambda: _rollout_replicas(c, eid) == 2, 240, c, p, eid)
         until(lambda: (e := _engines(c, eid)) and e[-1] == 2.0, 240, c, p, eid)
         grown_at = time.time()
 
@@ -159,14 +162,21 @@ def test_the_pass_takes_an_elastic_jobs_engine_back_for_another_job_and_grants_i
     assert ended["status"] == "CANCELLED", ended
     assert ended["attempt"] == 1 and ended["preemptions"] == 0  # never preempted, never restarted
     engines = _engines(c, eid)
-    # two engines (the pass grew the rollout before its driver came up, or right after: one engine first), one
-    # from a step after the SFT job came, then two again; each change once
+    # one engine (the pass grows the rollout only once the driver has asked, after a step), two, one from a step
+    # after the SFT job came, then two again; each change once
     changes = [engines[0]] + [b for a, b in zip(engines, engines[1:], strict=False) if a != b]
-    assert changes in ([2.0, 1.0, 2.0], [1.0, 2.0, 1.0, 2.0]), engines
+    assert changes == [1.0, 2.0, 1.0, 2.0], engines
     assert engines.index(1.0, engines.index(2.0)) >= steps_before - 1, (engines, steps_before)
-    resized = [e["reason"] for e in c.events(eid) if e["kind"] == "rollout_resized"]
+    events = c.events(eid)
+    wishes = [e["reason"] for e in events if e["kind"] == "rollout_wish"]
+    # once: rollout-bound with one engine while the SFT job held the other, it still asks for the two it asked for
+    assert len(wishes) == 1 and wishes[0].startswith("the driver asks for 2 rollout engines after step ")
+    assert wishes[0].endswith("of the step > scale_out 0.01"), wishes
+    resized = [e["reason"] for e in events if e["kind"] == "rollout_resized"]
     assert len(resized) == 3, resized
-    assert resized[0].startswith("rollout 1 -> 2: the pass granted 1 engine (idle GPUs in the pool)")
+    assert resized[0].startswith(
+        "rollout 1 -> 2: the pass granted 1 engine (idle GPUs in the pool; the job asked for 1 more: rollout "
+    )
     assert resized[1].startswith(f"rollout 2 -> 1: the pass took back 1 engine ({sid} needs GPUs")
     assert resized[2].startswith("rollout 1 -> 2: the pass granted 1 engine")
     logs = _driver_logs(c, eid)

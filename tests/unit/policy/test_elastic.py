@@ -8,9 +8,10 @@ import functools
 import pytest
 
 from scheduler.policy import Assignment, Decision, Gang, JobView, Placement, PolicyConfig, schedule
-from scheduler.policy.elastic import as_resize, resized
+from scheduler.policy.elastic import as_resize, elastic_gang, plan_shrink, resized
 from scheduler.policy.invariants import check
-from tests.unit.policy.snapshots import decide, nodes, preempted, queue, queued, snapshot
+from scheduler.policy.pass_state import prepare
+from tests.unit.policy.snapshots import admitted, decide, nodes, preempted, queue, queued, snapshot
 from wire.jobs import JobStatus
 
 RIGID = PolicyConfig(elastic_shrink=False, elastic_grow=False)
@@ -26,11 +27,23 @@ def rl_job(
     min_count: int = 1,
     max_count: int = 8,
     base: int | None = None,
+    wish: int | None = None,
+    why: str = "",
     priority: int = 0,
     started_at: float = 0.0,
 ) -> JobView:
-    """A running RL job: a trainer on `actor_on` and one 1-GPU engine on each of `engines_on`."""
-    engines = Gang("rollout", 1, len(engines_on), min_count=min_count, max_count=max_count, base_count=base)
+    """A running RL job: a trainer on `actor_on` and one 1-GPU engine on each of `engines_on`; its driver asks
+    for `wish` engines (`why`), or has not asked (None)."""
+    engines = Gang(
+        "rollout",
+        1,
+        len(engines_on),
+        min_count=min_count,
+        max_count=max_count,
+        base_count=base,
+        wish=wish,
+        wish_reason=why,
+    )
     placement = Placement(
         (
             Assignment("actor", 0, actor_on, actor_gpus),
@@ -80,7 +93,7 @@ def test_engines_are_never_taken_below_min_count():
 def test_an_equal_job_takes_only_engines_lent_above_base_count():
     # rl grew from its 2 engines to 6 into idle GPUs; a same-class job of another queue may take back
     # the 4 lent ones at once, but not the 2 its spec asked for (it could not preempt rl for them)
-    rl = rl_job("rl", "a", ["n0"] * 6, min_count=1, base=2)
+    rl = rl_job("rl", "a", ["n0"] * 6, min_count=1, base=2, wish=6)
     small = queued("b4", "b", 4)
     d = decide(schedule, snapshot(200.0, nodes(1), [queue("a", 4), queue("b", 4)], [rl, small]))
     (r,) = d.resize
@@ -91,13 +104,18 @@ def test_an_equal_job_takes_only_engines_lent_above_base_count():
 
 
 def test_idle_gpus_grow_elastic_jobs_round_robin_up_to_max_count_and_quota():
-    # two RL jobs on two nodes, nobody waiting: they grow one engine at a time, each up to its max
-    a = rl_job("ra", "a", ["n0"], actor_on="n0", max_count=3)
-    b = rl_job("rb", "b", ["n1"], actor_on="n1", max_count=8, started_at=10.0)
+    # two RL jobs on two nodes whose drivers ask for all they may have, nobody waiting: they grow one engine at a
+    # time, each up to its max (ra asks for 5: held to its max_count 3)
+    why = "rollout 0.9 of the step > scale_out 0.6"
+    a = rl_job("ra", "a", ["n0"], actor_on="n0", max_count=3, wish=5, why=why)
+    b = rl_job("rb", "b", ["n1"], actor_on="n1", max_count=8, wish=8, why=why, started_at=10.0)
     d = decide(schedule, snapshot(300.0, nodes(2), [queue("a", 8), queue("b", 8)], [a, b]))
     grown = {r.job_id: (r.before, r.after) for r in d.resize}
     assert grown == {"ra": (1, 3), "rb": (1, 8)}
-    assert all(r.reason == "idle GPUs in the pool" for r in d.resize)
+    assert {r.job_id: r.reason for r in d.resize} == {
+        "ra": f"idle GPUs in the pool; the job asked for 2 more: {why}",
+        "rb": f"idle GPUs in the pool; the job asked for 7 more: {why}",
+    }
     # 16 GPUs: ra 2+3, rb 2+8 = 15 (ra stops at its max); a job waiting for capacity stops growth
     waiting = queued("w", "b", 8, count=2)
     d = decide(schedule, snapshot(300.0, nodes(2), [queue("a", 8), queue("b", 8)], [a, b, waiting]))
@@ -138,3 +156,77 @@ def test_a_resize_never_leaves_the_range_and_check_reports_one_onto_taken_gpus()
     extra = [Assignment("rollout", 2, "n0", 1), Assignment("rollout", 3, "n0", 1)]
     decision = Decision(resize=[as_resize(rl, resized(rl, "rollout", [0, 1], extra), "test")])
     assert check(snap, decision) == ["node n0 has 10 GPUs allocated of 8"]
+
+
+IDLE = "rollout 0.12 of the step < scale_in 0.2"
+BUSY = "rollout 0.72 of the step > scale_out 0.6"
+
+
+def test_growth_stops_at_what_the_driver_asks_for_and_at_base_count_before_it_has_asked():
+    # one node of 8 GPUs, nobody waiting: a job whose driver has not asked stays at its spec's 2 engines; asked
+    # for 4, it grows to 4 (not to its max of 6); shrunk below its spec's count, it gets back to it either way
+    snap = lambda rl: snapshot(300.0, nodes(1), [queue("a", 8)], [rl])  # noqa: E731
+    assert not decide(schedule, snap(rl_job("rl", "a", ["n0"] * 2, max_count=6, base=2))).resize
+    (r,) = decide(schedule, snap(rl_job("rl", "a", ["n0"] * 2, max_count=6, base=2, wish=4, why=BUSY))).resize
+    assert (r.before, r.after, r.reason) == (2, 4, f"idle GPUs in the pool; the job asked for 2 more: {BUSY}")
+    (r,) = decide(schedule, snap(rl_job("rl", "a", ["n0"], max_count=6, base=2))).resize
+    assert (r.before, r.after, r.reason) == (1, 2, "idle GPUs in the pool")
+    # elastic_grow off: back to base_count only, even asked for more
+    no_grow = functools.partial(schedule, config=PolicyConfig(elastic_grow=False))
+    (r,) = decide(no_grow, snap(rl_job("rl", "a", ["n0"], max_count=6, base=2, wish=4, why=BUSY))).resize
+    assert (r.before, r.after) == (1, 2)
+
+
+def test_engines_above_the_wish_go_back_to_the_pool_though_nobody_waits():
+    # holding 5 engines, its driver asks for 2: three go back (the newest), never below min_count
+    rl = rl_job("rl", "a", ["n0"] * 5, min_count=1, max_count=6, base=3, wish=2, why=IDLE)
+    d = decide(schedule, snapshot(300.0, nodes(1), [queue("a", 8)], [rl]))
+    (r,) = d.resize
+    assert (r.before, r.after, r.gpus) == (5, 2, -3)
+    assert r.reason == f"the job asked for 3 fewer: {IDLE}"
+    assert sorted(a.replica for a in r.placement.assignments if a.role == "rollout") == [0, 1]
+    assert d.pools["p"]["n0"] == 2 + 2  # trainer + 2 engines: the rest is the pool's again
+    floor = rl_job("rl", "a", ["n0"] * 3, min_count=2, max_count=6, base=3, wish=1, why=IDLE)
+    (r,) = decide(schedule, snapshot(300.0, nodes(1), [queue("a", 8)], [floor])).resize
+    assert (r.before, r.after) == (3, 2)  # asked for 1: min_count 2 stays
+    at_wish = rl_job("rl", "a", ["n0"] * 2, max_count=6, base=3, wish=2, why=IDLE)
+    assert not decide(schedule, snapshot(300.0, nodes(1), [queue("a", 8)], [at_wish])).resize
+    rigid = decide(
+        functools.partial(schedule, config=RIGID), snapshot(300.0, nodes(1), [queue("a", 8)], [rl])
+    )
+    assert not rigid.resize
+
+
+def test_a_job_that_needs_gpus_takes_engines_above_the_wish_first():
+    # one node of 8 GPUs, full: x (trainer 1, 3 engines of its spec's 3) asks for 1 engine; y (trainer 1, 3 engines
+    # of its spec's 1) asks for its 3. A 2-GPU job of another queue comes: x's two unwanted engines make room, y's
+    # two lent ones are not touched (before this change they were the first taken).
+    x = rl_job("x", "a", ["n0"] * 3, actor_on="n0", actor_gpus=1, base=3, wish=1, why=IDLE)
+    y = rl_job("y", "a", ["n0"] * 3, actor_on="n0", actor_gpus=1, base=1, wish=3, why=BUSY, started_at=5.0)
+    job = queued("b2", "b", 2)
+    snap = snapshot(300.0, nodes(1), [queue("a", 6), queue("b", 2)], [x, y, job])
+    d = decide(schedule, snap)
+    assert {r.job_id: (r.before, r.after) for r in d.resize} == {"x": (3, 1)} and admitted(d).keys() == {"b2"}
+    # plan_shrink alone orders them so too: x's unwanted engines before y's lent ones
+    pools = prepare(snap, Decision())
+    p = pools["p"]
+    plan = plan_shrink(p.cap, p.quota, job, p.running.values(), set(), {})
+    assert plan is not None and [(b.id, elastic_gang(a).count) for b, a in plan] == [("x", 1)]  # type: ignore[union-attr]
+
+
+def test_engines_given_back_then_taken_for_a_blocked_job_are_one_resize():
+    # x holds 4 engines and asks for 3 (one goes back); a higher class job needs 3 GPUs of the full node: it
+    # takes two more. One resize, 4 -> 1, with both reasons; the invariants hold (`decide` checks them).
+    x = rl_job("x", "a", ["n0"] * 4, actor_on="n0", actor_gpus=4, min_count=1, base=2, wish=3, why=IDLE)
+    hi = queued("hi", "a", 3, priority=10)
+    d = decide(schedule, snapshot(300.0, nodes(1), [queue("a", 8)], [x, hi]))
+    (r,) = d.resize
+    assert (r.before, r.after) == (4, 1) and admitted(d).keys() == {"hi"} and not preempted(d)
+    assert r.reason == f"the job asked for 1 fewer: {IDLE}; then hi needs GPUs its engines hold"
+
+
+def test_a_wish_needs_an_elastic_gang():
+    with pytest.raises(ValueError, match="wish"):
+        Gang("rollout", 1, 2, wish=3)
+    assert Gang("rollout", 1, 2, min_count=1, max_count=4, wish=9).wanted == 4  # within the range
+    assert Gang("rollout", 1, 2, min_count=1, max_count=4, base_count=3).wanted == 3  # before any: base

@@ -102,6 +102,38 @@ def test_the_autoscaler_follows_the_rollouts_share_of_the_step_within_bounds_and
     assert every_other.target(0, 1, 0.9) == 1 and every_other.target(1, 1, 0.9) == 3
 
 
+def test_on_the_platform_the_driver_asks_the_pass_for_what_the_thresholds_decide():
+    # GOOD: 1..3 engines; scale_out above 0.5 by 2 (cooldown 1), scale_in below 0.2 by 1 (cooldown 2). The job's spec
+    # asks for 1 engine: the pass grants no more before the driver asks
+    scaler = Autoscaler(AutoscalerConfig.parse(GOOD), wish=1)
+    assert scaler.ask(0, 1, 0.3) is None  # between the thresholds: nothing to ask
+    assert scaler.ask(1, 1, 0.9) == {"step": 1, "engines": 3, "share": 0.9, "threshold": 0.5}  # +2, up to max
+    assert scaler.wish == 3
+    assert scaler.ask(2, 1, 0.9) is None  # not granted yet, still rollout-bound: the wish stands
+    assert (
+        scaler.ask(2, 3, 0.1) is None
+    )  # granted; the engines wait, but within scale_in's cooldown (2 steps)
+    assert scaler.ask(3, 3, 0.1) == {"step": 3, "engines": 2, "share": 0.1, "threshold": 0.2}
+    # the pass took an engine back for another job (1 runs, 2 asked): rollout-bound there, +2 from 1 is 3
+    assert scaler.ask(4, 1, 0.9) == {"step": 4, "engines": 3, "share": 0.9, "threshold": 0.5}
+    assert scaler.ask(5, 2, 0.6) is None  # rollout-bound at 2 of the 3 asked: 2 + 2 = 3, asked already
+    # the engines wait while the pass has not yet taken the surplus back: never a wish above the one asked
+    high = Autoscaler(AutoscalerConfig.parse(GOOD), wish=1)
+    assert high.ask(0, 3, 0.1) is None and high.wish == 1  # 3 - 1 = 2 > 1 asked: stays 1
+    # outside the bounds (5 engines of at most 3): brought within them first, no threshold crossed
+    assert Autoscaler(AutoscalerConfig.parse(GOOD)).ask(0, 5, 0.3) == {
+        "step": 0,
+        "engines": 3,
+        "share": 0.3,
+        "threshold": None,
+    }
+    assert Autoscaler(AutoscalerConfig.parse(GOOD), wish=7).wish == 3  # a spec's count out of range: clamped
+    # evaluation_interval 2: only every other step decides
+    every_other = Autoscaler(AutoscalerConfig.parse({**GOOD, "evaluation_interval": 2}), wish=1)
+    assert every_other.ask(0, 1, 0.9) is None
+    assert every_other.ask(1, 1, 0.9) == {"step": 1, "engines": 3, "share": 0.9, "threshold": 0.5}
+
+
 def test_the_partial_success_policy_decides_which_new_engines_stay():
     assert settle_scale_out([True, False, True], PartialSuccessPolicy.ROLLBACK_ALL) == [False] * 3
     assert settle_scale_out([True, False, True], PartialSuccessPolicy.KEEP_PARTIAL) == [True, False, True]

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import get_args, get_origin, get_type_hints
 
-from runtime.report_protocol import REPORT_LISTS, Report
+from runtime.report_protocol import REPORT_LISTS, Report, RolloutWish
 from runtime.reporter import EventKind, LocalReporter, Phase, RolloutSplit
 from runtime.train.checkpoint import CheckpointFormat, CheckpointRecord
 
@@ -23,6 +23,7 @@ def _reports_of_a_run(out: Path) -> list[dict]:
     reporter.rollout(7, RolloutSplit.EVAL, "/x/rollouts/7.jsonl", 64)
     reporter.prediction(1, "/x/predict/predictions_step_1.jsonl", 32)
     reporter.event(EventKind.CHECKPOINT_SAVED, "iter 1")
+    reporter.rollout_wish(RolloutWish(step=1, engines=3, share=0.72, threshold=0.6))
     assert reporter.close(timeout=10.0, final="exit 0: finished")
     return [json.loads(line) for line in (out / "reports.jsonl").read_text().splitlines()]
 
@@ -31,9 +32,12 @@ def test_the_reporters_reports_are_reports_and_validation_changes_no_value_it_se
     sent = _reports_of_a_run(tmp_path)
     kinds = {kind for body in sent for kind in REPORT_LISTS if body[kind]}
     assert kinds == set(REPORT_LISTS)  # every kind of item went out, so each is checked below
+    wishes = [body["rollout_wish"] for body in sent if "rollout_wish" in body]
+    assert wishes == [{"step": 1, "engines": 3, "share": 0.72, "threshold": 0.6}]  # once, in one report
     for body in sent:
-        assert set(body) == {"attempt", "seq", "phase", "progress", *REPORT_LISTS}
+        assert set(body) - {"rollout_wish"} == {"attempt", "seq", "phase", "progress", *REPORT_LISTS}
         report = Report.model_validate(body)
+        assert report.rollout_wish == body.get("rollout_wish")
         for kind in REPORT_LISTS:
             for item, checked in zip(body[kind], getattr(report, kind), strict=True):
                 assert {k: checked[k] for k in item} == item, kind  # nothing sent is dropped or altered

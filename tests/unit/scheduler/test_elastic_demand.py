@@ -80,7 +80,12 @@ def test_the_yaml_in_the_teams_area_makes_the_rollout_gang_elastic(storage: Team
     # a running job's gang holds the replicas of its allocation rows (a resize rewrote them)
     placed = [P.Assignment("actor", 0, "p/n1", 1)] + [P.Assignment("rollout", i, "p/n1", 1) for i in range(3)]
     held = {g.role: g for g in _held(tuple(gangs.values()), placed)}
-    assert (held["rollout"].count, held["rollout"].base) == (3, 2)
+    assert (held["rollout"].count, held["rollout"].base, held["rollout"].wanted) == (3, 2, 2)
+    # ... and what its driver asks for (`jobs.rollout_wish`), which the pass grows it to and gives back above
+    why = "rollout 0.12 of the step < scale_in 0.2"
+    held = {g.role: g for g in _held(tuple(gangs.values()), placed, 1, why)}
+    assert (held["rollout"].count, held["rollout"].wanted, held["rollout"].wish_reason) == (3, 1, why)
+    assert held["actor"].wish is None
     # without --autoscaler-config the demand is the spec's as it was
     plain = _submitted(storage, **{"autoscaler-config": None})
     assert not is_elastic(plain) and all(g["min_replicas"] is None for g in plain["groups"])

@@ -2964,6 +2964,7 @@ export interface components {
             /** Predictions */
             predictions?: components["schemas"]["PredictionItem"][];
             progress?: components["schemas"]["Progress"] | null;
+            rollout_wish?: components["schemas"]["RolloutWish"] | null;
             /** Rollouts */
             rollouts?: components["schemas"]["RolloutItem"][];
             /** Seq */
@@ -3055,6 +3056,24 @@ export interface components {
              * Format: date-time
              */
             time: string;
+        };
+        /**
+         * RolloutWish
+         * @description An elastic job's driver (`--autoscaler-config`) asks for this many rollout engines from now on, decided by its
+         *     autoscaler YAML as a standalone run scales (`runtime.rollout.elastic.Autoscaler.ask`): the rollout's `share` of
+         *     step `step`'s wall time (perf/rollout_time over perf/step_time) crossed `threshold` (above it scale_out's,
+         *     below it scale_in's; None: the engines were brought within min_engines .. max_engines). The scheduling pass
+         *     grows the job's rollout up to it and gives engines above it back (docs/reference/elastic-rollout.md).
+         */
+        RolloutWish: {
+            /** Engines */
+            engines: number;
+            /** Share */
+            share: number;
+            /** Step */
+            step: number;
+            /** Threshold */
+            threshold?: number | null;
         };
         /** RolloutsPage */
         RolloutsPage: {
