@@ -26,17 +26,21 @@ pytestmark = pytest.mark.ray
 SERVER_MODULE = "runtime.rollout.sglang.server"
 
 
-def engine_servers() -> list[psutil.Process]:
-    """This machine's engine server processes launched by Ray actors (their command line names the module
-    and the process that launched them, `--relax-watch-pid`). Servers that a test of the other pytest worker
-    launches in its own process (tests/unit/runtime/sglang/test_passthrough.py) are not the job's: neither
-    faulted nor counted as strays."""
+def engine_servers(within: Path) -> list[psutil.Process]:
+    """This machine's engine server processes launched by Ray actors for a model under `within` (their
+    command line names the module, the model and the process that launched them, `--relax-watch-pid`).
+    `within` is this pytest worker's base temporary folder: the other worker runs whole platforms whose jobs
+    launch engine servers through Ray too (a SIGKILL meant for this test's engine once killed one of those,
+    failing that worker's test), and tests that launch servers in their own process
+    (tests/unit/runtime/sglang/test_passthrough.py); neither kind is faulted nor counted as a stray."""
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         cmd = proc.info["cmdline"] or []
         if (
             SERVER_MODULE in cmd
             and "--relax-watch-pid" in cmd
+            and "--model-path" in cmd
+            and Path(cmd[cmd.index("--model-path") + 1]).is_relative_to(within)
             and proc.info["status"] != psutil.STATUS_ZOMBIE
             and _launched_by_ray(int(cmd[cmd.index("--relax-watch-pid") + 1]))
         ):
@@ -98,13 +102,14 @@ class Faults:
 
 
 @pytest.fixture
-def no_stray_servers() -> Iterator[None]:
-    before = {p.pid for p in engine_servers()}
+def no_stray_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    base = tmp_path_factory.getbasetemp()
+    before = {p.pid for p in engine_servers(base)}
     yield
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and {p.pid for p in engine_servers()} - before:
+    while time.monotonic() < deadline and {p.pid for p in engine_servers(base)} - before:
         time.sleep(0.2)
-    assert not {p.pid for p in engine_servers()} - before, "engine servers outlived the job"
+    assert not {p.pid for p in engine_servers(base)} - before, "engine servers outlived the job"
 
 
 def health_spec(artifacts: dict[str, Path], out: Path, **overrides) -> dict:
@@ -144,14 +149,14 @@ def test_a_hung_and_a_dead_engine_are_replaced_and_the_run_learns(
     state: dict[str, psutil.Process] = {}
 
     def stop_one() -> str:  # a hung engine: its server process stopped, its actor alive
-        server = min(engine_servers(), key=lambda p: p.pid)
+        server = min(engine_servers(tmp_path.parent), key=lambda p: p.pid)
         server.send_signal(signal.SIGSTOP)
         faults.stopped.append(server)
         state["stopped"] = server
         return f"SIGSTOP server {server.pid}"
 
     def kill_another() -> str:  # a dead engine: its actor SIGKILLed (its server follows it)
-        others = [p for p in engine_servers() if p.pid != state["stopped"].pid]
+        others = [p for p in engine_servers(tmp_path.parent) if p.pid != state["stopped"].pid]
         actor = launcher_pid(min(others, key=lambda p: p.pid))
         os.kill(actor, signal.SIGKILL)
         return f"SIGKILL actor {actor}"
@@ -200,7 +205,7 @@ def test_replacements_past_max_global_restart_fail_the_job(
     ray_local, artifacts: dict[str, Path], tmp_path: Path, no_stray_servers: None
 ) -> None:
     def kill_both() -> str:
-        actors = sorted(launcher_pid(p) for p in engine_servers())
+        actors = sorted(launcher_pid(p) for p in engine_servers(tmp_path.parent))
         for pid in actors:
             os.kill(pid, signal.SIGKILL)
         return f"SIGKILL actors {actors}"
