@@ -75,6 +75,33 @@ def platform(_e2e_shared_platform: RunningPlatform) -> RunningPlatform:
     return _e2e_shared_platform
 
 
+# The SFT warm-up examples/sft-arith.yaml that grpo-arith.yaml, ppo-arith.yaml and grpo-arith-megatron.yaml start
+# from (job://sft-arith/hf), per running platform: the modules that share a platform share it too (a run of it
+# is a whole job, ~13 s alone on two cores and 20-30 s beside the other lane), as they share the platform.
+_SFT_ARITH: dict[tuple[str, str, int], dict] = {}
+
+
+@pytest.fixture(scope="module")
+def sft_arith(platform: RunningPlatform) -> dict:
+    """The job of examples/sft-arith.yaml on this module's platform, submitted as it is with `relaxctl submit
+    --wait` (which answered SUCCEEDED), the job SUCCEEDED and its log without an error or a traceback: run by
+    the first test on this platform that needs it, the same job for the tests after it."""
+    from client.sdk import RelaxClient
+
+    key = (platform.url, str(platform.home), platform.proc.pid)
+    job = _SFT_ARITH.get(key)
+    if job is None:
+        r = platform.relaxctl("submit", "examples/sft-arith.yaml", "--wait")
+        assert r.returncode == 0, r.stdout + r.stderr + platform.log()
+        assert "SUCCEEDED" in r.stdout, r.stdout
+        c = RelaxClient(platform.url, platform.key)
+        job = c.list_jobs(name="sft-arith")["data"][0]
+        assert job["status"] == "SUCCEEDED", job
+        assert log_problems(c, job["id"]) == []
+        _SFT_ARITH[key] = job
+    return job
+
+
 def log_problems(client, job_id: str) -> list[str]:  # type: ignore[no-untyped-def]
     """A job's log lines (every page) at level ERROR or above or carrying a traceback: a job that succeeds
     has none (issue 16: a successful GRPO job used to end with an ERROR traceback from its engine actor)."""

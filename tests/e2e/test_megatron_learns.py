@@ -22,18 +22,6 @@ from tests.e2e.conftest import log_problems
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def sft_arith(platform: RunningPlatform) -> dict:
-    """The SFT warm-up (examples/sft-arith.yaml) run once on this module's platform: the GRPO runs of the
-    module start from its Hugging Face export (job://sft-arith/hf)."""
-    r = platform.relaxctl("submit", "examples/sft-arith.yaml", "--wait")
-    assert r.returncode == 0, r.stdout + r.stderr + platform.log()
-    c = RelaxClient(platform.url, platform.key)
-    sft = c.list_jobs(name="sft-arith")["data"][0]
-    assert sft["status"] == "SUCCEEDED", sft
-    return sft
-
-
 STEPS = 100
 
 

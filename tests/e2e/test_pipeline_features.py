@@ -114,15 +114,13 @@ def test_grpo_with_over_sampling_dynamic_filter_and_pass_at_k(platform: RunningP
     assert sum(1 for r in rollouts if r["split"] == "train") == 6
 
 
-def test_ppo_with_a_critic_role(platform: RunningPlatform) -> None:
-    """PPO (ppo-arith.yaml, a few steps) from a short SFT warm-up, through the scheduler: the critic role
+def test_ppo_with_a_critic_role(platform: RunningPlatform, sft_arith: dict) -> None:
+    """PPO (ppo-arith.yaml, a few steps) from the SFT warm-up (tests/e2e/conftest.py's `sft_arith`, shared with
+    tests/e2e/test_walking_skeleton.py on this platform), through the scheduler: the critic role
     (a slot of its own) trains alone for `num-critic-only-steps`, then beside the policy; its metrics
     arrive through the API. The example's layout as it is: actor and critic on a device each, the
     colocated rollout spanning both (the demand is 2 devices, the local pool's 2 slots)."""
     c = RelaxClient(platform.url, platform.key)
-    sft = _example("sft-arith.yaml", **{"save-interval": 55})
-    _run(platform, c, "sft-arith", sft)  # ppo-arith.yaml starts from job://sft-arith/hf
-
     warmup, steps = 5, 8
     spec = _example(
         "ppo-arith.yaml",
@@ -137,7 +135,10 @@ def test_ppo_with_a_critic_role(platform: RunningPlatform) -> None:
     spec.pop("eval-prompt-data")
     job = _run(platform, c, "ppo-arith", spec, timeout=180)
     detail = c.get_job(job["id"])
-    assert detail["spec"]["hf_checkpoint"].endswith("/hf")  # the sft-arith job's export
+    # the sft-arith job's export
+    assert detail["spec"]["hf_checkpoint"].startswith(sft_arith["output_dir"])
+    assert detail["spec"]["hf_checkpoint"].endswith("/hf")
+    assert detail["submitted"]["inputs"][0]["job_id"] == sft_arith["id"]
 
     metrics = _series(c, job["id"])
     critic = ("train/value_loss", "train/value_clipfrac", "train/critic_grad_norm", "train/critic_lr")

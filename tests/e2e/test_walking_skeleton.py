@@ -33,12 +33,11 @@ def _wait_status(c: RelaxClient, job_id: str, statuses: set[str], timeout: float
 GRPO_STEPS = 100  # the example's 300 are measured by `python -m bench.example_run` (README.md, docs/reference/runtime.md)
 
 
-def test_sft_then_grpo_learns(platform: RunningPlatform, tmp_path: Path) -> None:
+def test_sft_then_grpo_learns(platform: RunningPlatform, sft_arith: dict, tmp_path: Path) -> None:
+    """The SFT warm-up (tests/e2e/conftest.py's `sft_arith`: examples/sft-arith.yaml through `relaxctl submit
+    --wait`, SUCCEEDED, no error in its log; run here, or by a module before on this platform), then GRPO from
+    its export."""
     import yaml
-
-    r = platform.relaxctl("submit", "examples/sft-arith.yaml", "--wait")
-    assert r.returncode == 0, r.stdout + r.stderr + platform.log()
-    assert "SUCCEEDED" in r.stdout
 
     # While GRPO runs, the API already serves its metrics.
     seen_while_running: dict[str, set[str]] = {}
@@ -72,7 +71,7 @@ def test_sft_then_grpo_learns(platform: RunningPlatform, tmp_path: Path) -> None
 
     # It consumed the SFT job's Hugging Face export.
     detail = c.get_job(job["id"])
-    sft = c.list_jobs(name="sft-arith")["data"][0]
+    sft = sft_arith
     assert detail["spec"]["hf_checkpoint"].startswith(sft["output_dir"])
     assert detail["submitted"]["inputs"][0]["job_id"] == sft["id"]
 
