@@ -360,7 +360,9 @@ def simulate(
                     j = sim[active[job_id]]
                     j.view = views[job_id] = dataclasses.replace(j.view, nominated_nodes=frozenset(held))
                 nominated = set(decision.nominate)
-                if not decision.preempt:
+                # preempted jobs and engines taken back stop at once here: their GPUs go to the jobs nominated
+                # for them in another round
+                if not decision.preempt and not any(r.after < r.before for r in decision.resize):
                     break
             if queued and beat_s > 0:
                 beat_at = now + beat_s

@@ -13,7 +13,7 @@ Pure: pydantic and the standard library only (the API and the scheduler import i
 # No `from __future__ import annotations`: the TypedDicts' required keys are read when the class is made, and a
 # string annotation hides `NotRequired` from it.
 from enum import StrEnum
-from typing import Annotated, NotRequired, get_origin
+from typing import Annotated, NamedTuple, NotRequired, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, with_config
 from typing_extensions import TypedDict  # pydantic needs typing_extensions' TypedDict before Python 3.12
@@ -129,6 +129,15 @@ class RolloutWish(TypedDict):
     threshold: NotRequired[Annotated[float | None, Field(default=None, ge=0, le=1)]]
 
 
+class Grant(NamedTuple):
+    """What the answer to a report tells an elastic job's driver (`api.schemas.jobs.ReportAck`): the Ray node id of
+    each rollout engine the scheduling pass allocates the job now (None: a node known by hostname only), and the
+    grant's number, which the driver reports back as `Report.rollout_followed` once its engines match it."""
+
+    engines: tuple[str | None, ...]
+    number: int | None = None
+
+
 class Report(BaseModel):
     """One batch from a job's driver: numbered per attempt from 0, resent unchanged until acknowledged."""
 
@@ -138,6 +147,9 @@ class Report(BaseModel):
     progress: Progress | None = None
     # the latest wish of an elastic job's driver since its last report (None: unchanged)
     rollout_wish: RolloutWish | None = None
+    # an elastic job's driver runs the engines of this grant now (the answer's `rollout_grant`): the engines the pass
+    # took back before it are stopped, and their GPUs free (None: unchanged)
+    rollout_followed: Annotated[int, Field(ge=0, le=BIGINT_MAX)] | None = None
     metrics: list[MetricItem] = Field(default_factory=list)
     logs: list[LogItem] = Field(default_factory=list)
     checkpoints: list[CheckpointItem] = Field(default_factory=list)

@@ -25,6 +25,7 @@ from runtime.report_protocol import (  # Phase, EventKind, RolloutSplit: importe
     CheckpointItem,
     EventItem,
     EventKind,
+    Grant,
     LogItem,
     MetricItem,
     Phase,
@@ -57,12 +58,17 @@ class _Pending:
     lists: dict[str, list[Any]] = field(default_factory=lambda: {k: [] for k in REPORT_LISTS})
     phase: str | None = None
     wish: RolloutWish | None = None  # an elastic job's latest wish (`Reporter.rollout_wish`)
+    followed: int | None = None  # the grant its engines match now (`Reporter.rollout_followed`)
     dropped_logs: int = 0
     final: EventItem | None = None  # the end-of-run marker: goes out last, in the last report
 
     def empty(self) -> bool:
         return (
-            self.phase is None and self.wish is None and self.final is None and not any(self.lists.values())
+            self.phase is None
+            and self.wish is None
+            and self.followed is None
+            and self.final is None
+            and not any(self.lists.values())
         )
 
     def count(self) -> int:
@@ -149,8 +155,8 @@ class Reporter(ABC):
         self._persisted = 0  # ... and how many of them are written (the cut that served them is in the queue)
         self._durable_step: int | None = None  # durable_through(): persist at the metrics of this step
         self._sinks: list[MetricSink] = []  # add_sink(): experiment trackers (runtime/trackers.py)
-        # an elastic job's rollout engines as the platform's last answer granted them (`granted_engines`)
-        self._granted: tuple[str | None, ...] | None = None
+        # an elastic job's rollout engines as the platform's last answer granted them (`grant`)
+        self._grant: Grant | None = None
         self._cutter = threading.Thread(
             target=self._cut_loop, name=f"{type(self).__name__}-cutter", daemon=True
         )
@@ -179,12 +185,18 @@ class Reporter(ABC):
         return len(self._queue) + len(self._unwritten)
 
     @property
-    def granted_engines(self) -> tuple[str | None, ...] | None:
+    def grant(self) -> Grant | None:
         """An elastic job's rollout engines as the scheduling pass allocated them, in the platform's latest
-        answer: the Ray node id of each (None: a node known by hostname only). None until an answer has
-        carried them (always, for a standalone run or a job whose rollout is not elastic). The driver follows
-        them between steps (`runtime.roles.elastic`)."""
-        return self._granted
+        answer: the Ray node id of each (None: a node known by hostname only), and the grant's number. None until
+        an answer has carried them (always, for a standalone run or a job whose rollout is not elastic). The
+        driver follows them between steps (`runtime.roles.elastic`), then reports the number (`rollout_followed`)."""
+        return self._grant
+
+    @property
+    def granted_engines(self) -> tuple[str | None, ...] | None:
+        """`grant`'s engines."""
+        grant = self._grant
+        return None if grant is None else grant.engines
 
     def request_stop(self) -> None:
         """Mark a stop as requested from this side (e.g. on SIGTERM)."""
@@ -272,6 +284,15 @@ class Reporter(ABC):
                 self.late_items += 1
                 return
             self._pending.wish = wish
+
+    def rollout_followed(self, number: int) -> None:
+        """An elastic job's engines match grant `number` now (`grant`): the platform frees the GPUs of the engines
+        it took back before. Goes out in the next report."""
+        with self._cond:
+            if self._closing:
+                self.late_items += 1
+                return
+            self._pending.followed = number
 
     def set_progress(self, step: int, total_steps: int) -> None:
         with self._cond:
@@ -414,6 +435,9 @@ class Reporter(ABC):
         if pending.wish is not None:
             payload["rollout_wish"] = pending.wish
             pending.wish = None
+        if pending.followed is not None:
+            payload["rollout_followed"] = pending.followed
+            pending.followed = None
         for kind in REPORT_LISTS:
             bucket = pending.lists[kind]
             payload[kind], pending.lists[kind] = bucket[:MAX_ITEMS_PER_REPORT], bucket[MAX_ITEMS_PER_REPORT:]
@@ -589,8 +613,10 @@ class HttpReporter(Reporter):
         engines = answer.get("rollout_engines")
         # an elastic job's engines: ReportAck.rollout_engines (docs/adr/0013-elastic-rollout-follows-the-pass.md)
         if isinstance(engines, list):
-            self._granted = tuple(
-                e.get("ray_node_id") or None if isinstance(e, dict) else None for e in engines
+            number = answer.get("rollout_grant")
+            self._grant = Grant(
+                tuple(e.get("ray_node_id") or None if isinstance(e, dict) else None for e in engines),
+                number if isinstance(number, int) and not isinstance(number, bool) else None,
             )
         return bool(answer.get("stop_requested", False))
 

@@ -229,9 +229,15 @@ def _load(session: Session, now: datetime) -> tuple[P.Snapshot, dict[str, _Row]]
     ).all()
     ids = {j.id for j in active}
     placements: dict[str, list[P.Assignment]] = {}
+    # engines taken back, held until their driver has stopped them (`allocations.released_in`)
+    releasing: dict[str, list[tuple[str, int]]] = {}
     # allocations exist only for jobs holding slots, all of them active
     for a in session.scalars(sa.select(Allocation)):
-        if a.job_id in ids:
+        if a.job_id not in ids:
+            continue
+        if a.released_in is not None:
+            releasing.setdefault(a.job_id, []).append((node_key(a.pool, a.node), a.gpus))
+        else:
             placements.setdefault(a.job_id, []).append(
                 P.Assignment(
                     role=a.role,
@@ -277,6 +283,7 @@ def _load(session: Session, now: datetime) -> tuple[P.Snapshot, dict[str, _Row]]
                 preemptions=j.preemptions,
                 service_gpu_s=j.service_gpu_s,
                 nominated_nodes=frozenset(nominated or ()) if status == JobStatus.QUEUED else frozenset(),
+                releasing=tuple(releasing.get(j.id, ())),
             )
         )
     snapshot = P.Snapshot(
@@ -403,29 +410,62 @@ def run_scheduling_pass(
 
 def _apply_resize(session: Session, r: Resize, now: datetime) -> bool:
     """Write one `Decision.resize`: the role's allocation rows become the pass's placement of it (the
-    allocation is the placement: the driver follows these rows, `scheduler.services.elastic.granted_engines`),
-    the job's GPUs its new total, and an event says why. The run's attained service counts the GPUs it held
-    until now at the old total (`service_gpu_s` is settled with the run's last total when it ends, so the
-    difference is settled here)."""
+    allocation is the placement: the driver follows these rows, `scheduler.services.elastic.rollout_grant`),
+    the job's GPUs its new total, and an event says why. The allocation gets a new number (`Job.rollout_grant`);
+    the GPUs it takes back keep a row per engine, `released_in` that number, until the driver reports it has
+    followed it (`scheduler.services.elastic.release_followed`): held, no job is placed where those engines may
+    still run.
+    The run's attained service counts the GPUs it held until now at the old total (`service_gpu_s` is settled
+    with the run's last total when it ends, so the difference is settled here)."""
     row = session.execute(
-        sa.select(Job.total_gpus, Job.launched_at, Job.service_gpu_s).where(Job.id == r.job_id)
+        sa.select(Job.total_gpus, Job.launched_at, Job.service_gpu_s, Job.rollout_grant).where(
+            Job.id == r.job_id
+        )
     ).one_or_none()
     if row is None:
         return False
     total = demand_gpus(r.demand)
-    values: dict[str, Any] = {"total_gpus": total}
+    grant = (row.rollout_grant or 0) + 1  # this allocation's number: the driver reports it once it runs it
+    values: dict[str, Any] = {"total_gpus": total, "rollout_grant": grant}
     if row.launched_at is not None:
         held_s = max(0.0, (now - row.launched_at).total_seconds())
         values["service_gpu_s"] = row.service_gpu_s + held_s * (row.total_gpus - total)
     session.execute(sa.update(Job).where(Job.id == r.job_id).values(**values))
-    session.execute(sa.delete(Allocation).where(Allocation.job_id == r.job_id, Allocation.role == r.role))
-    session.add_all(_allocation_rows(r.job_id, (a for a in r.placement.assignments if a.role == r.role)))
+    granted = (
+        Allocation.job_id == r.job_id,
+        Allocation.role == r.role,
+        Allocation.released_in.is_(None),
+        sa.not_(Allocation.shared),
+    )
+    had: dict[tuple[str, str], int] = {}
+    for pool, node, gpus in session.execute(
+        sa.select(Allocation.pool, Allocation.node, Allocation.gpus).where(*granted)
+    ):
+        had[(pool, node)] = had.get((pool, node), 0) + gpus
+    session.execute(sa.delete(Allocation).where(*granted))
+    rows = _allocation_rows(r.job_id, (a for a in r.placement.assignments if a.role == r.role))
+    session.add_all(rows)
+    for row in rows:
+        had[(row.pool, row.node)] = had.get((row.pool, row.node), 0) - row.gpus
+    taken = {key: gpus for key, gpus in sorted(had.items()) if gpus > 0}
+    per_engine = next(g.gpus for g in r.demand if g.role == r.role)
+    session.add_all(  # a row per engine taken back (an elastic engine sits on one node)
+        Allocation(
+            job_id=r.job_id, pool=pool, node=node, role=r.role, replica=-1, gpus=per_engine, released_in=grant
+        )
+        for (pool, node), gpus in taken.items()
+        for _ in range(gpus // per_engine)
+    )
     engines = abs(r.after - r.before)
     if r.after == r.before:  # taken back and granted elsewhere in one pass
         did = "moved engines"
     else:
         did = f"{'took back' if r.after < r.before else 'granted'} {engines} engine{'' if engines == 1 else 's'}"
     where = _describe(P.Placement(tuple(a for a in r.placement.assignments if a.role == r.role)))
+    if taken:
+        where += "; held until the driver has stopped the engines on " + ", ".join(
+            f"{node} ({gpus} GPU{'' if gpus == 1 else 's'})" for (_, node), gpus in taken.items()
+        )
     session.add(
         JobEvent(
             job_id=r.job_id,

@@ -19,7 +19,7 @@ from runtime.report_protocol import Report
 from scheduler.db.models import Job
 from scheduler.services.audit import AuditEntry
 from scheduler.services.audit import record as record_audit
-from scheduler.services.elastic import granted_engines
+from scheduler.services.elastic import rollout_grant
 from scheduler.services.job_tokens import authorize_job_token, claim_job_token
 
 router = APIRouter(prefix="/v1/internal/jobs", tags=["internal"], responses=ERROR_RESPONSES)
@@ -84,4 +84,8 @@ def driver_spec(job: TokenJob, svc: JobReportsDep) -> dict[str, Any]:
 def driver_report(job: TokenJob, body: Report, svc: JobReportsDep) -> ReportAck:
     stop = svc.ingest_report(job, body)
     # an elastic job's engines as the pass allocated them: its driver follows them (scheduler/services/elastic.py)
-    return ReportAck(stop_requested=stop, rollout_engines=granted_engines(svc.session, job))
+    grant = rollout_grant(svc.session, job)
+    if grant is None:
+        return ReportAck(stop_requested=stop)
+    engines, number = grant
+    return ReportAck(stop_requested=stop, rollout_engines=engines, rollout_grant=number)

@@ -85,7 +85,14 @@ def _detail(svc: JobOutputs, job, *, new: bool = False, status_code: int = 200) 
     head["spec"] = {}
     if not new:  # a job created by this request holds nothing yet
         head["allocations"] = [
-            {"node": a.node, "role": a.role, "gpus": a.gpus, "pool": a.pool} for a in svc.allocations(job)
+            {
+                "node": a.node,
+                "role": a.role,
+                "gpus": a.gpus,
+                "pool": a.pool,
+                "releasing": a.released_in is not None,
+            }
+            for a in svc.allocations(job)
         ]
     others = _DETAIL_SERIALIZER.to_json(JobDetail.model_validate(head), exclude={"spec"})
     spec = to_json(job.spec)

@@ -161,6 +161,11 @@ class AllocationPublic(BaseModel):
     role: str
     gpus: int
     pool: str
+    releasing: bool = Field(
+        False,
+        description="A rollout engine the scheduling pass took back from the (elastic) job that its driver has not "
+        "yet stopped: its GPUs stay held until then (docs/reference/elastic-rollout.md).",
+    )
 
 
 class JobDetail(JobPublic):
@@ -351,4 +356,10 @@ class ReportAck(BaseModel):
         description="An elastic job's rollout engines (--autoscaler-config) as the scheduling pass allocated them "
         "now, one per engine in replica order: the driver stops and starts engines between steps to match "
         "(docs/reference/elastic-rollout.md). Absent for any other job.",
+    )
+    rollout_grant: int | None = Field(
+        None,
+        description="The number of that grant (it grows with each one): once the driver's engines match it, the "
+        "driver reports it as `rollout_followed`, and the GPUs of engines the pass took back before it are free. "
+        "Absent for any other job.",
     )

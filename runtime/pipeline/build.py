@@ -73,7 +73,8 @@ def build_pipeline(
     started = time.perf_counter()
     roles = start_roles(role_plan(spec, total, device), device=device, env_vars=actor_env)
     if roles.rollout is not None and roles.rollout.elastic is not None:  # the engines the pass grants
-        roles.rollout.elastic.follow = lambda: reporter.granted_engines
+        roles.rollout.elastic.follow = lambda: reporter.grant
+        roles.rollout.elastic.report_followed = reporter.rollout_followed  # engines taken back are stopped
         roles.rollout.elastic.report_wish = reporter.rollout_wish  # and what the driver asks it for
     relay = LogRelay(roles.log_sink, reporter) if roles.log_sink is not None else None
     reporter.event(EventKind.MODEL_LOADED, f"{spec.hf_checkpoint} in {time.perf_counter() - started:.1f}s")

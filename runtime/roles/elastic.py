@@ -4,9 +4,10 @@ reserved when it starts and released when it stops, so an engine scaled in gives
 
 Who decides (`ElasticRollout.after_step`):
 - a job the scheduling pass placed follows what the pass granted (`follow`: the rollout role's allocation as
-  the platform's answer to the driver's reports carries it, `Reporter.granted_engines`): an engine on a node
-  whose replica the pass took back leaves, and an engine starts on each node it granted
-  (`runtime.rollout.elastic.follow_grant`). The driver's thresholds decide what it asks the pass for
+  the platform's answer to the driver's reports carries it, `Reporter.grant`): an engine on a node whose replica
+  the pass took back leaves, and an engine starts on each node it granted (`runtime.rollout.elastic.follow_grant`);
+  then the driver reports the grant's number (`report_followed`, `Reporter.rollout_followed`), which frees the
+  GPUs of the engines it stopped (the pass holds them until then). The driver's thresholds decide what it asks the pass for
   (`Autoscaler.ask`, reported through `report_wish`, `Reporter.rollout_wish`): the pass grows the job into idle
   GPUs up to that, gives back engines above it, and takes engines back for other jobs
   (`scheduler.policy.elastic`);
@@ -49,6 +50,7 @@ from ray.actor import ActorHandle
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from runtime.devices import Device
+from runtime.report_protocol import Grant
 from runtime.roles.placement import Slot, engine_placement_group
 from runtime.rollout.elastic import (
     Autoscaler,
@@ -135,7 +137,7 @@ class ScaleOutcome:
 class ElasticRollout:
     """Scales one `RolloutGroup` (see the module docstring). `homes[i]` is where `group.actors[i]` runs (kept in
     step with the list by this class, the only one that changes it). `placed`: the scheduling pass placed the
-    job; then `follow` (the engines the pass granted, `Reporter.granted_engines`; None until an answer carried
+    job; then `follow` (the engines the pass granted, `Reporter.grant`; None until an answer carried
     them) decides, and without it the role keeps the engines it has; the autoscaler's thresholds decide what it
     asks the pass for, from `base` engines (the spec's count), handed to `report_wish`."""
 
@@ -144,10 +146,11 @@ class ElasticRollout:
     settings: ElasticSettings
     homes: list[EngineHome] = field(default_factory=list)
     placed: bool = False
-    follow: Callable[[], Sequence[str | None] | None] | None = None
+    follow: Callable[[], Grant | Sequence[str | None] | None] | None = None
     release_engine: Callable[[EngineHome], None] | None = None
     base: int | None = None
     report_wish: Callable[[RolloutWish], None] | None = None
+    report_followed: Callable[[int], None] | None = None
     autoscaler: Autoscaler = field(init=False)
     scale_outs: int = field(default=0, init=False)
     scale_ins: int = field(default=0, init=False)
@@ -155,6 +158,7 @@ class ElasticRollout:
     granted: tuple[str | None, ...] | None = field(default=None, init=False)  # the grant last followed
     _failed_grant: tuple[str | None, ...] | None = field(default=None, init=False)
     _held_logged: bool = field(default=False, init=False)
+    _followed: int | None = field(default=None, init=False)  # the grant last reported followed
 
     def __post_init__(self) -> None:
         self.autoscaler = Autoscaler(self.settings.autoscaler, wish=self.base)
@@ -172,7 +176,10 @@ class ElasticRollout:
             self._ask(step, share)
             grant = self.follow() if self.follow is not None else None
             if grant is not None:
-                self.follow_grant(grant)
+                nodes = grant.engines if isinstance(grant, Grant) else tuple(grant)
+                self.follow_grant(nodes)
+                if isinstance(grant, Grant):
+                    self._report_followed(grant)
             elif not self._held_logged and self.follow is None:
                 self._held_logged = True
                 log.info(
@@ -189,6 +196,16 @@ class ElasticRollout:
             self.scale_in(engines - target)
             self.autoscaler.scaled(step)
         return self.metrics(share)
+
+    def _report_followed(self, grant: Grant) -> None:
+        """Once the engines run only where `grant` has replicas (every engine the pass took back is stopped; some
+        it granted may have failed to start), say so: the platform frees the GPUs of the engines it took back."""
+        if grant.number is None or grant.number == self._followed or self.report_followed is None:
+            return
+        if follow_grant([h.node for h in self.homes], grant.engines).leave:
+            return  # an engine still runs where the grant has none (never the last one)
+        self._followed = grant.number
+        self.report_followed(grant.number)
 
     def _ask(self, step: int, share: float) -> None:
         """What the thresholds say of this step, as a wish to the scheduling pass when it changes."""

@@ -261,6 +261,9 @@ class Job(Base):
     # the rollout up to it and gives engines above it back.
     rollout_wish: Mapped[int | None]
     rollout_wish_reason: Mapped[str | None] = mapped_column(sa.String(200))
+    # The number of an elastic job's rollout allocation (NULL: 0), one more at each resize: the driver reports the
+    # one its engines match, which frees the GPUs of the engines taken back before (`Allocation.released_in`).
+    rollout_grant: Mapped[int | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     admitted_at: Mapped[datetime | None]
@@ -306,6 +309,10 @@ class Allocation(Base):
     gpus: Mapped[int]
     # A colocated role riding on its host role's GPUs: listed, but not counted against the node.
     shared: Mapped[bool] = mapped_column(default=False)
+    # An elastic job's rollout engine the scheduling pass took back (scheduler/services/elastic.py): the job's grant
+    # (`Job.rollout_grant`) that replaced it, once its driver has followed which (or a later one) the engine is
+    # stopped and the row goes. Until then its GPUs stay held and no job is placed on them; NULL for the rest.
+    released_in: Mapped[int | None]
 
 
 class Metric(Base):

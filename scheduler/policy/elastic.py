@@ -18,7 +18,10 @@ replicas than its driver asks for gives the surplus back, whether anyone waits o
 return to the pool.
 
 All return `Resize` records; the caller applies them before the admissions (the running job's demand
-and placement change; its driver scales its engines out or in, `runtime.roles.elastic`).
+and placement change; its driver scales its engines out or in, `runtime.roles.elastic`). GPUs taken back are
+not free in the pass that takes them: they stay held (`JobView.releasing`) until the driver reports it has
+stopped those engines, as a preempted job's are until it has stopped, and the job they were taken for waits
+for them on its nominated nodes, so that it is never placed where an engine still runs.
 """
 
 from __future__ import annotations
@@ -143,12 +146,13 @@ def _give_back(cap: PoolCapacity, quota: PoolQuota, taken: list[_Replica]) -> No
 
 
 def give_back(
-    cap: PoolCapacity, quota: PoolQuota, running: Iterable[JobView]
+    quota: PoolQuota, running: Iterable[JobView], incoming: dict[str, int]
 ) -> list[tuple[JobView, JobView]]:
     """Elastic jobs holding more replicas than their driver asks for (`Gang.wish`, never below `min_count`) give
-    the surplus back, the newest replicas first (as a standalone run scales in): their GPUs are freed in `cap`
-    and `quota`. A job whose driver has not asked keeps what it holds (replicas above its `base_count` are then
-    the first a blocked job takes, `plan_shrink`). [(job before, job after)]."""
+    the surplus back, the newest replicas first (as a standalone run scales in): their GPUs leave `quota` and are
+    `incoming` (held until the driver has stopped those engines, `JobView.releasing`; a blocked job may claim
+    them). A job whose driver has not asked keeps what it holds (replicas above its `base_count` are then the
+    first a blocked job takes, `plan_shrink`). [(job before, job after)]."""
     out = []
     for v in running:
         gang = elastic_gang(v)
@@ -158,11 +162,21 @@ def give_back(
         order = sorted(replicas)
         for index in order[gang.wanted :]:
             for node, gpus in replicas[index]:
-                if node in cap.free:
-                    cap.give(node, gpus)
+                incoming[node] = incoming.get(node, 0) + gpus
                 quota.add(v.queue, -gpus)
         out.append((v, resized(v, gang.role, order[: gang.wanted])))
     return out
+
+
+def released(before: JobView, after: JobView) -> list[tuple[str, int]]:
+    """GPUs per node a resize takes back from the job (held until its driver has stopped those engines)."""
+    assert before.placement is not None and after.placement is not None
+    new = dict(after.placement.node_gpus)
+    return [
+        (node, gpus - new.get(node, 0))
+        for node, gpus in before.placement.node_gpus
+        if gpus > new.get(node, 0)
+    ]
 
 
 def grow(

@@ -27,7 +27,9 @@ def check(snapshot: Snapshot, decision: Decision) -> list[str]:
     """Violations of the scheduler's safety rules, as sentences (empty when there are none).
 
     - no GPU is allocated twice: per node, GPUs held (running and preempting jobs, which keep
-      theirs until they stop) plus GPUs admitted never exceed the node's GPUs;
+      theirs until they stop, and engines taken back from elastic jobs until their drivers have stopped
+      them, `JobView.releasing`, the GPUs a resize takes back included) plus GPUs admitted never exceed
+      the node's GPUs;
     - nothing is placed on an unknown, cordoned or dead node, or off the job's pool or labels;
     - every admitted job is placed whole: each replica of each gang, on one node when it must be,
       colocated roles on their host's GPUs;
@@ -46,6 +48,8 @@ def check(snapshot: Snapshot, decision: Decision) -> list[str]:
     held: dict[str, int] = {}
     used: dict[str, int] = {}
     for j in snapshot.jobs:
+        for node, gpus in j.releasing:
+            held[node] = held.get(node, 0) + gpus
         if j.state is not QUEUED and j.placement is not None:
             for node, gpus in j.placement.node_gpus:
                 held[node] = held.get(node, 0) + gpus
@@ -64,11 +68,11 @@ def check(snapshot: Snapshot, decision: Decision) -> list[str]:
             out.append(f"{job_id}: {r.role} resized to {r.after}, outside its elastic range")
         after = JobView(job.id, job.queue, job.submit_time, r.demand, state=job.state, placement=r.placement)
         out.extend(whole_placement_errors(after, r.placement))
-        for node, gpus in job.placement.node_gpus:
-            held[node] -= gpus
+        # what it takes back stays held (until the driver has stopped those engines); what it grants is added
+        had = dict(job.placement.node_gpus)
         pool = queues[job.queue].pool if job.queue in queues else None
         for node, gpus in r.placement.node_gpus:
-            held[node] = held.get(node, 0) + gpus
+            held[node] = held.get(node, 0) + max(0, gpus - had.get(node, 0))
             if node not in nodes or nodes[node].pool != pool:
                 out.append(f"{job_id} resized onto {node}, outside its pool {pool}")
         used[job.queue] = used.get(job.queue, 0) - job.total_gpus + after.total_gpus

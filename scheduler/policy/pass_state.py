@@ -167,6 +167,12 @@ def _count_held(
     running: dict[str, JobView] = {}
     incoming: dict[str, int] = {}
     for j in jobs:
+        releasing = j.releasing
+        if releasing:  # engines taken back, still stopping: held, then freed for a job waiting for them
+            for node, gpus in releasing:
+                if node in free:
+                    free[node] -= gpus
+                    incoming[node] = incoming.get(node, 0) + gpus
         placement = j.placement
         if placement is None:
             continue

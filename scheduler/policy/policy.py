@@ -14,6 +14,7 @@ from scheduler.policy.elastic import (
     grow,
     grown_because,
     plan_shrink,
+    released,
     shrinkable_gpus,
 )
 from scheduler.policy.holds import can_be_overtaken, claim_incoming, hold_for_head, nodes_after
@@ -212,7 +213,7 @@ def _schedule_pool(p: PoolPass, now: float, config: PolicyConfig, decision: Deci
     tail_note: str | None = None
     if config.elastic_shrink or config.elastic_grow:
         # Engines above what their job's driver asks for go back to the pool first, whoever waits.
-        returned = give_back(cap, quota, p.running.values())
+        returned = give_back(quota, p.running.values(), p.incoming)
         for before, after in returned:
             gang = elastic_gang(before)
             assert gang is not None
@@ -340,6 +341,8 @@ def _resize(p: PoolPass, decision: Decision, before: JobView, after: JobView, re
 
 class _Shrink:
     """Engines taken back from elastic jobs for a blocked job, before any preemption (`elastic.plan_shrink`).
+    Their GPUs stay held until the drivers have stopped those engines: the job waits for them on the nodes
+    nominated for it (as for GPUs preemptions free), and is admitted there by a later pass.
     A demand that could not be made room for is not tried again this pass, and at most
     `max_preemption_plans` blocked jobs plan a shrink per pass (each plan visits every shrinkable engine)."""
 
@@ -368,16 +371,42 @@ class _Shrink:
         rules, tiers = _eligible(p, job, tier, reclaim, self.now, config, any_loss=True)
         cost = {v.id: (v.priority, -tiers.get(v.id, 0), v.id) for v in candidates}
         self.plans_left -= 1
-        plan = plan_shrink(p.cap, p.quota, job, candidates, set(rules), cost)
-        if plan is None:
+        cap = p.cap
+        # GPUs already being freed (engines given back, jobs stopping) count towards the room made
+        incoming = {n: g for n, g in p.incoming.items() if g > 0 and n not in cap.hidden}
+        for node, gpus in incoming.items():
+            cap.give(node, gpus)
+        plan = plan_shrink(cap, p.quota, job, candidates, set(rules), cost)
+        placement = cap.place(job) if plan is not None else None
+        if placement is not None:
+            for node, gpus in placement.node_gpus:
+                cap.give(node, gpus)
+        for node, gpus in incoming.items():
+            cap.take(node, gpus)
+        if plan is None or placement is None:
+            assert plan is None, "plan_shrink made room"
             self.failed.add(key)
             return False
+        engines = 0
         for before, after in plan:
             _resize(p, self.decision, before, after, f"{job.id} needs GPUs its engines hold")
+            engines += elastic_gang(before).count - elastic_gang(after).count  # type: ignore[union-attr]
+            for node, gpus in released(before, after):  # not free until the driver has stopped those engines
+                cap.take(node, gpus)
         p.reset_running_views()
-        placement = p.cap.place(job)
-        assert placement is not None, "plan_shrink made room"
-        p.admit(job, placement, self.decision)
+        nodes = [node for node, _ in placement.node_gpus]
+        for node, gpus in placement.node_gpus:
+            if node in p.incoming:
+                p.incoming[node] = max(0, p.incoming[node] - gpus)
+        for node in nodes:  # its own once they are free, as nodes preemptions free are (`_use_nomination`)
+            cap.hide(node)
+        self.decision.nominate[job.id] = tuple(nodes)
+        self.decision.waiting[job.id] = p.wait(
+            job,
+            position,
+            "preempting",
+            f"{engines} rollout engine{'s' if engines != 1 else ''} taken back for it, held until stopped",
+        )
         attempts.freed()
         return True
 

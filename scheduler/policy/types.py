@@ -211,6 +211,10 @@ class JobView:
     # Nodes that preemptions are freeing for this queued job (`Decision.nominate` of the last
     # pass): no other job may start there before it, even one ahead of it in the queue.
     nominated_nodes: frozenset[str] = frozenset()
+    # GPUs per node of engines the pass took back from this (elastic) job that its driver may still run: held, as
+    # a stopping job's are, until the driver reports it has stopped them (`scheduler.policy.elastic`). Not in
+    # `placement` nor `total_gpus` (the job no longer has them), never given to another job until released.
+    releasing: tuple[tuple[str, int], ...] = ()
     total_gpus: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -341,7 +345,8 @@ class Decision:
 @dataclass(frozen=True, slots=True)
 class Resize:
     """One elastic gang of a running job resized: from `before` to `after` replicas (its engines scaled in
-    or out); `demand` and `placement` are the job's whole new ones."""
+    or out); `demand` and `placement` are the job's whole new ones. The GPUs it gives back stay held
+    (`JobView.releasing`) until its driver has stopped those engines: no job is placed on them in this pass."""
 
     job_id: str
     role: str

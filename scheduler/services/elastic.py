@@ -7,8 +7,10 @@ the spec's other paths, `scheduler.services.paths`: in the team's area or under 
 without following a link) and marks the rollout group elastic (`jobspec.demand.elastic_rollout`): the pass then
 sees an elastic gang (`scheduler.scheduling`), takes engines back before it preempts a job and grows them
 into idle GPUs (`Decision.resize`, written as the job's allocation rows). `granted_engines` is the rollout
-role's rows as the answer to each driver report carries them (`ReportAck.rollout_engines`): the driver stops
-and starts engines between steps to match them (`runtime.roles.elastic`). `record_wish` keeps what the driver
+role's rows as the answer to each driver report carries them (`ReportAck.rollout_engines`, numbered
+`rollout_grant`): the driver stops and starts engines between steps to match them (`runtime.roles.elastic`) and
+reports the grant it has followed (a report's `rollout_followed`), which frees the GPUs of the engines the pass
+took back before (`release_followed`: until then they stay held). `record_wish` keeps what the driver
 asks for (a report's `rollout_wish`: its autoscaler YAML's thresholds decide it) on the job, for the pass: it
 grows the rollout no further, and gives back engines above it."""
 
@@ -33,6 +35,8 @@ from scheduler.services.paths import TeamStorage, real
 ELASTIC_FIELD = "autoscaler-config"
 ELASTIC_ROLE = "rollout"  # the role whose replicas are the engines an autoscaler scales
 WISH_EVENT = "rollout_wish"  # a job event: the driver asks for a number of rollout engines, and why
+# a job event: engines the pass took back are stopped (the driver followed a later grant), their GPUs free
+STOPPED_EVENT = "rollout_engines_stopped"
 
 
 def is_elastic(demand: dict[str, Any] | None) -> bool:
@@ -97,19 +101,50 @@ def _refused(message: str, hint: str, code: str = "spec.invalid_value") -> Inval
     )
 
 
-def granted_engines(session: Session, job: Job) -> list[dict[str, Any]] | None:
+def rollout_grant(session: Session, job: Job) -> tuple[list[dict[str, Any]], int] | None:
     """The rollout engines the job holds now, as the scheduling pass allocated them (one row per engine, in
-    replica order: its node's name and Ray node id); None for a job whose rollout is not elastic (its answer
-    carries nothing)."""
+    replica order: its node's name and Ray node id), and the grant's number (`Job.rollout_grant`: one more at
+    each resize); None for a job whose rollout is not elastic (its answer carries nothing). Engines taken back
+    and not yet stopped (`released_in`) are not the job's any more."""
     if not is_elastic(job.demand):
         return None
     rows = session.execute(
-        sa.select(Allocation.replica, Allocation.node, Node.ray_node_id)
+        sa.select(Allocation.node, Node.ray_node_id)
         .outerjoin(Node, sa.and_(Node.pool == Allocation.pool, Node.name == Allocation.node))
-        .where(Allocation.job_id == job.id, Allocation.role == ELASTIC_ROLE, sa.not_(Allocation.shared))
+        .where(
+            Allocation.job_id == job.id,
+            Allocation.role == ELASTIC_ROLE,
+            sa.not_(Allocation.shared),
+            Allocation.released_in.is_(None),
+        )
         .order_by(Allocation.replica, Allocation.id)
+    ).all()
+    engines = [{"node": node, "ray_node_id": ray_node_id} for node, ray_node_id in rows]
+    return engines, job.rollout_grant or 0
+
+
+def granted_engines(session: Session, job: Job) -> list[dict[str, Any]] | None:
+    """`rollout_grant`'s engines."""
+    grant = rollout_grant(session, job)
+    return None if grant is None else grant[0]
+
+
+def release_followed(session: Session, job: Job, followed: int) -> str | None:
+    """The driver has followed grant `followed` (`rollout_grant`), so it has stopped every engine the pass took back
+    before: those rows go and their GPUs are free for the next pass. The event's text, or None when none went."""
+    stopped = (Allocation.job_id == job.id, Allocation.released_in <= followed)
+    rows = session.execute(sa.select(Allocation.node, Allocation.gpus).where(*stopped)).all()
+    if not rows:
+        return None
+    session.execute(sa.delete(Allocation).where(*stopped))
+    per_node: dict[str, int] = {}
+    for node, gpus in rows:
+        per_node[node] = per_node.get(node, 0) + gpus
+    where = ", ".join(f"{gpus} on {node}" for node, gpus in sorted(per_node.items()))
+    return (
+        f"the driver has stopped the {len(rows)} rollout engine{'' if len(rows) == 1 else 's'} the pass took "
+        f"back: GPUs free ({where})"
     )
-    return [{"node": node, "ray_node_id": ray_node_id} for _replica, node, ray_node_id in rows]
 
 
 def wish_reason(wish: RolloutWish) -> str:

@@ -43,7 +43,7 @@ from scheduler.db.models import (
 from scheduler.domain.errors import Conflict, InvalidRequest
 from scheduler.domain.jobs import ON_CLUSTER, JobStatus
 from scheduler.observability import count_report
-from scheduler.services.elastic import WISH_EVENT, record_wish
+from scheduler.services.elastic import STOPPED_EVENT, WISH_EVENT, record_wish, release_followed
 from scheduler.services.job_tokens import job_token
 from scheduler.services.lifecycle import JobLifecycle, JobServiceBase
 from scheduler.services.outputs import JobOutputs
@@ -122,7 +122,8 @@ class JobReports(JobServiceBase):
         rows = self.session.execute(
             sa.select(Allocation, Node.ray_node_id)
             .outerjoin(Node, sa.and_(Node.pool == Allocation.pool, Node.name == Allocation.node))
-            .where(Allocation.job_id == job.id)
+            # not the engines taken back that a driver still stops (an earlier attempt's, or this one's)
+            .where(Allocation.job_id == job.id, Allocation.released_in.is_(None))
             .order_by(Allocation.id)
         )
         return [
@@ -283,6 +284,10 @@ class JobReports(JobServiceBase):
             asked = record_wish(job, report.rollout_wish)
             if asked is not None:
                 self._lifecycle.record_event(job, WISH_EVENT, asked)
+        if report.rollout_followed is not None:  # engines taken back before that grant are stopped
+            stopped = release_followed(self.session, job, report.rollout_followed)
+            if stopped is not None:
+                self._lifecycle.record_event(job, STOPPED_EVENT, stopped)
         self.session.flush()
         if report.phase == Phase.RUNNING and job.status == JobStatus.STARTING:
             self._lifecycle.transition(

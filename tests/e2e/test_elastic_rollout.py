@@ -6,8 +6,9 @@ one engine: its demand's rollout group is elastic from submission (the YAML read
 admits it on two slots; after its first step its driver asks for a second engine (the rollout's share of the step
 above scale_out's threshold, a `rollout_wish` in its report), and the pass grows its rollout into the idle third;
 its driver follows the grant (two engines). An SFT job of one slot arrives: the pass
-takes the lent engine back instead of preempting anyone and admits the SFT job in the same pass; the elastic
-job's driver stops that engine between two steps (its placement group released). Once the SFT job has
+takes the lent engine back instead of preempting anyone, holds its slot until the elastic job's driver has
+stopped that engine between two steps (its placement group released) and reported it, and admits the SFT job
+there. Once the SFT job has
 finished, the pass grants the engine again and the driver starts it. The elastic job is never preempted and
 never restarted, and no slot is ever held twice."""
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -89,8 +91,9 @@ def _engines(c: RelaxClient, job_id: str) -> list[float]:
 
 
 def _rollout_replicas(c: RelaxClient, job_id: str) -> int:
-    """The engines the pass allocated the job now (a row each: one GPU, one node)."""
-    return sum(1 for a in c.get_job(job_id)["allocations"] if a["role"] == "rollout")
+    """The engines the pass allocated the job now (a row each: one GPU, one node), not those it took back that
+    the driver has not yet stopped (`releasing`)."""
+    return sum(1 for a in c.get_job(job_id)["allocations"] if a["role"] == "rollout" and not a["releasing"])
 
 
 def _driver_logs(c: RelaxClient, job_id: str) -> list[str]:
@@ -125,12 +128,14 @@ def test_the_pass_takes_an_elastic_jobs_engine_back_for_another_job_and_grants_i
         until(lambda: (e := _engines(c, eid)) and e[-1] == 2.0, 240, c, p, eid)
         grown_at = time.time()
 
-        # 2. A job of one slot: the lent engine is taken back for it, no job preempted
+        # 2. A job of one slot: the lent engine is taken back for it, no job preempted; the job is admitted once
+        # the elastic job's driver has stopped that engine (its slot held until then)
+        # (its engine is stopped between two steps before the job is admitted: count the steps from its submission)
+        steps_before = len(_engines(c, eid))
         sft = c.submit_job(spec=_sft_spec(), name="sft-one-slot")
         sid = sft["id"]
-        until(lambda: c.get_job(sid)["status"] != "QUEUED", 30, c, p, eid, sid)
+        until(lambda: c.get_job(sid)["status"] != "QUEUED", 120, c, p, eid, sid)
         assert _rollout_replicas(c, eid) == 1
-        steps_before = len(_engines(c, eid))
         until(lambda: (e := _engines(c, eid)) and e[-1] == 1.0, 120, c, p, eid, sid)
         shrunk_at = time.time()
         done = until(
@@ -179,6 +184,14 @@ def test_the_pass_takes_an_elastic_jobs_engine_back_for_another_job_and_grants_i
     )
     assert resized[1].startswith(f"rollout 2 -> 1: the pass took back 1 engine ({sid} needs GPUs")
     assert resized[2].startswith("rollout 1 -> 2: the pass granted 1 engine")
+    # the SFT job was admitted only once the driver had stopped the engine taken back for it
+    stopped = [e for e in events if e["kind"] == "rollout_engines_stopped"]
+    assert stopped and stopped[0]["reason"].startswith("the driver has stopped the 1 rollout engine"), stopped
+    sft_admitted = next(
+        e for e in c.events(sid) if e["kind"] == "transition" and e["to_status"] == "ADMITTED"
+    )
+    when = datetime.fromisoformat
+    assert when(stopped[0]["time"]) <= when(sft_admitted["time"]), (stopped[0], sft_admitted)
     logs = _driver_logs(c, eid)
     assert any("rollout scaled in 2 -> 1 engines" in m and "the pass took them back" in m for m in logs), logs
     assert sum("rollout scaled out 1 -> 2 engines" in m and "the pass granted them" in m for m in logs) >= 1

@@ -574,7 +574,7 @@ def test_a_job_and_a_dry_run_carry_the_declared_wire_types(api) -> None:  # type
     assert set(got["demand"]) == set(ResourceDemand.model_fields)
     assert all(set(g) == set(GpuGroup.model_fields) for g in got["demand"]["groups"])
     assert got["status"] == "ADMITTED" and got["allocations"]
-    assert all(set(a) == {"node", "role", "gpus", "pool"} for a in got["allocations"])
+    assert all(set(a) == {"node", "role", "gpus", "pool", "releasing"} for a in got["allocations"])
     events = client.get(f"/v1/jobs/{job['id']}/events").json()["data"]
     assert {e["to_status"] for e in events} <= {s.value for s in JobStatus} | {None}
     dry = client.post(

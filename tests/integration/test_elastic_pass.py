@@ -9,6 +9,7 @@ before it, and gives engines above it back though nobody waits."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -19,7 +20,13 @@ from scheduler.db.engine import Database
 from scheduler.db.models import Allocation, Job, JobEvent, Node
 from scheduler.dispatch import CeleryDispatcher
 from scheduler.scheduling import RESIZE_EVENT, run_scheduling_pass
-from scheduler.services.elastic import WISH_EVENT, granted_engines
+from scheduler.services.elastic import (
+    STOPPED_EVENT,
+    WISH_EVENT,
+    granted_engines,
+    release_followed,
+    rollout_grant,
+)
 from scheduler.services.job_tokens import bootstrap_secret
 from scheduler.services.lifecycle import JobLifecycle
 from scheduler.settings import CelerySettings, DatabaseSettings, Settings
@@ -59,13 +66,18 @@ def _elastic_job(db: Database, most: int = 2) -> str:
     return job_id
 
 
-def _rollout_rows(db: Database, job_id: str) -> list[tuple[int, str]]:
+def _rollout_rows(db: Database, job_id: str, *, releasing: bool = False) -> list[tuple[int, str]]:
+    """The job's rollout rows: those granted, or (`releasing`) those of engines taken back not yet stopped."""
     with db.session(read_only=True) as s:
         return [
-            (a.replica, a.node)
+            (a.replica, a.node) if not releasing else (a.gpus, a.node)
             for a in s.scalars(
                 sa.select(Allocation)
-                .where(Allocation.job_id == job_id, Allocation.role == "rollout")
+                .where(
+                    Allocation.job_id == job_id,
+                    Allocation.role == "rollout",
+                    Allocation.released_in.is_not(None) if releasing else Allocation.released_in.is_(None),
+                )
                 .order_by(Allocation.replica)
             )
         ]
@@ -105,11 +117,27 @@ def test_an_elastic_job_grows_into_idle_gpus_gives_one_back_for_a_job_and_grows_
         assert granted_engines(s, job) == [{"node": "node-0", "ray_node_id": "ray-node-0"}] * 2
     assert run_scheduling_pass(pool, dispatcher).resized == []  # at max_replicas: nothing more
 
-    # 2. A job of one GPU arrives: the engine lent out is taken back, and the job admitted in the same pass
+    # 2. A job of one GPU arrives: the engine lent out is taken back (no preemption); its GPU stays held until the
+    # driver has stopped it, the job nominated for it meanwhile; then the job is admitted there
     other = make_job(pool, name="other", colocated_rollout=False)
     shrunk = run_scheduling_pass(pool, dispatcher)
-    assert (shrunk.resized, shrunk.admitted, shrunk.preempted) == ([elastic], [other], [])
+    assert (shrunk.resized, shrunk.admitted, shrunk.preempted) == ([elastic], [], [])
+    assert shrunk.waiting[other].endswith(
+        "1 rollout engine taken back for it, held until stopped; 0 jobs ahead"
+    )
     assert _rollout_rows(pool, elastic) == [(0, "node-0")] and _booked(pool) == 3
+    assert _rollout_rows(pool, elastic, releasing=True) == [(1, "node-0")]
+    assert run_scheduling_pass(pool, dispatcher).admitted == []  # not stopped yet: still held
+    with (
+        pool.session() as s
+    ):  # its driver has followed the grant (what its report says, test_elastic_wish_...)
+        job = s.get(Job, elastic)
+        assert job is not None
+        engines, number = rollout_grant(s, job)  # type: ignore[misc]
+        assert release_followed(s, job, number - 1) is None  # an older grant: the engine may still run
+        assert release_followed(s, job, number) is not None
+    assert run_scheduling_pass(pool, dispatcher).admitted == [other]
+    assert _rollout_rows(pool, elastic, releasing=True) == [] and _booked(pool) == 3
     with pool.session(read_only=True) as s:
         job = s.get(Job, elastic)
         assert job is not None and job.total_gpus == 2 and job.status == "STARTING"
@@ -121,7 +149,9 @@ def test_an_elastic_job_grows_into_idle_gpus_gives_one_back_for_a_job_and_grows_
             )
         )
     assert len(reasons) == 2
-    assert reasons[0].startswith("rollout 1 -> 2: the pass granted 1 engine (idle GPUs in the pool)")
+    assert reasons[0].startswith(
+        "rollout 1 -> 2: the pass granted 1 engine (idle GPUs in the pool; the job asked"
+    )
     assert reasons[1].startswith(f"rollout 2 -> 1: the pass took back 1 engine ({other} needs GPUs")
 
     # 3. It ends: the engine comes back
@@ -175,8 +205,8 @@ def _driver(client: TestClient, settings: Settings, job_id: str, attempt: int = 
     headers = {"Authorization": f"Bearer {r.json()['token']}"}
     seq = iter(range(1000))
 
-    def report(wish: dict | None = None) -> dict:
-        body = {"attempt": attempt, "seq": next(seq), **({"rollout_wish": wish} if wish else {})}
+    def report(wish: dict | None = None, **extra: Any) -> dict:
+        body = {"attempt": attempt, "seq": next(seq), **({"rollout_wish": wish} if wish else {}), **extra}
         r = client.post(f"/v1/internal/jobs/{job_id}/report", json=body, headers=headers)
         assert r.status_code == 200, r.text
         return r.json()
@@ -218,9 +248,11 @@ def test_the_pass_grows_an_elastic_job_to_what_its_driver_asks_for_and_takes_bac
     report = _driver(client, settings, elastic)
 
     # 1. Before its driver has asked, 2 GPUs idle and nobody waiting: no growth beyond its spec's one engine
-    assert report() == {
+    first = report()
+    assert first == {
         "stop_requested": False,
         "rollout_engines": [{"node": "node-0", "ray_node_id": "ray-node-0"}],
+        "rollout_grant": first["rollout_grant"],
     }
     assert pass_().resized == [] and _rollout_rows(db, elastic) == [(0, "node-0")]
 
@@ -233,11 +265,35 @@ def test_the_pass_grows_an_elastic_job_to_what_its_driver_asks_for_and_takes_bac
     assert len(report()["rollout_engines"]) == 3  # its next answer carries them
     assert pass_().resized == []  # at its wish (and its max)
 
-    # 3. Its engines wait on the trainer, it asks for 1: the pass takes 2 back though nobody waits
+    # 3. Its engines wait on the trainer, it asks for 1: the pass takes 2 back though nobody waits; their GPUs
+    # stay held until the driver reports it runs the new grant (an earlier grant's number frees nothing)
     report({"step": 9, "engines": 1, "share": 0.12, "threshold": 0.2})
     shrunk = pass_()
     assert shrunk.resized == [elastic] and not shrunk.violations
-    assert _rollout_rows(db, elastic) == [(0, "node-0")] and _booked(db) == 2
+    assert _rollout_rows(db, elastic) == [(0, "node-0")] and _booked(db) == 4
+    assert _rollout_rows(db, elastic, releasing=True) == [(1, "node-0"), (1, "node-0")]  # one an engine
+    shown = client.get(f"/v1/jobs/{elastic}").json()["allocations"]
+    assert sorted((a["role"], a["gpus"], a["releasing"]) for a in shown) == [
+        ("actor", 1, False),
+        ("rollout", 1, False),
+        ("rollout", 1, True),
+        ("rollout", 1, True),
+    ]
+    answer = report()
+    assert len(answer["rollout_engines"]) == 1 and answer["rollout_grant"] > first["rollout_grant"]
+    report(rollout_followed=first["rollout_grant"])  # the driver still ran an earlier grant
+    assert _booked(db) == 4
+    report(rollout_followed=answer["rollout_grant"])  # it stopped the two engines: their GPUs are free
+    assert _rollout_rows(db, elastic, releasing=True) == [] and _booked(db) == 2
+    with db.session(read_only=True) as s:
+        stopped = list(
+            s.scalars(
+                sa.select(JobEvent.reason).where(JobEvent.job_id == elastic, JobEvent.kind == STOPPED_EVENT)
+            )
+        )
+    assert stopped == [
+        "the driver has stopped the 2 rollout engines the pass took back: GPUs free (2 on node-0)"
+    ]
     with db.session(read_only=True) as s:
         job = s.get(Job, elastic)
         assert job is not None and job.total_gpus == 2

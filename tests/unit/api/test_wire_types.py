@@ -189,7 +189,7 @@ def test_a_demand_and_allocations_go_out_as_stored() -> None:
     detail.allocations = [{"node": "n1", "role": "actor", "gpus": 4, "pool": "p"}]  # as the route fills it
     out = detail.model_dump(mode="json")
     assert out["demand"] == stored and out["status"] == "RUNNING"
-    assert out["allocations"] == [{"node": "n1", "role": "actor", "gpus": 4, "pool": "p"}]
+    assert out["allocations"] == [{"node": "n1", "role": "actor", "gpus": 4, "pool": "p", "releasing": False}]
     assert isinstance(detail.allocations[0], AllocationPublic)
 
 

@@ -3,12 +3,13 @@ preemption, idle GPUs lent to elastic jobs and taken back by anyone."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
 
-from scheduler.policy import Assignment, Decision, Gang, JobView, Placement, PolicyConfig, schedule
-from scheduler.policy.elastic import as_resize, elastic_gang, plan_shrink, resized
+from scheduler.policy import Assignment, Decision, Gang, JobView, Placement, PolicyConfig, Snapshot, schedule
+from scheduler.policy.elastic import as_resize, elastic_gang, plan_shrink, released, resized
 from scheduler.policy.invariants import check
 from scheduler.policy.pass_state import prepare
 from tests.unit.policy.snapshots import admitted, decide, nodes, preempted, queue, queued, snapshot
@@ -63,9 +64,33 @@ def rl_job(
     )
 
 
+def after(snap: Snapshot, d: Decision, *, stopped: bool, now: float | None = None) -> Snapshot:
+    """The next pass's snapshot once `d` is applied as the platform applies it: resized jobs hold their new
+    placement, the GPUs taken back still held (`releasing`) until their drivers have `stopped` those engines;
+    admitted jobs run; nominations are the queued jobs'."""
+    resized_to = {r.job_id: r for r in d.resize}
+    placed = dict(d.admit)
+    jobs = []
+    for j in snap.jobs:
+        if j.id in resized_to:
+            r = resized_to[j.id]
+            new = dataclasses.replace(j, demand=r.demand, placement=r.placement)
+            gone = () if stopped else tuple(released(j, new))
+            j = dataclasses.replace(new, releasing=j.releasing + gone if not stopped else ())
+        elif j.id in placed:
+            j = dataclasses.replace(j, state=JobStatus.RUNNING, placement=placed[j.id], started_at=snap.now)
+        elif j.state is JobStatus.QUEUED:
+            j = dataclasses.replace(j, nominated_nodes=frozenset(d.nominate.get(j.id, ())))
+        elif stopped:
+            j = dataclasses.replace(j, releasing=())
+        jobs.append(j)
+    return dataclasses.replace(snap, now=snap.now + 1 if now is None else now, jobs=tuple(jobs))
+
+
 def test_a_higher_class_takes_engines_back_instead_of_preempting_the_job():
     # one 8-GPU node: the RL job (trainer 2 GPUs + 6 engines, at least 2) fills it; a 4-GPU job of a
-    # higher class arrives. Rigid: the RL job is preempted. Elastic: 4 of its engines go, nothing else.
+    # higher class arrives. Rigid: the RL job is preempted. Elastic: 4 of its engines go, nothing else; the job
+    # waits on the node until the RL job's driver has stopped them (its GPUs held as a preempted job's are).
     rl = rl_job("rl", "a", ["n0"] * 6, min_count=2, base=6)
     hi = queued("hi", "a", 4, priority=10, submit=100.0)
     snap = snapshot(200.0, nodes(1), [queue("a", 8)], [rl, hi])
@@ -74,12 +99,23 @@ def test_a_higher_class_takes_engines_back_instead_of_preempting_the_job():
     assert preempted(rigid) == ["rl"] and not rigid.resize
 
     elastic = decide(schedule, snap)
-    assert preempted(elastic) == []
-    assert [job for job, _ in elastic.admit] == ["hi"]
+    assert preempted(elastic) == [] and not elastic.admit
     (r,) = elastic.resize
     assert (r.job_id, r.role, r.before, r.after, r.gpus) == ("rl", "rollout", 6, 2, -4)
     assert sum(g for _, g in r.placement.node_gpus) == 4  # trainer 2 + 2 engines
     assert "hi needs" in r.reason
+    assert elastic.nominate == {"hi": ("n0",)} and elastic.waiting["hi"].code == "preempting"
+    assert "4 rollout engines taken back for it, held until stopped" in elastic.waiting["hi"].reason
+    assert elastic.pools["p"]["n0"] == 8  # this pass places nothing where the engines still run
+    # the driver has not stopped them yet: still held, nothing more taken, nobody placed there
+    held = decide(schedule, after(snap, elastic, stopped=False))
+    assert (
+        not held.resize and not held.admit and not preempted(held) and held.waiting["hi"].code == "preempting"
+    )
+    assert held.nominate == {"hi": ("n0",)}
+    # stopped: the job is admitted where they ran
+    freed = decide(schedule, after(after(snap, elastic, stopped=False), held, stopped=True))
+    assert admitted(freed).keys() == {"hi"} and not freed.resize
 
 
 def test_engines_are_never_taken_below_min_count():
@@ -97,7 +133,7 @@ def test_an_equal_job_takes_only_engines_lent_above_base_count():
     small = queued("b4", "b", 4)
     d = decide(schedule, snapshot(200.0, nodes(1), [queue("a", 4), queue("b", 4)], [rl, small]))
     (r,) = d.resize
-    assert (r.before, r.after) == (6, 2) and [j for j, _ in d.admit] == ["b4"]
+    assert (r.before, r.after) == (6, 2) and d.nominate == {"b4": ("n0",)}
     big = queued("b5", "b", 5)
     d = decide(schedule, snapshot(200.0, nodes(1), [queue("a", 4), queue("b", 4)], [rl, big]))
     assert not d.resize and not d.admit and not preempted(d)
@@ -185,7 +221,9 @@ def test_engines_above_the_wish_go_back_to_the_pool_though_nobody_waits():
     assert (r.before, r.after, r.gpus) == (5, 2, -3)
     assert r.reason == f"the job asked for 3 fewer: {IDLE}"
     assert sorted(a.replica for a in r.placement.assignments if a.role == "rollout") == [0, 1]
-    assert d.pools["p"]["n0"] == 2 + 2  # trainer + 2 engines: the rest is the pool's again
+    assert d.pools["p"]["n0"] == 2 + 5  # held until its driver has stopped the three engines ...
+    back = decide(schedule, after(snapshot(300.0, nodes(1), [queue("a", 8)], [rl]), d, stopped=True))
+    assert not back.resize and back.pools["p"]["n0"] == 2 + 2  # ... then the pool's again
     floor = rl_job("rl", "a", ["n0"] * 3, min_count=2, max_count=6, base=3, wish=1, why=IDLE)
     (r,) = decide(schedule, snapshot(300.0, nodes(1), [queue("a", 8)], [floor])).resize
     assert (r.before, r.after) == (3, 2)  # asked for 1: min_count 2 stays
@@ -206,7 +244,11 @@ def test_a_job_that_needs_gpus_takes_engines_above_the_wish_first():
     job = queued("b2", "b", 2)
     snap = snapshot(300.0, nodes(1), [queue("a", 6), queue("b", 2)], [x, y, job])
     d = decide(schedule, snap)
-    assert {r.job_id: (r.before, r.after) for r in d.resize} == {"x": (3, 1)} and admitted(d).keys() == {"b2"}
+    assert {r.job_id: (r.before, r.after) for r in d.resize} == {"x": (3, 1)} and not d.admit
+    assert (
+        d.waiting["b2"].code == "preempting"
+    )  # the GPUs x gives back, once its driver has stopped the engines
+    assert admitted(decide(schedule, after(snap, d, stopped=True))).keys() == {"b2"}
     # plan_shrink alone orders them so too: x's unwanted engines before y's lent ones
     pools = prepare(snap, Decision())
     p = pools["p"]
@@ -221,7 +263,7 @@ def test_engines_given_back_then_taken_for_a_blocked_job_are_one_resize():
     hi = queued("hi", "a", 3, priority=10)
     d = decide(schedule, snapshot(300.0, nodes(1), [queue("a", 8)], [x, hi]))
     (r,) = d.resize
-    assert (r.before, r.after) == (4, 1) and admitted(d).keys() == {"hi"} and not preempted(d)
+    assert (r.before, r.after) == (4, 1) and d.nominate == {"hi": ("n0",)} and not preempted(d)
     assert r.reason == f"the job asked for 1 fewer: {IDLE}; then hi needs GPUs its engines hold"
 
 
@@ -230,3 +272,22 @@ def test_a_wish_needs_an_elastic_gang():
         Gang("rollout", 1, 2, wish=3)
     assert Gang("rollout", 1, 2, min_count=1, max_count=4, wish=9).wanted == 4  # within the range
     assert Gang("rollout", 1, 2, min_count=1, max_count=4, base_count=3).wanted == 3  # before any: base
+
+
+def test_check_refuses_a_job_placed_where_engines_taken_back_may_still_run():
+    # rl fills the node (trainer 2 + 6 engines); taking 4 engines back and placing a 4-GPU job there in the same
+    # pass is refused, and so is placing it while the driver has not yet stopped them (`releasing`)
+    rl = rl_job("rl", "a", ["n0"] * 6, min_count=2, base=6)
+    hi = queued("hi", "a", 4, priority=10)
+    there = Placement((Assignment("worker", 0, "n0", 4),))
+    shrunk = resized(rl, "rollout", [0, 1])
+    same_pass = Decision(resize=[as_resize(rl, shrunk, "test")], admit=[("hi", there)])
+    assert check(snapshot(0.0, nodes(1), [queue("a", 8)], [rl, hi]), same_pass) == [
+        "node n0 has 12 GPUs allocated of 8"
+    ]
+    stopping = dataclasses.replace(shrunk, releasing=(("n0", 4),))
+    later = Decision(admit=[("hi", there)])
+    assert check(snapshot(0.0, nodes(1), [queue("a", 8)], [stopping, hi]), later) == [
+        "node n0 has 12 GPUs allocated of 8"
+    ]
+    assert check(snapshot(0.0, nodes(1), [queue("a", 8)], [shrunk, hi]), later) == []  # stopped: free

@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 from runtime.capabilities import unsupported_parameters
+from runtime.report_protocol import Grant
+from runtime.roles.elastic import ElasticRollout, EngineHome
+from runtime.roles.groups import RolloutGroup
 from runtime.rollout.elastic import (
     Autoscaler,
     AutoscalerConfig,
@@ -132,6 +135,44 @@ def test_on_the_platform_the_driver_asks_the_pass_for_what_the_thresholds_decide
     every_other = Autoscaler(AutoscalerConfig.parse({**GOOD, "evaluation_interval": 2}), wish=1)
     assert every_other.ask(0, 1, 0.9) is None
     assert every_other.ask(1, 1, 0.9) == {"step": 1, "engines": 3, "share": 0.9, "threshold": 0.5}
+
+
+def test_a_placed_driver_asks_for_engines_and_reports_the_grant_its_engines_match():
+    """`ElasticRollout.after_step` on the platform: the wish goes to `report_wish`, and the grant's number to
+    `report_followed` once the engines run only where the grant has replicas (then the pass frees the GPUs of
+    those it took back). Engines that no step here starts or stops: no Ray."""
+    wishes: list[dict] = []
+    followed: list[int] = []
+    grant = Grant(("a", "b"), 7)
+
+    def no_start(index: int, node: str | None):  # type: ignore[no-untyped-def]
+        raise RuntimeError(f"no room on {node}")
+
+    elastic = ElasticRollout(
+        RolloutGroup([object(), object()]),  # type: ignore[list-item]
+        no_start,
+        ElasticSettings(AutoscalerConfig.parse(GOOD)),
+        homes=[EngineHome("rollout-engine-0", "a"), EngineHome("rollout-engine-1", "b")],
+        placed=True,
+        base=2,
+        follow=lambda: grant,
+        report_wish=wishes.append,
+        report_followed=followed.append,
+    )
+    metrics = elastic.after_step(0, rollout_s=9.0, step_s=10.0)  # rollout-bound: 2 + 2, at most 3
+    assert wishes == [{"step": 0, "engines": 3, "share": 0.9, "threshold": 0.5}] and followed == [7]
+    assert (metrics["rollout/wished_engines"], metrics["rollout/granted_engines"]) == (3.0, 2.0)
+    elastic.after_step(1, rollout_s=4.0, step_s=10.0)
+    assert len(wishes) == 1 and followed == [7]  # the same grant: said once
+    grant = Grant(("b", "a"), 9)
+    elastic.after_step(2, rollout_s=4.0, step_s=10.0)
+    assert followed == [7, 9]  # the same nodes, a later grant
+    # the grant moves the one engine to c, which cannot start: the engine on a still runs (never the last), so the
+    # grant is not reported followed (the pass keeps holding what it took back)
+    elastic.homes, elastic.group.actors = [EngineHome("rollout-engine-0", "a")], [object()]  # type: ignore[list-item]
+    grant = Grant(("c",), 11)
+    elastic.after_step(3, rollout_s=4.0, step_s=10.0)
+    assert followed == [7, 9] and elastic.scale_out_failures == 1 and len(elastic.homes) == 1
 
 
 def test_the_partial_success_policy_decides_which_new_engines_stay():

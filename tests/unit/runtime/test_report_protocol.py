@@ -24,6 +24,7 @@ def _reports_of_a_run(out: Path) -> list[dict]:
     reporter.prediction(1, "/x/predict/predictions_step_1.jsonl", 32)
     reporter.event(EventKind.CHECKPOINT_SAVED, "iter 1")
     reporter.rollout_wish(RolloutWish(step=1, engines=3, share=0.72, threshold=0.6))
+    reporter.rollout_followed(12)
     assert reporter.close(timeout=10.0, final="exit 0: finished")
     return [json.loads(line) for line in (out / "reports.jsonl").read_text().splitlines()]
 
@@ -32,12 +33,16 @@ def test_the_reporters_reports_are_reports_and_validation_changes_no_value_it_se
     sent = _reports_of_a_run(tmp_path)
     kinds = {kind for body in sent for kind in REPORT_LISTS if body[kind]}
     assert kinds == set(REPORT_LISTS)  # every kind of item went out, so each is checked below
-    wishes = [body["rollout_wish"] for body in sent if "rollout_wish" in body]
-    assert wishes == [{"step": 1, "engines": 3, "share": 0.72, "threshold": 0.6}]  # once, in one report
+    wishes = [(body["rollout_wish"], body["rollout_followed"]) for body in sent if "rollout_wish" in body]
+    assert wishes == [({"step": 1, "engines": 3, "share": 0.72, "threshold": 0.6}, 12)]  # once, in one report
+    elastic = {"rollout_wish", "rollout_followed"}  # an elastic job's, in the reports that have them
     for body in sent:
-        assert set(body) - {"rollout_wish"} == {"attempt", "seq", "phase", "progress", *REPORT_LISTS}
+        assert set(body) - elastic == {"attempt", "seq", "phase", "progress", *REPORT_LISTS}
         report = Report.model_validate(body)
-        assert report.rollout_wish == body.get("rollout_wish")
+        assert (report.rollout_wish, report.rollout_followed) == (
+            body.get("rollout_wish"),
+            body.get("rollout_followed"),
+        )
         for kind in REPORT_LISTS:
             for item, checked in zip(body[kind], getattr(report, kind), strict=True):
                 assert {k: checked[k] for k in item} == item, kind  # nothing sent is dropped or altered

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime.report_protocol import Grant, RolloutWish
 from runtime.reporter import EventKind, HttpReporter, LocalReporter, Phase, ReporterLogHandler, RolloutSplit
 from runtime.train.checkpoint import CheckpointFormat, CheckpointRecord
 
@@ -24,6 +25,7 @@ class FakePlatform:
         self.headers: list[str] = []
         self.fail_first = 0
         self.stop = False
+        self.answer: dict = {}  # more of the answer (an elastic job's grant)
         self.lock = threading.Lock()
 
     def handler(self) -> type[BaseHTTPRequestHandler]:
@@ -40,7 +42,7 @@ class FakePlatform:
                         self.end_headers()
                         return
                     platform.reports.append({"path": self.path, **body})
-                payload = json.dumps({"stop_requested": platform.stop}).encode()
+                payload = json.dumps({"stop_requested": platform.stop, **platform.answer}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
@@ -138,6 +140,23 @@ def test_stop_request_comes_back_through_heartbeats(platform) -> None:
     fake.stop = True
     wait_for(lambda: reporter.stop_requested)
     reporter.close()
+
+
+def test_an_elastic_jobs_grant_comes_back_and_the_driver_says_what_it_followed_and_asks_for(platform) -> None:
+    fake, url = platform
+    reporter = HttpReporter(url, "j", "t", flush_interval=0.05, heartbeat_interval=0.1)
+    assert reporter.grant is None and reporter.granted_engines is None  # no answer has carried one yet
+    fake.answer = {
+        "rollout_engines": [{"node": "n0", "ray_node_id": "ray-0"}, {"node": "n1", "ray_node_id": None}],
+        "rollout_grant": 41,
+    }
+    wait_for(lambda: reporter.grant is not None)
+    assert reporter.grant == Grant(("ray-0", None), 41) and reporter.granted_engines == ("ray-0", None)
+    reporter.rollout_wish(RolloutWish(step=3, engines=2, share=0.7, threshold=0.6))
+    reporter.rollout_followed(41)
+    assert reporter.close(timeout=10)
+    sent = [(r["rollout_wish"], r["rollout_followed"]) for r in fake.reports if "rollout_followed" in r]
+    assert sent == [({"step": 3, "engines": 2, "share": 0.7, "threshold": 0.6}, 41)]  # in one report, once
 
 
 def test_log_handler_forwards_records_with_tracebacks(platform) -> None:

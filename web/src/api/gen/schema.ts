@@ -1172,6 +1172,12 @@ export interface components {
             node: string;
             /** Pool */
             pool: string;
+            /**
+             * Releasing
+             * @description A rollout engine the scheduling pass took back from the (elastic) job that its driver has not yet stopped: its GPUs stay held until then (docs/reference/elastic-rollout.md).
+             * @default false
+             */
+            releasing: boolean;
             /** Role */
             role: string;
         };
@@ -2964,6 +2970,8 @@ export interface components {
             /** Predictions */
             predictions?: components["schemas"]["PredictionItem"][];
             progress?: components["schemas"]["Progress"] | null;
+            /** Rollout Followed */
+            rollout_followed?: number | null;
             rollout_wish?: components["schemas"]["RolloutWish"] | null;
             /** Rollouts */
             rollouts?: components["schemas"]["RolloutItem"][];
@@ -2977,6 +2985,11 @@ export interface components {
              * @description An elastic job's rollout engines (--autoscaler-config) as the scheduling pass allocated them now, one per engine in replica order: the driver stops and starts engines between steps to match (docs/reference/elastic-rollout.md). Absent for any other job.
              */
             rollout_engines?: components["schemas"]["GrantedEngine"][] | null;
+            /**
+             * Rollout Grant
+             * @description The number of that grant (it grows with each one): once the driver's engines match it, the driver reports it as `rollout_followed`, and the GPUs of engines the pass took back before it are free. Absent for any other job.
+             */
+            rollout_grant?: number | null;
             /** Stop Requested */
             stop_requested: boolean;
         };

@@ -146,7 +146,7 @@ export function JobHeader({ job }: { job: JobDetail }) {
               <tr key={i}>
                 <td>{a.pool}</td>
                 <td>{a.node}</td>
-                <td>{a.role}</td>
+                <td>{a.releasing ? `${a.role} (engine stopping)` : a.role}</td>
                 <td className="num">{a.gpus}</td>
               </tr>
             ))}
