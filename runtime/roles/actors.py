@@ -22,7 +22,6 @@ from runtime.devices import Device
 from runtime.models.page_cache import warm_from_env
 from runtime.roles.logs import install_actor_logging, log_exceptions
 from runtime.rollout.params import GenerationResult, SamplingParams
-from runtime.rollout.sglang.engine_actor import SGLangEngineActor
 from runtime.train.base import TrainBackend, TrainContext, train_backend_class
 from runtime.weight_sync.collective import CollectiveWeightSource, CollectiveWeightTarget
 
@@ -35,7 +34,10 @@ if TYPE_CHECKING:
 
 # Each role's process imports this module (Ray pickles the classes by reference), so what only one role
 # needs (transformers' generate, the training and critic backends) is imported where that role starts: an
-# HTTP engine actor then starts its server without first loading the training stack (~2 s of CPU).
+# HTTP engine actor then starts its server without first loading the training stack (~2 s of CPU). The HTTP
+# engine actor itself (`HttpEngineActor`, on the SGLang client and httpx) is in runtime/roles/http_engine.py,
+# so that every other role's process goes without those (~0.1 s of CPU each); `from runtime.roles.actors
+# import HttpEngineActor` still finds it (`__getattr__` below).
 
 log = logging.getLogger(__name__)
 
@@ -226,54 +228,6 @@ class RolloutEngineActor(CollectiveWeightTarget):
 
 
 @log_exceptions
-class HttpEngineActor(SGLangEngineActor):
-    """The `rollout` role as a server speaking SGLang's HTTP protocol (SGLang itself where it runs, else
-    the built-in engine's server), driven through the SGLang client: same methods as `RolloutEngineActor`.
-    `api_key`: the job's engine secret (`groups.start_roles`), required by the server on every route.
-    `server_args`: the job's SGLang server arguments (`RolePlan.engine_args`), on the server's command line."""
-
-    def __init__(
-        self,
-        hf_checkpoint: str,
-        *,
-        engine_index: int,
-        num_threads: int = 1,
-        max_batch_size: int = 256,
-        log_sink: ActorHandle | None = None,
-        api_key: str | None = None,
-        server_args: tuple[str, ...] = (),
-    ) -> None:
-        _setup_process(num_threads, log_sink, f"actor:rollout{engine_index}")
-        started = time.perf_counter()
-        super().__init__(
-            hf_checkpoint,
-            engine_index=engine_index,
-            num_threads=num_threads,
-            max_batch_size=max_batch_size,
-            api_key=api_key,
-            server_args=server_args,
-        )
-        log.info(
-            "rollout engine %d (%s server at %s) ready in %.1fs (pid %d)",
-            engine_index,
-            self.launcher,
-            self.address,
-            time.perf_counter() - started,
-            os.getpid(),
-        )
-
-    def ready(self) -> dict[str, Any]:
-        info = super().ready()
-        info.update(
-            role="rollout",
-            threads=torch.get_num_threads(),
-            placement_group=_placement_group_id(),
-            node_id=ray.get_runtime_context().get_node_id(),  # where a health check reaps its server
-        )
-        return info
-
-
-@log_exceptions
 class CriticActor:
     """The `critic` role (PPO): a value model with its own optimizer, on devices of its own, on the job's
     train backend. Under `megatron` it is one rank of the critic's own process group (never the policy's:
@@ -372,3 +326,12 @@ class ForwardActor:
     def load_weights(self, named_tensors: Mapping[str, torch.Tensor], version: int) -> int:
         self.model.load_weights(named_tensors, version)
         return version
+
+
+def __getattr__(name: str) -> Any:
+    """`HttpEngineActor`, imported from runtime/roles/http_engine.py only when asked for."""
+    if name == "HttpEngineActor":
+        from runtime.roles.http_engine import HttpEngineActor
+
+        return HttpEngineActor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
