@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import gc
 import json
 import os
@@ -85,6 +86,8 @@ class Workload:
     lr: float = 1e-6
     seed: int = 1234
     decode_attention: str | None = None  # fastgen's (None: its default)
+    profile: int = 0  # rows of a profiler table of the last step's generation (0: none)
+    again: int = 0  # generations after the steps with no training between (the engine alone, same process)
 
     @property
     def rows(self) -> int:
@@ -231,6 +234,36 @@ class CollectorTime:
             self.seconds += time.perf_counter() - self._start
 
 
+def _stats(engine: Any) -> str:
+    st = engine.stats
+    return (
+        f"{st.decode_steps} decode steps, {st.graph_captures} graph captures, {st.compactions} compactions, "
+        f"{st.shared_steps} shared steps"
+    )
+
+
+def _profiled(call: Callable[[], Any], rows: int, log: Callable[[str], None]) -> Any:
+    """`call()` under torch.profiler: a table of the `rows` costliest ops by device time (CPU time where no
+    GPU), and how much of the wall time the device was busy (kernels' own time, summed)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    started = time.perf_counter()
+    with torch_profile(activities=activities) as prof:
+        out = call()
+        if cuda:
+            torch.cuda.synchronize()
+    wall = time.perf_counter() - started
+    averages = prof.key_averages()
+    log(averages.table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total", row_limit=rows))
+    if cuda:
+        busy = sum(e.self_device_time_total for e in averages) / 1e6
+        log(f"  profiled generate: {wall:.3f} s wall, device busy {busy:.3f} s ({100 * busy / wall:.0f}%)")
+    return out
+
+
 def run_ours(work: Workload, log: Callable[[str], None]) -> dict[str, Any]:
     from runtime.rollout.params import SamplingParams
     from runtime.train.megatron.parallel import destroy_parallel
@@ -278,8 +311,18 @@ def run_ours(work: Workload, log: Callable[[str], None]) -> dict[str, Any]:
             f"  step {step}: {t4 - t0:.3f} s (generate {t1 - t0:.3f}, batch {t2 - t1:.3f}, train {t3 - t2:.3f}, "
             f"sync {t4 - t3:.3f}: {update.tensors} tensors, {update.bytes / 2**20:.0f} MiB) loss {losses[-1]:.5f} "
             f"reward {float(batch.rewards.mean()):.4f}; Python's garbage collector {gc_generate:.3f} s in generate, "
-            f"{collector.seconds - gc_before - gc_generate:.3f} s in the rest of the step"
+            f"{collector.seconds - gc_before - gc_generate:.3f} s in the rest of the step; engine {_stats(engine)}"
         )
+    if work.profile:  # untimed: one more step's training and push, then its generation under the profiler
+        backend.train_step(batch)
+        sync.push(backend.iter_device_weights(), version=engine.weight_version + 1)
+        _profiled(functools.partial(engine.generate, prompt_lists, params), work.profile, log)
+    again = []
+    for n in range(work.again):  # the same engine and process, nothing between: what the steps add
+        t0 = clock.now()
+        engine.generate(prompt_lists, SamplingParams(temperature=1.0, max_new_tokens=work.new_tokens, seed=n))
+        again.append(clock.now() - t0)
+        log(f"  generate again, no training between: {again[-1]:.3f} s; engine {_stats(engine)}")
     # the engine holds exactly the trainer's weights after the last push, and they moved since the start
     trainer = dict(backend.iter_device_weights())
     mismatch = max(
@@ -298,6 +341,7 @@ def run_ours(work: Workload, log: Callable[[str], None]) -> dict[str, Any]:
         "grad_norms": grad_norms,
         "weight_versions": versions,
         "engine_vs_trainer_max_abs": mismatch,
+        "generate_again_s": again,
         "weights_moved_max_abs": changed,
         "optimizer_steps": optimizer_steps,
         "peak_gib": peak,
@@ -529,6 +573,15 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        help="ours: after the steps, one more (untimed) with its generate profiled",
+    )
+    p.add_argument(
+        "--again", type=int, default=0, help="ours: N more generations after the steps, no training between"
+    )
+    p.add_argument(
         "--in-process",
         action="store_true",
         help="run every row in this process (default: one process per row)",
@@ -553,6 +606,8 @@ def workload(args: argparse.Namespace) -> Workload:
         lr=args.lr,
         seed=args.seed,
         decode_attention=args.decode_attention,
+        profile=args.profile,
+        again=args.again,
     )
 
 

@@ -33,6 +33,8 @@ def test_tiny_ours_row_trains_and_hands_the_weights_to_the_engine(tmp_path: Path
         "1",
         "--steps",
         "1",
+        "--again",
+        "1",
     ]
     cmd += ["--lr", "1e-3", "--quiet", "--json", str(out_json)]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -46,6 +48,7 @@ def test_tiny_ours_row_trains_and_hands_the_weights_to_the_engine(tmp_path: Path
     assert row["weights_moved_max_abs"] > 1e-4  # ... which moved ...
     assert row["engine_vs_trainer_max_abs"] == 0.0  # ... and are exactly the trainer's after the last push
     assert row["gen_tokens_per_s"] > 0 and row["train_tokens_per_s"] > 0 and row["train_mfu"] > 0
+    assert len(row["generate_again_s"]) == 1 and row["generate_again_s"][0] > 0  # the engine alone, after
     parts = row["parts_s"]
     assert parts["generate"] + parts["batch"] + parts["train"] + parts["sync"] == pytest.approx(parts["step"])
 
