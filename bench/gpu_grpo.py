@@ -238,7 +238,19 @@ def _stats(engine: Any) -> str:
     st = engine.stats
     return (
         f"{st.decode_steps} decode steps, {st.graph_captures} graph captures, {st.compactions} compactions, "
-        f"{st.shared_steps} shared steps"
+        f"{st.shared_steps} shared steps{_allocator()}"
+    )
+
+
+def _allocator() -> str:
+    """The CUDA caching allocator's running counts (cudaMalloc/cudaFree calls, retries after freeing its
+    cache, reserved GiB): a generate that frees and re-reserves device memory shows here ("" off CUDA)."""
+    if not torch.cuda.is_available():
+        return ""
+    m = torch.cuda.memory_stats()
+    return (
+        f"; allocator: {m.get('num_device_alloc', 0)} cudaMalloc, {m.get('num_device_free', 0)} cudaFree, "
+        f"{m.get('num_alloc_retries', 0)} retries, {m.get('reserved_bytes.all.current', 0) / 2**30:.1f} GiB reserved"
     )
 
 
