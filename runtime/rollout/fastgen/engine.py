@@ -12,9 +12,18 @@ How it runs (see the package docstring for how to select it):
   right-padded, at most `max_prefill_tokens` padded tokens per forward; a longer prompt is prefilled
   alone in chunks; requests of one admission with the same prompt token ids, e.g. GRPO's n samples of
   a prompt, share one prefill and get a copy of its cache rows: prefix sharing), launch one decode
-  step for every running slot, then read back the results of the step before (one step stays in
-  flight, so the host's bookkeeping overlaps the device's work). A
-  sequence that finished is released before the next launch; decode never waits for the longest one.
+  step for every running slot, then read back the results of the oldest steps until `pipeline_depth`
+  steps stay in flight (default 2 on CUDA, 1 on CPU; `RELAX_FASTGEN_DEPTH`), so the host's bookkeeping
+  overlaps the device's work and a late host absorbs jitter. A sequence that finished is released
+  before the next launch once its end is read (a stop id, a stop string: the steps still in flight
+  carry a token of it that is dropped) or at once when its budget's last token is launched; decode
+  never waits for the longest one.
+- **Host work per step** is kept proportional to what changes: the running count, the highest busy slot,
+  each request's launched count (a global launch counter minus the request's start) and the steps at
+  which budgets end are kept up to date on admission and release, the shared-prefix layout is cached until
+  the slot assignment changes, results land in reused (pinned, on CUDA) host buffers, and reading a step
+  back appends each row's token and checks only the rows that may end: a token among the stop ids of any
+  request, a budget's last token, a request with stop strings (every row while an abort is draining).
 - **Decode.** One token per slot `0..B-1` with B the batch-size bucket; attention reads the first W
   positions, W the longest live length rounded up to `window_quantum` (`decode_attention`: "flex" =
   torch's compiled flex_attention, a split-KV decoding kernel, with a per-row length mask; "sdpa" =
@@ -40,7 +49,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,7 +100,8 @@ class _Request:
     tokens: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     slot: int | None = None
-    launched: int = 0  # tokens whose computation has been enqueued
+    launched: int = 0  # tokens whose computation has been enqueued (while in a slot: see `base`)
+    base: int = 0  # while in a slot: launched == the engine's decode launches - base
     aborted: bool = False
     finish: FinishReason | None = None
     result: GenerationResult | None = None
@@ -110,9 +120,31 @@ class _Pending:
     """A launched prefill or decode step whose tokens the host has not read yet."""
 
     reqs: list[_Request | None]  # per batch row: whose token it is (None: a row nobody reads)
-    tokens: torch.Tensor
+    tokens: torch.Tensor  # a reused host buffer: its first len(reqs) entries are this step's
     log_probs: torch.Tensor
     event: Any = None
+    # rows that may end beyond a stop id (a budget's last token, stop strings); None: check every row
+    special: list[int] | None = None
+    # per row, the lists its token and log-prob are appended to (a decode step's: its requests' lists as
+    # the launch found them, a sink for free rows; a request that ended since gets them after its result
+    # was copied out, harmlessly); None: append one by one
+    lists: tuple[list[list[int]], list[list[float]]] | None = None
+
+
+_PLAIN = SamplerMode()
+_consume = deque(maxlen=0).extend  # runs an iterator to its end (the appends of `map(list.append, ...)`)
+_DEPTH_ENV = "RELAX_FASTGEN_DEPTH"
+
+
+def _pipeline_depth(depth: int | None, cuda: bool) -> int:
+    """Decode steps left in flight after each launch: the argument, else `RELAX_FASTGEN_DEPTH`, else 2 on
+    CUDA (the host may fall a step behind without the device waiting) and 1 on CPU (decode runs eagerly)."""
+    if depth is None:
+        env = os.environ.get(_DEPTH_ENV, "").strip()
+        depth = int(env) if env else (2 if cuda else 1)
+    if depth < 1:
+        raise ValueError(f"pipeline_depth must be at least 1, not {depth}")
+    return depth
 
 
 @dataclass
@@ -199,7 +231,12 @@ class FastGenEngine:
     triton is importable, else "sdpa"), `prefix_attention`
     (decode reads a prompt shared by a group of samples once per group: default on), `window_quantum`, `max_prefill_tokens`, `cuda_graphs`, `compile` (torch.compile the decode
     layers' element-wise parts and the sampler; default on CUDA, eager if the compiler fails), `eos_token_ids` (override the checkpoint's; `()` never stops on EOS), `timing`
-    (synchronise around prefills so that `stats.prefill_seconds` is exact).
+    (synchronise around prefills so that `stats.prefill_seconds` is exact), `pipeline_depth` (decode steps
+    left in flight while the host reads the oldest back: default 2 on CUDA, 1 on CPU, `RELAX_FASTGEN_DEPTH`
+    when not given; 1 is the schedule of the engine before the knob; deeper, a request that ends on a stop
+    id or stop string holds its slot depth - 1 steps longer, so admissions and compactions may come later,
+    and a request's tokens depend on its batch only through rounding and, in batches with top-k, top-p or
+    min_new_tokens, the sampler mode).
 
     Differences from `TorchRolloutEngine`: sampling with a given `SamplingParams.seed` is reproducible per
     request (request i of a call draws from seed `mix(seed, i)`, whatever the batch), not bit-identical to
@@ -223,6 +260,7 @@ class FastGenEngine:
         timing: bool = False,
         compile: bool | None = None,
         prefix_attention: bool = True,
+        pipeline_depth: int | None = None,
         _config: Mapping[str, Any] | None = None,
         _tensors: Mapping[str, torch.Tensor] | None = None,
         _generation_config: Mapping[str, Any] | None = None,
@@ -245,6 +283,7 @@ class FastGenEngine:
         self.window_quantum = window_quantum
         self.timing = timing
         self.prefix_attention = prefix_attention
+        self.pipeline_depth = _pipeline_depth(pipeline_depth, cuda)
         self.weights = FlatWeights(self.cfg, self.torch_device, self.dtype)
         self.weights.check(tensors, complete=True)
         self.weights.copy_in(tensors)
@@ -283,13 +322,31 @@ class FastGenEngine:
         self._lock = threading.Lock()
         self._abort_ids: set[int] = set()
         self._abort_below = 0  # abort_all: every request submitted before it was called
+        self._aborts_applied = 0  # the abort_all boundary the scheduler has applied
         self._waiting: deque[_Request] = deque()
         self._requests: dict[int, _Request] = {}
         self._done: list[_Request] = []
         self._inflight: deque[_Pending] = deque()
         self._slots: list[_Request | None] = []
+        # per slot: its request's `tokens` and `log_probs` lists (free slots: the sinks, emptied as read)
+        self._sink_tokens: list[int] = []
+        self._sink_log_probs: list[float] = []
+        self._slot_tokens: list[list[int]] = []
+        self._slot_log_probs: list[list[float]] = []
         self._released: list[int] = []
-        self._host_len: list[int] = []  # per slot: tokens cached (mirror of the device's `lengths`)
+        # incremental bookkeeping (see "Host work per step" above)
+        self._launches = 0  # decode steps launched since the engine was built
+        self._running = 0  # busy slots
+        self._top = 0  # the highest busy slot + 1
+        self._expiry: dict[int, list[_Request]] = {}  # launch count -> requests whose budget it completes
+        self._nonplain: set[_Request] = set()  # requests in a slot that need the sampler's extras
+        self._stop_live: set[_Request] = set()  # admitted, unfinished requests with stop strings
+        self._aborting: set[_Request] = set()  # aborted requests waiting for their tokens in flight
+        self._stop_union: frozenset[int] = frozenset()  # every unfinished request's stop ids (or more)
+        self._shared_cache: tuple[int, tuple[int, int] | None] | None = None  # (batch, _shared_prefix)
+        # len(prompt) - base of each busy slot's request -> how many: a row's cached tokens are that + launches - 1
+        self._offsets: dict[int, int] = {}
+        self._buffers: list[tuple[torch.Tensor, torch.Tensor, Any]] = []  # host buffers (+ event) to reuse
         self._pieces: dict[int, str] = {}
         self._graphs: dict[tuple[int, int, SamplerMode, tuple[int, int] | None], Callable[[], None]] = {}
         self.kv: torch.Tensor | None = None
@@ -451,7 +508,18 @@ class FastGenEngine:
             self.graphs.reset()
         self.kv = None
         self.slots = self.seq_len = 0
-        self._slots, self._host_len, self._released = [], [], []
+        self._slots, self._released = [], []
+        self._slot_tokens, self._slot_log_probs = [], []
+        self._reset_slot_bookkeeping()
+
+    def _reset_slot_bookkeeping(self) -> None:
+        """No slot is busy (a new or dropped cache): what is kept per busy slot starts over."""
+        self._running = self._top = 0
+        self._expiry.clear()
+        self._nonplain.clear()
+        self._shared_cache = None
+        self._offsets.clear()
+        self._buffers = []
 
     # -- the request-level API --------------------------------------------------------------------------
     def submit(
@@ -483,6 +551,10 @@ class FastGenEngine:
         with self._lock:
             req = _Request(self._next_rid, list(prompt), budget, params, mix_seed(seed), stop_ids)
             self._next_rid += 1
+            if not self._requests:  # nothing unfinished: the union starts over
+                self._stop_union = frozenset()
+            if not stop_ids <= self._stop_union:  # a new set, never mutated: readers need no lock
+                self._stop_union = self._stop_union | stop_ids
             self._requests[req.rid] = req
             if budget == 0:
                 self._finish(req, FinishReason.LENGTH)
@@ -503,15 +575,20 @@ class FastGenEngine:
     def has_unfinished(self) -> bool:
         return bool(self._requests)
 
-    @torch.no_grad()
     def step(self) -> list[tuple[int, GenerationResult]]:
         """One scheduler iteration; returns the requests that finished during it."""
+        if torch.is_grad_enabled():  # (`generate` runs it under no_grad already: entering it costs µs)
+            with torch.no_grad():
+                return self._step()
+        return self._step()
+
+    def _step(self) -> list[tuple[int, GenerationResult]]:
         if self.offloaded:
             raise RuntimeError("rollout engine is offloaded; call onload() first")
         self._apply_aborts()
         self._admit()
         launched = self._launch_decode()
-        self._drain(keep=1 if launched else 0)
+        self._drain(keep=self.pipeline_depth if launched else 0)
         done, self._done = self._done, []
         return [(req.rid, req.result) for req in done if req.result is not None]
 
@@ -543,9 +620,13 @@ class FastGenEngine:
     # -- scheduling ---------------------------------------------------------------------------------------
     def _apply_aborts(self) -> None:
         with self._lock:
+            if not self._abort_ids and self._abort_below <= self._aborts_applied:
+                return
             ids, self._abort_ids = self._abort_ids, set()
             below = self._abort_below
-            ids |= {rid for rid in self._requests if rid < below}
+            if below > self._aborts_applied:  # once: later requests have higher ids
+                ids |= {rid for rid in self._requests if rid < below}
+                self._aborts_applied = below
         for rid in ids:
             req = self._requests.get(rid)
             if req is None or req.finish is not None:
@@ -558,13 +639,15 @@ class FastGenEngine:
             self._release(req)
             if len(req.tokens) >= req.launched:
                 self._finish(req, FinishReason.ABORT)
+            else:  # ends when its tokens in flight are read (`_process`)
+                self._aborting.add(req)
 
     def _need(self, req: _Request) -> int:
         return len(req.prompt) + req.budget - 1  # positions written: up to prompt + budget - 2
 
     def _ensure_capacity(self) -> None:
         """(Re)allocate the cache for the waiting work when idle and it does not fit."""
-        if not self._waiting or any(s is not None for s in self._slots) or self._inflight:
+        if not self._waiting or self._running or self._inflight:
             return
         need_len = max(self._need(r) for r in self._waiting)
         q = self.window_quantum
@@ -607,15 +690,18 @@ class FastGenEngine:
         self.out_tok = torch.zeros(slots, dtype=torch.int64, device=dev)
         self.out_logp = torch.zeros(slots, dtype=torch.float32, device=dev)
         self._slots = [None] * slots
-        self._host_len = [0] * slots
+        self._slot_tokens = [self._sink_tokens] * slots
+        self._slot_log_probs = [self._sink_log_probs] * slots
         self.buckets = batch_buckets(slots)
 
     def _free_slots(self) -> list[int]:
         return [i for i, r in enumerate(self._slots) if r is None]
 
     def _admit(self) -> None:
+        if not self._waiting:
+            return
         self._ensure_capacity()
-        if self.kv is None:
+        if self.kv is None or self._running >= self.slots:
             return
         self._flush_releases()  # before a released slot is filled again
         free = self._free_slots()
@@ -641,16 +727,20 @@ class FastGenEngine:
             self._prefill(group, free[: len(group)])
             free = free[len(group) :]
 
-    def _sampler_mode(self, reqs: Sequence[_Request]) -> SamplerMode:
+    def _sampler_mode(self, reqs: Iterable[_Request], *, running: bool = False) -> SamplerMode:
+        """`running`: the requests hold slots (their launched count is the launch counter's)."""
         reqs = [r for r in reqs if not r.plain]
         if not reqs:
-            return SamplerMode()
+            return _PLAIN
+        launches = self._launches
         top_k = max((r.params.top_k for r in reqs if r.params.temperature > 0), default=0)
         k_bucket = 0 if top_k <= 0 else min(1 << (top_k - 1).bit_length(), self.cfg.vocab_size)
         return SamplerMode(
             top_k=k_bucket,
             top_p=any(r.params.top_p < 1.0 and r.params.temperature > 0 for r in reqs),
-            suppress=any(r.launched < r.params.min_new_tokens for r in reqs),
+            suppress=any(
+                (launches - r.base if running else r.launched) < r.params.min_new_tokens for r in reqs
+            ),
         )
 
     def _set_slot_state(self, group: list[_Request], slot_idx: torch.Tensor) -> None:
@@ -675,7 +765,7 @@ class FastGenEngine:
             torch.cuda.synchronize()
         started = time.perf_counter()
         dev = self.torch_device
-        slot_idx = torch.tensor(slots, dtype=torch.int64, device=dev)
+        slot_idx = self._ints(slots)
         self._set_slot_state(group, slot_idx)
         # Prefix sharing (GRPO's n samples of one prompt): each distinct prompt is prefilled once, into
         # the slot of its first request; the others get a copy of that slot's cache rows.
@@ -689,9 +779,12 @@ class FastGenEngine:
                 unique.append(req)
                 unique_slots.append(slot)
             owner.append(first[req.key])
+            req.key = unique[
+                owner[-1]
+            ].key  # one object per prompt: `_shared_prefix` compares by identity first
         lens = [len(r.prompt) for r in unique]
         width = max(lens)
-        unique_idx = torch.tensor(unique_slots, dtype=torch.int64, device=dev)
+        unique_idx = self._ints(unique_slots)
         tokens = torch.zeros(len(unique), width, dtype=torch.int64)
         for row, req in enumerate(unique):
             tokens[row, : lens[row]] = torch.tensor(req.prompt, dtype=torch.int64)
@@ -708,73 +801,121 @@ class FastGenEngine:
             lens = [width - (width - 1) // chunk * chunk]
         copies = [(unique_slots[o], s) for o, s in zip(owner, slots, strict=True) if s != unique_slots[o]]
         if copies:
-            src = torch.tensor([a for a, _ in copies], dtype=torch.int64, device=dev)
-            dst = torch.tensor([b for _, b in copies], dtype=torch.int64, device=dev)
+            src = self._ints([a for a, _ in copies])
+            dst = self._ints([b for _, b in copies])
             self.kv[:, :, dst, :, :width] = self.kv[:, :, src, :, :width]
             self.stats.shared_prefills += len(copies)
-        last = torch.tensor([n - 1 for n in lens], dtype=torch.int64, device=dev)
+        last = self._ints([n - 1 for n in lens])
         logits = self.decoder.logits(hidden[torch.arange(len(unique), device=dev), last])
         if copies:
-            logits = logits[torch.tensor(owner, dtype=torch.int64, device=dev)]
+            logits = logits[self._ints(owner)]
         token, log_prob = sample(logits, self.state, self._sampler_mode(group), slot_idx)
         self.cur_tok[slot_idx] = token
-        self.lengths[slot_idx] = torch.tensor([len(r.prompt) for r in group], dtype=torch.int64, device=dev)
+        self.lengths[slot_idx] = self._ints([len(r.prompt) for r in group])
         self.active[slot_idx] = 1
         self.state.generated[slot_idx] = 1
+        start = self._launches - 1  # launched == 1 now, + 1 for each decode launch while in its slot
         for req, slot in zip(group, slots, strict=True):
             req.slot = slot
             req.launched = 1
+            req.base = start
             self._slots[slot] = req
-            self._host_len[slot] = len(req.prompt)
-        self._enqueue(list(group), token, log_prob)
+            self._slot_tokens[slot], self._slot_log_probs[slot] = req.tokens, req.log_probs
+            self._expiry.setdefault(start + req.budget, []).append(req)
+            offset = len(req.prompt) - start
+            self._offsets[offset] = self._offsets.get(offset, 0) + 1
+            if not req.plain:
+                self._nonplain.add(req)
+            if req.params.stop:
+                self._stop_live.add(req)
+        self._running += len(group)
+        self._top = max(self._top, max(slots) + 1)
+        self._shared_cache = None
+        self._enqueue(list(group), token, log_prob, None)
         self.stats.prefill_tokens += sum(len(r.prompt) for r in unique)
         if self.timing and self.torch_device.type == "cuda":
             torch.cuda.synchronize()
         self.stats.prefill_seconds += time.perf_counter() - started
 
-    def _enqueue(self, reqs: list[_Request | None], token: torch.Tensor, log_prob: torch.Tensor) -> None:
-        if self.torch_device.type == "cuda":
-            host_tok = torch.empty(token.shape, dtype=token.dtype, pin_memory=True)
-            host_lp = torch.empty(log_prob.shape, dtype=log_prob.dtype, pin_memory=True)
-            host_tok.copy_(token, non_blocking=True)
-            host_lp.copy_(log_prob, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
-            self._inflight.append(_Pending(reqs, host_tok, host_lp, event))
+    def _enqueue(
+        self,
+        reqs: list[_Request | None],
+        token: torch.Tensor,
+        log_prob: torch.Tensor,
+        special: list[int] | None,
+        lists: tuple[list[list[int]], list[list[float]]] | None = None,
+    ) -> None:
+        """Copy a step's tokens and log-probs into host buffers (reused once read; pinned, with an event
+        recorded after the copies, on CUDA) and queue them for `_process`."""
+        if self._buffers:
+            host_tok, host_lp, event = self._buffers.pop()
         else:
-            self._inflight.append(_Pending(reqs, token.clone(), log_prob.clone()))
+            cuda = self.torch_device.type == "cuda"
+            host_tok = torch.empty(self.slots, dtype=torch.int64, pin_memory=cuda)
+            host_lp = torch.empty(self.slots, dtype=torch.float32, pin_memory=cuda)
+            event = torch.cuda.Event() if cuda else None
+        n = len(reqs)
+        host_tok[:n].copy_(token, non_blocking=True)
+        host_lp[:n].copy_(log_prob, non_blocking=True)
+        if event is not None:
+            event.record()
+        self._inflight.append(_Pending(reqs, host_tok, host_lp, event, special, lists))
+
+    def _ints(self, values: list[int]) -> torch.Tensor:
+        """Host ints as an int64 tensor on the device, without waiting for it: on CUDA through pinned memory
+        and an asynchronous copy (`torch.tensor(..., device=cuda)` synchronises the stream, so a release or
+        an admission would drain the decode steps in flight and leave the device idle meanwhile)."""
+        if self.torch_device.type == "cuda":
+            host = torch.tensor(values, dtype=torch.int64, pin_memory=True)
+            return host.to(self.torch_device, non_blocking=True)
+        return torch.tensor(values, dtype=torch.int64, device=self.torch_device)
 
     def _release(self, req: _Request) -> None:
-        if req.slot is not None:
-            self._slots[req.slot] = None
-            self._host_len[req.slot] = 0
-            self._released.append(req.slot)
-            req.slot = None
+        slot = req.slot
+        if slot is None:
+            return
+        req.launched = self._launches - req.base
+        req.slot = None
+        self._slots[slot] = None
+        self._slot_tokens[slot], self._slot_log_probs[slot] = self._sink_tokens, self._sink_log_probs
+        self._released.append(slot)
+        self._running -= 1
+        if not req.plain:
+            self._nonplain.discard(req)
+        offset = len(req.prompt) - req.base
+        if (left := self._offsets[offset] - 1) > 0:
+            self._offsets[offset] = left
+        else:
+            del self._offsets[offset]
+        if slot + 1 == self._top:
+            top = slot
+            while top and self._slots[top - 1] is None:
+                top -= 1
+            self._top = top
+        self._shared_cache = None
 
     def _flush_releases(self) -> None:
         if not self._released:
             return
-        idx = torch.tensor(self._released, dtype=torch.int64, device=self.torch_device)
-        self.active[idx] = 0
-        self.lengths[idx] = 0
-        self.state.generated[idx] = 0
+        idx = self._ints(self._released)
+        for tensor in (self.active, self.lengths, self.state.generated):
+            tensor.index_fill_(0, idx, 0)  # (cheaper on the host than `tensor[idx] = 0`)
         self._released = []
 
     def _compact(self) -> None:
         """Move the highest busy slots down so that the decode batch is the bucket of the running count."""
+        if not self._running:
+            return
+        target = _bucket(self._running, self.buckets)
+        if _bucket(self._top, self.buckets) <= target:
+            return
         busy = [i for i, r in enumerate(self._slots) if r is not None]
-        if not busy:
-            return
-        target = _bucket(len(busy), self.buckets)
-        if _bucket(busy[-1] + 1, self.buckets) <= target:
-            return
         free = [i for i in range(target) if self._slots[i] is None]
         src = [i for i in busy if i >= target]
         dst = free[: len(src)]
         assert len(dst) == len(src)
         assert self.kv is not None
-        dev = self.torch_device
-        s, d = torch.tensor(src, device=dev), torch.tensor(dst, device=dev)
+        s, d = self._ints(src), self._ints(dst)
         self.kv[:, :, d] = self.kv[:, :, s]
         for tensor in (self.cur_tok, self.lengths, self.active, *self.state.fields().values()):
             tensor[d] = tensor[s]
@@ -782,44 +923,58 @@ class FastGenEngine:
             req = self._slots[a]
             assert req is not None
             self._slots[b], self._slots[a] = req, None
-            self._host_len[b], self._host_len[a] = self._host_len[a], 0
+            self._slot_tokens[b], self._slot_tokens[a] = req.tokens, self._sink_tokens
+            self._slot_log_probs[b], self._slot_log_probs[a] = req.log_probs, self._sink_log_probs
             req.slot = b
+        top = self._top
+        while top and self._slots[top - 1] is None:
+            top -= 1
+        self._top = top
+        self._shared_cache = None
         self._released.extend(src)
         self._flush_releases()
         self.stats.compactions += 1
 
     def _launch_decode(self) -> bool:
-        for req in self._slots:
-            if req is not None and req.launched >= req.budget:
-                self._release(req)  # its last token is already on its way
+        ended = self._expiry.pop(self._launches, None)
+        if ended:  # their budget's last token is already on its way
+            for req in ended:
+                self._release(req)
         self._flush_releases()
         self._compact()
-        running = [r for r in self._slots if r is not None]
-        if not running:
+        if not self._running:
             return False
-        top = max(i for i, r in enumerate(self._slots) if r is not None) + 1
-        batch = _bucket(top, self.buckets)
-        longest = max(self._host_len[:batch]) + 1
-        shared = self._shared_prefix(batch) if self.prefix_attention else None
-        if self.decoder.decode_attention == "triton":  # reads each row to its own length: no window
-            window = self.seq_len
-        elif shared is not None:
-            rest = math.ceil((longest - shared[1]) / self.window_quantum) * self.window_quantum
-            window = min(self.seq_len - shared[1], rest)
-        elif self.decoder.decode_attention == "sdpa_full":
-            window = self.seq_len
+        batch = _bucket(self._top, self.buckets)
+        shared = self._shared(batch) if self.prefix_attention else None
+        attention = self.decoder.decode_attention
+        if attention == "triton" or (shared is None and attention == "sdpa_full"):
+            window = self.seq_len  # triton reads each row to its own length: no window
         else:
-            window = min(self.seq_len, math.ceil(longest / self.window_quantum) * self.window_quantum)
-        mode = self._sampler_mode(running)
+            longest = self._launches + max(self._offsets)  # the longest row's cached tokens + 1
+            if shared is not None:
+                rest = math.ceil((longest - shared[1]) / self.window_quantum) * self.window_quantum
+                window = min(self.seq_len - shared[1], rest)
+            else:
+                window = min(self.seq_len, math.ceil(longest / self.window_quantum) * self.window_quantum)
+        mode = self._sampler_mode(self._nonplain, running=True) if self._nonplain else _PLAIN
         self._run_decode(batch, window, mode, shared)
         self.stats.shared_steps += shared is not None
-        for slot, req in enumerate(self._slots[:batch]):
-            if req is not None:
-                req.launched += 1
-                self._host_len[slot] += 1
-        self._enqueue(list(self._slots[:batch]), self.out_tok[:batch], self.out_logp[:batch])
+        self._launches += 1  # every busy slot is in the batch: one more token launched for each
+        ending = self._expiry.get(self._launches)
+        special = [r.slot for r in ending if r.slot is not None] if ending else []
+        if self._stop_live:
+            special.extend(r.slot for r in self._stop_live if r.slot is not None)
+        lists = (self._slot_tokens[:batch], self._slot_log_probs[:batch])
+        self._enqueue(self._slots[:batch], self.out_tok[:batch], self.out_logp[:batch], special, lists)
         self.stats.decode_steps += 1
         return True
+
+    def _shared(self, batch: int) -> tuple[int, int] | None:
+        """`_shared_prefix(batch)`, cached until the slot assignment changes (admission, release, compaction)."""
+        cached = self._shared_cache
+        if cached is None or cached[0] != batch:
+            cached = self._shared_cache = (batch, self._shared_prefix(batch))
+        return cached[1]
 
     def _shared_prefix(self, batch: int) -> tuple[int, int] | None:
         """(n, P) when decode rows 0..batch-1 come in groups of n consecutive slots that hold copies of
@@ -830,21 +985,24 @@ class FastGenEngine:
         head = slots[0]
         if head is None:
             return None
-        n = 1
-        while n < batch and (other := slots[n]) is not None and other.key == head.key:
+        key = head.key
+        n = 1  # (keys: one object per prompt admitted together, so `is` settles most comparisons)
+        while n < batch and (other := slots[n]) is not None and (other.key is key or other.key == key):
             n += 1
         if n < 2 or batch % n:
             return None
         shortest = self.seq_len
         for start in range(0, batch, n):
             holder = slots[start]
-            members = slots[start : start + n]
+            members = slots[start + 1 : start + n]
             if holder is None:
                 if any(m is not None for m in members):
                     return None
                 continue
-            if any(m is not None and m.key != holder.key for m in members):
-                return None
+            key = holder.key
+            for m in members:
+                if m is not None and m.key is not key and m.key != key:
+                    return None
             shortest = min(shortest, len(holder.prompt))
         prefix = shortest // self.window_quantum * self.window_quantum
         return (n, prefix) if prefix > 0 else None
@@ -854,7 +1012,7 @@ class FastGenEngine:
     ) -> None:
         assert self.kv is not None
         logits = self.decoder.decode(self.kv, self.cur_tok[:batch], self.lengths[:batch], window, shared)
-        if self._block_stats is not None and mode == SamplerMode():
+        if self._block_stats is not None and mode == _PLAIN:
             stats = self._block_stats(logits, self.state.temperature[:batch])
             token, log_prob = self._sample_stats(logits, *stats, self.state, slice(0, batch))
         else:
@@ -899,24 +1057,50 @@ class FastGenEngine:
             self._process(self._inflight.popleft())
 
     def _process(self, pending: _Pending) -> None:
+        """Append each row's token to its request (rows of finished requests: dropped) and end those that
+        ended. Only rows that may end are checked: a token among the stop ids of some request, the rows of
+        `pending.special` (a budget's last token, stop strings); every row while an abort drains."""
         if pending.event is not None:
             pending.event.synchronize()
-        tokens = pending.tokens.tolist()
-        log_probs = pending.log_probs.tolist()
-        for row, req in enumerate(pending.reqs):
-            if req is None or req.finish is not None:
-                continue
-            token = tokens[row]
-            req.tokens.append(token)
-            req.log_probs.append(log_probs[row])
-            if token in req.stop_ids:
-                self._finish(req, FinishReason.STOP)
-            elif req.params.stop and self._stop_string_hit(req, token):
-                self._finish(req, FinishReason.STOP)
-            elif len(req.tokens) >= req.budget:
-                self._finish(req, FinishReason.LENGTH)
-            elif req.aborted and len(req.tokens) >= req.launched:
-                self._finish(req, FinishReason.ABORT)
+        reqs = pending.reqs
+        n = len(reqs)
+        tokens = pending.tokens[:n].tolist()
+        log_probs = pending.log_probs[:n].tolist()
+        if pending.tokens.shape[0] == self.slots:  # (not a buffer of a cache dropped since)
+            self._buffers.append((pending.tokens, pending.log_probs, pending.event))
+        special, lists = pending.special, pending.lists
+        if special is None or lists is None or self._aborting:
+            for row, req in enumerate(reqs):
+                if req is None or req.finish is not None:
+                    continue
+                token = tokens[row]
+                req.tokens.append(token)
+                req.log_probs.append(log_probs[row])
+                self._check_end(req, token)
+            return
+        _consume(map(list.append, lists[0], tokens))  # every row's token to its list, at C speed
+        _consume(map(list.append, lists[1], log_probs))
+        self._sink_tokens.clear()
+        self._sink_log_probs.clear()
+        stops = self._stop_union
+        if stops and not stops.isdisjoint(tokens):
+            special = special + [row for row, token in enumerate(tokens) if token in stops]
+        if special:
+            for row in sorted(set(special)):  # in row order, as a pass over every row ends them
+                req = reqs[row]
+                if req is not None and req.finish is None:
+                    self._check_end(req, tokens[row])
+
+    def _check_end(self, req: _Request, token: int) -> None:
+        """`token`, just appended, may end `req`."""
+        if token in req.stop_ids:
+            self._finish(req, FinishReason.STOP)
+        elif req.params.stop and self._stop_string_hit(req, token):
+            self._finish(req, FinishReason.STOP)
+        elif len(req.tokens) >= req.budget:
+            self._finish(req, FinishReason.LENGTH)
+        elif req.aborted and len(req.tokens) >= req.launched:
+            self._finish(req, FinishReason.ABORT)
 
     def _piece(self, token: int) -> str:
         piece = self._pieces.get(token)
@@ -936,6 +1120,8 @@ class FastGenEngine:
 
     def _finish(self, req: _Request, reason: FinishReason) -> None:
         self._release(req)
+        self._stop_live.discard(req)
+        self._aborting.discard(req)
         if req.params.stop:  # the response ends after the first stop string (the shortest such prefix)
             from runtime.rollout.engine import stop_string_end  # (transformers: only with stop strings)
 

@@ -641,3 +641,98 @@ def test_the_garbage_collector_is_paused_while_a_batch_decodes_and_runs_again_af
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def run_steps(
+    engine: FastGenEngine, work: list[tuple[list[int], SamplingParams, int]], aborts: dict[int, list[int]]
+) -> dict[int, tuple[list[int], list[float], FinishReason]]:
+    """Submit `work` (prompt, params, seed) then step until done, aborting the requests (indices into `work`;
+    -1: abort_all) listed under a step number; every step leaves at most `pipeline_depth` steps in flight."""
+    rids = [engine.submit(prompt, params, seed=seed) for prompt, params, seed in work]
+    out: dict[int, tuple[list[int], list[float], FinishReason]] = {}
+    steps = 0
+    while engine.has_unfinished():
+        for index in aborts.get(steps, []):
+            engine.abort_all() if index < 0 else engine.abort(rids[index])
+        for rid, result in engine.step():
+            out[rids.index(rid)] = (result.token_ids, result.log_probs, result.finish_reason)
+        assert len(engine._inflight) <= engine.pipeline_depth
+        steps += 1
+    return out
+
+
+def test_a_deeper_pipeline_gives_the_results_of_depth_one(tiny_model: Path, prompts: list[list[int]]) -> None:
+    """Two or three decode steps in flight instead of one: the same tokens, log-probs (to rounding: a slot
+    freed later shifts admissions and compactions) and finish reasons, with stop ids (one request's stop id
+    drawn by another, which goes on), stop strings, budgets, samples sharing a prefix, continuous batching in
+    four slots; and with aborts mid-batch (a running request, a waiting one, abort_all): an aborted request
+    ends with every token launched before its abort, whatever the depth."""
+    reference = FastGenEngine(str(tiny_model), device=CPU, max_batch_size=16, window_quantum=8)
+    free = reference.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=16, seed=2))
+    stop_id = free[1].token_ids[5]
+    stop_text = reference.tokenizer.decode(free[3].token_ids)[3:5]
+    base = SamplingParams(temperature=1.0, max_new_tokens=16, seed=2)
+    kinds = [
+        base,
+        SamplingParams(**{**base.__dict__, "stop_token_ids": (stop_id,)}),
+        SamplingParams(**{**base.__dict__, "max_new_tokens": 7}),
+        SamplingParams(**{**base.__dict__, "stop": (stop_text,)}),
+    ]
+    work = [(prompt, kinds[i % 4], i) for i, prompt in enumerate(prompts * 3)]
+    work += [(prompts[3], base, 100 + i) for i in range(4)]  # four samples of one prompt
+    results = {}
+    for depth in (1, 2, 3):
+        engine = FastGenEngine(
+            str(tiny_model), device=CPU, max_batch_size=4, window_quantum=8, pipeline_depth=depth
+        )
+        results[depth] = run_steps(engine, work, {})
+        assert engine.stats.compactions > 0 and engine.stats.shared_prefills > 0
+        assert len(engine._buffers) <= depth + 2  # host buffers are reused, not one per step
+    one = results[1]
+    reasons = [one[i][2] for i in range(len(work))]
+    assert (
+        FinishReason.STOP in reasons[1::4] and FinishReason.STOP in reasons[3::4]
+    )  # a stop id, a stop string
+    assert {len(one[i][0]) for i in range(2, 15, 4)} == {7}
+    others = [i for i in range(len(work)) if work[i][1].stop_token_ids == () and not work[i][1].stop]
+    assert any(stop_id in one[i][0][:-1] for i in others)  # another's stop id did not end this one
+    for depth in (2, 3):
+        assert [results[depth][i][0] for i in range(len(work))] == [one[i][0] for i in range(len(work))]
+        assert [results[depth][i][2] for i in range(len(work))] == reasons
+        worst = max(
+            abs(p - q) for i in range(len(work)) for p, q in zip(results[depth][i][1], one[i][1], strict=True)
+        )
+        assert worst < 1e-5
+
+    # aborts: requests 0 and 1 running, 6 still waiting, then abort_all (no stop ids: the same schedule)
+    plain = [(prompt, base, i) for i, prompt in enumerate(prompts * 2)]
+    aborted = {}
+    for depth in (1, 2, 3):
+        engine = FastGenEngine(
+            str(tiny_model),
+            device=CPU,
+            max_batch_size=4,
+            window_quantum=8,
+            pipeline_depth=depth,
+            eos_token_ids=(),
+        )
+        aborted[depth] = run_steps(engine, plain, {3: [0, 6], 5: [1], 20: [-1]})
+        assert not engine.has_unfinished() and not engine._aborting
+    first = aborted[1]
+    assert first[0][2] is first[1][2] is first[6][2] is FinishReason.ABORT and first[6][0] == []
+    assert 0 < len(first[0][0]) < len(first[1][0]) < 16
+    assert FinishReason.ABORT in {first[i][2] for i in range(7, 10)}  # abort_all caught the last ones
+    assert FinishReason.LENGTH in {first[i][2] for i in range(2, 6)}
+    assert aborted[2] == first and aborted[3] == first
+
+
+def test_pipeline_depth_defaults_and_environment_override(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RELAX_FASTGEN_DEPTH", raising=False)
+    assert FastGenEngine(str(tiny_model), device=CPU).pipeline_depth == 1  # CPU: decode runs eagerly
+    monkeypatch.setenv("RELAX_FASTGEN_DEPTH", "3")
+    assert FastGenEngine(str(tiny_model), device=CPU).pipeline_depth == 3
+    assert FastGenEngine(str(tiny_model), device=CPU, pipeline_depth=2).pipeline_depth == 2
+    with pytest.raises(ValueError, match="pipeline_depth"):
+        FastGenEngine(str(tiny_model), device=CPU, pipeline_depth=0)
