@@ -68,15 +68,9 @@ def _shared(key: str, fixture: str, tmp_path_factory: pytest.TempPathFactory, en
         assert took < 45, f"the platform took {took:.0f}s to stop"
 
 
-# The shared platform's pool `local` has three slots (a machine of two cores would give it two): the most any
-# module on it uses at once, tests/e2e/test_elastic_rollout.py's elastic job grown into a third slot beside its
-# first two. The other modules use one or two at a time, one job after another.
-SHARED_ENV = {"RELAX_RAY_LOCAL_SLOTS": "3"}
-
-
 @pytest.fixture(scope="module")
 def _e2e_shared_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningPlatform]:
-    yield from _shared("platform", SHARED_FIXTURE, tmp_path_factory, SHARED_ENV)
+    yield from _shared("platform", SHARED_FIXTURE, tmp_path_factory, {})
 
 
 @pytest.fixture(scope="module")
@@ -89,9 +83,9 @@ def one_slot_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runn
 
 @pytest.fixture(scope="module")
 def platform(_e2e_shared_platform: RunningPlatform) -> RunningPlatform:
-    """An embedded platform in a temporary home, pool `local` of three slots, `relaxctl models tiny` done, shared
-    with the neighbouring modules that use it (stopping it must take under 45 s). Its jobs are the other
-    modules' too: look jobs up by id, or by a name no other module uses."""
+    """An embedded platform in a temporary home, `relaxctl models tiny` done, shared with the neighbouring
+    modules that use it (stopping it must take under 45 s). Its jobs are the other modules' too: look jobs
+    up by id, or by a name no other module uses."""
     return _e2e_shared_platform
 
 

@@ -1,6 +1,5 @@
 """Elastic rollout on the real embedded platform (issue 14 item 5, docs/reference/elastic-rollout.md): API, Celery
-worker and beat, a local Ray, SQLite, a pool of three slots (tests/e2e/conftest.py's shared platform; its beat's
-pass every 2 s).
+worker and beat, a local Ray, SQLite, a pool of three slots and a pass every second.
 
 A GRPO job with `--autoscaler-config` (min 1, max 2 engines; thresholds that make any step rollout-bound) asks for
 one engine: its demand's rollout group is elastic from submission (the YAML read from the team's area). The pass
@@ -16,6 +15,7 @@ never restarted, and no slot is ever held twice."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bench.harness import ROOT, RunningPlatform
+from bench.harness import ROOT, RunningPlatform, start_platform, stop_platform
 from client.sdk import RelaxClient
 from tests.e2e.watch import SlotWatch, until
 
@@ -31,6 +31,22 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 # every step's rollout is above 1% of it (so the driver asks for 2 engines after its first step), never below 0%
 AUTOSCALER = "min_engines: 1\nmax_engines: 2\nscale_out: {threshold: 0.01, cooldown_steps: 0}\nscale_in: {threshold: 0.0}\n"
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningPlatform]:
+    """A platform of its own: pool `local` of three slots, a scheduling pass (and reconcile) every second."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RELAX_RAY_LOCAL_SLOTS", "3")
+        mp.setenv("RELAX_SCHEDULER_TICK_SECONDS", "1")
+        p = start_platform(tmp_path_factory.mktemp("platform") / "home")
+    try:
+        r = p.relaxctl("models", "tiny")
+        assert r.returncode == 0, r.stdout + r.stderr
+        yield p
+    finally:
+        took = stop_platform(p)
+        assert took < 45, f"the platform took {took:.0f}s to stop"
 
 
 def _grpo_spec() -> dict[str, Any]:
@@ -98,8 +114,6 @@ def test_the_pass_takes_an_elastic_jobs_engine_back_for_another_job_and_grants_i
     c = RelaxClient(p.url, p.key)
     (pool,) = c.pools()
     assert pool["total_gpus"] == 3, pool
-    # the shared platform: a job another module cancelled may still be giving its slots back
-    until(lambda: c.pools()[0]["allocated_gpus"] == 0, 120, c, p)
     (Path(c.storage()["area"]) / "autoscaler.yaml").write_text(AUTOSCALER)
 
     with SlotWatch(c) as watch:

@@ -119,7 +119,7 @@ def test_ppo_with_a_critic_role(platform: RunningPlatform, sft_arith: dict) -> N
     tests/e2e/test_walking_skeleton.py on this platform), through the scheduler: the critic role
     (a slot of its own) trains alone for `num-critic-only-steps`, then beside the policy; its metrics
     arrive through the API. The example's layout as it is: actor and critic on a device each, the
-    colocated rollout spanning both (the demand is 2 devices, of the shared pool's 3 slots)."""
+    colocated rollout spanning both (the demand is 2 devices, the local pool's 2 slots)."""
     c = RelaxClient(platform.url, platform.key)
     warmup, steps = 5, 8
     spec = _example(
