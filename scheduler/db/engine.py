@@ -47,6 +47,7 @@ def make_engine(url: str, *, echo: bool = False) -> sa.Engine:
         connect_args=connect_args,
     )
     _ping_when_idle(engine)
+    _transactional_when_returned(engine)
     return engine
 
 
@@ -79,6 +80,71 @@ def _ping_when_idle(engine: sa.Engine) -> None:
             engine.dialect.do_ping(dbapi_conn)
         except engine.dialect.loaded_dbapi.Error as err:
             raise sa.exc.DisconnectionError(f"a pooled connection is dead: {err}") from err
+
+
+# A unit of work whose transaction begins at its first write (`defer_begin`), on PostgreSQL: until then its
+# statements run in the driver's autocommit mode, without the BEGIN that psycopg otherwise sends, and waits for,
+# before the first one, and without a COMMIT at the end when nothing was written: two round trips less. Under
+# READ COMMITTED (PostgreSQL's default, the platform's) every statement of a transaction reads from a snapshot
+# of its own anyway, so reads outside a transaction see what they would have seen inside one; a unit of work
+# that writes one statement only (`JobSubmission.submit`: the job, its event and the call's audit row) lets that
+# statement commit itself (PostgreSQL runs it in a transaction of its own: all of it or nothing).
+_DEFERRED = "relax_deferred_begin"
+try:
+    from psycopg.pq import TransactionStatus
+
+    _IDLE = TransactionStatus.IDLE
+except ImportError:  # no psycopg: `defer_begin` is never used on another driver's connection
+    _IDLE = None
+
+
+def defer_begin(session: Session) -> bool:
+    """PostgreSQL (psycopg) under READ COMMITTED: the session's connection (procured now: the pool's checkout,
+    a ping after idleness) runs its statements outside a transaction until `begin_now` or the end of the
+    session's transaction; call it before the unit of work's first statement. False, and nothing changed,
+    elsewhere (SQLite, another isolation level, a unit of work that ran a statement already). The connection
+    goes back to the pool transactional again (`_transactional_when_returned`)."""
+    dialect = session.get_bind().dialect
+    if dialect.driver != "psycopg":
+        return False
+    dbapi = session.connection().connection.dbapi_connection  # the first connection sets the dialect up
+    if getattr(dialect, "default_isolation_level", None) != "READ COMMITTED":
+        return False
+    if dbapi is None or dbapi.autocommit or dbapi.info.transaction_status != _IDLE:
+        return False
+    dbapi.autocommit = True
+    session.info[_DEFERRED] = (session.get_transaction(), dbapi)
+    return True
+
+
+def begin_deferred(session: Session) -> bool:
+    """Whether the session's statements run outside a transaction now (`defer_begin`, no `begin_now` yet, in
+    the same transaction of the session)."""
+    deferred = session.info.get(_DEFERRED)
+    return deferred is not None and deferred[0] is session.get_transaction()
+
+
+def begin_now(session: Session) -> None:
+    """The unit of work's transaction begins with its next statement, as a unit of work's does by default (no
+    I/O: psycopg sends the BEGIN with that statement); what was run before stays as it ran. Nothing for a
+    session not deferred (`defer_begin`)."""
+    deferred = session.info.pop(_DEFERRED, None)
+    if deferred is None or deferred[0] is not session.get_transaction():
+        return  # not deferred, or deferred in a transaction of the session that ended (its connection is back)
+    dbapi = deferred[1]
+    if dbapi.autocommit:
+        dbapi.autocommit = False  # idle: a statement that committed itself left no transaction open
+
+
+def _transactional_when_returned(engine: sa.Engine) -> None:
+    """A connection given back while its statements committed themselves (`defer_begin`) is made
+    transactional again before the pool's rollback-on-return, in the pool's reset (an error there invalidates
+    the connection: a new one replaces it)."""
+
+    @sa.event.listens_for(engine, "reset")
+    def _reset(dbapi_conn, _record, _state):  # type: ignore[no-untyped-def]
+        if dbapi_conn is not None and dbapi_conn.autocommit:
+            dbapi_conn.autocommit = False
 
 
 # psycopg turns a statement's `%(name)s` placeholders into PostgreSQL's `$n` with a regular expression over the

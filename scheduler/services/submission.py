@@ -19,6 +19,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 import jobspec
 from jobspec.issues import SpecIssue
 from runtime.capabilities import RESTRICTION_HINTS, unsupported_parameters
+from scheduler.db.engine import begin_deferred, begin_now
 from scheduler.db.jsontext import json_loads
 from scheduler.db.models import (
     AuditEvent,
@@ -64,10 +65,11 @@ _NODES = sa.select(Node.pool, Node.name, Node.gpus)
 
 
 def _platform_statement() -> sa.CompoundSelect:
-    """What a submission and a dry run read of the platform's small tables, in one statement instead of four:
+    """What a submission and a dry run read of the platform's small tables, in one statement instead of six:
     the queue named (its name, pool and team), every priority class, every node's pool, name and GPUs
-    (`_nodes`), and the team's path grants of every pool (those of the job's pool are picked from them). Rows of
-    (kind, a, b, c, n, p)."""
+    (`_nodes`), the team's path grants of every pool (those of the job's pool are picked from them), its enabled
+    webhook endpoints, and the id of the team's job with the submission's idempotency key (none without a key:
+    `= NULL` holds for no row). Rows of (kind, a, b, c, n, p)."""
     text, number, flag = (sa.cast(sa.null(), t) for t in (sa.String, sa.Integer, sa.Boolean))
 
     def kind(k: str) -> sa.ColumnElement[str]:
@@ -96,7 +98,12 @@ def _platform_statement() -> sa.CompoundSelect:
         number,
         flag,
     ).where(WebhookEndpoint.team_id == sa.bindparam("team_id"), WebhookEndpoint.disabled.is_(False))
-    return sa.union_all(queue, classes, nodes, grants, endpoints)
+    idempotent = sa.select(
+        kind("i"), Job.id, text, text, number, flag
+    ).where(  # `uq_jobs_team_idempotency_key`
+        Job.team_id == sa.bindparam("team_id"), Job.idempotency_key == sa.bindparam("key")
+    )
+    return sa.union_all(queue, classes, nodes, grants, endpoints, idempotent)
 
 
 _PLATFORM = _platform_statement()
@@ -139,6 +146,8 @@ class PlatformRead:
     nodes: dict[str, list[tuple[str, int]]]  # by pool: (node, GPUs)
     grants: list[tuple[str | None, str, str]]  # (pool, path, mode), ordered by path
     endpoints: webhooks.Endpoints  # the team's enabled webhook endpoints
+    idempotency_key: str | None = None  # the key read with them, and the id of its job (None: no such job)
+    idempotent_job_id: str | None = None
 
     def grant_rows(self, pool: str | None) -> list[tuple[str, str]]:
         """The grants that apply in `pool` (its own and every-pool ones; all of them without a pool), as
@@ -365,6 +374,10 @@ class JobSubmission:
             if normalized.changed is not None
             else nullcontext()
         )
+        endpoints = self._read_platform(team).endpoints  # read with the platform's small tables
+        if begin_deferred(self.session) and (endpoints or webhooks.notify_urls(resolution.spec)):
+            # deliveries may follow the job's statement (`record_job_transition`): all of it in one transaction
+            begin_now(self.session)
         with compared:
             job = _inserted(
                 self.session,
@@ -397,9 +410,12 @@ class JobSubmission:
                 },
                 audit=row_values(audit, audit_status) if audit is not None else None,
             )
+        # A unit of work whose statements commit themselves (`defer_begin`: the route's, on PostgreSQL) wrote the
+        # job, its event and the call's audit row in that one statement, committed now; anything written after it
+        # goes in a transaction again.
+        begin_now(self.session)
         annotate(job_id=job_id)  # the request's later lines (its access line) name the new job
-        # the team's endpoints came with the platform's small tables (read once per unit of work)
-        webhooks.record_job_transition(self.session, job, None, endpoints=self._read_platform(team).endpoints)
+        webhooks.record_job_transition(self.session, job, None, endpoints=endpoints)
         after_commit(
             self.session,
             lambda: log.info(
@@ -409,9 +425,20 @@ class JobSubmission:
         return job, True
 
     def _idempotent_job(self, team: Team, sub: Submission) -> Job | None:
-        if not sub.idempotency_key:
+        """The team's job with the submission's idempotency key, or None. Looked for with the platform's small
+        tables when they are read first (`_read_platform`): a round trip less than a statement of its own; the
+        job itself is read only when there is one."""
+        key = sub.idempotency_key
+        if not key:
             return None
-        return self.session.scalar(_IDEMPOTENT_JOB, {"team_id": team.id, "key": sub.idempotency_key})
+        read = self._platform
+        if read is None or read.team_id != team.id:
+            read = self._read_platform(team, sub.queue, key)
+        if read.idempotency_key != key:  # read before for another key
+            return self.session.scalar(_IDEMPOTENT_JOB, {"team_id": team.id, "key": key})
+        if read.idempotent_job_id is None:
+            return None
+        return self.session.get(Job, read.idempotent_job_id)
 
     def dry_run(self, principal: Principal, sub: Submission) -> dict[str, Any]:
         """What submitting would do, without storing anything (it only reads: call it in a read-only unit
@@ -535,19 +562,24 @@ class JobSubmission:
             raise invalid from None
         return normalized, submitted
 
-    def _read_platform(self, team: Team, queue_name: str | None = None) -> PlatformRead:
-        """The queue named, the priority classes, the nodes and the team's grants, in one statement; once per
-        unit of work."""
+    def _read_platform(
+        self, team: Team, queue_name: str | None = None, idempotency_key: str | None = None
+    ) -> PlatformRead:
+        """The queue named, the priority classes, the nodes, the team's grants and endpoints, and the job with
+        the idempotency key, in one statement; once per unit of work."""
         if self._platform is None or self._platform.team_id != team.id:
             queue: QueueRow | None = None
             classes: dict[str, ClassRow] = {}
             nodes: dict[str, list[tuple[str, int]]] = {}
             grants: list[tuple[str | None, str, str]] = []
             endpoints: webhooks.Endpoints = []
-            params = {"team_id": team.id, "queue": queue_name}
+            idempotent: str | None = None
+            params = {"team_id": team.id, "queue": queue_name, "key": idempotency_key}
             for kind, a, b, c, n, p in self.session.execute(_PLATFORM, params):
                 if kind == "q":
                     queue = QueueRow(a, b, c)
+                elif kind == "i":
+                    idempotent = a
                 elif kind == "c":
                     classes[a] = ClassRow(a, int(n), bool(p))
                 elif kind == "n":
@@ -557,7 +589,9 @@ class JobSubmission:
                 else:
                     grants.append((c, a, b))
             grants.sort(key=lambda g: g[1])
-            self._platform = PlatformRead(team.id, queue_name, queue, classes, nodes, grants, endpoints)
+            self._platform = PlatformRead(
+                team.id, queue_name, queue, classes, nodes, grants, endpoints, idempotency_key, idempotent
+            )
             self._node_cache = nodes
         return self._platform
 

@@ -20,24 +20,37 @@ def _member(client) -> dict[str, str]:  # type: ignore[no-untyped-def]
     return {"Authorization": f"Bearer {r.json()['key']}"}
 
 
-def _statements(engine: sa.Engine) -> list[str]:
+def _statements(engine: sa.Engine, in_transaction: list[bool] | None = None) -> list[str]:
+    """The statements run from now on; with `in_transaction`, whether a transaction was open after each
+    (PostgreSQL: psycopg's transaction status, INTRANS against IDLE)."""
     seen: list[str] = []
     sa.event.listen(engine, "before_cursor_execute", lambda *a: seen.append(a[2]))
+    if in_transaction is not None:
+
+        def after(conn, *_):  # type: ignore[no-untyped-def]
+            status = conn.connection.dbapi_connection.info.transaction_status
+            in_transaction.append(status.name != "IDLE")
+
+        sa.event.listen(engine, "after_cursor_execute", after)
     return seen
 
 
 def test_a_submission_reads_and_writes_in_three_statements(api) -> None:  # type: ignore[no-untyped-def]
-    """On PostgreSQL (one transaction): the key with its team; the queue named, the priority classes, the nodes
-    and the team's grants (one statement); the job with its event and the call's audit row (one statement).
+    """On PostgreSQL (no transaction: `defer_begin`, so no BEGIN nor COMMIT): the key with its team; the queue
+    named, the priority classes, the nodes, the team's grants and endpoints and the job with the idempotency key
+    (one statement); the job with its event and the call's audit row (one statement, committing itself).
     (SQLite judges in a read-only unit of work first, and reads again in the write one; it writes the job, its
     event and the audit row in three statements.)"""
     client, _, _ = api
     db = client.app.state.db
     member = _member(client)
     client.post("/v1/jobs", json={"spec": grpo_spec()}, headers=member)  # warm: nothing else is read once
-    seen = _statements(db.engine)
+    in_transaction: list[bool] = []
+    seen = _statements(db.engine, in_transaction if db.dialect == "postgresql" else None)
     r = client.post(
-        "/v1/jobs", json={"name": "counted", "queue": "default", "spec": grpo_spec()}, headers=member
+        "/v1/jobs",
+        json={"name": "counted", "queue": "default", "spec": grpo_spec()},
+        headers=member | {"Idempotency-Key": "counted-1"},
     )
     assert r.status_code == 201, r.text
     kinds = [" ".join(s.split()[:4]) for s in seen]
@@ -46,6 +59,7 @@ def test_a_submission_reads_and_writes_in_three_statements(api) -> None:  # type
         assert writes == ["WITH new_job AS (INSERT"], kinds
         assert "new_audit AS (INSERT INTO audit_events" in " ".join(seen[kinds.index(writes[0])].split())
         assert len([k for k in kinds if k.startswith("SELECT")]) == 2, kinds
+        assert in_transaction == [False, False, False]  # each statement committed (or read) on its own
     else:
         assert writes == [
             "INSERT INTO jobs (id,",
