@@ -36,12 +36,12 @@ ONE_SLOT_FIXTURE = "one_slot_platform"
 ONE_SLOT_ENV = {"RELAX_RAY_LOCAL_SLOTS": "1", "RELAX_SCHEDULER_TICK_SECONDS": "1"}
 
 
-def _models_tiny(p: RunningPlatform) -> None:
+def models_tiny(p: RunningPlatform) -> None:
     """`relaxctl models tiny` on the platform: the CLI's command run in this process (typer's runner, the
     platform's URL and key in the environment, the real API over HTTP), not in a `relaxctl` process of its own,
     which would spend ~4 s importing torch and transformers again (measured 5.7-6.3 s a call against 0.1 s in a
-    process that has them, as a pytest worker of the suite soon does; tests/e2e/test_reliability.py and
-    test_elastic_rollout.py still run it as a process)."""
+    process that has them, as a pytest worker of the suite soon does). Also for the modules' own platforms
+    (tests/e2e/test_reliability.py, test_elastic_rollout.py)."""
     from typer.testing import CliRunner
 
     import client.cli as cli
@@ -59,7 +59,7 @@ def _shared(key: str, fixture: str, tmp_path_factory: pytest.TempPathFactory, en
                 mp.setenv(k, v)
             p = start_platform(tmp_path_factory.mktemp("platform") / "home")
         _SHARED[key] = p
-        _models_tiny(p)
+        models_tiny(p)
     yield p
     nextitem = _NEXT.pop("item", None)
     if nextitem is None or fixture not in getattr(nextitem, "fixturenames", ()):

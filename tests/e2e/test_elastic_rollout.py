@@ -25,6 +25,7 @@ import yaml
 
 from bench.harness import ROOT, RunningPlatform, start_platform, stop_platform
 from client.sdk import RelaxClient
+from tests.e2e.conftest import models_tiny
 from tests.e2e.watch import SlotWatch, until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -41,8 +42,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningPlatfo
         mp.setenv("RELAX_SCHEDULER_TICK_SECONDS", "1")
         p = start_platform(tmp_path_factory.mktemp("platform") / "home")
     try:
-        r = p.relaxctl("models", "tiny")
-        assert r.returncode == 0, r.stdout + r.stderr
+        models_tiny(p)
         yield p
     finally:
         took = stop_platform(p)

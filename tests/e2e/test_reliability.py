@@ -36,6 +36,7 @@ from bench.chaos import readyz as _readyz
 from bench.harness import RunningPlatform, start_platform, stop_platform
 from client.sdk import RelaxClient
 from runtime.launcher import RayJobLauncher
+from tests.e2e.conftest import models_tiny
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -53,8 +54,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyp
         held = {"platform": start_platform(home)}
     try:
         p = held["platform"]
-        r = p.relaxctl("models", "tiny")
-        assert r.returncode == 0, r.stdout + r.stderr
+        models_tiny(p)
         held["job"] = RelaxClient(p.url, p.key).submit_job(
             spec=tiny_spec(STEPS, SAVE_EVERY), name="survivor"
         )["id"]
