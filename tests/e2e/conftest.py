@@ -5,7 +5,9 @@ configured otherwise or killed by its tests, defines its own `platform`)."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -34,6 +36,15 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 # slot): the first lane runs them next to each other, so it starts once for both (~20 s of the lane).
 ONE_SLOT_FIXTURE = "one_slot_platform"
 ONE_SLOT_ENV = {"RELAX_RAY_LOCAL_SLOTS": "1", "RELAX_SCHEDULER_TICK_SECONDS": "1"}
+
+# A third, of three slots and a reconcile every second, for tests/e2e/test_elastic_rollout.py (an elastic job that
+# grows into the third slot) and then tests/e2e/test_reliability.py, which kills it (it starts it again on the
+# same home, with THREE_SLOT_ENV, and stops that one at its end). The first lane runs them next to each other (the
+# modules of tests/e2e/ that use none of the fixtures tests/conftest.py sorts by, in file order), so it starts
+# once for both (a start and a stop, and `relaxctl models tiny`: 25-60 s of the lane). (Not the shared platform
+# of three slots: on a node of three slots every eval job is refused, jobspec's rule.actor_whole_nodes.)
+THREE_SLOT_FIXTURE = "three_slot_platform"
+THREE_SLOT_ENV = {"RELAX_RAY_LOCAL_SLOTS": "3", "RELAX_SCHEDULER_TICK_SECONDS": "1"}
 
 
 def models_tiny(p: RunningPlatform) -> None:
@@ -82,6 +93,14 @@ def one_slot_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runn
 
 
 @pytest.fixture(scope="module")
+def three_slot_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningPlatform]:
+    """An embedded platform whose pool `local` has three slots and whose scheduler ticks every second,
+    `relaxctl models tiny` done; shared by the neighbouring modules that use it. A module leaves no job of its
+    own running when it ends; one that kills it stops what it started in its place."""
+    yield from _shared("three_slot", THREE_SLOT_FIXTURE, tmp_path_factory, THREE_SLOT_ENV)
+
+
+@pytest.fixture(scope="module")
 def platform(_e2e_shared_platform: RunningPlatform) -> RunningPlatform:
     """An embedded platform in a temporary home, `relaxctl models tiny` done, shared with the neighbouring
     modules that use it (stopping it must take under 45 s). Its jobs are the other modules' too: look jobs
@@ -93,6 +112,8 @@ def platform(_e2e_shared_platform: RunningPlatform) -> RunningPlatform:
 # from (job://sft-arith/hf), per running platform: the modules that share a platform share it too (a run of it
 # is a whole job, ~13 s alone on two cores and 20-30 s beside the other lane), as they share the platform.
 _SFT_ARITH: dict[tuple[str, str, int], dict] = {}
+# Their Hugging Face exports (`<output_dir>/hf`), for `sft_arith_start` on another platform of this process.
+SFT_ARITH_EXPORTS: list[Path] = []
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +134,28 @@ def sft_arith(platform: RunningPlatform) -> dict:
         assert job["status"] == "SUCCEEDED", job
         assert log_problems(c, job["id"]) == []
         _SFT_ARITH[key] = job
+        SFT_ARITH_EXPORTS.append(Path(job["output_dir"]) / "hf")
     return job
+
+
+def sft_arith_start(p: RunningPlatform) -> str:
+    """What `hf-checkpoint` and `ref-load` name on platform `p` for a job that starts from the SFT warm-up (as
+    grpo-arith.yaml does from job://sft-arith/hf), for a module on a platform other than the shared one
+    (tests/e2e/test_multinode.py): the export of an examples/sft-arith.yaml job this process already ran
+    (`sft_arith`, on the lane's shared platform before; the same spec, seed, tiny model and data) copied into
+    the team's area of `p`, else that of the job run on `p` now with `relaxctl submit --wait`. A run of the
+    job is ~25 s alone on two cores, 60-70 s beside other work; the copy, 0.6 MB, none of it."""
+    from client.sdk import RelaxClient
+
+    for export in SFT_ARITH_EXPORTS:
+        if (export / "model.safetensors").is_file() and (export / "tokenizer.json").is_file():
+            area = Path(RelaxClient(p.url, p.key).storage()["area"])
+            shutil.copytree(export, area / "models" / "sft-arith", dirs_exist_ok=True)
+            return "artifacts://models/sft-arith"
+    r = p.relaxctl("submit", "examples/sft-arith.yaml", "--wait")
+    assert r.returncode == 0, r.stdout + r.stderr + p.log()
+    assert "SUCCEEDED" in r.stdout, r.stdout
+    return "job://sft-arith/hf"
 
 
 def log_problems(client, job_id: str) -> list[str]:  # type: ignore[no-untyped-def]

@@ -1,5 +1,6 @@
 """Elastic rollout on the real embedded platform (issue 14 item 5, docs/reference/elastic-rollout.md): API, Celery
-worker and beat, a local Ray, SQLite, a pool of three slots and a pass every second.
+worker and beat, a local Ray, SQLite, a pool of three slots and a pass every second (tests/e2e/conftest.py's
+`three_slot_platform`, which tests/e2e/test_reliability.py uses after this module).
 
 A GRPO job with `--autoscaler-config` (min 1, max 2 engines; thresholds that make any step rollout-bound) asks for
 one engine: its demand's rollout group is elastic from submission (the YAML read from the team's area). The pass
@@ -23,10 +24,10 @@ from typing import Any
 import pytest
 import yaml
 
-from bench.harness import ROOT, RunningPlatform, start_platform, stop_platform
+from bench.harness import ROOT, RunningPlatform
 from client.sdk import RelaxClient
-from tests.e2e.conftest import models_tiny
 from tests.e2e.watch import SlotWatch, until
+from wire.jobs import TERMINAL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -35,18 +36,16 @@ AUTOSCALER = "min_engines: 1\nmax_engines: 2\nscale_out: {threshold: 0.01, coold
 
 
 @pytest.fixture(scope="module")
-def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningPlatform]:
-    """A platform of its own: pool `local` of three slots, a scheduling pass (and reconcile) every second."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RELAX_RAY_LOCAL_SLOTS", "3")
-        mp.setenv("RELAX_SCHEDULER_TICK_SECONDS", "1")
-        p = start_platform(tmp_path_factory.mktemp("platform") / "home")
-    try:
-        models_tiny(p)
-        yield p
-    finally:
-        took = stop_platform(p)
-        assert took < 45, f"the platform took {took:.0f}s to stop"
+def platform(three_slot_platform: RunningPlatform) -> Iterator[RunningPlatform]:
+    """Pool `local` of three slots, a scheduling pass (and reconcile) every second; shared with the next module
+    (tests/e2e/test_reliability.py): whatever this module's test leaves running is cancelled at its end."""
+    p = three_slot_platform
+    yield p
+    c = RelaxClient(p.url, p.key)
+    for job in c.list_jobs(limit=100)["data"]:
+        if job["name"] in ("grpo-elastic", "sft-one-slot") and job["status"] not in TERMINAL:
+            c.cancel_job(job["id"])
+            until(lambda j=job: c.get_job(j["id"])["status"] in TERMINAL, 120, c, p, job["id"])
 
 
 def _grpo_spec() -> dict[str, Any]:

@@ -36,31 +36,29 @@ from bench.chaos import readyz as _readyz
 from bench.harness import RunningPlatform, start_platform, stop_platform
 from client.sdk import RelaxClient
 from runtime.launcher import RayJobLauncher
-from tests.e2e.conftest import models_tiny
+from tests.e2e.conftest import THREE_SLOT_ENV
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 STEPS, SAVE_EVERY = 500, 10
-ENV = {"RELAX_SCHEDULER_TICK_SECONDS": "1"}  # reconcile every second
+ENV = THREE_SLOT_ENV  # reconcile every second (a platform started again on the home: as it was started)
 
 
 @pytest.fixture(scope="module")
-def platform(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    """{"platform": the running platform (the second test replaces it with the restarted one), "job": id}"""
-    home = tmp_path_factory.mktemp("platform") / "home"
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in ENV.items():
-            mp.setenv(k, v)
-        held = {"platform": start_platform(home)}
+def platform(three_slot_platform: RunningPlatform):  # type: ignore[no-untyped-def]
+    """{"platform": the running platform (the second test replaces it with the restarted one), "job": id}. The
+    platform: tests/e2e/conftest.py's `three_slot_platform` (tests/e2e/test_elastic_rollout.py's before, its
+    jobs ended), killed and started again on its home by these tests; the last one started is stopped here."""
+    held = {"platform": three_slot_platform}
     try:
         p = held["platform"]
-        models_tiny(p)
         held["job"] = RelaxClient(p.url, p.key).submit_job(
             spec=tiny_spec(STEPS, SAVE_EVERY), name="survivor"
         )["id"]
         yield held
     finally:
-        stop_platform(held["platform"])
+        if held["platform"] is not three_slot_platform:
+            stop_platform(held["platform"])
 
 
 def _wait(c: RelaxClient, job_id: str, what, timeout: float, p: RunningPlatform) -> dict:  # type: ignore[no-untyped-def]
