@@ -30,7 +30,9 @@ def _wait_status(c: RelaxClient, job_id: str, statuses: set[str], timeout: float
     raise AssertionError(f"{job_id} stuck in {c.get_job(job_id)['status']}")
 
 
-GRPO_STEPS = 100  # the example's 300 are measured by `python -m bench.example_run` (README.md, docs/reference/runtime.md)
+# the example's 300 are measured by `python -m bench.example_run` (README.md, docs/reference/runtime.md); here 60,
+# the warmup 10 of them (the example's 20 are for 300)
+GRPO_STEPS, GRPO_WARMUP = 60, 10
 
 
 def test_sft_then_grpo_learns(platform: RunningPlatform, sft_arith: dict, tmp_path: Path) -> None:
@@ -56,7 +58,8 @@ def test_sft_then_grpo_learns(platform: RunningPlatform, sft_arith: dict, tmp_pa
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     doc = yaml.safe_load((ROOT / "examples" / "grpo-arith.yaml").read_text())
-    doc["spec"]["num-rollout"] = GRPO_STEPS  # the cosine schedule then decays over 100 steps
+    doc["spec"]["num-rollout"] = GRPO_STEPS  # the cosine schedule then decays over 60 steps
+    doc["spec"]["lr-warmup-iters"] = GRPO_WARMUP
     job_file = tmp_path / "grpo-arith.yaml"
     job_file.write_text(yaml.safe_dump(doc))
     try:
@@ -75,13 +78,16 @@ def test_sft_then_grpo_learns(platform: RunningPlatform, sft_arith: dict, tmp_pa
     assert detail["spec"]["hf_checkpoint"].startswith(sft["output_dir"])
     assert detail["submitted"]["inputs"][0]["job_id"] == sft["id"]
 
-    # It learned: mean reward of the last steps clearly above the first steps (measured over 100 steps:
-    # 0.13 -> 0.38 for the last 10, `python -m runtime.demo ROOT --set num-rollout=100`; 0.67 after the
-    # example's 300).
+    # It learned: mean reward of the last 10 steps clearly above the first 5 (measured over 60 steps, warmup 10:
+    # 0.119 -> 0.261, and 0.131 -> 0.274 with --seed 1, `python -m runtime.demo ROOT --set num-rollout=60 --set
+    # lr-warmup-iters=10`; over 100 steps, warmup 20: 0.13 -> 0.38; 0.67 after the example's 300). A step's
+    # reward scatters by ~0.035 about the run's trend, so the difference of the two means by ~0.02 for a run
+    # that does not learn: 0.08 is 4 of those.
     reward = [p["value"] for p in c.metrics(job["id"], names=["rollout/reward"])["rollout/reward"]]
     assert len(reward) == GRPO_STEPS, len(reward)
     first, last = sum(reward[:5]) / 5, sum(reward[-10:]) / 10
-    assert first < 0.2 and last > 0.28 and last - first > 0.12, reward
+    print(f"grpo-arith: rollout/reward {first:.3f} (first 5 steps) -> {last:.3f} (last 10 steps)")
+    assert first < 0.2 and last > 0.22 and last - first > 0.08, reward
 
     # Every transition, with time and reason.
     events = [e for e in c.events(job["id"]) if e["kind"] == "transition"]
