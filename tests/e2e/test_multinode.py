@@ -19,6 +19,7 @@ import yaml
 from bench.harness import ROOT, RunningPlatform, join_node, stop_node
 from client.sdk import RelaxClient
 from runtime.launcher import RayJobLauncher
+from tests.e2e.conftest import sft_arith_start
 from tests.e2e.watch import SlotWatch, until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -72,10 +73,12 @@ def join(p: RunningPlatform, c: RelaxClient, name: str):  # type: ignore[no-unty
     raise AssertionError(f"node {name} did not join\n{p.log()}")
 
 
-def _grpo_spec() -> dict[str, Any]:
+def _grpo_spec(start: str) -> dict[str, Any]:
     spec = dict(yaml.safe_load((ROOT / "examples" / "grpo-arith.yaml").read_text())["spec"])
     for key in ("eval-interval", "eval-prompt-data", "eval-temperature", "save-hf"):
         spec.pop(key)
+    assert spec["hf-checkpoint"] == spec["ref-load"] == "job://sft-arith/hf"
+    spec["hf-checkpoint"] = spec["ref-load"] = start  # the SFT warm-up's export
     # actor and rollout on slots of their own (not colocated): two slots, which the pass puts on two nodes
     spec.update(
         {"num-rollout": STEPS, "save-interval": SAVE_INTERVAL, "colocate": False, "lr-warmup-iters": 5}
@@ -110,11 +113,10 @@ def test_a_job_across_nodes_survives_losing_one(platform: tuple[RunningPlatform,
     ray_ids = {n.name: n.node_id for n in ray.nodes() if n.alive}
     assert set(ray_ids) == {head, "w1", "w2"}, ray_ids
 
-    r = p.relaxctl("submit", "examples/sft-arith.yaml", "--wait")  # the GRPO job starts from its export
-    assert r.returncode == 0, r.stdout + r.stderr + p.log()
+    start = sft_arith_start(p)  # the GRPO job starts from the SFT warm-up's export
 
     with SlotWatch(c) as watch:
-        job = c.submit_job(spec=_grpo_spec(), name="grpo-multinode")
+        job = c.submit_job(spec=_grpo_spec(start), name="grpo-multinode")
         job_id = job["id"]
 
         # 1. Actor and rollout on two different nodes: the pass's allocations, and Ray's placement groups there.
