@@ -121,7 +121,7 @@ def test_ppo_with_a_critic_role(platform: RunningPlatform, sft_arith: dict) -> N
     arrive through the API. The example's layout as it is: actor and critic on a device each, the
     colocated rollout spanning both (the demand is 2 devices, the local pool's 2 slots)."""
     c = RelaxClient(platform.url, platform.key)
-    warmup, steps = 5, 8
+    warmup, steps = 2, 4  # critic-only steps 0-1, then both roles at steps 2-3
     spec = _example(
         "ppo-arith.yaml",
         **{
