@@ -33,10 +33,10 @@ from bench.chaos import check_metrics, home_processes, kill_everything, tiny_spe
 from bench.chaos import driver_pids as _driver_pids
 from bench.chaos import platform_state as _state
 from bench.chaos import readyz as _readyz
-from bench.harness import RunningPlatform, start_platform, stop_platform
+from bench.harness import RunningPlatform, start_platform
 from client.sdk import RelaxClient
 from runtime.launcher import RayJobLauncher
-from tests.e2e.conftest import THREE_SLOT_ENV
+from tests.e2e.conftest import THREE_SLOT_ENV, stop_later
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -58,7 +58,7 @@ def platform(three_slot_platform: RunningPlatform):  # type: ignore[no-untyped-d
         yield held
     finally:
         if held["platform"] is not three_slot_platform:
-            stop_platform(held["platform"])
+            stop_later(held["platform"])
 
 
 def _wait(c: RelaxClient, job_id: str, what, timeout: float, p: RunningPlatform) -> dict:  # type: ignore[no-untyped-def]
