@@ -14,7 +14,7 @@ from runtime.data.prompts import DatasetConfig, PromptFormatter, read_prompt_ite
 from runtime.devices import Device
 from runtime.roles.actors import RolloutEngineActor
 from runtime.roles.elastic import EngineStarter
-from runtime.roles.groups import RolePlan, Roles, start_roles
+from runtime.roles.groups import EngineKind, RolePlan, Roles, start_roles
 from runtime.roles.placement import Role
 from runtime.rollout.elastic import AutoscalerConfig, ElasticSettings, PartialSuccessPolicy
 from runtime.rollout.engine import SamplingParams
@@ -41,6 +41,13 @@ def roles(ray_local, artifacts: dict[str, Path], page_cache_markers: Path):  # t
         train_config=TrainConfig(loss_type="sft", lr_schedule=LRSchedule(lr=5e-3), weight_decay=0.0),
         resource={"actor": [1, 1], "rollout": [1, 2], "reference": [1, 1]},
         colocate=False,
+        # the built-in engine in the rollout actors themselves: the roles, their groups, weight sync and the
+        # elastic mechanics are what this module checks, not the engine's server. Engine servers (HTTP) are
+        # started, synced, scaled out and replaced through the driver in test_driver_grpo.py and
+        # test_rollout_health.py, and scaled in and out by the pass in tests/e2e/test_elastic_rollout.py. Five
+        # engine actors start here (two, then three in the elastic test, one of which fails); each HTTP one
+        # starts a server process too (elastic test 52.2 -> 22.5 s, the module's processes 110 -> 80 s of CPU)
+        engine_kind=EngineKind.IN_PROCESS,
         separate={Role.REFERENCE: str(artifacts["warm"])},
         warm_page_cache=(str(artifacts["warm"]),),  # --warm-hf-checkpoint-page-cache
         # --autoscaler-config: test_elastic_rollout_* scales the engines
@@ -183,7 +190,7 @@ def test_elastic_rollout_grows_with_the_current_weights_and_shrinks_draining_req
     sync.push(roles.train, [group], version=7)
 
     # a grant onto a node Ray does not have: its group is never reserved, the engine never ready
-    elastic.settings = dataclasses.replace(settings, scale_out_timeout_s=3.0)
+    elastic.settings = dataclasses.replace(settings, scale_out_timeout_s=1.0)  # it is never reserved
     nowhere = ("f" * 56,)
     elastic.follow_grant((None, None, *nowhere))
     assert len(group.actors) == 2 and elastic.scale_out_failures == 1 and scaled() == []
