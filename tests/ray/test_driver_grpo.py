@@ -119,20 +119,23 @@ def test_grpo_reward_rises_with_colocated_actors(
 def test_grpo_with_separate_actors_and_two_engines(
     ray_local, artifacts: dict[str, Path], tmp_path: Path
 ) -> None:
-    """Not colocated: trainer and two rollout engines each in their own slot; weights reach both engines.
-    With --autoscaler-config (docs/reference/elastic-rollout.md) the rollout-bound first step adds a third
-    engine (in a placement group of its own, as each engine of an elastic role), which gets every later update
-    too."""
+    """Not colocated: the trainer and the rollout engines (servers, `EngineKind.HTTP`) each in their own slot;
+    weights reach both engines. The job starts one engine; with --autoscaler-config
+    (docs/reference/elastic-rollout.md) the rollout-bound first step adds a second (in a placement group of its
+    own, as each engine of an elastic role), started with the current weights, and the later steps' batches
+    are shared by the two, each of which gets every update. (It started two and grew to three: one engine
+    server more to start, for nothing two do not show; call 102.7 -> 42.2 s, CPU of its processes 82 -> 47 s,
+    load 6-8, 2026-12-07. A rollout of two engines from the start is test_rollout_health.py's.)"""
     autoscaler = tmp_path / "autoscaler.yaml"
     autoscaler.write_text(
-        "min_engines: 1\nmax_engines: 3\nscale_out: {threshold: 0.01}\nscale_in: {threshold: 0.0}\n"
+        "min_engines: 1\nmax_engines: 2\nscale_out: {threshold: 0.01}\nscale_in: {threshold: 0.0}\n"
     )
     spec = grpo_spec(
         artifacts,
         tmp_path,
         **{
             "colocate": False,
-            "resource": {"actor": [1, 1], "rollout": [1, 2]},
+            "resource": {"actor": [1, 1], "rollout": [1, 1]},
             "num-rollout": 3,
             "save-interval": None,
             "eval-interval": None,
@@ -152,11 +155,8 @@ def test_grpo_with_separate_actors_and_two_engines(
     assert max(metrics["rollout/logprob_abs_diff"].values()) < 1e-3  # both engines got every update
     assert sorted(metrics["rollout/weight_version"].values()) == [0, 1, 2]
     # engines after each step: the first step's rollout share is above 0.01, so one engine more, at once
-    assert [metrics["rollout/engines"][step] for step in sorted(metrics["rollout/engines"])] == [
-        3.0,
-        3.0,
-        3.0,
-    ]
+    engines = [metrics["rollout/engines"][step] for step in sorted(metrics["rollout/engines"])]
+    assert engines == [2.0, 2.0, 2.0]
     assert (
         max(metrics["rollout/scale_outs"].values()) == 1 and max(metrics["rollout/scale_ins"].values()) == 0
     )
