@@ -122,7 +122,12 @@ def test_sft_on_conversations_with_holdout_perplexity_and_predictions(
     ray_local, artifacts: dict[str, Path], tmp_path: Path, fake_platform, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """ShareGPT conversations (key map, system prompt, tools), eval-size holdout, perplexity every
-    eval-interval steps, predictions every sft-predict-interval steps, oversize rows truncated."""
+    eval-interval steps, predictions every sft-predict-interval steps, oversize rows truncated.
+
+    The predictions' engine is the built-in one in a rollout actor of its own (`RELAX_ROLLOUT_ENGINE=
+    in-process`), not a server the actor starts: SFT predictions through an engine server are
+    tests/e2e/test_pipeline_features.py's (through the platform), and the server costs a process that imports
+    torch and loads the model (its actor and server took 6.0 + 5.0 s of CPU, the in-process actor 6.8 s)."""
     from runtime.data.arith import SHAREGPT_KEY_MAP
     from runtime.spec import load_spec
 
@@ -156,6 +161,7 @@ def test_sft_on_conversations_with_holdout_perplexity_and_predictions(
     spec = load_spec(raw).values()
     platform, url = fake_platform(spec, token="tok", attempt=0)
     monkeypatch.setenv("RELAX_JOB_BOOTSTRAP", platform.bootstrap)
+    monkeypatch.setenv("RELAX_ROLLOUT_ENGINE", "in-process")
     assert driver.main(["--job-id", "job_chat", "--api-url", url]) == 0
 
     metrics: dict[str, dict[int, float]] = {}
