@@ -47,7 +47,13 @@ def test_the_mode_is_relax_s_run_with_no_rollout_left() -> None:
     assert not eval_only(RuntimeSpec(**{**base, "eval_prompt_data": None}))  # nothing to evaluate
 
 
-def test_eval_only_job_scores_every_eval_set(ray_local, artifacts: dict[str, Path], tmp_path: Path) -> None:
+def test_eval_only_job_scores_every_eval_set(
+    ray_local, artifacts: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine is the built-in one in a rollout actor of its own (`RELAX_ROLLOUT_ENGINE=in-process`): the
+    mode is what is checked here; eval jobs on engine servers are tests/e2e/test_evals.py's (a server is one
+    more process to start: the whole test 30.6 -> 22.5 s of CPU)."""
+    monkeypatch.setenv("RELAX_ROLLOUT_ENGINE", "in-process")
     small = tmp_path / "test_small.jsonl"
     small.write_text("".join(artifacts["test"].read_text().splitlines(keepends=True)[:8]))
     spec = eval_spec(artifacts["warm"], small, tmp_path / "out")
