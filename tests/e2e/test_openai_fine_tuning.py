@@ -65,7 +65,7 @@ def test_a_supervised_job_trains_and_returns_its_fine_tuned_model(platform: Runn
     )
     deadline = time.monotonic() + 240
     while job.status not in ("succeeded", "failed", "cancelled") and time.monotonic() < deadline:
-        time.sleep(1.0)
+        time.sleep(0.25)
         job = oc.fine_tuning.jobs.retrieve(job.id)
     took = time.monotonic() - started
     assert job.status == "succeeded", f"{job.status} {job.error}\n" + platform.log()
@@ -125,7 +125,7 @@ def test_a_reinforcement_job_trains_with_the_graders_reward(platform: RunningPla
     )
     deadline = time.monotonic() + 240
     while job.status not in ("succeeded", "failed", "cancelled") and time.monotonic() < deadline:
-        time.sleep(1.0)
+        time.sleep(0.25)
         job = oc.fine_tuning.jobs.retrieve(job.id)
     took = time.monotonic() - started
     assert job.status == "succeeded", f"{job.status} {job.error}\n" + platform.log()

@@ -26,7 +26,7 @@ def _wait_status(c: RelaxClient, job_id: str, statuses: set[str], timeout: float
         job = c.get_job(job_id)
         if job["status"] in statuses:
             return job
-        time.sleep(0.5)
+        time.sleep(0.25)
     raise AssertionError(f"{job_id} stuck in {c.get_job(job_id)['status']}")
 
 
