@@ -1,6 +1,7 @@
-"""`bench/gpu_train.py`'s backend rows on CPU: `MegatronTrainBackend` built from a config.json-only folder with
-`random_init`, trained with `train_step` (SFT) in the bench's timing loop, one process (world 1, gloo); the head
-keeping its logits (`backend-save`) gives the same losses as recomputing them; the bench's spec values are the
+"""`bench/gpu_train.py --tiny` on CPU, one process (world 1, gloo): the plain HF row, ours with the layers compiled
+(aot_eager) and eagerly, which see the same losses; the backend rows: `MegatronTrainBackend` built from a
+config.json-only folder with `random_init`, trained with `train_step` (SFT) in the bench's timing loop, the head
+keeping its logits (`backend-save`) giving the same losses as recomputing them; the bench's spec values are the
 ones `load_spec` derives."""
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ pytest.importorskip("megatron.core")
 ROOT = Path(__file__).resolve().parents[4]
 
 
-def test_bench_tiny_backend_rows_run_on_cpu(tmp_path):
+def test_bench_tiny_runs_on_cpu(tmp_path: Path, subtests: pytest.Subtests) -> None:
+    """`python -m bench.gpu_train --tiny` end to end on CPU, every row in one process (a bench run each cost
+    one more process importing torch and megatron-core, and one more `ours` row: test_kernels.py had the first
+    three rows, this module the last two): the plain HF row and ours, with the transformer layers compiled
+    (aot_eager: dynamo + AOT autograd without code generation) and without, whose losses must agree (same seed,
+    same data); then the backend rows."""
     out_json = tmp_path / "rows.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2"}
     env.pop("RELAX_HEAD_SAVE_LOGITS", None)
@@ -32,30 +38,48 @@ def test_bench_tiny_backend_rows_run_on_cpu(tmp_path):
         "--tiny",
         "--quiet",
         "--rows",
-        "ours,backend,backend-save",
+        "hf,ours,ours-eager,backend,backend-save",
+        "--compile-backend",
+        "aot_eager",  # the `ours` and `hf` rows' layers; the backend rows compile nothing on CPU
         "--json",
         str(out_json),
     ]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    lines = [line for line in out.stdout.splitlines() if line.startswith("| tiny")]
+    assert len(lines) == 5, out.stdout
+    assert (
+        "| model | loop | step s | tokens/s | TFLOP/s (per GPU) | MFU | peak GiB | first step s |"
+        in out.stdout
+    )
     rows = json.loads(out_json.read_text())
     assert (
         [r["loop"] for r in rows]
         == [
+            "plain HF + torch.compile + chunked loss",
             "ours (megatron-core + our kernels)",
+            "ours (megatron-core + our kernels), no torch.compile",
             "ours (megatron backend: MegatronTrainBackend.train_step, sft), head recomputes logits, thd",  # CPU: auto
             "ours (megatron backend: MegatronTrainBackend.train_step, sft), head keeps bf16 logits, thd",
         ]
     ), out.stdout
-    recompute, save = rows[1]["losses"], rows[2]["losses"]
-    assert len(recompute) == len(save) == 3  # 1 warm-up + 2 timed steps
-    # random init: the first loss is about log(vocab) (1000 ids); training moves it
-    assert abs(recompute[0] - math.log(1000)) < 0.5, recompute
-    assert all(math.isfinite(x) for x in recompute)
-    for a, b in zip(recompute, save, strict=True):
-        assert abs(a - b) < 1e-4, (recompute, save)
-    for r in rows[1:]:
-        assert r["tokens_per_s"] > 0 and r["mfu"] > 0
+
+    with subtests.test("the compiled layers match eager"):
+        compiled, eager = rows[1]["losses"], rows[2]["losses"]
+        assert len(compiled) == len(eager) == 3
+        for a, b in zip(compiled, eager, strict=True):
+            assert abs(a - b) < 1e-4, (compiled, eager)
+
+    with subtests.test("the backend rows"):
+        recompute, save = rows[3]["losses"], rows[4]["losses"]
+        assert len(recompute) == len(save) == 3  # 1 warm-up + 2 timed steps
+        # random init: the first loss is about log(vocab) (1000 ids); training moves it
+        assert abs(recompute[0] - math.log(1000)) < 0.5, recompute
+        assert all(math.isfinite(x) for x in recompute)
+        for a, b in zip(recompute, save, strict=True):
+            assert abs(a - b) < 1e-4, (recompute, save)
+        for r in rows[3:]:
+            assert r["tokens_per_s"] > 0 and r["mfu"] > 0
 
 
 def test_bench_backend_values_are_what_the_spec_derives(tmp_path):

@@ -1,11 +1,11 @@
 """runtime/train/megatron/kernels.py on CPU: the chunked vocab-parallel loss head against full logits (values and
 gradients, entropy, temperature, vocabulary padding, TP=2 over gloo in two processes), the norm and activation
-paths, layer compilation, and `bench/gpu_train.py --tiny` end to end."""
+paths, and layer compilation (`bench/gpu_train.py --tiny` end to end, its compiled and eager rows:
+tests/unit/runtime/megatron/test_bench_backend.py)."""
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import subprocess
 import sys
@@ -314,43 +314,6 @@ def test_triton_head_kernels_match_eager_in_the_interpreter(tmp_path):
         [sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-
-
-# ------------------------------------------------------------------------------------------- the bench
-
-
-def test_bench_tiny_runs_on_cpu_and_compiled_layers_match_eager(tmp_path):
-    """`python -m bench.gpu_train --tiny` end to end on CPU: the plain HF row and ours, with the transformer
-    layers compiled (aot_eager: dynamo + AOT autograd without code generation) and without; the compiled and
-    eager megatron rows must see the same losses (same seed, same data)."""
-    out_json = tmp_path / "rows.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "bench.gpu_train",
-        "--tiny",
-        "--quiet",
-        "--rows",
-        "hf,ours,ours-eager",
-        "--compile-backend",
-        "aot_eager",
-        "--json",
-        str(out_json),
-    ]
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
-    lines = [line for line in out.stdout.splitlines() if line.startswith("| tiny")]
-    assert len(lines) == 3, out.stdout
-    assert (
-        "| model | loop | step s | tokens/s | TFLOP/s (per GPU) | MFU | peak GiB | first step s |"
-        in out.stdout
-    )
-    rows = json.loads(out_json.read_text())
-    compiled, eager = rows[1]["losses"], rows[2]["losses"]
-    assert len(compiled) == len(eager) == 3
-    for a, b in zip(compiled, eager, strict=True):
-        assert abs(a - b) < 1e-4, (compiled, eager)
 
 
 def test_a_failing_triton_kernel_falls_back_to_the_torch_path(monkeypatch):
