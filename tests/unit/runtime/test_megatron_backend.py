@@ -218,10 +218,11 @@ def _assert_matches(got: dict[str, Any], want: dict[str, Any]) -> None:
     assert worst < TOLERANCE["weights"], worst
 
 
+# TP=2 (packed) is test_checkpoint_round_trip_and_load_flags's `tp2`, whose world answers the same before it
+# checkpoints: one world instead of two
 @pytest.mark.parametrize(
     "layout",
     [
-        {"tensor-model-parallel-size": 2, "resource": {"actor": [1, 2], "rollout": [1, 2]}},
         {"resource": {"actor": [1, 2], "rollout": [1, 2]}},  # DP=2
         {"pipeline-model-parallel-size": 2, "resource": {"actor": [1, 2], "rollout": [1, 2]}},
         {
@@ -253,7 +254,6 @@ def _assert_matches(got: dict[str, Any], want: dict[str, Any]) -> None:
         },
     ],
     ids=[
-        "tp2",
         "dp2",
         "pp2",
         "tp2-sp-overlap",
@@ -267,6 +267,10 @@ def _assert_matches(got: dict[str, Any], want: dict[str, Any]) -> None:
 def test_two_ranks_match_the_torch_backend(tiny: Path, reference: dict, tmp_path: Path, layout: dict) -> None:
     got = _spawn(tiny, tmp_path, layout)
     _assert_matches(got, reference)
+    _assert_checksum(got)
+
+
+def _assert_checksum(got: dict[str, Any]) -> None:
     assert got["checksum"] == pytest.approx(
         float(sum(t.double().abs().sum() for t in got["weights"].values()))
     )
@@ -319,7 +323,8 @@ def test_packed_micro_batches_hold_the_rows_end_to_end() -> None:
     then a padding sequence up to the schedule's length), positions restart per sequence, and per-position
     outputs map back onto the rows as the padded (`bshd`) form maps them: column j is what position j - 1
     predicted, 0 in column 0 and past a row's end. (Both forms train as the torch backend does:
-    test_two_ranks_match_the_torch_backend, `tp2` / `tp2-bshd`, `cp2` / `cp2-bshd`.)"""
+    test_checkpoint_round_trip_and_load_flags `tp2` / test_two_ranks_match_the_torch_backend `tp2-bshd`, and
+    the latter's `cp2` / `cp2-bshd`.)"""
     from runtime.train.megatron.backend import packed_length, packed_micro, padded_micro
 
     batch = _batch(3)
@@ -396,9 +401,12 @@ def test_balance_data_balances_the_data_parallel_shares() -> None:
 def test_checkpoint_round_trip_and_load_flags(
     tiny: Path, reference: dict, tmp_path: Path, parallel: dict
 ) -> None:
+    """Before it checkpoints, the world answers as the torch backend does (under TP=2 this is the comparison's
+    only world: test_two_ranks_match_the_torch_backend leaves it to this test)."""
     layout = {**parallel, "resource": {"actor": [1, 2], "rollout": [1, 2]}}
     got = _spawn(tiny, tmp_path, layout, checkpoints=True)
     _assert_matches(got, reference)
+    _assert_checksum(got)
     folder = tmp_path / "ckpt" / "iter_0000000"
     assert got["record"] == str(folder)
     assert (
