@@ -88,6 +88,26 @@ def _units_of_work(request: Request) -> asyncio.Semaphore:
     return slots
 
 
+@asynccontextmanager
+async def _ended_after(
+    request: Request, session: Session, audited: Response | None = None
+) -> AsyncIterator[None]:
+    """End `session` in a worker thread once the request is done with it, unless the route ended it already
+    (`finish_units_of_work`): rolled back if the request failed, else committed, with the audit row of a
+    mutating call when `audited` (the response, for its status code) is given."""
+    try:
+        yield
+    except BaseException:
+        if not getattr(request.state, "units_finished", False):
+            await _in_thread(_discard, session)
+        raise
+    if not getattr(request.state, "units_finished", False):
+        if audited is None:
+            await _in_thread(_finish, session)
+        else:
+            await _in_thread(_finish, session, request, audited.status_code)
+
+
 # The units of work are async generators: making a session does no I/O, so it happens on the event loop,
 # and only its end (the commit, or the rollback) goes to a thread. (A plain generator costs a trip to the
 # thread pool at each end.)
@@ -103,14 +123,8 @@ async def unit_of_work(request: Request, response: Response) -> AsyncIterator[Se
     async with _units_of_work(request):
         session = request.app.state.db.new_session(read_only=request.method in ("GET", "HEAD"))
         request.state.unit_of_work = session
-        try:
+        async with _ended_after(request, session, audited=response):
             yield session
-        except BaseException:
-            if not getattr(request.state, "units_finished", False):
-                await _in_thread(_discard, session)
-            raise
-        if not getattr(request.state, "units_finished", False):
-            await _in_thread(_finish, session, request, response.status_code)
     request.state.audit_written = audit_entry(request) is not None
 
 
@@ -155,14 +169,8 @@ async def get_read_session(request: Request, session: SessionDep) -> AsyncIterat
         return
     read_session = db.new_session(read_only=True)
     request.state.read_unit_of_work = read_session
-    try:
+    async with _ended_after(request, read_session):
         yield read_session
-    except BaseException:
-        if not getattr(request.state, "units_finished", False):
-            await _in_thread(_discard, read_session)
-        raise
-    if not getattr(request.state, "units_finished", False):
-        await _in_thread(_finish, read_session)
 
 
 ReadSessionDep = Annotated[Session, Depends(get_read_session, scope="function")]

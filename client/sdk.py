@@ -39,6 +39,11 @@ class ApiError(Exception):
         return []
 
 
+def _given(**values: Any) -> dict[str, Any]:
+    """The values that are not None: a request's optional parameters and fields, sent only when given."""
+    return {k: v for k, v in values.items() if v is not None}
+
+
 def _is_local(url: str) -> bool:
     host = httpx.URL(url).host
     return host in ("127.0.0.1", "localhost", "::1")
@@ -164,7 +169,7 @@ class RelaxClient:
         return self._request("GET", f"/v1/jobs/{job_id}")
 
     def list_jobs(self, **filters: Any) -> dict[str, Any]:
-        return self._request("GET", "/v1/jobs", params={k: v for k, v in filters.items() if v is not None})
+        return self._request("GET", "/v1/jobs", params=_given(**filters))
 
     def cancel_job(self, job_id: str) -> dict[str, Any]:
         return self._request("POST", f"/v1/jobs/{job_id}/cancel")
@@ -273,8 +278,7 @@ class RelaxClient:
 
     def audit(self, **filters: Any) -> dict[str, Any]:
         """A page of the audit log (admin): filters since, key, team, path, after, limit."""
-        params = {k: v for k, v in filters.items() if v is not None}
-        return self._request("GET", "/v1/admin/audit", params=params)
+        return self._request("GET", "/v1/admin/audit", params=_given(**filters))
 
     def create_pool(
         self,
@@ -356,8 +360,7 @@ class RelaxClient:
     # storage: the team's area and path grants ----------------------------------------------
     def storage(self, team: str | None = None, pool: str | None = None) -> dict[str, Any]:
         """Where your team's jobs may read and write: `area` (what artifacts:// names), `jobs`, `grants`."""
-        params = {k: v for k, v in (("team", team), ("pool", pool)) if v is not None}
-        return self._request("GET", "/v1/storage", params=params or None)
+        return self._request("GET", "/v1/storage", params=_given(team=team, pool=pool) or None)
 
     def path_grants(self, team: str | None = None) -> list[dict[str, Any]]:
         return self._request("GET", "/v1/admin/path-grants", params={"team": team} if team else None)["data"]
@@ -383,8 +386,8 @@ class RelaxClient:
         team: str | None = None,
     ) -> dict[str, Any]:
         """A new endpoint; the answer's `secret` (whsec_…) is shown this once."""
-        body = {"url": url, "event_types": event_types, "description": description, "team": team}
-        return self._request("POST", "/v1/webhooks", json={k: v for k, v in body.items() if v is not None})
+        body = _given(url=url, event_types=event_types, description=description, team=team)
+        return self._request("POST", "/v1/webhooks", json=body)
 
     def update_webhook(self, webhook_id: str, **changes: Any) -> dict[str, Any]:
         """Change `url`, `event_types`, `description` or `disabled` (only those given)."""
@@ -397,7 +400,7 @@ class RelaxClient:
         self, webhook_id: str, state: str | None = None, after: str | None = None, limit: int = 50
     ) -> dict[str, Any]:
         """A page of the endpoint's deliveries, newest first: `data`, `next_cursor`."""
-        params = {k: v for k, v in (("state", state), ("after", after), ("limit", limit)) if v is not None}
+        params = _given(state=state, after=after, limit=limit)
         return self._request("GET", f"/v1/webhooks/{webhook_id}/deliveries", params=params)
 
     def retry_webhook_delivery(self, webhook_id: str, delivery_id: str) -> dict[str, Any]:
@@ -411,7 +414,7 @@ class RelaxClient:
         self, job_id: str, state: str | None = None, after: str | None = None, limit: int = 50
     ) -> dict[str, Any]:
         """A page of the messages to the job's --notify-urls, newest first: `data`, `next_cursor`."""
-        params = {k: v for k, v in (("state", state), ("after", after), ("limit", limit)) if v is not None}
+        params = _given(state=state, after=after, limit=limit)
         return self._request("GET", f"/v1/webhooks/jobs/{job_id}/deliveries", params=params)
 
     # evals: CI evals of a model against thresholds (docs/reference/evals.md) -----------------------------
@@ -435,22 +438,21 @@ class RelaxClient:
     ) -> dict[str, Any]:
         """Run an eval: the model (`model_path`, or `model_job` with an optional `checkpoint_step`) on eval sets
         (`eval_prompt_data` name/path pairs or `eval_config`), against `thresholds` (`"eval/gsm8k >= 0.6"`)."""
-        model = {"path": model_path, "job": model_job, "checkpoint_step": checkpoint_step}
-        body = {
-            "model": {k: v for k, v in model.items() if v is not None},
-            "thresholds": thresholds,
-            "eval_prompt_data": eval_prompt_data,
-            "eval_config": eval_config,
-            "n_samples_per_eval_prompt": n_samples_per_eval_prompt,
-            "pass_at_k": pass_at_k,
-            "spec": spec,
-            "name": name,
-            "team": team,
-            "queue": queue,
-            "priority_class": priority_class,
-            "labels": labels,
-        }
-        return self._request("POST", "/v1/evals", json={k: v for k, v in body.items() if v is not None})
+        body = _given(
+            model=_given(path=model_path, job=model_job, checkpoint_step=checkpoint_step),
+            thresholds=thresholds,
+            eval_prompt_data=eval_prompt_data,
+            eval_config=eval_config,
+            n_samples_per_eval_prompt=n_samples_per_eval_prompt,
+            pass_at_k=pass_at_k,
+            spec=spec,
+            name=name,
+            team=team,
+            queue=queue,
+            priority_class=priority_class,
+            labels=labels,
+        )
+        return self._request("POST", "/v1/evals", json=body)
 
     def get_eval(self, eval_id: str) -> dict[str, Any]:
         return self._request("GET", f"/v1/evals/{eval_id}")
@@ -464,8 +466,8 @@ class RelaxClient:
         limit: int = 50,
     ) -> dict[str, Any]:
         """A page of evals, newest first (`model`: one model's history, by its model_key): `data`, `next_cursor`."""
-        params = {"model": model, "outcome": outcome, "team": team, "after": after, "limit": limit}
-        return self._request("GET", "/v1/evals", params={k: v for k, v in params.items() if v is not None})
+        params = _given(model=model, outcome=outcome, team=team, after=after, limit=limit)
+        return self._request("GET", "/v1/evals", params=params)
 
     def wait_eval(
         self,
@@ -501,10 +503,7 @@ class RelaxClient:
 
     def list_fine_tuning_jobs(self, *, after: str | None = None, limit: int = 20) -> dict[str, Any]:
         """A page, newest first: `data`, `has_more` (pass the last id as `after`)."""
-        params = {"after": after, "limit": limit}
-        return self._request(
-            "GET", "/v1/fine_tuning/jobs", params={k: v for k, v in params.items() if v is not None}
-        )
+        return self._request("GET", "/v1/fine_tuning/jobs", params=_given(after=after, limit=limit))
 
     def get_fine_tuning_job(self, job_id: str) -> dict[str, Any]:
         return self._request("GET", f"/v1/fine_tuning/jobs/{job_id}")
@@ -513,22 +512,15 @@ class RelaxClient:
         return self._request("POST", f"/v1/fine_tuning/jobs/{job_id}/cancel")
 
     def fine_tuning_events(self, job_id: str, *, after: str | None = None, limit: int = 20) -> dict[str, Any]:
-        params = {"after": after, "limit": limit}
         return self._request(
-            "GET",
-            f"/v1/fine_tuning/jobs/{job_id}/events",
-            params={k: v for k, v in params.items() if v is not None},
+            "GET", f"/v1/fine_tuning/jobs/{job_id}/events", params=_given(after=after, limit=limit)
         )
 
     def fine_tuning_checkpoints(
         self, job_id: str, *, after: str | None = None, limit: int = 10
     ) -> dict[str, Any]:
-        params = {"after": after, "limit": limit}
-        return self._request(
-            "GET",
-            f"/v1/fine_tuning/jobs/{job_id}/checkpoints",
-            params={k: v for k, v in params.items() if v is not None},
-        )
+        params = _given(after=after, limit=limit)
+        return self._request("GET", f"/v1/fine_tuning/jobs/{job_id}/checkpoints", params=params)
 
     def login_code(self) -> dict[str, Any]:
         """A one-time code (`code`, `expires_in` s) that signs a browser in to the dashboard as this key:
