@@ -246,13 +246,8 @@ class TorchTrainBackend(OptimizerStepper):
         then takes the engine's as the ratio's pi_old): TIS and the mismatch metrics compare the two, and a
         copy of the engine's would make every TIS weight 1."""
         self._require_onloaded()
-        if old:
-            batch.old_log_probs = self._log_probs(self.model, batch) * batch.loss_mask
-        if ref and self.ref_model is not None:
-            batch.ref_log_probs = self._log_probs(self.ref_model, batch) * batch.loss_mask
-        if self.teacher_model is not None:
-            batch.teacher_log_probs = self._log_probs(self.teacher_model, batch) * batch.loss_mask
-        return batch
+        models = (self.model if old else None, self.ref_model if ref else None, self.teacher_model)
+        return fill_log_probs(batch, self._log_probs, *models)
 
     # -- the update --------------------------------------------------------------------------------------
     def train_step(self, batch: RolloutBatch) -> dict[str, float]:
@@ -485,6 +480,25 @@ def select_policy_parameters(model: torch.nn.Module, config: TrainConfig) -> tup
 
 def to_device(tensor: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
     return tensor.to(device) if tensor is not None else None
+
+
+def fill_log_probs(
+    batch: RolloutBatch,
+    log_probs: Callable[[Any, RolloutBatch], torch.Tensor],
+    policy: Any | None,
+    reference: Any | None,
+    teacher: Any | None,
+) -> RolloutBatch:
+    """A train backend's `compute_log_probs`: `batch`'s `old_log_probs`, `ref_log_probs` and
+    `teacher_log_probs`, each `log_probs(model, batch)` masked by the loss mask, for each of the `policy`,
+    `reference` and `teacher` models given (None: that field is left as it is)."""
+    if policy is not None:
+        batch.old_log_probs = log_probs(policy, batch) * batch.loss_mask
+    if reference is not None:
+        batch.ref_log_probs = log_probs(reference, batch) * batch.loss_mask
+    if teacher is not None:
+        batch.teacher_log_probs = log_probs(teacher, batch) * batch.loss_mask
+    return batch
 
 
 def policy_loss_inputs(

@@ -65,7 +65,13 @@ from runtime.train.megatron.parallel import (
     init_process_group,
     initialize_parallel,
 )
-from runtime.train.torch_backend import TrainConfig, micro_batch_weight, micro_batches, policy_loss_inputs
+from runtime.train.torch_backend import (
+    TrainConfig,
+    fill_log_probs,
+    micro_batch_weight,
+    micro_batches,
+    policy_loss_inputs,
+)
 from runtime.types import RolloutBatch, split_evenly
 
 log = logging.getLogger(__name__)
@@ -1118,13 +1124,8 @@ class MegatronTrainBackend(MegatronModelRunner):
         OPD teacher `teacher_log_probs`, as the torch backend fills them (every rank returns the same batch)."""
         self._require_onloaded()
         self._sync_params()
-        if old:
-            batch.old_log_probs = self._log_probs(self.ddp_models, batch) * batch.loss_mask
-        if ref and self.ref_models is not None:
-            batch.ref_log_probs = self._log_probs(self.ref_models, batch) * batch.loss_mask
-        if self.teacher_models is not None:
-            batch.teacher_log_probs = self._log_probs(self.teacher_models, batch) * batch.loss_mask
-        return batch
+        models = (self.ddp_models if old else None, self.ref_models if ref else None, self.teacher_models)
+        return fill_log_probs(batch, self._log_probs, *models)
 
     @torch.no_grad()
     def evaluate_nll(self, batch: RolloutBatch) -> tuple[float, int]:
