@@ -355,22 +355,20 @@ class RolloutGroup:
             return refs
 
     def offload(self) -> None:
-        self._not_in_trainer("offload")
-        with self.lock:
-            self._offloaded = True
-            refs = [a.offload.remote() for a in self.actors]
-            ray.get(refs if self.supervisor is None else [settled(r) for r in refs])
+        self._call_all("offload", offloaded=True)
 
     def onload(self) -> None:
-        self._not_in_trainer("onload")
-        with self.lock:
-            self._offloaded = False
-            refs = [a.onload.remote() for a in self.actors]
-            ray.get(refs if self.supervisor is None else [settled(r) for r in refs])
+        self._call_all("onload", offloaded=False)
 
-    def _not_in_trainer(self, call: str) -> None:
+    def _call_all(self, call: str, *, offloaded: bool) -> None:
+        """`call` (`offload` / `onload`) on every engine, waited for (under a supervisor, an engine that dies
+        meanwhile is not an error: the supervisor replaces it)."""
         if self.in_trainer:  # the actor's own offload/onload are the trainer's
             raise RuntimeError(f"{call}: the engines live in the trainer's ranks; use Roles.use_for_rollout")
+        with self.lock:
+            self._offloaded = offloaded
+            refs = [getattr(a, call).remote() for a in self.actors]
+            ray.get(refs if self.supervisor is None else [settled(r) for r in refs])
 
     def after_step(self, step: int, rollout_s: float, step_s: float) -> dict[str, float]:
         """`--autoscaler-config`: the engines scaled as the step's timings say (`runtime.roles.elastic`);
