@@ -77,12 +77,25 @@ class LaunchScriptIn(BaseModel):
         return v
 
 
-def _check_launch_script(model: Any) -> None:
-    if model.launch_script is not None and (model.args is None or model.spec is not None):
-        raise ValueError("launch_script comes with `args` (the flags resolved from it), not with `spec`")
+#: The launch script a request's `args` were resolved from (`_LaunchScriptWithArgs` checks it comes with them).
+LaunchScriptOpt = Annotated[
+    LaunchScriptIn | None,
+    Field(description="With `args`: the launch script they were resolved from on the client (provenance)."),
+]
 
 
-class JobCreate(BaseModel):
+class _LaunchScriptWithArgs(BaseModel):
+    """A request with `spec`, `args` and `launch_script`: the launch script comes only with `args`."""
+
+    @model_validator(mode="after")
+    def _launch_script_with_args(self) -> Any:
+        model: Any = self  # the subclass declares the fields
+        if model.launch_script is not None and (model.args is None or model.spec is not None):
+            raise ValueError("launch_script comes with `args` (the flags resolved from it), not with `spec`")
+        return self
+
+
+class JobCreate(_LaunchScriptWithArgs):
     """Submit a job: the Relax config as an object (`spec`) or as Relax CLI flags (`args`)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -109,14 +122,7 @@ class JobCreate(BaseModel):
         None,
         description="Relax CLI flags, as a list or one shell-quoted string: ['--rollout-batch-size', '8', ...].",
     )
-    launch_script: LaunchScriptIn | None = Field(
-        None, description="With `args`: the launch script they were resolved from on the client (provenance)."
-    )
-
-    @model_validator(mode="after")
-    def _launch_script_with_args(self) -> JobCreate:
-        _check_launch_script(self)
-        return self
+    launch_script: LaunchScriptOpt = None
 
 
 class JobPublic(BaseModel):
@@ -279,21 +285,14 @@ class PredictionsPage(BaseModel):
     data: list[PredictionPublic]
 
 
-class SpecValidate(BaseModel):
+class SpecValidate(_LaunchScriptWithArgs):
     model_config = ConfigDict(extra="forbid")
 
     spec: SpecObject | None = None
     args: Argv | None = None
     queue: str | None = None
     team: str | None = None
-    launch_script: LaunchScriptIn | None = Field(
-        None, description="With `args`: the launch script they were resolved from on the client (provenance)."
-    )
-
-    @model_validator(mode="after")
-    def _launch_script_with_args(self) -> SpecValidate:
-        _check_launch_script(self)
-        return self
+    launch_script: LaunchScriptOpt = None
 
 
 class PoolFit(BaseModel):
