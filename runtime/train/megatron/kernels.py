@@ -339,6 +339,19 @@ def _with_fallback(
     return run
 
 
+def _head_kernel(
+    name: str, triton_fn: Callable[..., Any], math_fn: Callable[..., Any], t: Tensor
+) -> Callable[..., Any]:
+    """The loss head's `name` kernel for tensors like `t`, as `_head_impl` picks: `triton_fn` (with the
+    torch path as its fallback, `_with_fallback`), the torch.compile'd `math_fn`, or `math_fn` (eager)."""
+    impl = _head_impl(t)
+    if impl == "triton":
+        return _with_fallback(triton_fn, math_fn, t, name)
+    if impl == "compile":
+        return _maybe_compiled(name, math_fn, t)
+    return math_fn
+
+
 _addmm_fp32_out: bool | None = None  # whether addmm(bf16, bf16) -> fp32 in place works here (CUDA)
 
 
@@ -377,13 +390,7 @@ class _VocabParallelLogProbs(torch.autograd.Function):
     ) -> tuple[Tensor, Tensor]:
         n_tok = hidden.shape[0]
         w = weight[:n_valid]
-        impl = _head_impl(hidden)
-        if impl == "triton":
-            stats: Callable[..., Any] = _with_fallback(_triton_stats, _chunk_stats, hidden, "stats")
-        elif impl == "compile":
-            stats = _maybe_compiled("stats", _chunk_stats, hidden)
-        else:
-            stats = _chunk_stats
+        stats = _head_kernel("stats", _triton_stats, _chunk_stats, hidden)
         acc = torch.promote_types(weight.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
         log_prob = torch.empty(n_tok, dtype=acc, device=hidden.device)
         entropy = torch.empty_like(log_prob)
@@ -442,19 +449,9 @@ class _VocabParallelLogProbs(torch.autograd.Function):
             grad_w = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device)
         if n_valid > 0 and (need_h or need_w):
             w = weight[:n_valid]
-            impl = _head_impl(hidden)
-            if impl == "triton":
-                # recomputed logits are this chunk's own: the gradient overwrites them
-                grad_fn: Callable[..., Any] = _with_fallback(
-                    _triton_grad if save_logits else functools.partial(_triton_grad, in_place=True),
-                    _chunk_grad,
-                    hidden,
-                    "grad",
-                )
-            elif impl == "compile":
-                grad_fn = _maybe_compiled("grad", _chunk_grad, hidden)
-            else:
-                grad_fn = _chunk_grad
+            # recomputed logits are this chunk's own: the Triton gradient overwrites them
+            triton_grad = _triton_grad if save_logits else functools.partial(_triton_grad, in_place=True)
+            grad_fn = _head_kernel("grad", triton_grad, _chunk_grad, hidden)
             for i, a in enumerate(range(0, n_tok, chunk)):
                 b = min(a + chunk, n_tok)
                 h = hidden[a:b]
