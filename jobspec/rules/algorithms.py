@@ -4,7 +4,7 @@ and losses (custom, REINFORCE++, the GRPO family, RLOO) and what fully async tra
 from __future__ import annotations
 
 from jobspec.demand import resource_roles
-from jobspec.rules.context import RuleContext, cli_flags, defaults_to, flags_of, rule
+from jobspec.rules.context import RuleContext, cli_flags, defaults_to, exclusive, flags_of, rule
 
 # =============================================================================================
 # PPO (before KL and offload rules, which read what it changes)
@@ -318,31 +318,26 @@ def group_baseline_needs_rewards_normalization(ctx: RuleContext) -> None:
         )
 
 
-@rule(
+fully_async_without_normalize_advantages = exclusive(
     "rule.fully_async_without_normalize_advantages",
     "fully-async",
     "normalize-advantages",
+    message="--normalize-advantages is not supported in fully-async mode",
     summary="--normalize-advantages is not supported with --fully-async.",
+    hint="remove --normalize-advantages",
+    rl_only=True,
 )
-def fully_async_without_normalize_advantages(ctx: RuleContext) -> None:
-    if not ctx.is_sft and ctx.fully_async and ctx.normalize_advantages:
-        ctx.error(
-            "--normalize-advantages is not supported in fully-async mode", "remove --normalize-advantages"
-        )
 
 
-@rule(
+fully_async_without_dynamic_global_batch_size = exclusive(
     "rule.fully_async_without_dynamic_global_batch_size",
     "fully-async",
     "use-dynamic-global-batch-size",
+    message="--use-dynamic-global-batch-size is only supported in colocate mode, but --fully-async is set",
     summary="--use-dynamic-global-batch-size is only supported in colocate mode, not with --fully-async.",
+    hint="remove --use-dynamic-global-batch-size",
+    rl_only=True,
 )
-def fully_async_without_dynamic_global_batch_size(ctx: RuleContext) -> None:
-    if not ctx.is_sft and ctx.fully_async and ctx.use_dynamic_global_batch_size:
-        ctx.error(
-            "--use-dynamic-global-batch-size is only supported in colocate mode, but --fully-async is set",
-            "remove --use-dynamic-global-batch-size",
-        )
 
 
 @rule(

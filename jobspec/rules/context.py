@@ -6,7 +6,9 @@ to fill a derived default (recorded in `NormalizedSpec.derived`). `@rule(...)` m
 below it; the rule runs only where `jobspec.rules` lists it.
 
 Shared pieces: `ctx.warn_ignored(ctx.non_defaults(...), "<flag>")` for options that only apply with a switch,
-and `defaults_to(code, "<flag>", "<source-flag>")` for a rule that is only ``--flag defaults to --source``.
+and rules that are only one such check, made by one call: `options_need` (options that need a switch, a
+warning), `requires` (``--flag needs --other``), `exclusive` (two flags that cannot both be set) and
+`defaults_to` (``--flag defaults to --source``).
 """
 
 from __future__ import annotations
@@ -162,8 +164,17 @@ def flags_of(*names: str) -> tuple[str, ...]:
     return tuple(FIELDS[n].flag for n in names)
 
 
-def exclusive(code: str, a: str, b: str, *, message: str, summary: str, rl_only: bool = False) -> Rule:
-    """A rule that refuses flags `a` and `b` set together: the error `message`, hinting to keep one of them.
+def exclusive(
+    code: str,
+    a: str,
+    b: str,
+    *,
+    message: str,
+    summary: str,
+    hint: str = "keep one of them",
+    rl_only: bool = False,
+) -> Rule:
+    """A rule that refuses flags `a` and `b` set together: the error `message` with `hint`.
 
     rl_only: an SFT job is not checked (the flags mean nothing there).
     """
@@ -171,9 +182,52 @@ def exclusive(code: str, a: str, b: str, *, message: str, summary: str, rl_only:
 
     def refuse_both(ctx: RuleContext) -> None:
         if not (rl_only and ctx.is_sft) and ctx.values[a_name] and ctx.values[b_name]:
-            ctx.error(message, "keep one of them")
+            ctx.error(message, hint)
 
     return rule(code, a, b, summary=summary)(refuse_both)
+
+
+def requires(
+    code: str,
+    flag: str,
+    needed: str,
+    *,
+    summary: str,
+    message: str | None = None,
+    hint: str | None = None,
+    warn: bool = False,
+) -> Rule:
+    """A rule for flag `flag` set while flag `needed` is not (both read as true or false): the error
+    `message` (``--flag needs --needed``), or with `warn` a warning; `hint`: ``add --needed``."""
+    flag_name, needed_name = FIELDS_BY_FLAG[flag], FIELDS_BY_FLAG[needed]
+    report_message = message or f"--{flag} needs --{needed}"
+    report_hint = hint or f"add --{needed}"
+
+    def report_missing(ctx: RuleContext) -> None:
+        if ctx.values[flag_name] and not ctx.values[needed_name]:
+            (ctx.warn if warn else ctx.error)(report_message, report_hint)
+
+    return rule(code, flag, needed, summary=summary)(report_missing)
+
+
+def options_need(
+    code: str,
+    needs: str,
+    *names: str,
+    summary: str,
+    flags: tuple[str, ...] | None = None,
+    **how: Any,
+) -> Rule:
+    """A rule that warns of options (`names`, fields) set off their default while the switch --`needs` is off:
+    `ctx.warn_unless(needs, *names, **how)` (how: warn_ignored's why, hint, rule_fields).
+
+    The rule's flags are `needs` and the options' flags, or `flags` where given.
+    """
+
+    def warn_unused(ctx: RuleContext) -> None:
+        ctx.warn_unless(needs, *names, **how)
+
+    return rule(code, *(flags or (needs, *flags_of(*names))), summary=summary)(warn_unused)
 
 
 def defaults_to(code: str, target: str, source: str, *, only_if_set: bool = False) -> Rule:

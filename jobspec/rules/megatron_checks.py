@@ -3,7 +3,7 @@ skips them with --debug-rollout-only; the torch backend refuses these parameters
 
 from __future__ import annotations
 
-from jobspec.rules.context import RuleContext, cli_flags, flags_of, rule
+from jobspec.rules.context import RuleContext, cli_flags, flags_of, requires, rule
 
 
 @rule(
@@ -264,16 +264,13 @@ def optimizer_cpu_offload_needs_precision_aware_optimizer(ctx: RuleContext) -> N
         )
 
 
-@rule(
+overlap_param_gather_needs_overlap_grad_reduce = requires(
     "rule.overlap_param_gather_needs_overlap_grad_reduce",
     "overlap-param-gather",
     "overlap-grad-reduce",
     summary="--overlap-param-gather needs --overlap-grad-reduce (Megatron); the distributed optimizer it also "
     "needs is always on under Relax.",
 )
-def overlap_param_gather_needs_overlap_grad_reduce(ctx: RuleContext) -> None:
-    if ctx.overlap_param_gather and not ctx.overlap_grad_reduce:
-        ctx.error("--overlap-param-gather needs --overlap-grad-reduce", "add --overlap-grad-reduce")
 
 
 @rule(
@@ -308,15 +305,11 @@ def optimizer_overlap_compatibility(ctx: RuleContext) -> None:
         )
 
 
-@rule(
+cpu_optimizer_overlap_needs_offload = requires(
     "rule.cpu_optimizer_overlap_needs_offload",
     "overlap-cpu-optimizer-d2h-h2d",
     "optimizer-cpu-offload",
     summary="--overlap-cpu-optimizer-d2h-h2d only applies with --optimizer-cpu-offload (warning).",
+    message="--overlap-cpu-optimizer-d2h-h2d only applies with --optimizer-cpu-offload",
+    warn=True,
 )
-def cpu_optimizer_overlap_needs_offload(ctx: RuleContext) -> None:
-    if ctx.overlap_cpu_optimizer_d2h_h2d and not ctx.optimizer_cpu_offload:
-        ctx.warn(
-            "--overlap-cpu-optimizer-d2h-h2d only applies with --optimizer-cpu-offload",
-            "add --optimizer-cpu-offload",
-        )

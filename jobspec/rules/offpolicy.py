@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jobspec.rules.context import RuleContext, exclusive, rule
+from jobspec.rules.context import RuleContext, exclusive, options_need, rule
 
 
 @rule(
@@ -62,21 +62,15 @@ partial_rollout_and_rollout_routing_replay = exclusive(
 )
 
 
-@rule(
+partial_rollout_options = options_need(
     "rule.partial_rollout_options",
     "partial-rollout",
-    "partial-rollout-max-aborted-count",
-    "mask-offpolicy-in-partial-rollout",
+    "partial_rollout_max_aborted_count",
+    "mask_offpolicy_in_partial_rollout",
     summary="Partial-rollout options need --partial-rollout (warning).",
+    hint="add --partial-rollout or remove them",
+    rule_fields=True,
 )
-def partial_rollout_options(ctx: RuleContext) -> None:
-    ctx.warn_unless(
-        "partial-rollout",
-        "partial_rollout_max_aborted_count",
-        "mask_offpolicy_in_partial_rollout",
-        hint="add --partial-rollout or remove them",
-        rule_fields=True,
-    )
 
 
 freeze_lists_exclusive = exclusive(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jobspec.rules.context import RuleContext, rule
+from jobspec.rules.context import RuleContext, options_need, rule
 
 
 @rule(
@@ -73,14 +73,12 @@ def profile_step_range(ctx: RuleContext) -> None:
     )
 
 
-@rule(
+memory_snapshot_needs_history = options_need(
     "rule.memory_snapshot_needs_history",
     "record-memory-history",
-    "memory-snapshot-num-steps",
-    "memory-snapshot-dir",
+    "memory_snapshot_num_steps",
+    "memory_snapshot_dir",
+    "memory_snapshot_path",
     summary="Memory snapshot options need --record-memory-history (warning).",
+    flags=("record-memory-history", "memory-snapshot-num-steps", "memory-snapshot-dir"),
 )
-def memory_snapshot_needs_history(ctx: RuleContext) -> None:
-    ctx.warn_unless(
-        "record-memory-history", "memory_snapshot_num_steps", "memory_snapshot_dir", "memory_snapshot_path"
-    )

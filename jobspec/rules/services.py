@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from jobspec.rules.context import RuleContext, cli_flags, rule
+from jobspec.rules.context import RuleContext, cli_flags, options_need, requires, rule
 from jobspec.spec import FIELDS
 
 
@@ -44,24 +44,17 @@ def conversation_key_map_needs_no_label_key(ctx: RuleContext) -> None:
         )
 
 
-@rule(
+prefetch_needs_streaming_dataset = options_need(
     "rule.prefetch_needs_streaming_dataset",
     "use-streaming-dataset",
-    "prefetch-chunk-size",
-    "prefetch-max-cached",
-    "prefetch-num-workers",
+    "prefetch_chunk_size",
+    "prefetch_max_cached",
+    "prefetch_num_workers",
     summary="--prefetch-* options only apply with --use-streaming-dataset (warning).",
+    why="only apply with --use-streaming-dataset (multimodal data)",
+    hint="add --use-streaming-dataset or remove them",
+    rule_fields=True,
 )
-def prefetch_needs_streaming_dataset(ctx: RuleContext) -> None:
-    ctx.warn_unless(
-        "use-streaming-dataset",
-        "prefetch_chunk_size",
-        "prefetch_max_cached",
-        "prefetch_num_workers",
-        why="only apply with --use-streaming-dataset (multimodal data)",
-        hint="add --use-streaming-dataset or remove them",
-        rule_fields=True,
-    )
 
 
 @rule(
@@ -170,15 +163,14 @@ def rollout_external_needs_addrs(ctx: RuleContext) -> None:
         )
 
 
-@rule(
+sticky_routing_needs_slime_router = requires(
     "rule.sticky_routing_needs_slime_router",
     "slime-router-sticky",
     "use-slime-router",
     summary="--slime-router-sticky has no effect without --use-slime-router (warning, as Relax's help says).",
+    message="--slime-router-sticky has no effect without --use-slime-router",
+    warn=True,
 )
-def sticky_routing_needs_slime_router(ctx: RuleContext) -> None:
-    if ctx.slime_router_sticky and not ctx.use_slime_router:
-        ctx.warn("--slime-router-sticky has no effect without --use-slime-router", "add --use-slime-router")
 
 
 @rule(

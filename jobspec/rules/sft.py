@@ -3,7 +3,7 @@ prepacking and the options only SFT reads; also --max-staleness, MTP training an
 
 from __future__ import annotations
 
-from jobspec.rules.context import RuleContext, rule
+from jobspec.rules.context import RuleContext, requires, rule
 from jobspec.spec import FIELDS
 
 
@@ -175,15 +175,13 @@ def max_staleness_colocate(ctx: RuleContext) -> None:
     )
 
 
-@rule(
+enable_mtp_training_needs_mtp_num_layers = requires(
     "rule.enable_mtp_training_needs_mtp_num_layers",
     "enable-mtp-training",
     "mtp-num-layers",
     summary="--enable-mtp-training needs --mtp-num-layers.",
+    hint="set --mtp-num-layers (e.g. 1)",
 )
-def enable_mtp_training_needs_mtp_num_layers(ctx: RuleContext) -> None:
-    if ctx.enable_mtp_training and not ctx.mtp_num_layers:
-        ctx.error("--enable-mtp-training needs --mtp-num-layers", "set --mtp-num-layers (e.g. 1)")
 
 
 @rule(
