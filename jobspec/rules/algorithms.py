@@ -347,8 +347,8 @@ fully_async_without_dynamic_global_batch_size = exclusive(
     summary="With --n-samples-per-prompt 1 there is no group std: GRPO std normalization is turned off (derived).",
 )
 def single_sample_disables_grpo_std(ctx: RuleContext) -> None:
-    if ctx.n_samples_per_prompt == 1 and not ctx.disable_grpo_std_normalization:
-        ctx.derive("disable_grpo_std_normalization", True)
+    if ctx.n_samples_per_prompt == 1:
+        ctx.turn_on("disable_grpo_std_normalization")
 
 
 @rule(

@@ -80,6 +80,12 @@ class RuleContext:
         self.values[name] = value
         self.derived[name] = value
 
+    def turn_on(self, *names: str) -> None:
+        """Derive true for those of these fields (switches) that are off."""
+        for name in names:
+            if not self.values[name]:
+                self.derive(name, True)
+
     def given(self, name: str) -> bool:
         """True when the user set this field (even to its default value)."""
         return name in self.explicit

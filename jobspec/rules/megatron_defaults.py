@@ -40,11 +40,8 @@ def relax_resets_megatron_defaults(ctx: RuleContext) -> None:
     "pre-mcore-0.14 layout (derived, as Relax does).",
 )
 def megatron_backend_defaults(ctx: RuleContext) -> None:
-    if not ctx.megatron:
-        return
-    for name in ("use_distributed_optimizer", "dist_ckpt_save_pre_mcore_014"):
-        if not ctx.values[name]:
-            ctx.derive(name, True)
+    if ctx.megatron:
+        ctx.turn_on("use_distributed_optimizer", "dist_ckpt_save_pre_mcore_014")
 
 
 @rule(

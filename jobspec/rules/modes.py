@@ -83,9 +83,7 @@ def fully_async_colocate_is_hybrid(ctx: RuleContext) -> None:
             "write --hybrid: Relax's launcher refuses --fully-async together with --colocate without it",
         )
     if ctx.hybrid:
-        for name in ("fully_async", "colocate"):
-            if not ctx.values[name]:
-                ctx.derive(name, True)
+        ctx.turn_on("fully_async", "colocate")
 
 
 @rule(
@@ -95,8 +93,8 @@ def fully_async_colocate_is_hybrid(ctx: RuleContext) -> None:
     summary="--load-debug-rollout-data turns on --debug-train-only (derived).",
 )
 def load_debug_rollout_data_implies_debug_train_only(ctx: RuleContext) -> None:
-    if ctx.load_debug_rollout_data is not None and not ctx.debug_train_only:
-        ctx.derive("debug_train_only", True)
+    if ctx.load_debug_rollout_data is not None:
+        ctx.turn_on("debug_train_only")
 
 
 @rule(

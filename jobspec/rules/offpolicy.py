@@ -47,8 +47,8 @@ def tis_clip_range(ctx: RuleContext) -> None:
     summary="--use-rollout-routing-replay turns on --use-routing-replay (derived).",
 )
 def rollout_routing_replay_implies_routing_replay(ctx: RuleContext) -> None:
-    if ctx.use_rollout_routing_replay and not ctx.use_routing_replay:
-        ctx.derive("use_routing_replay", True)
+    if ctx.use_rollout_routing_replay:
+        ctx.turn_on("use_routing_replay")
 
 
 partial_rollout_and_rollout_routing_replay = exclusive(

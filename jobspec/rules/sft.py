@@ -41,8 +41,8 @@ def sft_needs_dynamic_batch_size(ctx: RuleContext) -> None:
     summary="--loss-type sft turns on --balance-data (derived): its sampler hands DP ranks uneven counts.",
 )
 def sft_balances_data(ctx: RuleContext) -> None:
-    if ctx.is_sft and not ctx.balance_data:
-        ctx.derive("balance_data", True)
+    if ctx.is_sft:
+        ctx.turn_on("balance_data")
 
 
 @rule(
