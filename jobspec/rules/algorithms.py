@@ -4,7 +4,15 @@ and losses (custom, REINFORCE++, the GRPO family, RLOO) and what fully async tra
 from __future__ import annotations
 
 from jobspec.demand import resource_roles
-from jobspec.rules.context import RuleContext, cli_flags, defaults_to, exclusive, flags_of, rule
+from jobspec.rules.context import (
+    RuleContext,
+    cli_flags,
+    defaults_to,
+    exclusive,
+    flags_of,
+    rule,
+    value_needs,
+)
 
 # =============================================================================================
 # PPO (before KL and offload rules, which read what it changes)
@@ -192,25 +200,17 @@ eps_clip_high_default = defaults_to("rule.eps_clip_high_default", "eps-clip-high
 # Algorithm and loss
 
 
-@rule(
+custom_loss_needs_function_path = value_needs(
     "rule.custom_loss_needs_function_path",
     "loss-type",
+    "custom_loss",
     "custom-loss-function-path",
     summary="--loss-type custom_loss needs --custom-loss-function-path (a path without it is a warning).",
+    hint="set --custom-loss-function-path my_pkg.losses.my_loss",
+    ignored_hint="add --loss-type custom_loss or remove the path",
     deviation="Relax's start-up checks do not look for the path; the job would fail when it first computes "
     "the loss. The platform refuses it at submission.",
 )
-def custom_loss_needs_function_path(ctx: RuleContext) -> None:
-    if ctx.loss_type == "custom_loss" and ctx.custom_loss_function_path is None:
-        ctx.error(
-            "--loss-type custom_loss needs --custom-loss-function-path",
-            "set --custom-loss-function-path my_pkg.losses.my_loss",
-        )
-    elif ctx.loss_type != "custom_loss" and ctx.custom_loss_function_path is not None:
-        ctx.warn(
-            f"--custom-loss-function-path is ignored with --loss-type {ctx.loss_type}",
-            "add --loss-type custom_loss or remove the path",
-        )
 
 
 @rule(

@@ -7,7 +7,7 @@ below it; the rule runs only where `jobspec.rules` lists it.
 
 Shared pieces: `ctx.warn_ignored(ctx.non_defaults(...), "<flag>")` for options that only apply with a switch,
 and rules that are only one such check, made by one call: `options_need` (options that need a switch, a
-warning), `requires` (``--flag needs --other``), `exclusive` (two flags that cannot both be set) and
+warning), `requires` (``--flag needs --other``), `value_needs` (``--flag value needs --other``), `exclusive` (two flags that cannot both be set) and
 `defaults_to` (``--flag defaults to --source``).
 """
 
@@ -214,6 +214,35 @@ def requires(
             (ctx.warn if warn else ctx.error)(report_message, report_hint)
 
     return rule(code, flag, needed, summary=summary)(report_missing)
+
+
+def value_needs(
+    code: str,
+    flag: str,
+    value: str,
+    needed: str,
+    *,
+    summary: str,
+    hint: str,
+    ignored_hint: str | None = None,
+    sft_only: bool = False,
+    deviation: str | None = None,
+) -> Rule:
+    """A rule for ``--flag value`` without `needed` (unset: None): the error ``--flag value needs --needed``
+    with `hint`. With `ignored_hint`, `needed` set while --flag is another value is a warning that it is
+    ignored. sft_only: only a job of --loss-type sft is checked."""
+    flag_name, needed_name = FIELDS_BY_FLAG[flag], FIELDS_BY_FLAG[needed]
+
+    def check_pair(ctx: RuleContext) -> None:
+        if sft_only and not ctx.is_sft:
+            return
+        current, given = ctx.values[flag_name], ctx.values[needed_name]
+        if current == value and given is None:
+            ctx.error(f"--{flag} {value} needs --{needed}", hint)
+        elif ignored_hint is not None and current != value and given is not None:
+            ctx.warn(f"--{needed} is ignored with --{flag} {current}", ignored_hint)
+
+    return rule(code, flag, needed, summary=summary, deviation=deviation)(check_pair)
 
 
 def options_need(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from jobspec.rules.context import RuleContext, cli_flags, options_need, requires, rule
+from jobspec.rules.context import RuleContext, cli_flags, options_need, requires, rule, value_needs
 from jobspec.spec import FIELDS
 
 
@@ -79,17 +79,16 @@ def rm_type_unset(ctx: RuleContext) -> None:
     )
 
 
-@rule(
+remote_rm_needs_rm_url = value_needs(
     "rule.remote_rm_needs_rm_url",
     "rm-type",
+    "remote_rm",
     "rm-url",
     summary="--rm-type remote_rm needs --rm-url.",
+    hint="set --rm-url http://host:port/path",
     deviation="Relax's start-up checks do not look for --rm-url; the job would fail at its first reward. "
     "The platform refuses it at submission.",
 )
-def remote_rm_needs_rm_url(ctx: RuleContext) -> None:
-    if ctx.rm_type == "remote_rm" and ctx.rm_url is None:
-        ctx.error("--rm-type remote_rm needs --rm-url", "set --rm-url http://host:port/path")
 
 
 @rule(

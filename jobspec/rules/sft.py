@@ -3,7 +3,7 @@ prepacking and the options only SFT reads; also --max-staleness, MTP training an
 
 from __future__ import annotations
 
-from jobspec.rules.context import RuleContext, requires, rule
+from jobspec.rules.context import RuleContext, requires, rule, value_needs
 from jobspec.spec import FIELDS
 
 
@@ -45,26 +45,16 @@ def sft_balances_data(ctx: RuleContext) -> None:
         ctx.turn_on("balance_data")
 
 
-@rule(
+sft_oversize_custom_needs_function_path = value_needs(
     "rule.sft_oversize_custom_needs_function_path",
     "sft-oversize-strategy",
+    "custom",
     "sft-oversize-custom-function-path",
     summary="--sft-oversize-strategy custom needs --sft-oversize-custom-function-path (a path without it is a warning).",
+    hint="set --sft-oversize-custom-function-path my_pkg.truncate",
+    ignored_hint="add --sft-oversize-strategy custom",
+    sft_only=True,  # Relax reads these only under SFT (rule.sft_options_need_sft warns)
 )
-def sft_oversize_custom_needs_function_path(ctx: RuleContext) -> None:
-    if not ctx.is_sft:
-        return  # Relax reads these only under SFT (rule.sft_options_need_sft warns)
-    if ctx.sft_oversize_strategy == "custom" and ctx.sft_oversize_custom_function_path is None:
-        ctx.error(
-            "--sft-oversize-strategy custom needs --sft-oversize-custom-function-path",
-            "set --sft-oversize-custom-function-path my_pkg.truncate",
-        )
-    elif ctx.sft_oversize_strategy != "custom" and ctx.sft_oversize_custom_function_path is not None:
-        ctx.warn(
-            f"--sft-oversize-custom-function-path is ignored with --sft-oversize-strategy "
-            f"{ctx.sft_oversize_strategy}",
-            "add --sft-oversize-strategy custom",
-        )
 
 
 @rule(
