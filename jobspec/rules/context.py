@@ -6,9 +6,10 @@ to fill a derived default (recorded in `NormalizedSpec.derived`). `@rule(...)` m
 below it; the rule runs only where `jobspec.rules` lists it.
 
 Shared pieces: `ctx.warn_ignored(ctx.non_defaults(...), "<flag>")` for options that only apply with a switch,
-and rules that are only one such check, made by one call: `options_need` (options that need a switch, a
-warning), `requires` (``--flag needs --other``), `value_needs` (``--flag value needs --other``), `exclusive` (two flags that cannot both be set) and
-`defaults_to` (``--flag defaults to --source``).
+`ctx.turn_on(...)` for switches a rule derives on, and rules that are only one such check, made by one call:
+`options_need` (options that need a switch, a warning), `requires` (``--flag needs --other``), `value_needs`
+(``--flag value needs --other``), `exclusive` (two flags that cannot both be set) and `defaults_to`
+(``--flag defaults to --source``).
 """
 
 from __future__ import annotations
