@@ -284,38 +284,34 @@ def rloo_one_step_per_rollout(ctx: RuleContext) -> None:
         )
 
 
-@rule(
+rloo_without_normalize_advantages = exclusive(
     "rule.rloo_without_normalize_advantages",
     "advantage-estimator",
     "normalize-advantages",
+    a_is="rloo",
+    message="--advantage-estimator rloo keeps the reward's scale, but --normalize-advantages whitens it "
+    "(putting back the std division the leave-one-out baseline avoids)",
     summary="rloo keeps the reward's scale: --normalize-advantages cannot be set with it.",
+    hint="remove --normalize-advantages",
+    rl_only=True,
     deviation=_RLOO,
 )
-def rloo_without_normalize_advantages(ctx: RuleContext) -> None:
-    if not ctx.is_sft and ctx.advantage_estimator == "rloo" and ctx.normalize_advantages:
-        ctx.error(
-            "--advantage-estimator rloo keeps the reward's scale, but --normalize-advantages whitens it "
-            "(putting back the std division the leave-one-out baseline avoids)",
-            "remove --normalize-advantages",
-        )
 
 
-@rule(
+group_baseline_needs_rewards_normalization = exclusive(
     "rule.group_baseline_needs_rewards_normalization",
     "advantage-estimator",
     "disable-rewards-normalization",
+    a_is="rloo",
+    message="--advantage-estimator rloo's leave-one-out baseline is its reward normalization, but "
+    "--disable-rewards-normalization turns it off",
     summary="rloo subtracts a leave-one-out group baseline, which is its reward normalization: "
     "--disable-rewards-normalization cannot be set with it (reinforce_plus_plus_baseline takes it, as in "
     "Relax: its advantages are then the raw rewards).",
+    hint="remove --disable-rewards-normalization",
+    rl_only=True,
     deviation=_RLOO,
 )
-def group_baseline_needs_rewards_normalization(ctx: RuleContext) -> None:
-    if not ctx.is_sft and ctx.advantage_estimator == "rloo" and ctx.disable_rewards_normalization:
-        ctx.error(
-            "--advantage-estimator rloo's leave-one-out baseline is its reward normalization, but "
-            "--disable-rewards-normalization turns it off",
-            "remove --disable-rewards-normalization",
-        )
 
 
 fully_async_without_normalize_advantages = exclusive(

@@ -3,7 +3,7 @@ epochs, dynamic batch sizes, the bshd layout), then prompt and context lengths."
 
 from __future__ import annotations
 
-from jobspec.rules.context import RuleContext, defaults_to, rule
+from jobspec.rules.context import RuleContext, defaults_to, exclusive, rule
 
 # =============================================================================================
 # Batch sizes
@@ -208,18 +208,15 @@ def dynamic_batch_token_budget(ctx: RuleContext) -> None:
         )
 
 
-@rule(
+bshd_without_dynamic_batch = exclusive(
     "rule.bshd_without_dynamic_batch",
     "qkv-format",
     "use-dynamic-batch-size",
+    a_is="bshd",
+    message="--qkv-format bshd does not support --use-dynamic-batch-size",
     summary="--qkv-format bshd does not support --use-dynamic-batch-size.",
+    hint="remove --use-dynamic-batch-size and set --micro-batch-size, or use --qkv-format thd",
 )
-def bshd_without_dynamic_batch(ctx: RuleContext) -> None:
-    if ctx.qkv_format == "bshd" and ctx.use_dynamic_batch_size:
-        ctx.error(
-            "--qkv-format bshd does not support --use-dynamic-batch-size",
-            "remove --use-dynamic-batch-size and set --micro-batch-size, or use --qkv-format thd",
-        )
 
 
 @rule(

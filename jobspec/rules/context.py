@@ -179,19 +179,23 @@ def exclusive(
     message: str,
     summary: str,
     hint: str = "keep one of them",
+    a_is: str | None = None,
     rl_only: bool = False,
+    deviation: str | None = None,
 ) -> Rule:
     """A rule that refuses flags `a` and `b` set together: the error `message` with `hint`.
 
+    a_is: `a` counts as set when it is this value (``--a a_is`` and `b` cannot be combined).
     rl_only: an SFT job is not checked (the flags mean nothing there).
     """
     a_name, b_name = FIELDS_BY_FLAG[a], FIELDS_BY_FLAG[b]
 
     def refuse_both(ctx: RuleContext) -> None:
-        if not (rl_only and ctx.is_sft) and ctx.values[a_name] and ctx.values[b_name]:
+        a_set = ctx.values[a_name] if a_is is None else ctx.values[a_name] == a_is
+        if not (rl_only and ctx.is_sft) and a_set and ctx.values[b_name]:
             ctx.error(message, hint)
 
-    return rule(code, a, b, summary=summary)(refuse_both)
+    return rule(code, a, b, summary=summary, deviation=deviation)(refuse_both)
 
 
 def requires(
