@@ -7,10 +7,10 @@ start-up checks (`slime_validate_args` in relax/utils/arguments.py) where the re
 order: derivations come before the checks that read their result.
 
 To add a rule: write it with `@rule(code, flags..., summary=...)` (or, for one of the shared checks, one call
-of `context`'s `requires`, `value_needs`, `options_need`, `exclusive` or `defaults_to`) in the module of its
-concern, under the name its code gives (``rule.x_needs_y`` -> ``x_needs_y``), list it below after the rules
-whose derived values it reads, record it in tests/unit/jobspec/test_rule_order.py, and add a broken and a
-satisfied case to tests/unit/jobspec/test_rules.py (a test fails for any listed rule without both).
+of `context`'s `requires`, `value_needs`, `options_need`, `exclusive`, `implies` or `defaults_to`) in the
+module of its concern, under the name its code gives (``rule.x_needs_y`` -> ``x_needs_y``), list it below
+after the rules whose derived values it reads, record it in tests/unit/jobspec/test_rule_order.py, and add a
+broken and a satisfied case to tests/unit/jobspec/test_rules.py (a test fails for any listed rule without both).
 """
 
 from __future__ import annotations

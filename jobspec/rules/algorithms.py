@@ -10,6 +10,7 @@ from jobspec.rules.context import (
     defaults_to,
     exclusive,
     flags_of,
+    implies,
     rule,
     value_needs,
 )
@@ -336,15 +337,13 @@ fully_async_without_dynamic_global_batch_size = exclusive(
 )
 
 
-@rule(
+single_sample_disables_grpo_std = implies(
     "rule.single_sample_disables_grpo_std",
     "n-samples-per-prompt",
     "disable-grpo-std-normalization",
+    value=1,
     summary="With --n-samples-per-prompt 1 there is no group std: GRPO std normalization is turned off (derived).",
 )
-def single_sample_disables_grpo_std(ctx: RuleContext) -> None:
-    if ctx.n_samples_per_prompt == 1:
-        ctx.turn_on("disable_grpo_std_normalization")
 
 
 @rule(

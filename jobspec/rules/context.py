@@ -8,8 +8,8 @@ below it; the rule runs only where `jobspec.rules` lists it.
 Shared pieces: `ctx.warn_ignored(ctx.non_defaults(...), "<flag>")` for options that only apply with a switch,
 `ctx.turn_on(...)` for switches a rule derives on, and rules that are only one such check, made by one call:
 `options_need` (options that need a switch, a warning), `requires` (``--flag needs --other``), `value_needs`
-(``--flag value needs --other``), `exclusive` (two flags that cannot both be set) and `defaults_to`
-(``--flag defaults to --source``).
+(``--flag value needs --other``), `exclusive` (two flags that cannot both be set), `implies` (``--flag turns
+on --switch``) and `defaults_to` (``--flag defaults to --source``).
 """
 
 from __future__ import annotations
@@ -248,6 +248,18 @@ def value_needs(
             ctx.warn(f"--{needed} is ignored with --{flag} {current}", ignored_hint)
 
     return rule(code, flag, needed, summary=summary, deviation=deviation)(check_pair)
+
+
+def implies(code: str, flag: str, target: str, *, summary: str, value: Any = None) -> Rule:
+    """A rule that turns on the switch `target` (derived) while flag `flag` is set, or with `value`, is it."""
+    flag_name, target_name = FIELDS_BY_FLAG[flag], FIELDS_BY_FLAG[target]
+
+    def turn_on_target(ctx: RuleContext) -> None:
+        current = ctx.values[flag_name]
+        if current if value is None else current == value:
+            ctx.turn_on(target_name)
+
+    return rule(code, flag, target, summary=summary)(turn_on_target)
 
 
 def options_need(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jobspec.rules.context import RuleContext, exclusive, options_need, rule
+from jobspec.rules.context import RuleContext, exclusive, implies, options_need, rule
 
 
 @rule(
@@ -40,15 +40,12 @@ def tis_clip_range(ctx: RuleContext) -> None:
         )
 
 
-@rule(
+rollout_routing_replay_implies_routing_replay = implies(
     "rule.rollout_routing_replay_implies_routing_replay",
     "use-rollout-routing-replay",
     "use-routing-replay",
     summary="--use-rollout-routing-replay turns on --use-routing-replay (derived).",
 )
-def rollout_routing_replay_implies_routing_replay(ctx: RuleContext) -> None:
-    if ctx.use_rollout_routing_replay:
-        ctx.turn_on("use_routing_replay")
 
 
 partial_rollout_and_rollout_routing_replay = exclusive(

@@ -3,7 +3,7 @@ prepacking and the options only SFT reads; also --max-staleness, MTP training an
 
 from __future__ import annotations
 
-from jobspec.rules.context import RuleContext, requires, rule, value_needs
+from jobspec.rules.context import RuleContext, implies, requires, rule, value_needs
 from jobspec.spec import FIELDS
 
 
@@ -34,15 +34,13 @@ def sft_needs_dynamic_batch_size(ctx: RuleContext) -> None:
         )
 
 
-@rule(
+sft_balances_data = implies(
     "rule.sft_balances_data",
     "loss-type",
     "balance-data",
+    value="sft",
     summary="--loss-type sft turns on --balance-data (derived): its sampler hands DP ranks uneven counts.",
 )
-def sft_balances_data(ctx: RuleContext) -> None:
-    if ctx.is_sft:
-        ctx.turn_on("balance_data")
 
 
 sft_oversize_custom_needs_function_path = value_needs(
