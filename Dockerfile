@@ -21,6 +21,9 @@ RUN npm run build
 
 FROM python:3.11-slim AS build
 WORKDIR /src
+# wheels offered ahead of the index (docker/wheelhouse/README.md); empty by default
+COPY docker/wheelhouse /wheelhouse
+ENV PIP_FIND_LINKS=/wheelhouse
 COPY pyproject.toml README.md alembic.ini ./
 COPY api ./api
 COPY scheduler ./scheduler
@@ -32,7 +35,7 @@ COPY migrations ./migrations
 COPY bench ./bench
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
-FROM python:3.11-slim AS platform
+FROM python:3.11-slim AS control-plane
 ENV PYTHONUNBUFFERED=1 \
     RELAX_ENVIRONMENT=production \
     RELAX_HOME=/var/lib/relax \
@@ -53,12 +56,18 @@ ENTRYPOINT ["relax-entrypoint"]
 CMD ["api"]
 
 # A Ray node (head or worker): the drivers and the pipeline's roles run here, so the `runtime` extra too. Its
-# torch pin (pyproject.toml) takes PyPI's default Linux build of that version (with CUDA).
-FROM platform AS ray
+# torch pin (pyproject.toml) takes PyPI's default Linux build of that version (with CUDA), or a wheel of it put in
+# docker/wheelhouse (torch's CPU build for CPU-only nodes).
+FROM control-plane AS ray
 USER root
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir "$(ls /wheels/relax_platform-*.whl)[runtime]" && rm -rf /wheels
+COPY --from=build /wheelhouse /wheelhouse
+RUN PIP_FIND_LINKS=/wheelhouse pip install --no-cache-dir "$(ls /wheels/relax_platform-*.whl)[runtime]" \
+    && rm -rf /wheels /wheelhouse
 USER relax
 EXPOSE 6379 8265
 HEALTHCHECK NONE
 CMD ["ray-head"]
+
+# The default target is the last stage: the control plane, as `docker build .` gives it
+FROM control-plane AS platform

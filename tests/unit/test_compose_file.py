@@ -68,6 +68,26 @@ def test_images_and_entrypoint_roles() -> None:
         assert svc["build"]["target"] == want, name
 
 
+def test_docker_build_without_a_target_gives_the_control_plane() -> None:
+    # `docker build .` builds the last stage: the platform's, not the Ray node's (found running it under Docker)
+    stages = re.findall(r"^FROM (\S+) AS (\S+)$", DOCKERFILE, flags=re.M)
+    assert stages[-1][1] == "platform"
+
+
+def test_every_long_running_service_has_a_health_check_of_its_own_role() -> None:
+    # the platform image's HEALTHCHECK asks an API port: a scheduler or pool worker under it would be reported
+    # unhealthy forever (the pool worker was, under Docker); one-shots exit and need none
+    assert "HEALTHCHECK" in DOCKERFILE and "/healthz" in DOCKERFILE
+    for name, svc in SERVICES.items():
+        if not _ours(name) or _role(name) in ("api", "migrate", "register-pool", "ray-worker"):
+            continue
+        test = " ".join(svc.get("healthcheck", {}).get("test", []))
+        if _role(name) in ("scheduler", "worker"):
+            assert "inspect ping" in test, (name, test)
+        else:
+            assert test, name
+
+
 def test_depends_on_graph_is_sane() -> None:
     conditions = {"service_started", "service_healthy", "service_completed_successfully"}
     for name in SERVICES:
