@@ -55,6 +55,12 @@ class GenerateContext:
 
 def apply_result(sample: Sample, result: GenerationResult, ctx: GenerateContext, full_budget: int) -> None:
     """Append one engine result to `sample` and set its status (PENDING: it may continue later)."""
+    _append(sample, result, full_budget)
+    (sample.response,) = decode_many(ctx.tokenizer, [sample.response_tokens], ctx.skip_special_tokens)
+
+
+def _append(sample: Sample, result: GenerationResult, full_budget: int) -> None:
+    """apply_result less the response's text."""
     n = len(result.token_ids)
     sample.tokens += result.token_ids
     sample.response_length += n
@@ -64,15 +70,27 @@ def apply_result(sample: Sample, result: GenerationResult, ctx: GenerateContext,
     if n:
         sample.weight_versions.append(result.weight_version)
         sample.weight_version = result.weight_version
-    sample.response = ctx.tokenizer.decode(
-        sample.response_tokens, skip_special_tokens=ctx.skip_special_tokens
-    )
     if result.finish_reason is FinishReason.STOP:
         sample.status = SampleStatus.COMPLETED
     elif n >= full_budget:
         sample.status = SampleStatus.TRUNCATED
     else:
         sample.status = SampleStatus.PENDING  # stopped by a segment limit: still in flight
+
+
+def decode_many(tokenizer: Any, sequences: list[list[int]], skip_special_tokens: bool) -> list[str]:
+    """`tokenizer.decode` of each sequence, the same strings. A fast tokenizer that cleans up no spaces
+    (Qwen's, Llama's: `clean_up_tokenization_spaces` false) decodes them all in one call of its Rust core,
+    which works on several threads and skips transformers' per-id type checks: a rollout of 512 responses
+    of 512 tokens took the driver 0.14-0.25 s of decoding one by one on 2 cores (half of it those checks)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if (
+        len(sequences) > 1
+        and backend is not None
+        and not getattr(tokenizer, "clean_up_tokenization_spaces", True)
+    ):
+        return list(backend.decode_batch(sequences, skip_special_tokens=skip_special_tokens))
+    return [tokenizer.decode(ids, skip_special_tokens=skip_special_tokens) for ids in sequences]
 
 
 def advance(samples: list[Sample], ctx: GenerateContext, *, segment: int | None = None) -> None:
@@ -98,7 +116,10 @@ def advance(samples: list[Sample], ctx: GenerateContext, *, segment: int | None 
     if len(results) != len(requests):
         raise RuntimeError(f"engine returned {len(results)} generations for {len(requests)} requests")
     for sample, result, budget in zip(active, results, full, strict=True):
-        apply_result(sample, result, ctx, budget)
+        _append(sample, result, budget)
+    texts = decode_many(ctx.tokenizer, [s.response_tokens for s in active], ctx.skip_special_tokens)
+    for sample, text in zip(active, texts, strict=True):
+        sample.response = text
 
 
 def generate_one(sample: Sample, ctx: GenerateContext) -> Sample:
