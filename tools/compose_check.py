@@ -20,32 +20,27 @@ from typing import Any
 import httpx
 import yaml
 
+from client.sdk import RelaxClient
+from wire.jobs import JobStatus
+
 ROOT = Path(__file__).resolve().parents[1]
-ENDED = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
 class Check:
     def __init__(self, url: str, key: str) -> None:
-        self.http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+        self.api = RelaxClient(url, key, timeout=60)
+        self.http = httpx.Client(base_url=url, timeout=60)  # what is not the API's: /readyz, the dashboard
         self.rows: list[tuple[str, str]] = []
 
     def row(self, what: str, result: str) -> None:
         self.rows.append((what, result))
         print(f"  {what}: {result}", flush=True)
 
-    def get(self, path: str, **params: Any) -> Any:
-        r = self.http.get(path, params=params)
-        r.raise_for_status()
-        return r.json()
-
     def submit(self, name: str, spec: dict[str, Any]) -> str:
-        r = self.http.post("/v1/jobs", json={"name": name, "spec": spec})
-        if r.status_code != 201:
-            raise SystemExit(f"POST /v1/jobs {name}: {r.status_code} {r.text[:500]}")
-        return str(r.json()["id"])
+        return str(self.api.submit_job(spec=spec, name=name)["id"])
 
     def pool(self) -> dict[str, Any]:
-        (pool,) = self.get("/v1/pools")["data"]
+        (pool,) = self.api.pools()
         for node in pool["nodes"]:
             if node["allocated_gpus"] > node["gpus"]:
                 raise SystemExit(
@@ -63,8 +58,8 @@ class Check:
         while True:
             most = max(most, self.pool()["allocated_gpus"])
             samples += 1
-            jobs = {j: self.get(f"/v1/jobs/{j}") for j in ids}
-            if all(job["status"] in ENDED for job in jobs.values()):
+            jobs = {j: self.api.get_job(j) for j in ids}
+            if all(JobStatus(job["status"]).is_terminal() for job in jobs.values()):
                 return jobs, samples, most
             if time.monotonic() - began > timeout:
                 raise SystemExit(
@@ -82,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     c = Check(args.url, args.api_key)
 
-    ready = c.get("/readyz")
+    ready = c.http.get("/readyz").json()
     if ready.get("status") != "ready":
         raise SystemExit(f"/readyz: {ready}")
     c.row("/readyz", ", ".join(f"{k} {v}" for k, v in ready.items()))
@@ -102,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     first = c.submit("sft-arith", spec)
     jobs, _, _ = c.wait({first}, args.timeout)
     job = jobs[first]
-    loss = c.get(f"/v1/jobs/{first}/metrics", names="train/loss")["series"].get("train/loss", [])
+    loss = c.api.metrics(first, names=["train/loss"]).get("train/loss", [])
     if job["status"] != "SUCCEEDED":
         raise SystemExit(f"sft-arith {first}: {job['status']} {job.get('status_reason')}")
     curve = f", train/loss {loss[0]['value']:.3f} -> {loss[-1]['value']:.3f}" if loss else ""
