@@ -58,6 +58,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from bench.harness import environ
+
 PEAK_TFLOPS = 790.0
 # backend rows -> RELAX_HEAD_SAVE_LOGITS for the row (None: the backend's own memory estimate decides)
 BACKEND_ROWS: dict[str, str | None] = {"backend": None, "backend-recompute": "0", "backend-save": "1"}
@@ -826,19 +828,11 @@ def micro(shape: Shape, cfg: Cfg, device: torch.device) -> list[str]:
                 "RELAX_HEAD_KERNEL": impl or os.environ.get("RELAX_HEAD_KERNEL", ""),
                 "RELAX_HEAD_ADDMM": addmm,
             }
-            old = {k: os.environ.get(k) for k in env}
-            os.environ.update(env)
-            try:
+            with environ(env):
                 lp, ent = kernels.token_log_probs_and_entropy(
                     hid, w, tgt, chunk_tokens=chunk, save_logits=save
                 )
                 (-lp.mean() - 1e-3 * ent.mean()).backward()
-            finally:
-                for k, v in old.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
 
         return fn
 
@@ -1085,17 +1079,8 @@ def main(argv: list[str] | None = None) -> int:
                     if args.profile_dir and rank == 0:
                         c.profile = os.path.join(args.profile_dir, f"profile_{key}_{which}.txt")
                     forced = BACKEND_ROWS[which]
-                    old = os.environ.get("RELAX_HEAD_SAVE_LOGITS")
-                    if forced is not None:
-                        os.environ["RELAX_HEAD_SAVE_LOGITS"] = forced
-                    try:
+                    with environ({} if forced is None else {"RELAX_HEAD_SAVE_LOGITS": forced}):
                         res = run_backend(shape, c, args.tp, device, log)
-                    finally:
-                        if forced is not None:
-                            if old is None:
-                                os.environ.pop("RELAX_HEAD_SAVE_LOGITS", None)
-                            else:
-                                os.environ["RELAX_HEAD_SAVE_LOGITS"] = old
                     label = "ours (megatron backend: MegatronTrainBackend.train_step, sft)" + (
                         ", head keeps bf16 logits" if res["head_keeps_logits"] else ", head recomputes logits"
                     )

@@ -10,10 +10,27 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextmanager
+def environ(values: Mapping[str, str]) -> Iterator[None]:
+    """`values` set in `os.environ` for the block; each name's previous value (or its absence) restored after."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _free_port() -> int:

@@ -13,14 +13,13 @@ minute for each process and in all, and the share of one core. Compare settings 
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 from pathlib import Path
 
 import psutil
 
-from bench.harness import start_platform, stop_platform
+from bench.harness import environ, start_platform, stop_platform
 
 
 def _cpu(root: psutil.Process) -> dict[tuple[int, str], float]:
@@ -67,16 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
     args = ap.parse_args(argv)
     extra = dict(item.split("=", 1) for item in args.env)
-    saved = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    try:
+    with environ(extra):
         platform = start_platform(Path(tempfile.mkdtemp(prefix="relax-idle-")) / "home")
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     try:
         time.sleep(args.settle)
         root = psutil.Process(platform.proc.pid)
