@@ -3,7 +3,7 @@ epochs, dynamic batch sizes, the bshd layout), then prompt and context lengths."
 
 from __future__ import annotations
 
-from jobspec.rules.context import RuleContext, defaults_to, exclusive, rule
+from jobspec.rules.context import RuleContext, defaults_to, exclusive, requires, rule
 
 # =============================================================================================
 # Batch sizes
@@ -162,18 +162,15 @@ def num_epoch_needs_rollout_global_dataset(ctx: RuleContext) -> None:
         )
 
 
-@rule(
+# --max-tokens-per-gpu is None or >= 1 here: "not set" and "false" are one
+dynamic_batch_needs_max_tokens_per_gpu = requires(
     "rule.dynamic_batch_needs_max_tokens_per_gpu",
     "use-dynamic-batch-size",
     "max-tokens-per-gpu",
     summary="--use-dynamic-batch-size needs --max-tokens-per-gpu.",
+    message="--use-dynamic-batch-size is set without --max-tokens-per-gpu",
+    hint="set --max-tokens-per-gpu (about max_response_len / context_parallel_size)",
 )
-def dynamic_batch_needs_max_tokens_per_gpu(ctx: RuleContext) -> None:
-    if ctx.use_dynamic_batch_size and ctx.max_tokens_per_gpu is None:
-        ctx.error(
-            "--use-dynamic-batch-size is set without --max-tokens-per-gpu",
-            "set --max-tokens-per-gpu (about max_response_len / context_parallel_size)",
-        )
 
 
 log_probs_max_tokens_per_gpu_default = defaults_to(

@@ -95,29 +95,25 @@ def sequence_parallel_needs_tp(ctx: RuleContext) -> None:
     "selective takes neither; without a granularity they are ignored (warning).",
 )
 def recompute_options(ctx: RuleContext) -> None:
-    granularity, method, layers = ctx.recompute_granularity, ctx.recompute_method, ctx.recompute_num_layers
+    granularity = ctx.recompute_granularity
+    options = ("recompute_method", "recompute_num_layers")
+    used = [n for n in options if ctx.values[n] is not None]
     if granularity is None:
-        used = [n for n in ("recompute_method", "recompute_num_layers") if ctx.values[n] is not None]
         if used:
             ctx.warn(
                 f"{cli_flags(*used)} have no effect without --recompute-granularity",
                 "add --recompute-granularity full",
                 fields=("recompute-granularity", *flags_of(*used)),
             )
-        return
-    if granularity == "full":
-        missing = [
-            n for n, v in (("recompute_method", method), ("recompute_num_layers", layers)) if v is None
-        ]
+    elif granularity == "full":
+        missing = [n for n in options if n not in used]
         if missing:
             ctx.error(
                 f"--recompute-granularity full needs {cli_flags(*missing)}",
                 "e.g. --recompute-method uniform --recompute-num-layers 1",
                 fields=("recompute-granularity", *flags_of(*missing)),
             )
-        return
-    used = [n for n in ("recompute_method", "recompute_num_layers") if ctx.values[n] is not None]
-    if used:
+    elif used:
         why = " (--recompute-activations selects it)" if ctx.recompute_activations else ""
         ctx.error(
             f"--recompute-granularity selective{why} takes no {cli_flags(*used)}",
