@@ -11,7 +11,8 @@ from datetime import UTC, datetime
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import postgresql
+
+from migrations.tables import JSON, PRIORITY_CLASSES, create_job_table
 
 revision = "0001"
 _CREATED = datetime(2026, 11, 29, tzinfo=UTC)
@@ -78,7 +79,7 @@ def upgrade() -> None:
         sa.Column("pool", sa.String(length=63), nullable=False),
         sa.Column("name", sa.String(length=100), nullable=False),
         sa.Column("gpus", sa.Integer(), nullable=False),
-        sa.Column("labels", sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=False),
+        sa.Column("labels", JSON, nullable=False),
         sa.Column("cordoned", sa.Boolean(), nullable=False),
         sa.Column("alive", sa.Boolean(), nullable=False),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
@@ -124,11 +125,11 @@ def upgrade() -> None:
         sa.Column("preemptible", sa.Boolean(), nullable=False),
         sa.Column("queue_position", sa.Integer(), nullable=True),
         sa.Column("wait_reason", sa.Text(), nullable=True),
-        sa.Column("nominated_nodes", sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=True),
-        sa.Column("labels", sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=False),
-        sa.Column("spec", sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=False),
-        sa.Column("submitted", sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=False),
-        sa.Column("demand", sa.JSON().with_variant(postgresql.JSONB(), "postgresql"), nullable=False),
+        sa.Column("nominated_nodes", JSON, nullable=True),
+        sa.Column("labels", JSON, nullable=False),
+        sa.Column("spec", JSON, nullable=False),
+        sa.Column("submitted", JSON, nullable=False),
+        sa.Column("demand", JSON, nullable=False),
         sa.Column("total_gpus", sa.Integer(), nullable=False),
         sa.Column("output_dir", sa.Text(), nullable=False),
         sa.Column("idempotency_key", sa.String(length=200), nullable=True),
@@ -167,125 +168,71 @@ def upgrade() -> None:
         batch_op.create_index("ix_jobs_status_pool", ["status", "pool"], unique=False)
         batch_op.create_index("ix_jobs_team_name", ["team_id", "name"], unique=False)
 
-    op.create_table(
+    create_job_table(
         "allocations",
-        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
-        sa.Column("job_id", sa.String(length=40), nullable=False),
         sa.Column("pool", sa.String(length=63), nullable=False),
         sa.Column("node", sa.String(length=100), nullable=False),
         sa.Column("role", sa.String(length=40), nullable=False),
         sa.Column("replica", sa.Integer(), nullable=False),
         sa.Column("gpus", sa.Integer(), nullable=False),
         sa.Column("shared", sa.Boolean(), nullable=False),
-        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
-        sa.PrimaryKeyConstraint("id"),
+        indexes={op.f("ix_allocations_job_id"): ["job_id"], "ix_allocations_pool_node": ["pool", "node"]},
     )
-    with op.batch_alter_table("allocations", schema=None) as batch_op:
-        batch_op.create_index(batch_op.f("ix_allocations_job_id"), ["job_id"], unique=False)
-        batch_op.create_index("ix_allocations_pool_node", ["pool", "node"], unique=False)
-
-    op.create_table(
+    create_job_table(
         "checkpoints",
-        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
-        sa.Column("job_id", sa.String(length=40), nullable=False),
         sa.Column("attempt", sa.Integer(), nullable=False),
         sa.Column("step", sa.Integer(), nullable=False),
         sa.Column("path", sa.Text(), nullable=False),
         sa.Column("size_bytes", sa.BigInteger(), nullable=False),
         sa.Column("format", sa.String(length=20), nullable=False),
         sa.Column("time", sa.DateTime(timezone=True), nullable=False),
-        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
-        sa.PrimaryKeyConstraint("id"),
     )
-    with op.batch_alter_table("checkpoints", schema=None) as batch_op:
-        batch_op.create_index(batch_op.f("ix_checkpoints_job_id"), ["job_id"], unique=False)
-
-    op.create_table(
+    create_job_table(
         "job_events",
-        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
-        sa.Column("job_id", sa.String(length=40), nullable=False),
         sa.Column("time", sa.DateTime(timezone=True), nullable=False),
         sa.Column("kind", sa.String(length=40), nullable=False),
         sa.Column("from_status", sa.String(length=20), nullable=True),
         sa.Column("to_status", sa.String(length=20), nullable=True),
         sa.Column("reason", sa.Text(), nullable=True),
-        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
-        sa.PrimaryKeyConstraint("id"),
     )
-    with op.batch_alter_table("job_events", schema=None) as batch_op:
-        batch_op.create_index(batch_op.f("ix_job_events_job_id"), ["job_id"], unique=False)
-
-    op.create_table(
+    create_job_table(
         "log_lines",
-        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
-        sa.Column("job_id", sa.String(length=40), nullable=False),
         sa.Column("attempt", sa.Integer(), nullable=False),
         sa.Column("time", sa.DateTime(timezone=True), nullable=False),
         sa.Column("level", sa.String(length=10), nullable=False),
         sa.Column("source", sa.String(length=40), nullable=False),
         sa.Column("message", sa.Text(), nullable=False),
-        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
-        sa.PrimaryKeyConstraint("id"),
     )
-    with op.batch_alter_table("log_lines", schema=None) as batch_op:
-        batch_op.create_index(batch_op.f("ix_log_lines_job_id"), ["job_id"], unique=False)
-
-    op.create_table(
+    create_job_table(
         "metrics",
-        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
-        sa.Column("job_id", sa.String(length=40), nullable=False),
         sa.Column("attempt", sa.Integer(), nullable=False),
         sa.Column("step", sa.Integer(), nullable=False),
         sa.Column("name", sa.String(length=200), nullable=False),
         sa.Column("value", sa.Float(precision=53), nullable=False),
         sa.Column("time", sa.DateTime(timezone=True), nullable=False),
-        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
-        sa.PrimaryKeyConstraint("id"),
+        indexes={"ix_metrics_job_name_step": ["job_id", "name", "step"]},
     )
-    with op.batch_alter_table("metrics", schema=None) as batch_op:
-        batch_op.create_index("ix_metrics_job_name_step", ["job_id", "name", "step"], unique=False)
-
-    op.create_table(
+    create_job_table(
         "rollouts",
-        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
-        sa.Column("job_id", sa.String(length=40), nullable=False),
         sa.Column("attempt", sa.Integer(), nullable=False),
         sa.Column("rollout_id", sa.Integer(), nullable=False),
         sa.Column("split", sa.String(length=10), nullable=False),
         sa.Column("path", sa.Text(), nullable=False),
         sa.Column("num_samples", sa.Integer(), nullable=False),
         sa.Column("time", sa.DateTime(timezone=True), nullable=False),
-        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
-        sa.PrimaryKeyConstraint("id"),
     )
-    with op.batch_alter_table("rollouts", schema=None) as batch_op:
-        batch_op.create_index(batch_op.f("ix_rollouts_job_id"), ["job_id"], unique=False)
-
-    op.create_table(
+    create_job_table(
         "predictions",
-        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
-        sa.Column("job_id", sa.String(length=40), nullable=False),
         sa.Column("attempt", sa.Integer(), nullable=False),
         sa.Column("step", sa.Integer(), nullable=False),
         sa.Column("path", sa.Text(), nullable=False),
         sa.Column("num_samples", sa.Integer(), nullable=False),
         sa.Column("time", sa.DateTime(timezone=True), nullable=False),
-        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
-        sa.PrimaryKeyConstraint("id"),
     )
-    with op.batch_alter_table("predictions", schema=None) as batch_op:
-        batch_op.create_index(batch_op.f("ix_predictions_job_id"), ["job_id"], unique=False)
 
     # Every job has a priority class; these three exist from the start (admins add more).
     op.bulk_insert(
-        sa.table(
-            "priority_classes",
-            sa.column("name", sa.String),
-            sa.column("value", sa.Integer),
-            sa.column("preemptible", sa.Boolean),
-            sa.column("description", sa.Text),
-            sa.column("created_at", sa.DateTime(timezone=True)),
-        ),
+        PRIORITY_CLASSES,
         [
             {
                 "name": "low",
@@ -318,44 +265,22 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("predictions", schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f("ix_predictions_job_id"))
-    op.drop_table("predictions")
-
-    with op.batch_alter_table("rollouts", schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f("ix_rollouts_job_id"))
-
-    op.drop_table("rollouts")
-    with op.batch_alter_table("metrics", schema=None) as batch_op:
-        batch_op.drop_index("ix_metrics_job_name_step")
-
-    op.drop_table("metrics")
-    with op.batch_alter_table("log_lines", schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f("ix_log_lines_job_id"))
-
-    op.drop_table("log_lines")
-    with op.batch_alter_table("job_events", schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f("ix_job_events_job_id"))
-
-    op.drop_table("job_events")
-    with op.batch_alter_table("checkpoints", schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f("ix_checkpoints_job_id"))
-
-    op.drop_table("checkpoints")
-    with op.batch_alter_table("allocations", schema=None) as batch_op:
-        batch_op.drop_index("ix_allocations_pool_node")
-        batch_op.drop_index(batch_op.f("ix_allocations_job_id"))
-
-    op.drop_table("allocations")
-    with op.batch_alter_table("jobs", schema=None) as batch_op:
-        batch_op.drop_index("ix_jobs_team_name")
-        batch_op.drop_index("ix_jobs_status_pool")
-
-    op.drop_table("jobs")
-    op.drop_table("queues")
-    op.drop_table("nodes")
-    op.drop_table("api_keys")
-    op.drop_table("teams")
-    op.drop_table("priority_classes")
-    op.drop_table("scheduler_locks")
-    op.drop_table("pools")
+    # the job's rows' tables first, the tables they reference after; indexes go with their tables
+    for table in (
+        "predictions",
+        "rollouts",
+        "metrics",
+        "log_lines",
+        "job_events",
+        "checkpoints",
+        "allocations",
+        "jobs",
+        "queues",
+        "nodes",
+        "api_keys",
+        "teams",
+        "priority_classes",
+        "scheduler_locks",
+        "pools",
+    ):
+        op.drop_table(table)

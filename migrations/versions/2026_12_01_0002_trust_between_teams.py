@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import postgresql
+
+from migrations.tables import JSON, create_team_table
 
 revision = "0002"
 down_revision = "0001"
 branch_labels = None
 depends_on = None
-
-_JSON = sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql")
 
 
 def upgrade() -> None:
@@ -24,23 +23,18 @@ def upgrade() -> None:
         batch.add_column(sa.Column("expires_at", sa.DateTime(timezone=True), nullable=True))
         batch.add_column(sa.Column("created_by", sa.String(length=40), nullable=True))
     with op.batch_alter_table("teams") as batch:
-        batch.add_column(sa.Column("allowed_priority_classes", _JSON, nullable=True))
-        batch.add_column(sa.Column("allowed_queues", _JSON, nullable=True))
+        batch.add_column(sa.Column("allowed_priority_classes", JSON, nullable=True))
+        batch.add_column(sa.Column("allowed_queues", JSON, nullable=True))
     with op.batch_alter_table("jobs") as batch:
         batch.add_column(sa.Column("token_claimed_attempt", sa.Integer(), nullable=True))
-    op.create_table(
+    create_team_table(
         "path_grants",
-        sa.Column("id", sa.String(length=40), nullable=False),
-        sa.Column("team_id", sa.String(length=40), nullable=False),
         sa.Column("pool", sa.String(length=63), nullable=True),
         sa.Column("path", sa.Text(), nullable=False),
         sa.Column("mode", sa.String(length=2), nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-        sa.Column("created_by", sa.String(length=40), nullable=True),
-        sa.ForeignKeyConstraint(["pool"], ["pools.name"], ondelete="CASCADE"),
-        sa.ForeignKeyConstraint(["team_id"], ["teams.id"], ondelete="CASCADE"),
-        sa.PrimaryKeyConstraint("id"),
-        sa.UniqueConstraint("team_id", "pool", "path", name="uq_path_grants_team_pool_path"),
+        foreign_keys=[sa.ForeignKeyConstraint(["pool"], ["pools.name"], ondelete="CASCADE")],
+        unique={"uq_path_grants_team_pool_path": ["team_id", "pool", "path"]},
     )
     op.create_index(op.f("ix_path_grants_team_id"), "path_grants", ["team_id"], unique=False)
     op.create_table(
@@ -55,7 +49,7 @@ def upgrade() -> None:
         sa.Column("path", sa.Text(), nullable=False),
         sa.Column("target", sa.Text(), nullable=True),
         sa.Column("status_code", sa.Integer(), nullable=False),
-        sa.Column("details", _JSON, nullable=False),
+        sa.Column("details", JSON, nullable=False),
         sa.PrimaryKeyConstraint("id"),
     )
     op.create_index("ix_audit_events_time", "audit_events", ["time"], unique=False)

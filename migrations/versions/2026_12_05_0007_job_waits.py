@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects.postgresql import JSONB
+
+from migrations.tables import JSON
 
 revision = "0007"
 down_revision = "0006"
@@ -24,7 +25,6 @@ branch_labels = None
 depends_on = None
 
 COLUMNS = ("queue_position", "wait_reason", "nominated_nodes")
-_JSON = sa.JSON().with_variant(JSONB(), "postgresql")
 
 
 def upgrade() -> None:
@@ -33,7 +33,7 @@ def upgrade() -> None:
         sa.Column("job_id", sa.String(40), sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
         sa.Column("queue_position", sa.Integer(), nullable=True),
         sa.Column("wait_reason", sa.Text(), nullable=True),
-        sa.Column("nominated_nodes", _JSON, nullable=True),
+        sa.Column("nominated_nodes", JSON, nullable=True),
         postgresql_with={"fillfactor": 70},
     )
     op.execute(
@@ -48,7 +48,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.add_column("jobs", sa.Column("queue_position", sa.Integer(), nullable=True))
     op.add_column("jobs", sa.Column("wait_reason", sa.Text(), nullable=True))
-    op.add_column("jobs", sa.Column("nominated_nodes", _JSON, nullable=True))
+    op.add_column("jobs", sa.Column("nominated_nodes", JSON, nullable=True))
     for column in COLUMNS:
         op.execute(
             f"UPDATE jobs SET {column} = (SELECT w.{column} FROM job_waits w WHERE w.job_id = jobs.id)"

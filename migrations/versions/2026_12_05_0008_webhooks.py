@@ -14,30 +14,24 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects.postgresql import JSONB
+
+from migrations.tables import JSON, create_team_table
 
 revision = "0008"
 down_revision = "0007"
 branch_labels = None
 depends_on = None
 
-_JSON = sa.JSON().with_variant(JSONB(), "postgresql")
-
 
 def upgrade() -> None:
-    op.create_table(
+    create_team_table(
         "webhook_endpoints",
-        sa.Column("id", sa.String(length=40), nullable=False),
-        sa.Column("team_id", sa.String(length=40), nullable=False),
         sa.Column("url", sa.Text(), nullable=False),
         sa.Column("description", sa.String(length=200), nullable=True),
-        sa.Column("event_types", _JSON, nullable=True),
+        sa.Column("event_types", JSON, nullable=True),
         sa.Column("secret", sa.String(length=100), nullable=False),
         sa.Column("disabled", sa.Boolean(), nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-        sa.Column("created_by", sa.String(length=40), nullable=True),
-        sa.ForeignKeyConstraint(["team_id"], ["teams.id"], ondelete="CASCADE"),
-        sa.PrimaryKeyConstraint("id"),
     )
     op.create_index(op.f("ix_webhook_endpoints_team_id"), "webhook_endpoints", ["team_id"], unique=False)
     op.create_table(
@@ -48,7 +42,7 @@ def upgrade() -> None:
         sa.Column("job_id", sa.String(length=40), nullable=True),
         sa.Column("url", sa.Text(), nullable=False),
         sa.Column("event_type", sa.String(length=40), nullable=False),
-        sa.Column("payload", _JSON, nullable=False),
+        sa.Column("payload", JSON, nullable=False),
         sa.Column("state", sa.String(length=10), nullable=False),
         sa.Column("attempts", sa.Integer(), nullable=False),
         sa.Column("next_attempt_at", sa.DateTime(timezone=True), nullable=True),

@@ -15,6 +15,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.tables import create_team_table
+
 revision = "0010"
 down_revision = "0009"
 branch_labels = None
@@ -22,10 +24,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.create_table(
+    create_team_table(
         "files",
-        sa.Column("id", sa.String(length=40), nullable=False),
-        sa.Column("team_id", sa.String(length=40), nullable=False),
         sa.Column("filename", sa.String(length=255), nullable=False),
         sa.Column("purpose", sa.String(length=20), nullable=False),
         sa.Column("content_type", sa.String(length=100), nullable=False),
@@ -37,15 +37,10 @@ def upgrade() -> None:
         sa.Column("unpacked_key", sa.Text(), nullable=True),
         sa.Column("archive_entries", sa.Integer(), nullable=True),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-        sa.Column("created_by", sa.String(length=40), nullable=True),
-        sa.ForeignKeyConstraint(["team_id"], ["teams.id"], ondelete="CASCADE"),
-        sa.PrimaryKeyConstraint("id"),
     )
     op.create_index("ix_files_team_id_id", "files", ["team_id", "id"], unique=False)
-    op.create_table(
+    create_team_table(
         "file_uploads",
-        sa.Column("id", sa.String(length=40), nullable=False),
-        sa.Column("team_id", sa.String(length=40), nullable=False),
         sa.Column("filename", sa.String(length=255), nullable=False),
         sa.Column("purpose", sa.String(length=20), nullable=False),
         sa.Column("mime_type", sa.String(length=100), nullable=False),
@@ -54,9 +49,6 @@ def upgrade() -> None:
         sa.Column("file_id", sa.String(length=40), nullable=True),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
-        sa.Column("created_by", sa.String(length=40), nullable=True),
-        sa.ForeignKeyConstraint(["team_id"], ["teams.id"], ondelete="CASCADE"),
-        sa.PrimaryKeyConstraint("id"),
     )
     op.create_index(op.f("ix_file_uploads_team_id"), "file_uploads", ["team_id"], unique=False)
     op.create_table(
@@ -74,9 +66,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.drop_index(op.f("ix_file_upload_parts_upload_id"), table_name="file_upload_parts")
-    op.drop_table("file_upload_parts")
-    op.drop_index(op.f("ix_file_uploads_team_id"), table_name="file_uploads")
-    op.drop_table("file_uploads")
-    op.drop_index("ix_files_team_id_id", table_name="files")
-    op.drop_table("files")
+    for table in ("file_upload_parts", "file_uploads", "files"):
+        op.drop_table(table)  # its indexes go with it

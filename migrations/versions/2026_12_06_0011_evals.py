@@ -13,37 +13,31 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects.postgresql import JSONB
+
+from migrations.tables import JSON, create_team_table
 
 revision = "0011"
 down_revision = "0010"
 branch_labels = None
 depends_on = None
 
-_JSON = sa.JSON().with_variant(JSONB(), "postgresql")
-
 
 def upgrade() -> None:
-    op.create_table(
+    create_team_table(
         "evals",
-        sa.Column("id", sa.String(length=40), nullable=False),
-        sa.Column("team_id", sa.String(length=40), nullable=False),
         sa.Column("name", sa.String(length=100), nullable=False),
         sa.Column("job_id", sa.String(length=40), nullable=False),
-        sa.Column("model", _JSON, nullable=False),
+        sa.Column("model", JSON, nullable=False),
         sa.Column("model_key", sa.String(length=300), nullable=False),
-        sa.Column("datasets", _JSON, nullable=False),
-        sa.Column("thresholds", _JSON, nullable=False),
-        sa.Column("expected_metrics", _JSON, nullable=False),
-        sa.Column("metric_values", _JSON, nullable=True),
+        sa.Column("datasets", JSON, nullable=False),
+        sa.Column("thresholds", JSON, nullable=False),
+        sa.Column("expected_metrics", JSON, nullable=False),
+        sa.Column("metric_values", JSON, nullable=True),
         sa.Column("outcome", sa.String(length=10), nullable=False),
         sa.Column("reason", sa.Text(), nullable=True),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
-        sa.Column("created_by", sa.String(length=40), nullable=True),
-        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
-        sa.ForeignKeyConstraint(["team_id"], ["teams.id"], ondelete="CASCADE"),
-        sa.PrimaryKeyConstraint("id"),
+        foreign_keys=[sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE")],
     )
     op.create_index(op.f("ix_evals_job_id"), "evals", ["job_id"], unique=False)
     op.create_index("ix_evals_team_id_id", "evals", ["team_id", "id"], unique=False)

@@ -19,20 +19,14 @@ from datetime import UTC, datetime
 import sqlalchemy as sa
 from alembic import op
 
+from migrations.tables import PRIORITY_CLASSES
+
 revision = "0012"
 down_revision = "0011"
 branch_labels = None
 depends_on = None
 
 _CREATED = datetime(2026, 12, 6, tzinfo=UTC)
-_CLASSES = sa.table(
-    "priority_classes",
-    sa.column("name", sa.String),
-    sa.column("value", sa.Integer),
-    sa.column("preemptible", sa.Boolean),
-    sa.column("description", sa.Text),
-    sa.column("created_at", sa.DateTime(timezone=True)),
-)
 _JOBS = sa.table("jobs", sa.column("priority_class", sa.String))
 _EVAL = {
     "value": 50,
@@ -43,13 +37,14 @@ _EVAL = {
 
 def upgrade() -> None:
     conn = op.get_bind()
-    exists = conn.scalar(sa.select(sa.func.count()).select_from(_CLASSES).where(_CLASSES.c.name == "eval"))
+    is_eval = PRIORITY_CLASSES.c.name == "eval"
+    exists = conn.scalar(sa.select(sa.func.count()).select_from(PRIORITY_CLASSES).where(is_eval))
     if exists:
-        op.execute(_CLASSES.update().where(_CLASSES.c.name == "eval").values(**_EVAL))
+        op.execute(PRIORITY_CLASSES.update().where(is_eval).values(**_EVAL))
     else:
-        op.bulk_insert(_CLASSES, [{"name": "eval", "created_at": _CREATED, **_EVAL}])
+        op.bulk_insert(PRIORITY_CLASSES, [{"name": "eval", "created_at": _CREATED, **_EVAL}])
 
 
 def downgrade() -> None:
     op.execute(_JOBS.update().where(_JOBS.c.priority_class == "eval").values(priority_class="normal"))
-    op.execute(_CLASSES.delete().where(_CLASSES.c.name == "eval"))
+    op.execute(PRIORITY_CLASSES.delete().where(PRIORITY_CLASSES.c.name == "eval"))
