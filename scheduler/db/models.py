@@ -70,6 +70,18 @@ class Base(DeclarativeBase):
     type_annotation_map = {datetime: UtcDateTime, dict[str, Any]: JsonType, list[Any]: JsonType}
 
 
+class JobRow:
+    """The key of a table of a job's rows: a big-integer `id`, and `job_id` (indexed; the rows go with the job)."""
+
+    # sort_order: first in the table, as a table's own columns would be
+    id: Mapped[int] = mapped_column(
+        sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, sort_order=-2
+    )
+    job_id: Mapped[str] = mapped_column(
+        sa.ForeignKey("jobs.id", ondelete="CASCADE"), index=True, sort_order=-1
+    )
+
+
 class Team(Base):
     __tablename__ = "teams"
 
@@ -284,11 +296,9 @@ class SpecDefaults(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
-class JobEvent(Base):
+class JobEvent(JobRow, Base):
     __tablename__ = "job_events"
 
-    id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True)
-    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     time: Mapped[datetime] = mapped_column(default=utcnow)
     kind: Mapped[str] = mapped_column(sa.String(40))  # "transition" or a driver event kind
     from_status: Mapped[JobStatus | None] = mapped_column(job_status_type("ck_job_events_from_status"))
@@ -296,12 +306,10 @@ class JobEvent(Base):
     reason: Mapped[str | None] = mapped_column(sa.Text)
 
 
-class Allocation(Base):
+class Allocation(JobRow, Base):
     __tablename__ = "allocations"
     __table_args__ = (sa.Index("ix_allocations_pool_node", "pool", "node"),)
 
-    id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True)
-    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     pool: Mapped[str] = mapped_column(sa.String(63))
     node: Mapped[str] = mapped_column(sa.String(100))
     role: Mapped[str] = mapped_column(sa.String(40))
@@ -315,7 +323,7 @@ class Allocation(Base):
     released_in: Mapped[int | None]
 
 
-class Metric(Base):
+class Metric(JobRow, Base):
     __tablename__ = "metrics"
     __table_args__ = (
         sa.Index("ix_metrics_job_name_step", "job_id", "name", "step"),
@@ -323,8 +331,9 @@ class Metric(Base):
         sa.Index("ix_metrics_job_id_id", "job_id", "id"),
     )
 
-    id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True)
-    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"))
+    job_id: Mapped[str] = mapped_column(
+        sa.ForeignKey("jobs.id", ondelete="CASCADE"), sort_order=-1
+    )  # indexed above
     attempt: Mapped[int]
     step: Mapped[int]
     name: Mapped[str] = mapped_column(sa.String(200))
@@ -332,11 +341,9 @@ class Metric(Base):
     time: Mapped[datetime]
 
 
-class LogLine(Base):
+class LogLine(JobRow, Base):
     __tablename__ = "log_lines"
 
-    id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True)
-    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     attempt: Mapped[int]
     time: Mapped[datetime]
     level: Mapped[str] = mapped_column(sa.String(10))
@@ -344,11 +351,9 @@ class LogLine(Base):
     message: Mapped[str] = mapped_column(sa.Text)
 
 
-class Checkpoint(Base):
+class Checkpoint(JobRow, Base):
     __tablename__ = "checkpoints"
 
-    id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True)
-    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     attempt: Mapped[int]
     step: Mapped[int]
     path: Mapped[str] = mapped_column(sa.Text)
@@ -357,11 +362,9 @@ class Checkpoint(Base):
     time: Mapped[datetime]
 
 
-class Rollout(Base):
+class Rollout(JobRow, Base):
     __tablename__ = "rollouts"
 
-    id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True)
-    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     attempt: Mapped[int]
     rollout_id: Mapped[int]
     split: Mapped[str] = mapped_column(sa.String(10))
@@ -370,13 +373,11 @@ class Rollout(Base):
     time: Mapped[datetime]
 
 
-class Prediction(Base):
+class Prediction(JobRow, Base):
     """A predictions file of an SFT job (`<save>/predict/predictions_step_<id>.jsonl`)."""
 
     __tablename__ = "predictions"
 
-    id: Mapped[int] = mapped_column(sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True)
-    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     attempt: Mapped[int]
     step: Mapped[int]
     path: Mapped[str] = mapped_column(sa.Text)
