@@ -39,7 +39,7 @@ from runtime.train.base import is_multi_rank
 from runtime.train.checkpoint import resolve_model_folder
 from runtime.train.critic import CriticConfig
 from runtime.train.schedule import DecayStyle, LRSchedule
-from runtime.train.torch_backend import TrainConfig
+from runtime.train.torch_backend import OptimizerConfig, TrainConfig
 from runtime.types import RolloutBatch
 
 log = logging.getLogger("runtime.pipeline")
@@ -56,19 +56,18 @@ def train_config_from(spec: RuntimeSpec, total_rollouts: int) -> TrainConfig:
         warmup_steps=spec.lr_warmup_iters,
         decay_steps=spec.lr_decay_iters or total_rollouts * steps_per_rollout,
     )
-    return TrainConfig(
-        loss_type=spec.loss_type,
+    optimizer = _spec_fields(
+        spec,
+        OptimizerConfig,
         loss=loss_config_from(spec),
         lr_schedule=schedule,
-        weight_decay=spec.weight_decay,
-        adam_beta1=spec.adam_beta1,
-        adam_beta2=spec.adam_beta2,
-        adam_eps=spec.adam_eps,
-        clip_grad=spec.clip_grad,
-        seed=spec.seed,
         global_batch_size=gbs or None,
-        micro_batch_size=spec.micro_batch_size,
         max_tokens_per_micro_batch=spec.max_tokens_per_gpu if spec.use_dynamic_batch_size else None,
+        owner=owner_of(spec),
+    )
+    return TrainConfig(
+        **optimizer,
+        loss_type=spec.loss_type,
         log_probs_max_tokens=spec.log_probs_max_tokens_per_gpu,
         log_probs_temperature=1.0 if spec.is_sft else spec.rollout_temperature,
         save_optimizer=not spec.no_save_optim,
@@ -79,7 +78,6 @@ def train_config_from(spec: RuntimeSpec, total_rollouts: int) -> TrainConfig:
         opd_teacher_ckpt_step=spec.opd_teacher_ckpt_step if spec.has_teacher else None,
         only_train_params=tuple(spec.only_train_params_name_list or ()),
         freeze_params=tuple(spec.freeze_params_name_list or ()),
-        owner=owner_of(spec),
         old_log_probs_from_forward=old_log_probs_from_train_forward(spec),
     )
 
@@ -87,46 +85,31 @@ def train_config_from(spec: RuntimeSpec, total_rollouts: int) -> TrainConfig:
 def loss_config_from(spec: RuntimeSpec) -> LossConfig:
     """The loss parameters (policy loss, KL loss, off-policy corrections, value loss, hooks)."""
     return LossConfig(
-        eps_clip=spec.eps_clip,
-        eps_clip_high=spec.effective_eps_clip_high,
-        eps_clip_c=spec.eps_clip_c,
-        use_kl_loss=spec.use_kl_loss,
-        kl_loss_coef=spec.kl_loss_coef,
-        kl_loss_type=spec.kl_loss_type,
-        use_unbiased_kl=spec.use_unbiased_kl,
-        entropy_coef=spec.entropy_coef,
-        per_token_loss=spec.calculate_per_token_loss,
-        advantage_estimator=spec.advantage_estimator,
-        sapo_tau_pos=spec.sapo_tau_pos,
-        sapo_tau_neg=spec.sapo_tau_neg,
-        use_rollout_logprobs=spec.use_rollout_logprobs,
-        use_tis=spec.use_tis,
-        tis_clip=spec.tis_clip,
-        tis_clip_low=spec.tis_clip_low,
-        custom_tis_function_path=spec.custom_tis_function_path,
-        get_mismatch_metrics=spec.get_mismatch_metrics,
-        custom_pg_loss_reducer_function_path=spec.custom_pg_loss_reducer_function_path,
-        use_opsm=spec.use_opsm,
-        opsm_delta=spec.opsm_delta,
-        value_clip=spec.value_clip,
-        custom_loss_function_path=spec.custom_loss_function_path,
-        opd=opd_config(spec),
+        **_spec_fields(
+            spec,
+            LossConfig,
+            eps_clip_high=spec.effective_eps_clip_high,
+            per_token_loss=spec.calculate_per_token_loss,
+            opd=opd_config(spec),
+        )
     )
+
+
+def _spec_fields(spec: RuntimeSpec, config: type, *, prefix: str = "", **derived: Any) -> dict[str, Any]:
+    """The arguments of the dataclass `config` whose fields are spec fields: each the spec's field of the
+    same name after `prefix`, but those in `derived` (named otherwise in the spec, or computed from it)."""
+    same = {
+        f.name: getattr(spec, prefix + f.name) for f in dataclasses.fields(config) if f.name not in derived
+    }
+    return {**same, **derived}
 
 
 def opd_config(spec: RuntimeSpec) -> OPDConfig | None:
-    """On-policy distillation's parameters (`use-opd`), None where it does not run (`has_teacher`)."""
+    """On-policy distillation's parameters (`use-opd`: each field the spec's `opd_` one), None where it does
+    not run (`has_teacher`)."""
     if not spec.has_teacher:
         return None
-    return OPDConfig(
-        kl_type=spec.opd_kl_type,
-        kl_coef=spec.opd_kl_coef,
-        loss_coef=spec.opd_loss_coef,
-        log_prob_min_clamp=spec.opd_log_prob_min_clamp,
-        per_token_clip=spec.opd_per_token_clip,
-        is_clip=spec.opd_is_clip,
-        only_reward=spec.opd_only_reward,
-    )
+    return OPDConfig(**_spec_fields(spec, OPDConfig, prefix="opd_"))
 
 
 def student_log_probs(spec: RuntimeSpec, batch: RolloutBatch) -> torch.Tensor | None:
