@@ -40,23 +40,25 @@ class ErrorEnvelope(BaseModel):
     error: ErrorBody
 
 
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorEnvelope, "description": "The body is not JSON where JSON is expected."},
-    401: {"model": ErrorEnvelope, "description": "Missing or unknown API key."},
-    403: {"model": ErrorEnvelope, "description": "The key may not do this."},
-    404: {"model": ErrorEnvelope, "description": "No such object (or not visible to the key)."},
-    409: {"model": ErrorEnvelope, "description": "Conflicts with the object's current state."},
-    413: {"model": ErrorEnvelope, "description": "The request body is over the API's limit."},
-    422: {
-        "model": ErrorEnvelope,
-        "description": "Invalid request or job spec; details.issues names each field.",
+def error_responses(model: type[BaseModel], descriptions: dict[int, str]) -> dict[int | str, dict[str, Any]]:
+    """A router's `responses`: each error status with its description, answered in `model`'s shape."""
+    return {status: {"model": model, "description": text} for status, text in descriptions.items()}
+
+
+ERROR_RESPONSES = error_responses(
+    ErrorEnvelope,
+    {
+        400: "The body is not JSON where JSON is expected.",
+        401: "Missing or unknown API key.",
+        403: "The key may not do this.",
+        404: "No such object (or not visible to the key).",
+        409: "Conflicts with the object's current state.",
+        413: "The request body is over the API's limit.",
+        422: "Invalid request or job spec; details.issues names each field.",
+        503: "service.unavailable: the database or the broker (details.service) cannot be reached now; retry "
+        "after the Retry-After header's seconds.",
     },
-    503: {
-        "model": ErrorEnvelope,
-        "description": "service.unavailable: the database or the broker (details.service) cannot be reached "
-        "now; retry after the Retry-After header's seconds.",
-    },
-}
+)
 
 #: Components the OpenAPI document lists beside those the routes name: sets of the domain's values that the
 #: dashboard reads as lists (web/scripts/gen-api.sh generates each as `<name>Values`), taken from their one

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.schemas import ErrorEnvelope
+from api.schemas import ErrorEnvelope, error_responses
 from scheduler.services.fine_tuning import FineTuningJobStatus
 
 Auto = Literal["auto"]
@@ -192,21 +192,25 @@ class OpenAIErrorEnvelope(BaseModel):
     error: OpenAIErrorBody
 
 
-OPENAI_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: {"model": OpenAIErrorEnvelope, "description": "Invalid request; error.param names the field."},
-    401: {"model": OpenAIErrorEnvelope, "description": "Missing or unknown API key."},
-    403: {"model": OpenAIErrorEnvelope, "description": "The key may not do this."},
-    404: {"model": OpenAIErrorEnvelope, "description": "No such job (or not visible to the key)."},
-    409: {"model": OpenAIErrorEnvelope, "description": "Conflicts with the job's state."},
-    413: {
-        "model": ErrorEnvelope,
-        "description": "The request body is over the API's limit (answered before the route, in the platform's "
-        "own error shape).",
-    },
-    422: {
-        "model": ErrorEnvelope,
-        "description": "A NUL character or a non-finite number in the request, refused before the route (in the "
-        "platform's own error shape); every other refusal is a 400 here.",
-    },
-    503: {"model": OpenAIErrorEnvelope, "description": "The database or the broker is unavailable."},
+OPENAI_ERROR_RESPONSES = {
+    **error_responses(
+        OpenAIErrorEnvelope,
+        {
+            400: "Invalid request; error.param names the field.",
+            401: "Missing or unknown API key.",
+            403: "The key may not do this.",
+            404: "No such job (or not visible to the key).",
+            409: "Conflicts with the job's state.",
+        },
+    ),
+    **error_responses(
+        ErrorEnvelope,
+        {
+            413: "The request body is over the API's limit (answered before the route, in the platform's own "
+            "error shape).",
+            422: "A NUL character or a non-finite number in the request, refused before the route (in the "
+            "platform's own error shape); every other refusal is a 400 here.",
+        },
+    ),
+    **error_responses(OpenAIErrorEnvelope, {503: "The database or the broker is unavailable."}),
 }
