@@ -30,7 +30,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -169,14 +169,7 @@ class Call:
         return f"{display_path(self.file)}:{self.line}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "argv": self.argv,
-            "file": self.file,
-            "line": self.line,
-            "via": self.via,
-            "kind": self.kind,
-            "what": self.what,
-        }
+        return asdict(self)
 
 
 @dataclass

@@ -400,8 +400,7 @@ class RelaxClient:
         self, webhook_id: str, state: str | None = None, after: str | None = None, limit: int = 50
     ) -> dict[str, Any]:
         """A page of the endpoint's deliveries, newest first: `data`, `next_cursor`."""
-        params = _given(state=state, after=after, limit=limit)
-        return self._request("GET", f"/v1/webhooks/{webhook_id}/deliveries", params=params)
+        return self._deliveries(f"/v1/webhooks/{webhook_id}/deliveries", state, after, limit)
 
     def retry_webhook_delivery(self, webhook_id: str, delivery_id: str) -> dict[str, Any]:
         return self._request("POST", f"/v1/webhooks/{webhook_id}/deliveries/{delivery_id}/retry")
@@ -414,8 +413,10 @@ class RelaxClient:
         self, job_id: str, state: str | None = None, after: str | None = None, limit: int = 50
     ) -> dict[str, Any]:
         """A page of the messages to the job's --notify-urls, newest first: `data`, `next_cursor`."""
-        params = _given(state=state, after=after, limit=limit)
-        return self._request("GET", f"/v1/webhooks/jobs/{job_id}/deliveries", params=params)
+        return self._deliveries(f"/v1/webhooks/jobs/{job_id}/deliveries", state, after, limit)
+
+    def _deliveries(self, path: str, state: str | None, after: str | None, limit: int) -> dict[str, Any]:
+        return self._request("GET", path, params=_given(state=state, after=after, limit=limit))
 
     # evals: CI evals of a model against thresholds (docs/reference/evals.md) -----------------------------
     def create_eval(
