@@ -129,8 +129,8 @@ class ColocatedActor(TrainActor):
         """Copy this rank's weights into its engine as `version`; the engine must hold `expected` (the
         version the driver last gave it) and every tensor must come, else this raises, naming the
         problem. Leaves the device to the rollout."""
-        self._engine_onload()  # both sides resident for the copy
-        self._train_onload()
+        self._place("engine", on_device=True)  # both sides resident for the copy
+        self._place("train", on_device=True)
         update = self.sync.push(self.backend.iter_device_weights(), version=version, expected=expected)
         self.use_for_rollout()
         return {"version": update.version, "tensors": update.tensors, "bytes": update.bytes,
@@ -139,13 +139,13 @@ class ColocatedActor(TrainActor):
     # -- turns ---------------------------------------------------------------------------------------------
     def use_for_rollout(self) -> None:
         if self.offload_train:
-            self._train_offload()
-        self._engine_onload()
+            self._place("train", on_device=False)
+        self._place("engine", on_device=True)
 
     def use_for_training(self) -> None:
         if self.offload_rollout:
-            self._engine_offload()
-        self._train_onload()
+            self._place("engine", on_device=False)
+        self._place("train", on_device=True)
 
     def memory_calls(self) -> list[str]:
         return list(self._calls)
@@ -180,22 +180,11 @@ class ColocatedActor(TrainActor):
     def engine_weight_version(self) -> int:
         return int(self.engine.weight_version)
 
-    def _train_offload(self) -> None:
-        if not self.backend.offloaded:
-            self.backend.offload()
-            self._calls.append("train.offload")
-
-    def _train_onload(self) -> None:
-        if self.backend.offloaded:
-            self.backend.onload()
-            self._calls.append("train.onload")
-
-    def _engine_offload(self) -> None:
-        if not self.engine.offloaded:
-            self.engine.offload()
-            self._calls.append("engine.offload")
-
-    def _engine_onload(self) -> None:
-        if self.engine.offloaded:
-            self.engine.onload()
-            self._calls.append("engine.onload")
+    def _place(self, side: str, *, on_device: bool) -> None:
+        """Onload (`on_device`) or offload the trainer's (`side` "train") or the engine's ("engine") device
+        memory where it is not so already, listing the call in `memory_calls`."""
+        part = self.backend if side == "train" else self.engine
+        if bool(part.offloaded) == on_device:
+            call = "onload" if on_device else "offload"
+            getattr(part, call)()
+            self._calls.append(f"{side}.{call}")
