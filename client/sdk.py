@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +37,24 @@ class ApiError(Exception):
         if isinstance(self.details, dict):
             return list(self.details.get("issues", []))
         return []
+
+
+def sse_messages(lines: Iterable[str]) -> Iterator[tuple[str, str | None, Any]]:
+    """Server-sent events: (kind, id, data) of each message once it is whole (its blank line came), `data` its
+    `data:` lines joined and read as JSON (`{}` when it has none). Lines without an `event:` are no message."""
+    kind: str | None = None
+    msg_id: str | None = None
+    data: list[str] = []
+    for line in lines:
+        if line.startswith("id:"):
+            msg_id = line[3:].strip()
+        elif line.startswith("event:"):
+            kind = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].strip())
+        elif line == "" and kind:
+            yield kind, msg_id, json.loads("\n".join(data) or "{}")
+            kind, msg_id, data = None, None, []
 
 
 def _given(**values: Any) -> dict[str, Any]:
@@ -208,17 +226,10 @@ class RelaxClient:
                 raise ApiError(
                     resp.status_code, err.get("code", "error"), err.get("message", ""), err.get("details")
                 )
-            kind, data = None, []
-            for line in resp.iter_lines():
-                if line.startswith("event:"):
-                    kind = line[6:].strip()
-                elif line.startswith("data:"):
-                    data.append(line[5:].strip())
-                elif line == "" and kind:
-                    yield kind, json.loads("\n".join(data) or "{}")
-                    if kind == "end":
-                        return
-                    kind, data = None, []
+            for kind, _, data in sse_messages(resp.iter_lines()):
+                yield kind, data
+                if kind == "end":
+                    return
 
     # specs and platform --------------------------------------------------------------------
     def validate_spec(

@@ -9,7 +9,6 @@ job's log numbers them (`step 1/300` … `step 300/300`), see `client.display.lo
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 import time
@@ -33,7 +32,7 @@ from rich.table import Table
 from rich.text import Text
 
 from client.display import EVAL_PREFIX, event_reason, log_step
-from client.sdk import ApiError, RelaxClient
+from client.sdk import ApiError, RelaxClient, sse_messages
 from wire.jobs import JobStatus
 
 HEADLINE = ("rollout/reward", "train/loss", "eval/loss", "perf/step_time")
@@ -209,23 +208,12 @@ def follow(
                     raise ApiError(
                         resp.status_code, err.get("code", "error"), err.get("message", ""), err.get("details")
                     )
-                kind: str | None = None
-                msg_id: str | None = None
-                data: list[str] = []
-                for line in resp.iter_lines():
-                    if line.startswith("id:"):
-                        msg_id = line[3:].strip()
-                    elif line.startswith("event:"):
-                        kind = line[6:].strip()
-                    elif line.startswith("data:"):
-                        data.append(line[5:].strip())
-                    elif line == "" and kind:
-                        # a message's id counts once the message is whole (a cut one is sent again)
-                        last, failures = msg_id or last, 0
-                        yield kind, json.loads("\n".join(data) or "{}")
-                        if kind == "end":
-                            return
-                        kind, msg_id, data = None, None, []
+                # a message's id counts once the message is whole (a cut one is sent again)
+                for kind, msg_id, data in sse_messages(resp.iter_lines()):
+                    last, failures = msg_id or last, 0
+                    yield kind, data
+                    if kind == "end":
+                        return
             failures += 1  # closed before its end (a server going down): resumed like a failure
             if failures > retries:
                 raise ApiError(0, "stream_closed", f"the stream of job {job_id} kept closing before its end")

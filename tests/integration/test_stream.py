@@ -10,6 +10,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from client.sdk import sse_messages
 from scheduler.db.models import Checkpoint, JobEvent, LogLine, Metric, Prediction, Rollout
 from scheduler.services.lifecycle import JobLifecycle
 from scheduler.services.stream import BATCH, StreamCursor, read_after
@@ -84,22 +85,9 @@ def _read(
     client, job_id: str, headers: dict[str, str] | None = None, params: dict[str, str] | None = None
 ) -> list[tuple[str, str | None, Any]]:  # type: ignore[no-untyped-def]
     """(kind, id, data) of every message, `end` included."""
-    import json
-
-    out: list[tuple[str, str | None, Any]] = []
-    msg_id, kind = None, None
     with client.stream("GET", f"/v1/jobs/{job_id}/stream", headers=headers or {}, params=params) as r:
         assert r.status_code == 200
-        for line in r.iter_lines():
-            if line.startswith("id:"):
-                msg_id = line[3:].strip()
-            elif line.startswith("event:"):
-                kind = line[6:].strip()
-            elif line.startswith("data:"):
-                out.append((kind, msg_id, json.loads(line[5:])))
-            elif line == "":
-                msg_id, kind = None, None
-    return out
+        return list(sse_messages(r.iter_lines()))
 
 
 def _rows(messages: list[tuple[str, str | None, Any]]) -> list[tuple[str, int]]:

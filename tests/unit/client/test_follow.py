@@ -74,3 +74,27 @@ def test_follow_resumes_after_the_last_id_received() -> None:
         ("metric", 3),
         ("end", None),
     ]
+
+
+def test_stream_gives_each_whole_message_up_to_the_end() -> None:
+    """RelaxClient.stream: (kind, data) of each message, its data lines joined; a comment is no message, and
+    nothing after `end` is read."""
+    body = (
+        b'id: e1.m0\nevent: status\ndata: {"status":\ndata: "RUNNING"}\n\n'
+        b": keep-alive\n\n"
+        b'event: log\ndata: {"message": "x"}\n\n'
+        b"event: end\ndata: {}\n\n"
+        b'event: log\ndata: {"message": "after the end"}\n\n'
+    )
+    client = RelaxClient("http://relax.test", "k")
+    client._http = httpx.Client(
+        base_url="http://relax.test",
+        transport=httpx.MockTransport(
+            lambda request: httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+        ),
+    )
+    assert list(client.stream("job-1")) == [
+        ("status", {"status": "RUNNING"}),
+        ("log", {"message": "x"}),
+        ("end", {}),
+    ]
