@@ -148,18 +148,15 @@ class RelaxClient:
     ) -> dict[str, Any]:
         """`launch_script` (with `args`): where the flags came from, `ResolvedScript.provenance()`;
         the job keeps it under `submitted.launch_script`."""
-        body: dict[str, Any] = {"labels": labels or {}}
-        for k, v in (
-            ("spec", spec),
-            ("args", args),
-            ("name", name),
-            ("queue", queue),
-            ("team", team),
-            ("priority_class", priority_class),
-            ("launch_script", launch_script),
-        ):
-            if v is not None:
-                body[k] = v
+        body = {"labels": labels or {}} | _given(
+            spec=spec,
+            args=args,
+            name=name,
+            queue=queue,
+            team=team,
+            priority_class=priority_class,
+            launch_script=launch_script,
+        )
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         return self._request("POST", "/v1/jobs", json=body, headers=headers)
 
@@ -198,11 +195,7 @@ class RelaxClient:
     def metrics(
         self, job_id: str, names: list[str] | None = None, since_step: int | None = None
     ) -> dict[str, list[dict]]:
-        params: dict[str, Any] = {}
-        if names:
-            params["names"] = ",".join(names)
-        if since_step is not None:
-            params["since_step"] = since_step
+        params = _given(names=",".join(names) if names else None, since_step=since_step)
         return self._request("GET", f"/v1/jobs/{job_id}/metrics", params=params)["series"]
 
     def logs(self, job_id: str, after: int = 0, limit: int = 1000) -> dict[str, Any]:
@@ -240,10 +233,7 @@ class RelaxClient:
         queue: str | None = None,
         launch_script: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {}
-        for k, v in (("spec", spec), ("args", args), ("queue", queue), ("launch_script", launch_script)):
-            if v is not None:
-                body[k] = v
+        body = _given(spec=spec, args=args, queue=queue, launch_script=launch_script)
         return self._request("POST", "/v1/specs/validate", json=body)
 
     def pools(self) -> list[dict[str, Any]]:
@@ -274,11 +264,9 @@ class RelaxClient:
         expires_in_days: int | None = None,
         expires_at: str | None = None,
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {"name": name, "role": role, "team": team}
-        if expires_in_days is not None:
-            body["expires_in_days"] = expires_in_days
-        if expires_at is not None:
-            body["expires_at"] = expires_at
+        body = {"name": name, "role": role, "team": team} | _given(
+            expires_in_days=expires_in_days, expires_at=expires_at
+        )
         return self._request("POST", "/v1/api-keys", json=body)
 
     def api_keys(self, team: str | None = None) -> list[dict[str, Any]]:
