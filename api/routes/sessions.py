@@ -6,10 +6,10 @@ from __future__ import annotations
 from datetime import datetime
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from api.deps import AuditDep, PrincipalDep, SessionDep, SettingsDep
-from api.schemas import ERROR_RESPONSES
+from api.schemas import ERROR_RESPONSES, RequestBody
 from scheduler.services.login_codes import exchange_login_code, issue_login_code
 
 router = APIRouter(prefix="/v1/auth", tags=["auth"], responses=ERROR_RESPONSES)
@@ -20,9 +20,7 @@ class LoginCodeCreated(BaseModel):
     expires_in: int
 
 
-class SessionCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class SessionCreate(RequestBody):
     code: str = Field(max_length=400)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from jobspec.issues import SpecIssue
 from wire.jobs import JobStatus
@@ -13,6 +13,12 @@ from wire.jobs import JobStatus
 Labels = Annotated[
     dict[Annotated[str, Field(max_length=100)], Annotated[str, Field(max_length=1000)]], Field(max_length=64)
 ]
+
+
+class RequestBody(BaseModel):
+    """A request's body, or an object inside one: a field it does not declare is refused (422), not ignored."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class ErrorDetails(BaseModel):

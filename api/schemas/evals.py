@@ -6,9 +6,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from api.schemas import Labels
+from api.schemas import Labels, RequestBody
 from jobspec.bounds import MAX_PATH_LENGTH
 from scheduler.db.models import INTEGER_MAX
 from scheduler.domain.evals import EvalOutcome, Verdict
@@ -18,11 +18,10 @@ _Path = Annotated[str, Field(max_length=MAX_PATH_LENGTH)]
 Operator = Literal[">=", ">", "<=", "<", "=="]
 
 
-class EvalModel(BaseModel):
+class EvalModel(RequestBody):
     """The model to evaluate: one of your team's jobs (its Hugging Face export, or the checkpoint of
     `checkpoint_step`) or a path your team may read."""
 
-    model_config = ConfigDict(extra="forbid")
     job: str | None = Field(
         None,
         max_length=100,
@@ -42,15 +41,13 @@ class EvalModel(BaseModel):
     )
 
 
-class ThresholdIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ThresholdIn(RequestBody):
     metric: str = Field(max_length=200, description="A metric the eval produces, e.g. eval/gsm8k.")
     op: Operator
     value: float = Field(allow_inf_nan=False)
 
 
-class EvalCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class EvalCreate(RequestBody):
     name: str | None = Field(None, max_length=100, description="Default: eval-<model>.")
     team: str | None = Field(None, description="Admins: the team (name or id); default: yours.")
     model: EvalModel

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from api.schemas import ErrorEnvelope, error_responses
+from api.schemas import ErrorEnvelope, RequestBody, error_responses
 from scheduler.services.fine_tuning import FineTuningJobStatus
 
 Auto = Literal["auto"]
@@ -20,11 +20,7 @@ Metadata = Annotated[
 ]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class SupervisedHyperparameters(_Strict):
+class SupervisedHyperparameters(RequestBody):
     batch_size: BatchSize = "auto"
     learning_rate_multiplier: Multiplier = "auto"
     n_epochs: Epochs = "auto"
@@ -45,11 +41,11 @@ class DpoHyperparameters(SupervisedHyperparameters):
     beta: Auto | Annotated[float, Field(gt=0, le=2)] = "auto"
 
 
-class SupervisedMethod(_Strict):
+class SupervisedMethod(RequestBody):
     hyperparameters: SupervisedHyperparameters | None = None
 
 
-class ReinforcementMethod(_Strict):
+class ReinforcementMethod(RequestBody):
     grader: dict[str, Any] = Field(
         description="OpenAI's grader: string_check (eq, ne, like, ilike) or text_similarity (fuzzy_match) run "
         "here; input {{sample.output_text}}, reference {{item.<field>}}."
@@ -57,18 +53,18 @@ class ReinforcementMethod(_Strict):
     hyperparameters: ReinforcementHyperparameters | None = None
 
 
-class DpoMethod(_Strict):
+class DpoMethod(RequestBody):
     hyperparameters: DpoHyperparameters | None = None
 
 
-class FineTuningMethod(_Strict):
+class FineTuningMethod(RequestBody):
     type: Literal["supervised", "reinforcement", "dpo"]
     supervised: SupervisedMethod | None = None
     reinforcement: ReinforcementMethod | None = None
     dpo: DpoMethod | None = None
 
 
-class FineTuningJobCreate(_Strict):
+class FineTuningJobCreate(RequestBody):
     model: str = Field(
         max_length=1000,
         description="An uploaded model (file id, purpose model), an artifacts:// path, or a fine_tuned_model "

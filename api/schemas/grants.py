@@ -7,9 +7,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.schemas import RequestBody
 
-class PathGrantCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+
+class PathGrantCreate(RequestBody):
     team: str = Field(description="The team's name or id.")
     path: str = Field(
         max_length=4096,

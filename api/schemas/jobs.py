@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from api.schemas import Labels
+from api.schemas import Labels, RequestBody
 from jobspec.bounds import MAX_ARGV_WORDS, MAX_PATH_LENGTH, MAX_SPEC_KEYS, MAX_WORD_LENGTH
 from jobspec.demand import ResourceDemand
 from jobspec.issues import SpecIssue
@@ -31,12 +31,10 @@ Argv = (
 )
 
 
-class LaunchScriptIn(BaseModel):
+class LaunchScriptIn(RequestBody):
     """Where a job's `args` came from when `relaxctl` resolved a Relax launch script on the client
     (docs/adr/0004). Provenance only: the server never runs it; the job keeps it under
     `submitted.launch_script`."""
-
-    model_config = ConfigDict(extra="forbid")
 
     path: _Path = Field(description="The script's absolute path on the submitting machine.")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="SHA-256 of the script file as read.")
@@ -84,7 +82,7 @@ LaunchScriptOpt = Annotated[
 ]
 
 
-class _LaunchScriptWithArgs(BaseModel):
+class _LaunchScriptWithArgs(RequestBody):
     """A request with `spec`, `args` and `launch_script`: the launch script comes only with `args`."""
 
     @model_validator(mode="after")
@@ -97,8 +95,6 @@ class _LaunchScriptWithArgs(BaseModel):
 
 class JobCreate(_LaunchScriptWithArgs):
     """Submit a job: the Relax config as an object (`spec`) or as Relax CLI flags (`args`)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     name: str | None = Field(
         None,
@@ -286,8 +282,6 @@ class PredictionsPage(BaseModel):
 
 
 class SpecValidate(_LaunchScriptWithArgs):
-    model_config = ConfigDict(extra="forbid")
-
     spec: SpecObject | None = None
     args: Argv | None = None
     queue: str | None = None

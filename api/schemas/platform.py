@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from api.schemas import Labels
+from api.schemas import Labels, RequestBody
 from jobspec.bounds import MAX_DEMAND_GPUS, MAX_GPUS_PER_NODE
 from scheduler.db.models import Pool
 from scheduler.domain.jobs import JobStatus
@@ -32,8 +32,7 @@ RayAddress = Annotated[str, Field(max_length=_column_length(Pool.ray_address))]
 PythonPath = Annotated[str, Field(max_length=_column_length(Pool.python))]
 
 
-class TeamCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class TeamCreate(RequestBody):
     name: str = Field(max_length=100, pattern=r"^[a-z0-9][a-z0-9-]*$")
 
 
@@ -51,10 +50,9 @@ class TeamPublic(BaseModel):
     queues: list[str] = Field(description="The queues the team may submit to now (its own first).")
 
 
-class TeamUpdate(BaseModel):
+class TeamUpdate(RequestBody):
     """An admin sets what a team may use. A field left out is unchanged; null resets it to the default."""
 
-    model_config = ConfigDict(extra="forbid")
     allowed_priority_classes: list[str] | None = Field(
         None,
         description="Classes the team may submit at; null: every preemptible class (a class that is never "
@@ -70,8 +68,7 @@ class TeamsPage(BaseModel):
     data: list[TeamPublic]
 
 
-class ApiKeyCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ApiKeyCreate(RequestBody):
     name: str = Field(max_length=100)
     role: str = Field(
         "member",
@@ -171,23 +168,20 @@ class QueuesPage(BaseModel):
     data: list[QueuePublic]
 
 
-class NodeCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class NodeCreate(RequestBody):
     name: str = Field(max_length=100)
     gpus: NodeGpus = Field(description="GPUs of the node (slots on a CPU pool).")
     labels: Labels = Field(default_factory=dict)
 
 
-class NodeUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class NodeUpdate(RequestBody):
     gpus: NodeGpus | None = None
     labels: Labels | None = None
     cordoned: bool | None = Field(None, description="No new jobs are placed on a cordoned node.")
     alive: bool | None = Field(None, description="false marks the node down: its jobs are requeued.")
 
 
-class PoolCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class PoolCreate(RequestBody):
     name: str = Field(max_length=63, pattern=r"^[a-z0-9][a-z0-9-]*$")
     accelerator: Accelerator = Field(description="e.g. h200, a100, cpu")
     ray_address: RayAddress | None = Field(
@@ -199,16 +193,14 @@ class PoolCreate(BaseModel):
     nodes: list[NodeCreate] = Field(default_factory=list, max_length=10_000)
 
 
-class PoolUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class PoolUpdate(RequestBody):
     accelerator: Accelerator | None = None
     ray_address: RayAddress | None = None
     python: PythonPath | None = None
     cordoned: bool | None = None
 
 
-class QueueCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class QueueCreate(RequestBody):
     name: str = Field(max_length=63, pattern=r"^[a-z0-9][a-z0-9-]*$")
     pool: str
     team: str = Field(description="Team name or id that owns the queue.")
@@ -222,16 +214,14 @@ class QueueCreate(BaseModel):
     weight: QueueWeight = Field(1.0, description="Fair-share weight.")
 
 
-class QueueUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class QueueUpdate(RequestBody):
     nominal_gpus: GpuQuota | None = None
     borrowing_limit: GpuQuota | None = None
     lending_limit: GpuQuota | None = None
     weight: QueueWeight | None = None
 
 
-class PriorityClassCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class PriorityClassCreate(RequestBody):
     name: str = Field(max_length=63, pattern=r"^[a-z0-9][a-z0-9-]*$")
     value: int = Field(ge=-100000, le=100000, description="Higher runs first within a queue.")
     preemptible: bool = True

@@ -7,12 +7,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.schemas import RequestBody
 from api.schemas.evals import WebhookEvalData
 from scheduler.domain.jobs import FailureReason, JobStatus
 
 
-class WebhookCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class WebhookCreate(RequestBody):
     url: str = Field(
         max_length=2000,
         description="An http:// or https:// URL that accepts POST; it receives JSON messages.",
@@ -27,10 +27,9 @@ class WebhookCreate(BaseModel):
     team: str | None = Field(None, description="Admins: the team (name or id); default: yours.")
 
 
-class WebhookUpdate(BaseModel):
+class WebhookUpdate(RequestBody):
     """What to change; the fields left out stay as they are."""
 
-    model_config = ConfigDict(extra="forbid")
     url: str | None = Field(None, max_length=2000, description="A new http:// or https:// URL.")
     event_types: list[str] | None = Field(
         None, max_length=50, description="The new filter; null: every event type."
