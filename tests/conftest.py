@@ -181,13 +181,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(lane))
     # the first lane, then the light tests as collected, then the last lane (a stable sort keeps each module
     # together); inside a lane, the end-to-end modules that share one platform (tests/e2e/conftest.py) first,
-    # next to each other, so that it starts once a lane, then those that share its one-slot platform, then the
-    # tests on the local Ray that tests/ray/conftest.py's `ray_local` keeps up from one module to the next
+    # next to each other, so that it starts once a lane, then those that share its platform of three slots (in
+    # the first lane: test_elastic_rollout, test_megatron_learns, whose SFT warm-up test_multinode copies after
+    # it, test_network_exposure, and test_reliability, which kills it), then those that share its one-slot
+    # platform, then the tests on the local Ray that tests/ray/conftest.py's `ray_local` keeps up from one
+    # module to the next
     position = {FIRST: 0, None: 1, LAST: 2}
     items.sort(
         key=lambda item: (
             position[heavy_group(item.nodeid)],
             "_e2e_shared_platform" not in getattr(item, "fixturenames", ()),
+            "three_slot_platform" not in getattr(item, "fixturenames", ()),
             "one_slot_platform" not in getattr(item, "fixturenames", ()),
             "ray_local" not in getattr(item, "fixturenames", ()),
         )

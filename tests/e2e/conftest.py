@@ -69,11 +69,14 @@ ONE_SLOT_FIXTURE = "one_slot_platform"
 ONE_SLOT_ENV = {"RELAX_RAY_LOCAL_SLOTS": "1", "RELAX_SCHEDULER_TICK_SECONDS": "1"}
 
 # A third, of three slots and a reconcile every second, for tests/e2e/test_elastic_rollout.py (an elastic job that
-# grows into the third slot) and then tests/e2e/test_reliability.py, which kills it (it starts it again on the
-# same home, with THREE_SLOT_ENV, and stops that one at its end). The first lane runs them next to each other (the
-# modules of tests/e2e/ that use none of the fixtures tests/conftest.py sorts by, in file order), so it starts
-# once for both (a start and a stop, and `relaxctl models tiny`: 25-60 s of the lane). (Not the shared platform
-# of three slots: on a node of three slots every eval job is refused, jobspec's rule.actor_whole_nodes.)
+# grows into the third slot), test_megatron_learns.py (TP=2 on two of its slots, and the SFT warm-up that
+# test_multinode.py copies later in the lane), test_network_exposure.py (a job of two slots) and then
+# test_reliability.py, which kills it (it starts it again on the same home, with THREE_SLOT_ENV, and stops that
+# one at its end). The first lane runs them next to each other, in file order (tests/conftest.py sorts by this
+# fixture), so it starts once for the four (a start and a stop, and `relaxctl models tiny`: 25-60 s of the lane;
+# test_megatron_learns and test_network_exposure had the shared platform of two slots to themselves there). (Not
+# the last lane's shared platform: on a node of three slots every eval job is refused, jobspec's
+# rule.actor_whole_nodes.)
 THREE_SLOT_FIXTURE = "three_slot_platform"
 THREE_SLOT_ENV = {"RELAX_RAY_LOCAL_SLOTS": "3", "RELAX_SCHEDULER_TICK_SECONDS": "1"}
 
@@ -170,11 +173,11 @@ def sft_arith(platform: RunningPlatform) -> dict:
 
 def sft_arith_start(p: RunningPlatform) -> str:
     """What `hf-checkpoint` and `ref-load` name on platform `p` for a job that starts from the SFT warm-up (as
-    grpo-arith.yaml does from job://sft-arith/hf), for a module on a platform other than the shared one
-    (tests/e2e/test_multinode.py): the export of an examples/sft-arith.yaml job this process already ran
-    (`sft_arith`, on the lane's shared platform before; the same spec, seed, tiny model and data) copied into
-    the team's area of `p`, else that of the job run on `p` now with `relaxctl submit --wait`. A run of the
-    job is ~25 s alone on two cores, 60-70 s beside other work; the copy, 0.6 MB, none of it."""
+    grpo-arith.yaml does from job://sft-arith/hf), for a module on a platform other than the one `sft_arith` ran
+    on (tests/e2e/test_multinode.py): the export of an examples/sft-arith.yaml job this process already ran
+    (`sft_arith`, on the lane's platform of three slots before; the same spec, seed, tiny model and data)
+    copied into the team's area of `p`, else that of the job run on `p` now with `relaxctl submit --wait`. A
+    run of the job is ~25 s alone on two cores, 60-70 s beside other work; the copy, 0.6 MB, none of it."""
     from client.sdk import RelaxClient
 
     for export in SFT_ARITH_EXPORTS:

@@ -37,8 +37,9 @@ AUTOSCALER = "min_engines: 1\nmax_engines: 2\nscale_out: {threshold: 0.01, coold
 
 @pytest.fixture(scope="module")
 def platform(three_slot_platform: RunningPlatform) -> Iterator[RunningPlatform]:
-    """Pool `local` of three slots, a scheduling pass (and reconcile) every second; shared with the next module
-    (tests/e2e/test_reliability.py): whatever this module's test leaves running is cancelled at its end."""
+    """Pool `local` of three slots, a scheduling pass (and reconcile) every second; shared with the next modules
+    (test_megatron_learns, test_network_exposure, test_reliability): whatever this module's test leaves running
+    is cancelled at its end."""
     p = three_slot_platform
     yield p
     c = RelaxClient(p.url, p.key)

@@ -27,6 +27,16 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 STEPS, WARMUP, SAVE_INTERVAL = 60, 10, 30
 
 
+@pytest.fixture(scope="module")
+def platform(three_slot_platform: RunningPlatform) -> RunningPlatform:
+    """tests/e2e/conftest.py's platform of three slots (a pass every second), shared with the modules next to this
+    one in the first lane (test_elastic_rollout before, test_network_exposure and test_reliability after): a
+    platform fewer to start and stop there, which started the shared platform of two slots for this module and
+    test_network_exposure alone. The job takes two of its slots; `sft_arith` runs on it too. Both jobs end
+    before the module does (`--wait`)."""
+    return three_slot_platform
+
+
 @pytest.mark.timeout(1200)  # ~70 s alone
 def test_grpo_megatron_tp2_learns(platform: RunningPlatform, sft_arith: dict, tmp_path: Path) -> None:
     doc = yaml.safe_load((ROOT / "examples" / "grpo-arith-megatron.yaml").read_text())

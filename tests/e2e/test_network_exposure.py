@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -27,6 +28,7 @@ from api.embedded import ray_temp_dir
 from bench.harness import ROOT, RunningPlatform
 from client.sdk import RelaxClient
 from scheduler.settings import Settings
+from wire.jobs import TERMINAL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -149,6 +151,23 @@ def _ray_init_without_token(address: str, secret_file: Path, home: Path) -> subp
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+@pytest.fixture(scope="module")
+def platform(three_slot_platform: RunningPlatform) -> Iterator[RunningPlatform]:
+    """tests/e2e/conftest.py's platform of three slots, shared with the modules next to this one in the first lane
+    (test_megatron_learns before, test_reliability after); the job cancelled here has ended before the module
+    does (the platform's contract: no job of a module left running for the next)."""
+    p = three_slot_platform
+    yield p
+    c = RelaxClient(p.url, p.key)
+    for job in c.list_jobs(name="exposure", limit=100)["data"]:
+        if job["status"] not in TERMINAL:
+            c.cancel_job(job["id"])
+        deadline = time.time() + 120
+        while c.get_job(job["id"])["status"] not in TERMINAL:
+            assert time.time() < deadline, c.get_job(job["id"])
+            time.sleep(0.25)
 
 
 def test_nothing_listens_beyond_loopback_and_nothing_answers_without_credentials(

@@ -47,8 +47,9 @@ ENV = THREE_SLOT_ENV  # reconcile every second (a platform started again on the 
 @pytest.fixture(scope="module")
 def platform(three_slot_platform: RunningPlatform):  # type: ignore[no-untyped-def]
     """{"platform": the running platform (the second test replaces it with the restarted one), "job": id}. The
-    platform: tests/e2e/conftest.py's `three_slot_platform` (tests/e2e/test_elastic_rollout.py's before, its
-    jobs ended), killed and started again on its home by these tests; the last one started is stopped here."""
+    platform: tests/e2e/conftest.py's `three_slot_platform` (test_elastic_rollout's, test_megatron_learns' and
+    test_network_exposure's before, their jobs ended), killed and started again on its home by these tests; the
+    last one started is stopped here."""
     held = {"platform": three_slot_platform}
     try:
         p = held["platform"]
