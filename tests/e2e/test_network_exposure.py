@@ -106,6 +106,13 @@ def _tree(root: int) -> list[psutil.Process]:
     return [parent, *parent.children(recursive=True)]
 
 
+def _argv(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.NoSuchProcess:  # (ZombieProcess too) one that has just exited
+        return []
+
+
 def _listeners(root: int) -> list[Listener]:
     found = []
     for proc in _tree(root):
@@ -179,8 +186,9 @@ def test_nothing_listens_beyond_loopback_and_nothing_answers_without_credentials
     admin_key = platform.key
 
     # ray.init without the token, on the GCS and on the Ray client server: run while the job starts.
-    head = next(p for p in _tree(platform.proc.pid) if {"start", "--head"} <= set(p.cmdline()))
-    head_argv = head.cmdline()
+    head_argv = next(
+        argv for argv in map(_argv, _tree(platform.proc.pid)) if {"start", "--head"} <= set(argv)
+    )
 
     def head_port(flag: str) -> int:
         return int(head_argv[head_argv.index(flag) + 1])
