@@ -124,7 +124,7 @@ class FilesApi:
                 return dest
             if resp.status_code >= 400:
                 resp.read()
-                raise ApiError(resp.status_code, "http_error", resp.text[:500])
+                raise ApiError.of(resp)
             mode = "ab" if resp.status_code == 206 else "wb"
             with open(tmp, mode) as out:
                 for chunk in resp.iter_bytes(1024 * 1024):

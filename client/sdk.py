@@ -32,6 +32,22 @@ class ApiError(Exception):
             request_id,
         )
 
+    @classmethod
+    def of(cls, resp: httpx.Response) -> ApiError:
+        """The error a response of status >= 400 answers (its body read): the platform's envelope, or its text
+        where the body is not one (a proxy's page)."""
+        try:
+            err = resp.json()["error"]
+        except Exception:
+            return cls(resp.status_code, "http_error", resp.text[:500])
+        return cls(
+            resp.status_code,
+            err.get("code", "error"),
+            err.get("message", ""),
+            err.get("details"),
+            err.get("request_id"),
+        )
+
     @property
     def issues(self) -> list[dict[str, Any]]:
         if isinstance(self.details, dict):
@@ -117,17 +133,7 @@ class RelaxClient:
                 0, "unreachable", f"cannot reach {self.url} ({err}); is the platform up? (`make run`)"
             ) from None
         if resp.status_code >= 400:
-            try:
-                err = resp.json()["error"]
-            except Exception:
-                raise ApiError(resp.status_code, "http_error", resp.text[:500]) from None
-            raise ApiError(
-                resp.status_code,
-                err.get("code", "error"),
-                err.get("message", ""),
-                err.get("details"),
-                err.get("request_id"),
-            )
+            raise ApiError.of(resp)
         if resp.headers.get("content-type", "").startswith("application/json"):
             return resp.json()
         return resp.text
@@ -215,10 +221,7 @@ class RelaxClient:
         ) as resp:
             if resp.status_code >= 400:
                 resp.read()
-                err = resp.json().get("error", {})
-                raise ApiError(
-                    resp.status_code, err.get("code", "error"), err.get("message", ""), err.get("details")
-                )
+                raise ApiError.of(resp)
             for kind, _, data in sse_messages(resp.iter_lines()):
                 yield kind, data
                 if kind == "end":

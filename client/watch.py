@@ -201,13 +201,7 @@ def follow(
             ) as resp:
                 if resp.status_code >= 400:
                     resp.read()
-                    try:
-                        err = resp.json().get("error", {})
-                    except ValueError:
-                        err = {"message": resp.text[:500]}
-                    raise ApiError(
-                        resp.status_code, err.get("code", "error"), err.get("message", ""), err.get("details")
-                    )
+                    raise ApiError.of(resp)
                 # a message's id counts once the message is whole (a cut one is sent again)
                 for kind, msg_id, data in sse_messages(resp.iter_lines()):
                     last, failures = msg_id or last, 0

@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from client.sdk import RelaxClient
+from client.sdk import ApiError, RelaxClient
 
 
 def _client(sent: list[httpx.Request], answer: dict[str, Any]) -> RelaxClient:
@@ -55,4 +55,33 @@ def test_optional_fields_are_sent_only_when_given() -> None:
         {},
         {"since_step": "0"},
         {"names": "train/loss,rollout/reward", "since_step": "3"},
+    ]
+
+
+def test_an_error_answer_is_read_the_same_by_every_call() -> None:
+    """`ApiError.of`: the platform's envelope whole; a body that is not one (a proxy's page, JSON of another
+    shape) as its text, for a plain call and for a job's stream alike."""
+    answers = iter(
+        [
+            httpx.Response(
+                404, json={"error": {"code": "job.not_found", "message": "no job x", "request_id": "r1"}}
+            ),
+            httpx.Response(502, text="<html>bad gateway</html>"),
+            httpx.Response(503, json={"detail": "down"}),
+        ]
+    )
+    client = RelaxClient("http://relax.test", "k")
+    client._http = httpx.Client(
+        base_url="http://relax.test", transport=httpx.MockTransport(lambda request: next(answers))
+    )
+    errors = []
+    for call in (lambda: client.get_job("x"), lambda: list(client.stream("x")), lambda: client.get_job("x")):
+        try:
+            call()
+        except ApiError as e:
+            errors.append((e.status, e.code, e.message, e.request_id))
+    assert errors == [
+        (404, "job.not_found", "no job x", "r1"),
+        (502, "http_error", "<html>bad gateway</html>", None),
+        (503, "http_error", '{"detail":"down"}', None),
     ]
