@@ -174,10 +174,8 @@ class Placement:
         return tuple(n for n, _ in self.node_gpus)
 
 
-@functools.lru_cache(maxsize=4096)
 def demand_gpus(demand: tuple[Gang, ...]) -> int:
-    """GPUs a demand holds: colocated gangs ride on their host and add none. Memoized: a pass makes a view of
-    every active job, and jobs submitted alike share one demand (`scheduler.scheduling._gangs_of_text`)."""
+    """GPUs a demand holds: colocated gangs ride on their host and add none."""
     return sum(g.gpus * g.count for g in demand if g.colocate_with is None)
 
 
@@ -290,7 +288,8 @@ class WaitInfo(NamedTuple):
 @functools.lru_cache(maxsize=4096)
 def describe_demand(demand: tuple[Gang, ...]) -> str:
     """'2 groups of 8 GPUs', '1 GPU', '1 group of 4 GPUs + 2 groups of 2 GPUs (rollout shares actor)'.
-    Memoized as `demand_gpus`: every waiting job's reason names its demand."""
+    Memoized: every waiting job's reason names its demand, and jobs submitted alike share one demand tuple
+    (`scheduler.scheduling._gangs_of_text`)."""
     own = [g for g in demand if g.colocate_with is None]
     if len(own) == 1 and own[0].count == 1 and own[0].gpus == 1:
         text = "1 GPU"
