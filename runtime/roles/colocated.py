@@ -184,7 +184,11 @@ class ColocatedActor(TrainActor):
         """Onload (`on_device`) or offload the trainer's (`side` "train") or the engine's ("engine") device
         memory where it is not so already, listing the call in `memory_calls`."""
         part = self.backend if side == "train" else self.engine
-        if bool(part.offloaded) == on_device:
-            call = "onload" if on_device else "offload"
-            getattr(part, call)()
-            self._calls.append(f"{side}.{call}")
+        if bool(part.offloaded) != on_device:
+            return
+        if on_device:
+            part.onload()
+            self._calls.append(f"{side}.onload")
+        else:
+            part.offload()
+            self._calls.append(f"{side}.offload")
