@@ -28,6 +28,7 @@ from api.embedded import ray_temp_dir
 from bench.harness import ROOT, RunningPlatform
 from client.sdk import RelaxClient
 from scheduler.settings import Settings
+from tests.e2e.watch import until
 from wire.jobs import TERMINAL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -171,10 +172,7 @@ def platform(three_slot_platform: RunningPlatform) -> Iterator[RunningPlatform]:
     for job in c.list_jobs(name="exposure", limit=100)["data"]:
         if job["status"] not in TERMINAL:
             c.cancel_job(job["id"])
-        deadline = time.time() + 120
-        while c.get_job(job["id"])["status"] not in TERMINAL:
-            assert time.time() < deadline, c.get_job(job["id"])
-            time.sleep(0.25)
+        until(lambda j=job["id"]: c.get_job(j)["status"] in TERMINAL, 120, c, p, job["id"])
 
 
 def test_nothing_listens_beyond_loopback_and_nothing_answers_without_credentials(
